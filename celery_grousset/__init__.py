@@ -1,0 +1,35 @@
+"""celery-grousset: make each Celery task's side effect happen once.
+
+Public API: :class:`GroussetTask` (the Celery base class), :func:`protect` (any
+code path) and :func:`fingerprint`. Imported lazily so that listing
+``celery_grousset`` in ``INSTALLED_APPS`` loads nothing but the app.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = ["GroussetDjangoTask", "GroussetTask", "fingerprint", "protect"]
+
+if TYPE_CHECKING:
+    from celery_grousset.fingerprint import fingerprint
+    from celery_grousset.protect import protect
+    from celery_grousset.task import GroussetDjangoTask, GroussetTask
+
+_LAZY = {
+    "protect": "celery_grousset.protect",
+    "fingerprint": "celery_grousset.fingerprint",
+    "GroussetTask": "celery_grousset.task",
+    "GroussetDjangoTask": "celery_grousset.task",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'celery_grousset' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

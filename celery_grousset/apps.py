@@ -1,0 +1,13 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class GroussetConfig(AppConfig):
+    name = "celery_grousset"
+    label = "celery_grousset"
+    verbose_name = "Grousset outcome journal"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from celery_grousset import checks  # noqa: F401  (registers system checks)

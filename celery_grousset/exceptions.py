@@ -1,0 +1,54 @@
+"""Exceptions raised by celery-grousset.
+
+Every exception is a :class:`GroussetError`, so ``except GroussetError`` catches
+anything this package raises on purpose.
+"""
+
+from __future__ import annotations
+
+
+class GroussetError(Exception):
+    """Base class of every error celery-grousset raises on purpose."""
+
+
+class ClaimInFlight(GroussetError):
+    """Another attempt holds a fresh claim on this fingerprint.
+
+    ``retry_in`` is the number of seconds (database clock) until that claim turns
+    stale and may be taken over.
+    """
+
+    def __init__(self, message: str, *, fingerprint: str = "", retry_in: float = 0.0) -> None:
+        super().__init__(message)
+        self.fingerprint = fingerprint
+        self.retry_in = retry_in
+
+
+class StoreUnavailable(GroussetError):
+    """The outcome journal could not be reached or did not answer in time.
+
+    The guard fails closed: the effect did not run. Retry the delivery later.
+    """
+
+
+class FencedOut(GroussetError):
+    """This attempt lost its claim (it was taken over); its completion was refused."""
+
+
+class FingerprintError(GroussetError, ValueError):
+    """An argument cannot be encoded deterministically into a fingerprint."""
+
+
+class ResultNotStored(GroussetError):
+    """The effect completed, but its return value could not be memoized.
+
+    The effect is never run again because of this; duplicates raise this error.
+    """
+
+
+class GaveUp(GroussetError):
+    """The claim was taken over ``max_takeovers`` times; the record was marked failed.
+
+    This usually means the task kills its worker (memory limit, segfault). The
+    message is not requeued again; release the record to allow another attempt.
+    """

@@ -1,0 +1,58 @@
+"""Fault injection for the chaos suite (tests/chaos). Loaded only when the
+environment variable ``GROUSSET_FAULT`` is set; production never imports it.
+
+``GROUSSET_FAULT=<point>:<action>[:<marker>]`` where point is one of
+``after_claim``, ``mid_effect``, ``after_effect``, ``after_complete``; action is
+``kill`` (SIGKILL this process), ``stop`` (SIGSTOP it), ``term`` (SIGTERM),
+``pgkill`` (terminate this process' journal connection from another session);
+the fault fires only if the file named by ``GROUSSET_FAULT_ARM`` exists (and is
+then removed, so exactly one attempt is hit), and when ``marker`` is given only
+in tasks whose fingerprint or name contains it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+POINTS = ("after_claim", "mid_effect", "after_effect", "after_complete")
+
+
+def _armed() -> bool:
+    arm = os.environ.get("GROUSSET_FAULT_ARM")
+    if not arm:
+        return True
+    try:
+        os.unlink(arm)  # atomic: exactly one process wins
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def trigger(spec: str, point: str) -> None:
+    want, _, rest = spec.partition(":")
+    action = rest.partition(":")[0]
+    if want != point or not _armed():
+        return
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif action == "term":
+        os.kill(os.getpid(), signal.SIGTERM)
+    elif action == "pgkill":
+        _terminate_journal_backend()
+
+
+def _terminate_journal_backend() -> None:
+    from celery_grousset.store.base import get_store
+
+    store = get_store()
+    conn = store._conn
+    if conn is None or store.vendor != "postgresql":
+        return
+    pid = conn.info.backend_pid
+    import psycopg
+
+    with psycopg.connect(conn.info.dsn, autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", (pid,))

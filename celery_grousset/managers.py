@@ -1,0 +1,101 @@
+"""Reading and purging the outcome journal (claims live in ``store/``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from datetime import timezone as dt_timezone
+from typing import TYPE_CHECKING
+
+from django.db import models, transaction
+
+if TYPE_CHECKING:
+    from celery_grousset.models import Outcome
+
+
+def _db_now(using: str) -> datetime:
+    """The database's clock (DESIGN §3: never a worker's clock)."""
+    from django.db import connections
+    from django.utils import timezone
+
+    conn = connections[using]
+    sql = {"postgresql": "SELECT clock_timestamp()", "mysql": "SELECT UTC_TIMESTAMP(6)"}.get(
+        conn.vendor
+    )
+    if sql is None:
+        return timezone.now()
+    with conn.cursor() as cur:
+        cur.execute(sql)
+        value: datetime = cur.fetchone()[0]
+    if timezone.is_naive(value):
+        value = value.replace(tzinfo=dt_timezone.utc)
+    return value
+
+
+class OutcomeQuerySet(models.QuerySet["Outcome"]):
+    def expired(self, now: datetime | None = None) -> OutcomeQuerySet:
+        """Rows whose retention window has passed and that no attempt holds."""
+        if now is None:
+            now = _db_now(self.db)
+        return self.filter(expires_on__lte=now).exclude(status="in_flight")
+
+    def by_key(self, processor_id: str, fingerprint: str) -> OutcomeQuerySet:
+        return self.filter(processor_id=processor_id, fingerprint=fingerprint)
+
+    def purge_expired(
+        self,
+        *,
+        batch_size: int = 10_000,
+        before: datetime | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Delete expired rows in batches, one short transaction per batch.
+
+        ``before``: delete only rows that expired before this moment (default: now,
+        database clock). In-flight rows and unexpired rows are never touched: each
+        batch re-checks the condition in its ``DELETE``, so a row re-claimed
+        between the select and the delete survives.
+        """
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        now = _db_now(self.db)
+        cutoff = min(before, now) if before is not None else now
+        total = 0
+        while True:
+            with transaction.atomic(using=self.db):
+                ids = list(
+                    self.expired(cutoff).order_by().values_list("pk", flat=True)[:batch_size]
+                )
+                if not ids:
+                    break
+                deleted, _ = (
+                    self.model._default_manager.using(self.db)
+                    .filter(pk__in=ids, expires_on__lte=cutoff)
+                    .exclude(status="in_flight")
+                    .delete()
+                )
+            total += deleted
+            if progress is not None:
+                progress(total)
+            if len(ids) < batch_size:
+                break
+        return total
+
+
+class OutcomeManager(models.Manager["Outcome"]):
+    def get_queryset(self) -> OutcomeQuerySet:
+        return OutcomeQuerySet(self.model, using=self._db)
+
+    def expired(self, now: datetime | None = None) -> OutcomeQuerySet:
+        return self.get_queryset().expired(now)
+
+    def purge_expired(
+        self,
+        *,
+        batch_size: int = 10_000,
+        before: datetime | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        return self.get_queryset().purge_expired(
+            batch_size=batch_size, before=before, progress=progress
+        )

@@ -1,0 +1,80 @@
+"""The outcome journal: one row per ``(processor_id, fingerprint)``.
+
+Field names are the public contract (DESIGN §3): the admin, the docs, the
+management commands and the tests use them. Rows are written by the claim store
+(:mod:`celery_grousset.store`) with raw SQL on its own connection; the ORM is
+used for reading, purging and the admin.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from celery_grousset.managers import OutcomeManager
+
+
+class Status(models.TextChoices):
+    IN_FLIGHT = "in_flight", _("in flight")
+    COMPLETED = "completed", _("completed")
+    FAILED = "failed", _("failed")
+
+
+class Outcome(models.Model):
+    """What happened to one fingerprint for one processor."""
+
+    id = models.BigAutoField(primary_key=True)
+    processor_id = models.CharField(
+        max_length=128,
+        help_text="Who deduplicates: workers of one service share it.",
+    )
+    fingerprint = models.CharField(
+        max_length=64, help_text="BLAKE3-256 of the canonical key material (hex)."
+    )
+    task_name = models.CharField(max_length=255)
+    task_id = models.CharField(
+        max_length=255, blank=True, help_text="Delivery that holds / completed the claim."
+    )
+    status = models.CharField(max_length=16, choices=Status.choices)
+    fence = models.BigIntegerField(help_text="Monotonic fencing token: +1 on every claim.")
+    claim_token = models.CharField(max_length=32, help_text="Random per attempt.")
+    started_at = models.DateTimeField(help_text="Database clock.")
+    completed_at = models.DateTimeField(null=True, blank=True)
+    expires_on = models.DateTimeField()
+    deliveries = models.BigIntegerField(default=1)
+    takeovers = models.IntegerField(default=0)
+    result = models.BinaryField(null=True, blank=True)
+    result_encoding = models.CharField(max_length=64, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    worker = models.CharField(max_length=255, blank=True, default="")
+    args_repr = models.TextField(blank=True, default="")
+
+    objects: ClassVar[OutcomeManager] = OutcomeManager()
+
+    class Meta:
+        db_table = "celery_grousset_outcome"
+        verbose_name = _("journal entry")
+        verbose_name_plural = _("journal entries")
+        ordering = ("-started_at",)
+        constraints = [
+            models.UniqueConstraint(
+                fields=("processor_id", "fingerprint"), name="grousset_outcome_key"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=("expires_on",), name="grousset_outcome_expires"),
+            models.Index(fields=("status", "started_at"), name="grousset_outcome_stale"),
+            models.Index(fields=("task_id",), name="grousset_outcome_task_id"),
+            models.Index(fields=("fingerprint",), name="grousset_outcome_fp"),
+            models.Index(fields=("task_name", "started_at"), name="grousset_outcome_task"),
+            models.Index(fields=("started_at",), name="grousset_outcome_started"),
+        ]
+        permissions = [
+            ("release_outcome", "Can release stale claims"),
+            ("forget_outcome", "Can forget an outcome (allow re-run)"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_name} {self.fingerprint[:12]} ({self.status})"

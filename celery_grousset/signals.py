@@ -1,0 +1,19 @@
+"""Django signals sent by the guard. Receivers get ``sender`` (the task name or
+``"protect"``) and keyword arguments named in each docstring."""
+
+from __future__ import annotations
+
+from django.dispatch import Signal
+
+#: A duplicate delivery was not run: ``fingerprint``, ``task_id``, ``processor_id``,
+#: ``original_task_id``, ``completed_at``, ``deliveries``.
+duplicate_skipped = Signal()
+
+#: A stale claim of a dead attempt was taken over: ``fingerprint``, ``task_id``,
+#: ``processor_id``, ``fence``, ``takeovers``.
+claim_taken_over = Signal()
+
+#: An attempt lost its claim before completing; its result was discarded (and in
+#: transactional mode its writes rolled back): ``fingerprint``, ``task_id``,
+#: ``processor_id``, ``fence``.
+fenced_out = Signal()

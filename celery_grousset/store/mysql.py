@@ -1,0 +1,135 @@
+"""MySQL / MariaDB store: ``SELECT … FOR UPDATE`` then insert or update, one short
+transaction at READ COMMITTED on a private connection.
+
+A lost first-insert race (duplicate key) or a deadlock retries the whole
+transaction (bounded); a lock wait over ``GROUSSET["STORE_TIMEOUT"]`` is
+:class:`StoreUnavailable`. Times come from ``UTC_TIMESTAMP(6)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+from celery_grousset.claim import ClaimRequest
+from celery_grousset.exceptions import StoreUnavailable
+from celery_grousset.store.locking import _COLS, TABLE, LockingStore
+
+T = TypeVar("T")
+
+_RETRY = {1213, 1062, 1020}  # deadlock, duplicate key (lost insert race), record changed
+_GONE = {2006, 2013, 2055, 4031}  # server gone / lost connection / idle disconnect
+_TIMEOUT = {1205, 1969, 3024}  # lock wait timeout, statement time limit (MariaDB, MySQL)
+
+_SELECT = (
+    f"SELECT {', '.join('o.' + c.strip() for c in _COLS.split(','))}, UTC_TIMESTAMP(6) "
+    f"FROM (SELECT 1 AS one) AS d LEFT JOIN {TABLE} AS o "
+    "ON o.processor_id = %s AND o.fingerprint = %s FOR UPDATE"
+)
+
+
+class MySQLStore(LockingStore):
+    vendor = "mysql"
+
+    def _connect(self) -> Any:
+        import MySQLdb
+        from django.db import connections
+
+        params: dict[str, Any] = dict(connections[self.alias].get_connection_params())
+        secs = max(1, math.ceil(self.timeout))
+        params["connect_timeout"] = secs
+        params["read_timeout"] = secs + 5
+        params["write_timeout"] = secs + 5
+        try:
+            conn = MySQLdb.connect(**params)
+            conn.autocommit(False)
+            cur = conn.cursor()
+            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            cur.execute(f"SET SESSION innodb_lock_wait_timeout = {secs}, time_zone = '+00:00'")
+            conn.commit()
+        except MySQLdb.Error as exc:
+            raise StoreUnavailable(
+                f"celery-grousset cannot connect to the journal database {self.alias!r} "
+                f"(MySQL/MariaDB): {exc}"
+            ) from exc
+        self._conn = conn
+        return conn
+
+    def _cursor(self) -> Any:
+        conn = self._conn or self._connect()
+        return conn.cursor()
+
+    def _begin_locked(
+        self, cur: Any, req: ClaimRequest
+    ) -> tuple[tuple[Any, ...] | None, datetime]:
+        cur.execute(_SELECT, (req.processor_id, req.fingerprint))
+        row = cur.fetchone()
+        now = row[-1].replace(tzinfo=timezone.utc)
+        return (tuple(row[:-1]) if row[0] is not None else None), now
+
+    def _now(self, cur: Any) -> datetime:
+        cur.execute("SELECT UTC_TIMESTAMP(6)")
+        value: datetime = cur.fetchone()[0]
+        return value.replace(tzinfo=timezone.utc)
+
+    def _commit(self, cur: Any) -> None:
+        cur.connection.commit()
+
+    def _rollback(self, cur: Any) -> None:
+        try:
+            cur.connection.rollback()
+        except Exception:  # noqa: BLE001 - the connection is already broken
+            self.discard()
+
+    def _ts(self, value: datetime) -> datetime:
+        return value.astimezone(timezone.utc).replace(tzinfo=None)
+
+    def _parse_ts(self, value: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc)  # type: ignore[no-any-return]
+
+    def _guard(self, fn: Callable[[], T]) -> T:
+        import MySQLdb
+
+        reconnected = False
+        for _attempt in range(self.attempts):
+            fresh = self._conn is None
+            try:
+                return fn()
+            except MySQLdb.Error as exc:
+                code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
+                if code in _RETRY:
+                    continue
+                if code in _TIMEOUT:
+                    raise StoreUnavailable(
+                        f"the journal database {self.alias!r} did not answer within "
+                        f"{self.timeout:g} s (STORE_TIMEOUT): {exc}"
+                    ) from exc
+                if code == 1146:
+                    raise StoreUnavailable(
+                        "the table celery_grousset_outcome does not exist in database "
+                        f"{self.alias!r}: run `manage.py migrate celery_grousset`."
+                    ) from exc
+                self.discard()
+                if code in _GONE and not fresh and not reconnected:
+                    reconnected = True
+                    continue
+                raise StoreUnavailable(f"journal database {self.alias!r}: {exc}") from exc
+        raise StoreUnavailable(
+            f"journal database {self.alias!r}: the claim transaction kept conflicting "
+            f"({self.attempts} attempts)"
+        )
+
+    def now_expression(self) -> Any:
+        from django.db.models import DateTimeField
+        from django.db.models.expressions import RawSQL
+
+        return RawSQL("UTC_TIMESTAMP(6)", (), output_field=DateTimeField())
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()

@@ -1,0 +1,256 @@
+"""PostgreSQL store: the claim is ONE statement, ONE round trip, in every case.
+
+The statement locks the existing row (if any) in a materialized CTE, then runs an
+``INSERT … ON CONFLICT DO UPDATE`` whose ``SET`` evaluates the decision table of
+:mod:`celery_grousset.claim` on the old row, and returns the row it left joined
+with the status it found. All times come from ``clock_timestamp()`` (the
+database's clock). Statements are prepared server-side on a private psycopg 3
+connection in autocommit mode; ``lock_timeout`` and ``statement_timeout`` bound
+every call by ``GROUSSET["STORE_TIMEOUT"]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from celery_grousset.claim import ENC_GAVE_UP, ClaimRequest, gave_up_message, kind_of
+from celery_grousset.exceptions import StoreUnavailable
+from celery_grousset.store.base import ClaimResult, Completion, Store
+
+T = TypeVar("T")
+
+_NOW = "clock_timestamp()"
+_EXPIRED = f"(o.status <> 'in_flight' AND o.expires_on <= {_NOW})"
+_STALE = (
+    "(o.status = 'in_flight' AND o.claim_token <> EXCLUDED.claim_token"
+    f" AND o.started_at <= {_NOW} - make_interval(secs => %(mpt)s))"
+)
+_TAKEOVER = f"({_STALE} AND o.takeovers < %(maxt)s)"
+_GIVE_UP = f"({_STALE} AND o.takeovers >= %(maxt)s)"
+_FREED = "(o.status = 'failed' AND o.result_encoding = '')"
+_CLAIM = f"({_EXPIRED} OR {_FREED} OR {_TAKEOVER})"
+
+
+def _case(*branches: tuple[str, str], default: str) -> str:
+    whens = " ".join(f"WHEN {cond} THEN {value}" for cond, value in branches)
+    return f"CASE {whens} ELSE {default} END"
+
+
+_SET = {
+    "claim_token": _case((_CLAIM, "EXCLUDED.claim_token"), default="o.claim_token"),
+    "fence": _case((_CLAIM, "o.fence + 1"), default="o.fence"),
+    "status": _case((_CLAIM, "'in_flight'"), (_GIVE_UP, "'failed'"), default="o.status"),
+    "task_name": _case((_CLAIM, "EXCLUDED.task_name"), default="o.task_name"),
+    "task_id": _case((_CLAIM, "EXCLUDED.task_id"), default="o.task_id"),
+    "worker": _case((_CLAIM, "EXCLUDED.worker"), default="o.worker"),
+    "args_repr": _case((_CLAIM, "EXCLUDED.args_repr"), default="o.args_repr"),
+    "started_at": _case((_CLAIM, _NOW), default="o.started_at"),
+    "completed_at": _case((_CLAIM, "NULL"), (_GIVE_UP, _NOW), default="o.completed_at"),
+    "expires_on": _case(
+        (_CLAIM, "EXCLUDED.expires_on"),
+        (_GIVE_UP, f"{_NOW} + make_interval(secs => %(exp)s)"),
+        default="o.expires_on",
+    ),
+    "deliveries": _case(
+        (_EXPIRED, "1"),
+        ("o.claim_token = EXCLUDED.claim_token", "o.deliveries"),
+        default="o.deliveries + 1",
+    ),
+    "takeovers": _case((_EXPIRED, "0"), (_TAKEOVER, "o.takeovers + 1"), default="o.takeovers"),
+    "result": _case((_CLAIM, "NULL"), (_GIVE_UP, "NULL"), default="o.result"),
+    "result_encoding": _case(
+        (_CLAIM, "''"), (_GIVE_UP, f"'{ENC_GAVE_UP}'"), default="o.result_encoding"
+    ),
+    "error": _case((_EXPIRED, "''"), (_GIVE_UP, "%(gave_up)s"), default="o.error"),
+}
+
+CLAIM_SQL = f"""
+WITH prev AS MATERIALIZED (
+    SELECT status, claim_token FROM celery_grousset_outcome
+    WHERE processor_id = %(p)s AND fingerprint = %(f)s
+    FOR UPDATE
+), ins AS (
+    INSERT INTO celery_grousset_outcome AS o (
+        processor_id, fingerprint, task_name, task_id, status, fence, claim_token,
+        started_at, completed_at, expires_on, deliveries, takeovers, result,
+        result_encoding, error, worker, args_repr)
+    SELECT %(p)s, %(f)s, %(task)s, %(tid)s, 'in_flight', 1, %(tok)s,
+        {_NOW}, NULL, {_NOW} + make_interval(secs => %(exp)s), 1, 0, NULL,
+        '', '', %(worker)s, %(args)s
+    FROM (SELECT count(*) FROM prev) AS lock_first
+    ON CONFLICT (processor_id, fingerprint) DO UPDATE SET
+        {", ".join(f"{col} = {expr}" for col, expr in _SET.items())}
+    RETURNING o.claim_token, o.fence, o.status, o.deliveries, o.takeovers, o.result,
+        o.result_encoding, o.error, o.task_id, o.started_at, o.completed_at,
+        GREATEST(0, EXTRACT(EPOCH FROM (o.started_at + make_interval(secs => %(mpt)s)
+            - {_NOW})))::float8
+)
+SELECT ins.*, prev.status, prev.claim_token FROM ins LEFT JOIN prev ON true
+"""
+
+FINISH_SQL = f"""
+UPDATE celery_grousset_outcome SET status = %(st)s, result = %(res)s,
+    result_encoding = %(enc)s, error = %(err)s, completed_at = {_NOW}
+WHERE processor_id = %(p)s AND fingerprint = %(f)s AND claim_token = %(tok)s
+    AND (status = 'in_flight' OR (status = %(st)s AND result_encoding = %(enc)s))
+"""
+
+RELEASE_SQL = f"""
+UPDATE celery_grousset_outcome SET status = 'failed', result = NULL, result_encoding = '',
+    error = %(err)s, completed_at = {_NOW}
+WHERE processor_id = %(p)s AND fingerprint = %(f)s AND status = 'in_flight'
+    AND (%(tok)s::text IS NULL OR claim_token = %(tok)s::text)
+"""
+
+_LIBPQ_DROP = ("cursor_factory", "context", "prepare_threshold", "server_side_binding", "pool")
+
+
+class PostgresStore(Store):
+    vendor = "postgresql"
+
+    def _params(self) -> dict[str, Any]:
+        from django.db import connections
+
+        params: dict[str, Any] = dict(connections[self.alias].get_connection_params())
+        for key in _LIBPQ_DROP:
+            params.pop(key, None)
+        ms = max(1, int(self.timeout * 1000))
+        options = params.pop("options", "") or ""
+        params["options"] = (
+            f"{options} -c lock_timeout={ms} -c statement_timeout={ms} -c TimeZone=UTC"
+        ).strip()
+        params["connect_timeout"] = max(2, math.ceil(self.timeout))
+        params.setdefault("application_name", "celery-grousset")
+        return params
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        try:
+            conn = psycopg.connect(autocommit=True, **self._params())
+        except psycopg.Error as exc:
+            raise StoreUnavailable(
+                f"celery-grousset cannot connect to the journal database "
+                f"{self.alias!r} (PostgreSQL): {exc}".strip()
+            ) from exc
+        self._conn = conn
+        return conn
+
+    def _run(self, op: Callable[[Any], T]) -> T:
+        import psycopg
+        from psycopg import errors
+
+        conn = self._conn
+        fresh = conn is None or conn.closed
+        if fresh:
+            conn = self._connect()
+        try:
+            return op(conn)
+        except (errors.QueryCanceled, errors.LockNotAvailable) as exc:
+            raise StoreUnavailable(
+                f"the journal database {self.alias!r} did not answer within "
+                f"{self.timeout:g} s (STORE_TIMEOUT): {exc}"
+            ) from exc
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            self.discard()
+            if fresh:
+                raise StoreUnavailable(f"journal database {self.alias!r}: {exc}") from exc
+        except errors.UndefinedTable as exc:
+            raise StoreUnavailable(
+                "the table celery_grousset_outcome does not exist in database "
+                f"{self.alias!r}: run `manage.py migrate celery_grousset`."
+            ) from exc
+        except psycopg.Error as exc:
+            if conn.broken:
+                self.discard()
+            raise StoreUnavailable(f"journal database {self.alias!r}: {exc}") from exc
+        # The connection had gone stale (server restart, idle timeout): once more, fresh.
+        conn = self._connect()
+        try:
+            return op(conn)
+        except psycopg.Error as exc:
+            if conn.broken:
+                self.discard()
+            raise StoreUnavailable(f"journal database {self.alias!r}: {exc}") from exc
+
+    def claim(self, req: ClaimRequest) -> ClaimResult:
+        params = {
+            "p": req.processor_id,
+            "f": req.fingerprint,
+            "task": req.task_name,
+            "tid": req.task_id,
+            "tok": req.token,
+            "exp": float(req.expires_after),
+            "mpt": float(req.max_processing_time),
+            "maxt": int(req.max_takeovers),
+            "worker": req.worker,
+            "args": req.args_repr,
+            "gave_up": gave_up_message(req.max_takeovers),
+        }
+
+        def op(conn: Any) -> Any:
+            return conn.execute(CLAIM_SQL, params, prepare=True).fetchone()
+
+        row = self._run(op)
+        (token, fence, status, deliveries, takeovers, result, enc, error, task_id,
+         started_at, completed_at, retry_in, prev_status, prev_token) = row  # fmt: skip
+        owned = token == req.token
+        kind = kind_of(prev_status, owned, prev_token == req.token, status, enc)
+        return ClaimResult(
+            kind=kind,
+            fence=fence,
+            status=status,
+            deliveries=deliveries,
+            takeovers=takeovers,
+            result=bytes(result) if result is not None else None,
+            result_encoding=enc,
+            error=error,
+            task_id=task_id,
+            started_at=started_at,
+            completed_at=completed_at,
+            retry_in=float(retry_in or 0.0),
+        )
+
+    def finish(
+        self, processor_id: str, fingerprint: str, token: str, completion: Completion
+    ) -> bool:
+        params = {
+            "st": completion.status,
+            "res": completion.result,
+            "enc": completion.result_encoding,
+            "err": completion.error,
+            "p": processor_id,
+            "f": fingerprint,
+            "tok": token,
+        }
+
+        def op(conn: Any) -> int:
+            return int(conn.execute(FINISH_SQL, params, prepare=True).rowcount)
+
+        return self._run(op) == 1
+
+    def release(self, processor_id: str, fingerprint: str, token: str | None = None) -> bool:
+        params = {
+            "p": processor_id,
+            "f": fingerprint,
+            "tok": token,
+            "err": "released: the claim was given up (revoked, retried or by an operator)",
+        }
+
+        def op(conn: Any) -> int:
+            return int(conn.execute(RELEASE_SQL, params).rowcount)
+
+        return self._run(op) == 1
+
+    def now_expression(self) -> Any:
+        from django.db.models import DateTimeField
+        from django.db.models.expressions import RawSQL
+
+        return RawSQL("clock_timestamp()", (), output_field=DateTimeField())
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()

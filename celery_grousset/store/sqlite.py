@@ -1,0 +1,107 @@
+"""SQLite store (the embedded default): the claim inside ``BEGIN IMMEDIATE``.
+
+``BEGIN IMMEDIATE`` takes SQLite's single write lock before the row is read, so
+read-decide-write is atomic across processes. The database file is switched to
+WAL mode (readers never block the writer). A lock not obtained within
+``GROUSSET["STORE_TIMEOUT"]`` is :class:`StoreUnavailable` — never "run it".
+SQLite's clock is the host's clock: SQLite serves one host.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+from celery_grousset.claim import ClaimRequest
+from celery_grousset.exceptions import StoreUnavailable
+from celery_grousset.store.locking import _COLS, TABLE, LockingStore
+
+T = TypeVar("T")
+
+
+class SQLiteStore(LockingStore):
+    vendor = "sqlite"
+    ph = "?"
+
+    def _connect(self) -> sqlite3.Connection:
+        name = str(self.settings_dict["NAME"])
+        uri = name.startswith("file:")
+        try:
+            conn = sqlite3.connect(
+                name, timeout=self.timeout, isolation_level=None, check_same_thread=False, uri=uri
+            )
+            if name != ":memory:" and "mode=memory" not in name:
+                conn.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open the SQLite journal {name!r}: {exc}") from exc
+        self._conn = conn
+        return conn
+
+    def _cursor(self) -> Any:
+        conn = self._conn or self._connect()
+        return conn.cursor()
+
+    def _begin_locked(
+        self, cur: Any, req: ClaimRequest
+    ) -> tuple[tuple[Any, ...] | None, datetime]:
+        cur.execute("BEGIN IMMEDIATE")
+        cur.execute(
+            f"SELECT {_COLS} FROM {TABLE} WHERE processor_id = ? AND fingerprint = ?",
+            (req.processor_id, req.fingerprint),
+        )
+        return cur.fetchone(), datetime.now(timezone.utc)
+
+    def _begin_write(self, cur: Any) -> None:
+        cur.execute("BEGIN IMMEDIATE")
+
+    def _now(self, cur: Any) -> datetime:
+        return datetime.now(timezone.utc)
+
+    def _commit(self, cur: Any) -> None:
+        cur.execute("COMMIT")
+
+    def _rollback(self, cur: Any) -> None:
+        conn = self._conn
+        if conn is not None and conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                self.discard()
+
+    def _ts(self, value: datetime) -> str:
+        # Django's own SQLite format for an aware datetime under USE_TZ: naive UTC text.
+        return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+    def _parse_ts(self, value: Any) -> datetime | None:
+        if value is None:
+            return None
+        parsed = datetime.fromisoformat(str(value))
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+    def _guard(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except sqlite3.OperationalError as exc:
+            text = str(exc)
+            if "locked" in text or "busy" in text:
+                raise StoreUnavailable(
+                    f"the SQLite journal stayed locked for {self.timeout:g} s "
+                    "(STORE_TIMEOUT): another process holds its write lock"
+                ) from exc
+            if "no such table" in text:
+                raise StoreUnavailable(
+                    "the table celery_grousset_outcome does not exist in the SQLite database "
+                    f"{self.alias!r}: run `manage.py migrate celery_grousset`."
+                ) from exc
+            self.discard()
+            raise StoreUnavailable(f"SQLite journal {self.alias!r}: {exc}") from exc
+        except sqlite3.Error as exc:
+            self.discard()
+            raise StoreUnavailable(f"SQLite journal {self.alias!r}: {exc}") from exc
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()

@@ -1,0 +1,116 @@
+"""Real services for the tests: prepare databases, skip locally / fail in CI."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import NoReturn
+
+import pytest
+
+CI = bool(os.environ.get("CI"))
+_prepared: dict[str, str | None] = {}
+
+
+def unavailable(what: str, why: str) -> NoReturn:
+    msg = f"{what} is not available ({why})"
+    if CI:
+        pytest.fail(f"{msg}; CI is set, so this is a failure, not a skip", pytrace=False)
+    pytest.skip(msg)
+
+
+def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _recreate_postgresql(settings: dict[str, object]) -> None:
+    import psycopg
+
+    name = str(settings["NAME"])
+    with psycopg.connect(
+        host=str(settings["HOST"]), port=int(str(settings["PORT"])), user=str(settings["USER"]),
+        dbname="postgres", autocommit=True, connect_timeout=3,
+    ) as conn:  # fmt: skip
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def _recreate_mysql(settings: dict[str, object]) -> None:
+    import MySQLdb
+
+    name = str(settings["NAME"])
+    conn = MySQLdb.connect(
+        host=str(settings["HOST"]), port=int(str(settings["PORT"])), user="root", passwd="",
+        connect_timeout=3,
+    )  # fmt: skip
+    try:
+        cur = conn.cursor()
+        cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+        cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+    finally:
+        conn.close()
+
+
+def _recreate_sqlite(settings: dict[str, object]) -> None:
+    name = str(settings["NAME"])
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        try:
+            os.unlink(name + suffix)
+        except FileNotFoundError:
+            pass
+
+
+def prepare(alias: str) -> str | None:
+    """Create a fresh database for ``alias`` and migrate it; return an error or None."""
+    from django.core.management import call_command
+    from django.db import connections
+
+    from celery_grousset.store import reset_stores
+
+    settings = connections.settings[alias]
+    engine = settings["ENGINE"]
+    try:
+        if "postgresql" in engine:
+            if not port_open(settings["HOST"], int(settings["PORT"])):
+                return f"nothing listens on {settings['HOST']}:{settings['PORT']}"
+            _recreate_postgresql(settings)
+        elif "mysql" in engine:
+            if not port_open(settings["HOST"], int(settings["PORT"])):
+                return f"nothing listens on {settings['HOST']}:{settings['PORT']}"
+            _recreate_mysql(settings)
+        else:
+            _recreate_sqlite(settings)
+        connections[alias].close()
+        reset_stores()
+        call_command("migrate", database=alias, verbosity=0, interactive=False)
+        if "sqlite" in engine:
+            with connections[alias].cursor() as cur:
+                cur.execute("PRAGMA journal_mode=WAL")
+    except Exception as exc:  # noqa: BLE001 - reported as skip/fail
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def require_database(alias: str) -> None:
+    if alias not in _prepared:
+        _prepared[alias] = prepare(alias)
+    error = _prepared[alias]
+    if error:
+        unavailable(f"database {alias!r}", error)
+
+
+def require_redis() -> str:
+    url = os.environ.get("GROUSSET_TEST_BROKER", "redis://127.0.0.1:6379/14")
+    if not port_open("127.0.0.1", 6379):
+        unavailable("Redis", "nothing listens on 127.0.0.1:6379")
+    return url
+
+
+def require_rabbitmq() -> str:
+    if not port_open("127.0.0.1", 5672):
+        unavailable("RabbitMQ", "nothing listens on 127.0.0.1:5672")
+    return "amqp://guest:guest@127.0.0.1:5672//"

@@ -1,0 +1,97 @@
+"""Django settings for the test suite.
+
+Three journal databases side by side, one alias each, so that one pytest run
+holds every behaviour test to PostgreSQL, SQLite and MariaDB:
+
+* ``default`` — SQLite file (``GROUSSET_TEST_SQLITE``, default under /tmp)
+* ``postgresql`` — 127.0.0.1:5432, database ``grousset_test``
+* ``mysql`` — 127.0.0.1:3306 (MariaDB), database ``grousset_test``
+
+``GROUSSET_TEST_DB`` picks the journal alias for worker processes.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+_tmp = os.environ.get("GROUSSET_TEST_TMP") or os.path.join(tempfile.gettempdir(), "grousset-tests")
+os.makedirs(_tmp, exist_ok=True)
+
+SECRET_KEY = "tests-only-not-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "celery_grousset",
+    "tests.ledger",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "/static/"
+DEFAULT_AUTO_FIELD = os.environ.get("GROUSSET_TEST_AUTO_FIELD", "django.db.models.AutoField")
+
+PG_NAME = os.environ.get("GROUSSET_TEST_PG_NAME", "grousset_test")
+MYSQL_NAME = os.environ.get("GROUSSET_TEST_MYSQL_NAME", "grousset_test")
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("GROUSSET_TEST_SQLITE", os.path.join(_tmp, "journal.sqlite3")),
+        "OPTIONS": {"timeout": 10},
+        "TEST": {"NAME": os.environ.get("GROUSSET_TEST_SQLITE", os.path.join(_tmp, "journal.sqlite3"))},
+    },
+    "postgresql": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": PG_NAME,
+        "USER": os.environ.get("GROUSSET_TEST_PG_USER", "postgres"),
+        "HOST": os.environ.get("GROUSSET_TEST_PG_HOST", "127.0.0.1"),
+        "PORT": os.environ.get("GROUSSET_TEST_PG_PORT", "5432"),
+        "TEST": {"NAME": PG_NAME},
+    },
+    "mysql": {
+        "ENGINE": "django.db.backends.mysql",
+        "NAME": MYSQL_NAME,
+        "USER": "root",
+        "PASSWORD": "",
+        "HOST": os.environ.get("GROUSSET_TEST_MYSQL_HOST", "127.0.0.1"),
+        "PORT": os.environ.get("GROUSSET_TEST_MYSQL_PORT", "3306"),
+        "OPTIONS": {"charset": "utf8mb4", "isolation_level": "read committed"},
+        "TEST": {"NAME": MYSQL_NAME},
+    },
+}
+
+GROUSSET = {
+    "DATABASE": os.environ.get("GROUSSET_TEST_DB", "default"),
+    "STORE_TIMEOUT": float(os.environ.get("GROUSSET_TEST_STORE_TIMEOUT", "5")),
+}
+
+CELERY_BROKER_URL = os.environ.get("GROUSSET_TEST_BROKER", "redis://127.0.0.1:6379/14")
+CELERY_RESULT_BACKEND = os.environ.get("GROUSSET_TEST_BACKEND", "redis://127.0.0.1:6379/15")

@@ -1,0 +1,252 @@
+"""The store contract, written once, run on PostgreSQL, SQLite and MariaDB.
+
+Every row of the DESIGN §4 decision table, fencing, expiry, counters, and the
+purge that never touches an unexpired or in-flight row. Ageing is done by moving
+the row's timestamps back (no sleeps).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.db.models import F
+
+from celery_grousset.claim import ENC_EXCEPTION, ENC_GAVE_UP, ClaimRequest, Kind
+from celery_grousset.models import Outcome
+from celery_grousset.store.base import Completion, Store
+
+
+def req(processor: str, fp: str, token: str | None = None, **over: object) -> ClaimRequest:
+    values: dict[str, object] = dict(
+        processor_id=processor, fingerprint=fp, task_name="tests.effect",
+        task_id=f"task-{uuid.uuid4().hex[:8]}", token=token or uuid.uuid4().hex, worker="w:1",
+        args_repr="(1,)", max_processing_time=60.0, expires_after=3600.0, max_takeovers=3,
+    )  # fmt: skip
+    values.update(over)
+    return ClaimRequest(**values)  # type: ignore[arg-type]
+
+
+def row(alias: str, processor: str, fp: str) -> Outcome:
+    return Outcome.objects.using(alias).get(processor_id=processor, fingerprint=fp)
+
+
+def age(alias: str, processor: str, fp: str, seconds: float, field: str = "started_at") -> None:
+    Outcome.objects.using(alias).filter(processor_id=processor, fingerprint=fp).update(
+        **{field: F(field) - timedelta(seconds=seconds)}
+    )
+
+
+def completed(value: bytes = b"42") -> Completion:
+    return Completion("completed", value, "application/json;utf-8")
+
+
+def test_new_fingerprint_is_claimed(store: Store, alias: str, processor: str, fp: str) -> None:
+    # Given nothing in the journal / When a claim arrives
+    r = req(processor, fp)
+    res = store.claim(r)
+    # Then the caller owns a fresh in-flight record with fence 1
+    assert res.kind is Kind.NEW and res.owned
+    assert (res.fence, res.deliveries, res.takeovers, res.status) == (1, 1, 0, "in_flight")
+    rec = row(alias, processor, fp)
+    assert rec.claim_token == r.token and rec.task_id == r.task_id and rec.worker == "w:1"
+    assert rec.expires_on - rec.started_at == timedelta(seconds=3600)
+
+
+def test_fresh_in_flight_claim_is_not_taken(store: Store, processor: str, fp: str) -> None:
+    # Given a fresh claim
+    store.claim(req(processor, fp))
+    # When another delivery claims
+    res = store.claim(req(processor, fp))
+    # Then it does not own it, is told when the claim turns stale, and is counted
+    assert res.kind is Kind.IN_FLIGHT and not res.owned
+    assert 55 < res.retry_in <= 60
+    assert res.deliveries == 2 and res.fence == 1
+
+
+def test_resent_claim_with_own_token_is_recognised(store: Store, processor: str, fp: str) -> None:
+    # Given a claim whose answer was lost (connection dropped)
+    first = req(processor, fp)
+    store.claim(first)
+    # When the same claim (same token) is sent again
+    res = store.claim(first)
+    # Then the caller still owns it and no delivery is added
+    assert res.kind is Kind.RESUMED and res.owned
+    assert res.deliveries == 1 and res.fence == 1
+
+
+def test_completed_returns_memo(store: Store, alias: str, processor: str, fp: str) -> None:
+    # Given a completed record
+    first = req(processor, fp)
+    store.claim(first)
+    assert store.finish(processor, fp, first.token, completed(b'{"id": 7}'))
+    # When a duplicate claims
+    res = store.claim(req(processor, fp))
+    # Then it gets the memo in the same round trip and is counted
+    assert res.kind is Kind.COMPLETED and not res.owned
+    assert res.result == b'{"id": 7}' and res.result_encoding == "application/json;utf-8"
+    assert res.deliveries == 2 and res.task_id == first.task_id
+    assert res.completed_at is not None
+    assert row(alias, processor, fp).status == "completed"
+
+
+def test_stale_claim_is_taken_over_and_zombie_fenced(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    # Given an in-flight claim older than max_processing_time
+    zombie = req(processor, fp)
+    store.claim(zombie)
+    age(alias, processor, fp, 61)
+    # When another delivery claims
+    taker = req(processor, fp)
+    res = store.claim(taker)
+    # Then it takes over with fence + 1
+    assert res.kind is Kind.TAKEOVER and res.owned
+    assert (res.fence, res.takeovers, res.deliveries) == (2, 1, 2)
+    # And the zombie's completion is refused while the taker's lands
+    assert not store.finish(processor, fp, zombie.token, completed(b"1"))
+    assert store.finish(processor, fp, taker.token, completed(b"2"))
+    assert not store.finish(processor, fp, zombie.token, completed(b"1"))
+    rec = row(alias, processor, fp)
+    assert bytes(rec.result) == b"2" and rec.fence == 2 and rec.takeovers == 1
+
+
+def test_max_takeovers_gives_up(store: Store, alias: str, processor: str, fp: str) -> None:
+    # Given a task whose every attempt dies (claims go stale twice, max_takeovers=2)
+    store.claim(req(processor, fp, max_takeovers=2))
+    for _ in range(2):
+        age(alias, processor, fp, 61)
+        assert store.claim(req(processor, fp, max_takeovers=2)).kind is Kind.TAKEOVER
+    age(alias, processor, fp, 61)
+    # When the next delivery finds it stale again
+    res = store.claim(req(processor, fp, max_takeovers=2))
+    # Then the record is marked failed with a clear error, and stays so
+    assert res.kind is Kind.GAVE_UP and not res.owned
+    assert res.status == "failed" and "max_takeovers" in res.error
+    again = store.claim(req(processor, fp, max_takeovers=2))
+    assert again.kind is Kind.GAVE_UP and not again.owned
+    assert row(alias, processor, fp).result_encoding == ENC_GAVE_UP
+
+
+def test_released_failure_is_claimed_again(store: Store, processor: str, fp: str) -> None:
+    # Given an attempt that failed and released its claim
+    first = req(processor, fp)
+    store.claim(first)
+    assert store.finish(processor, fp, first.token, Completion("failed", None, "", "E: x"))
+    # When the next delivery claims
+    res = store.claim(req(processor, fp))
+    # Then it owns the record again with a new fence; takeovers unchanged
+    assert res.kind is Kind.RECLAIM and res.owned
+    assert (res.fence, res.takeovers) == (2, 0)
+
+
+def test_memoized_failure_is_replayed(store: Store, processor: str, fp: str) -> None:
+    # Given a failure memoized (on_failure="memoize")
+    first = req(processor, fp)
+    store.claim(first)
+    fail = Completion("failed", b'{"exc_type": "ValueError"}', ENC_EXCEPTION, "ValueError: x")
+    assert store.finish(processor, fp, first.token, fail)
+    # When a duplicate claims / Then it gets the failure, it does not run
+    res = store.claim(req(processor, fp))
+    assert res.kind is Kind.FAILED and not res.owned and res.error == "ValueError: x"
+
+
+def test_expired_record_is_claimed_with_counters_reset(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    # Given a completed record whose retention window has passed, after duplicates
+    first = req(processor, fp)
+    store.claim(first)
+    store.claim(req(processor, fp))
+    store.finish(processor, fp, first.token, completed())
+    age(alias, processor, fp, 3601, "expires_on")
+    # When it is delivered again
+    res = store.claim(req(processor, fp))
+    # Then it runs again: a new epoch, but the fence keeps counting up
+    assert res.kind is Kind.RECLAIM and res.owned
+    assert (res.deliveries, res.takeovers, res.fence) == (1, 0, 2)
+    assert res.result is None
+
+
+def test_in_flight_record_never_expires(store: Store, alias: str, processor: str, fp: str) -> None:
+    # Given a fresh in-flight record whose expires_on passed (expires_after < runtime)
+    store.claim(req(processor, fp))
+    age(alias, processor, fp, 3601, "expires_on")
+    # When another delivery claims / Then it may not run concurrently
+    assert store.claim(req(processor, fp)).kind is Kind.IN_FLIGHT
+
+
+def test_release_frees_an_in_flight_claim(store: Store, processor: str, fp: str) -> None:
+    # Given a fresh claim / When it is released (revoke, operator)
+    holder = req(processor, fp)
+    store.claim(holder)
+    assert not store.release(processor, fp, token="someone-else")
+    assert store.release(processor, fp, token=holder.token)
+    # Then the next delivery owns it at once, and the old holder is fenced out
+    assert store.claim(req(processor, fp)).kind is Kind.RECLAIM
+    assert not store.finish(processor, fp, holder.token, completed())
+
+
+def test_completion_resend_is_idempotent(store: Store, processor: str, fp: str) -> None:
+    # Given a completion whose answer was lost / When it is sent again
+    r = req(processor, fp)
+    store.claim(r)
+    assert store.finish(processor, fp, r.token, completed())
+    # Then it matches its own row instead of reporting a fence-out
+    assert store.finish(processor, fp, r.token, completed())
+
+
+def test_processors_deduplicate_separately(store: Store, fp: str) -> None:
+    # Given two services consuming the same message / Then each acts once
+    a, b = f"a-{uuid.uuid4().hex[:6]}", f"b-{uuid.uuid4().hex[:6]}"
+    assert store.claim(req(a, fp)).owned
+    assert store.claim(req(b, fp)).owned
+    assert not store.claim(req(a, fp)).owned
+
+
+def test_claim_commits_outside_callers_transaction(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    # Given a caller inside transaction.atomic() on the journal's database
+    with pytest.raises(RuntimeError), transaction.atomic(using=alias):
+        assert store.claim(req(processor, fp)).owned
+        raise RuntimeError("caller rolls back")
+    # Then the claim survived the caller's rollback
+    assert row(alias, processor, fp).status == "in_flight"
+
+
+def test_purge_deletes_only_expired_terminal_rows(store: Store, alias: str, processor: str) -> None:
+    # Given expired completed and failed rows, an unexpired row and an expired in-flight one
+    fps = {name: uuid.uuid4().hex * 2 for name in ("done", "failed", "fresh", "flight")}
+    for name, fp in fps.items():
+        r = req(processor, fp)
+        store.claim(r)
+        if name in ("done", "fresh"):
+            store.finish(processor, fp, r.token, completed())
+        if name == "failed":
+            store.finish(processor, fp, r.token, Completion("failed", None, "", "E: x"))
+        if name != "fresh":
+            age(alias, processor, fp, 3601, "expires_on")
+    # When purged in batches of one
+    deleted = Outcome.objects.using(alias).filter(processor_id=processor).purge_expired(
+        batch_size=1
+    )
+    # Then exactly the two expired terminal rows are gone
+    left = set(Outcome.objects.using(alias).filter(processor_id=processor)
+               .values_list("fingerprint", flat=True))  # fmt: skip
+    assert deleted == 2
+    assert left == {fps["fresh"], fps["flight"]}
+
+
+def test_times_come_from_the_database_clock(store: Store, alias: str, processor: str, fp: str) -> None:
+    from celery_grousset.managers import _db_now
+
+    # Given the database's clock / When a claim is written
+    before = _db_now(alias)
+    store.claim(req(processor, fp))
+    after = _db_now(alias)
+    # Then started_at lies between two readings of that clock
+    started = row(alias, processor, fp).started_at
+    assert before - timedelta(milliseconds=5) <= started <= after + timedelta(milliseconds=5)
