@@ -1,3 +1,167 @@
-"""System checks (``manage.py check``), ids ``celery_grousset.E001``…"""
+"""System checks (``manage.py check``) with stable ids, each with the fix as hint.
+
+==========================  ===========================================================
+``celery_grousset.E001``    a guarded task has no ``max_processing_time``
+``celery_grousset.E002``    a guarded task's hard ``time_limit`` ≥ ``max_processing_time``
+``celery_grousset.E003``    ``GROUSSET["DATABASE"]`` is unknown or not a supported engine
+``celery_grousset.E004``    ``settings.GROUSSET`` is invalid (unknown key, bad value)
+``celery_grousset.W001``    Redis/SQS ``visibility_timeout`` < a task's ``max_processing_time``
+``celery_grousset.W002``    ``acks_late`` is off on a guarded task
+``celery_grousset.W003``    ``reject_on_worker_lost`` is off on a guarded task
+``celery_grousset.W004``    the MySQL journal runs at REPEATABLE READ
+``celery_grousset.W005``    the SQLite journal is not in WAL mode (``check --database``)
+==========================  ===========================================================
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+
+
+def _apps() -> list[Any]:
+    from celery._state import _get_active_apps
+
+    return list(_get_active_apps())
+
+
+def guarded_tasks() -> Iterator[tuple[Any, Any]]:
+    """(app, task) for every GroussetTask registered in the active Celery apps."""
+    from celery_grousset.task import GroussetTaskMixin
+
+    seen: set[int] = set()
+    for app in _apps():
+        try:
+            app.loader.import_default_modules()
+        except Exception:  # noqa: BLE001, S112 - a broken task module is not our check
+            continue
+        for task in list(app.tasks.values()):
+            if isinstance(task, GroussetTaskMixin) and id(task) not in seen:
+                seen.add(id(task))
+                yield app, task
+
+
+@checks.register("celery_grousset")
+def check_tasks(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from celery_grousset.conf import grousset_settings
+
+    errors: list[checks.CheckMessage] = []
+    try:
+        grousset_settings.reload()
+        grousset_settings.DATABASE  # noqa: B018 - validates the whole dict
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), hint="Fix settings.GROUSSET.", id="celery_grousset.E004")]
+    for app, task in guarded_tasks():
+        try:
+            opts = task.grousset_options()
+        except ImproperlyConfigured as exc:
+            errors.append(checks.Error(
+                f"Task {task.name!r}: {exc}",
+                hint="Set max_processing_time=<seconds> on the task decorator, or "
+                     "GROUSSET['MAX_PROCESSING_TIME'] in settings.",
+                obj=task.name, id="celery_grousset.E001",
+            ))  # fmt: skip
+            continue
+        mpt = opts.max_processing_time
+        hard = task.time_limit if task.time_limit is not None else app.conf.task_time_limit
+        if hard is not None and hard >= mpt:
+            errors.append(checks.Error(
+                f"Task {task.name!r}: hard time_limit {hard}s is not below "
+                f"max_processing_time {mpt:g}s, so a live attempt can be taken over.",
+                hint=f"Raise max_processing_time above {hard}s or lower time_limit.",
+                obj=task.name, id="celery_grousset.E002",
+            ))  # fmt: skip
+        vt = _visibility_timeout(app)
+        if vt is not None and vt < mpt:
+            errors.append(checks.Warning(
+                f"Task {task.name!r}: the broker's visibility_timeout ({vt:g}s) is shorter than "
+                f"max_processing_time ({mpt:g}s): the broker will redeliver running tasks "
+                "(they wait as in-flight duplicates instead of running twice).",
+                hint="Set CELERY_BROKER_TRANSPORT_OPTIONS = {'visibility_timeout': N} with N "
+                     "above every max_processing_time.",
+                obj=task.name, id="celery_grousset.W001",
+            ))  # fmt: skip
+        if not task.acks_late:
+            errors.append(checks.Warning(
+                f"Task {task.name!r} acknowledges its message before it runs (acks_late off): "
+                "a worker that dies mid-task loses the message, and the claim is taken over "
+                "only if another delivery arrives.",
+                hint="Set acks_late=True on the task or CELERY_TASK_ACKS_LATE = True.",
+                obj=task.name, id="celery_grousset.W002",
+            ))  # fmt: skip
+        if task.acks_late and not task.reject_on_worker_lost:
+            errors.append(checks.Warning(
+                f"Task {task.name!r}: reject_on_worker_lost is off, so a killed worker child's "
+                "message is acknowledged as failed instead of redelivered.",
+                hint="Set reject_on_worker_lost=True or CELERY_TASK_REJECT_ON_WORKER_LOST = True.",
+                obj=task.name, id="celery_grousset.W003",
+            ))  # fmt: skip
+    errors.extend(_check_database())
+    return errors
+
+
+def _visibility_timeout(app: Any) -> float | None:
+    url = str(app.conf.broker_url or "")
+    if not url.startswith(("redis", "rediss", "sentinel", "sqs")):
+        return None
+    options = app.conf.broker_transport_options or {}
+    return float(options.get("visibility_timeout", 3600))
+
+
+def _check_database() -> list[checks.CheckMessage]:
+    from django.db import connections
+
+    from celery_grousset.conf import grousset_settings
+
+    alias = grousset_settings.DATABASE
+    if alias not in connections.settings:
+        return [checks.Error(
+            f"GROUSSET['DATABASE'] is {alias!r}, which is not in settings.DATABASES.",
+            hint=f"Use one of {sorted(connections.settings)}.", id="celery_grousset.E003",
+        )]  # fmt: skip
+    settings = connections.settings[alias]
+    engine = settings["ENGINE"]
+    if not any(name in engine for name in ("postgresql", "postgis", "sqlite", "mysql")):
+        return [checks.Error(
+            f"The journal database {alias!r} uses {engine!r}; celery-grousset supports "
+            "PostgreSQL, SQLite and MySQL/MariaDB.",
+            hint="Point GROUSSET['DATABASE'] at a supported database.", id="celery_grousset.E003",
+        )]  # fmt: skip
+    level = str((settings.get("OPTIONS") or {}).get("isolation_level", "")).lower()
+    if "mysql" in engine and level == "repeatable read":
+        return [checks.Warning(
+            f"The journal database {alias!r} runs at REPEATABLE READ: transactional tasks "
+            "read a snapshot older than their claim.",
+            hint="Remove OPTIONS['isolation_level'] (Django's default is READ COMMITTED).",
+            id="celery_grousset.W004",
+        )]  # fmt: skip
+    return []
+
+
+@checks.register(checks.Tags.database)
+def check_sqlite_wal(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from django.db import connections
+
+    from celery_grousset.conf import grousset_settings
+
+    alias = grousset_settings.DATABASE
+    if not databases or alias not in databases or alias not in connections.settings:
+        return []
+    conn = connections[alias]
+    if conn.vendor != "sqlite":
+        return []
+    with conn.cursor() as cur:
+        cur.execute("PRAGMA journal_mode")
+        mode = str(cur.fetchone()[0]).lower()
+    if mode != "wal":
+        return [checks.Warning(
+            f"The SQLite journal {alias!r} is in {mode!r} journal mode, not WAL: workers "
+            "block each other's reads while a claim is written.",
+            hint="Run `PRAGMA journal_mode=WAL` once on the database file (the claim store "
+                 "switches it on first use when it can).",
+            id="celery_grousset.W005",
+        )]  # fmt: skip
+    return []

@@ -21,6 +21,9 @@ import django  # noqa: E402
 django.setup()
 
 from tests import services  # noqa: E402
+from tests.celeryapp import app as celery_app  # noqa: E402
+
+celery_app.set_default()
 
 #: pytest id -> Django alias
 BACKENDS = {"sqlite": "default", "postgresql": "postgresql", "mariadb": "mysql"}

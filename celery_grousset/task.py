@@ -1,0 +1,287 @@
+"""``GroussetTask``: a Celery task whose side effect happens once.
+
+Per delivery: fingerprint → claim → run → fenced completion (DESIGN §4). The
+claim store, the decision table and the memo codec live elsewhere; this module
+is the Celery glue: options, requeueing, eager mode, the publish-time checks.
+"""
+
+from __future__ import annotations
+
+import inspect
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from celery import Task
+from celery.exceptions import Reject, Retry
+
+from celery_grousset import events, guard
+from celery_grousset.claim import Kind
+from celery_grousset.conf import grousset_settings, on_reload
+from celery_grousset.exceptions import FingerprintError, StoreUnavailable
+from celery_grousset.fingerprint import fingerprint, validate_key_names
+from celery_grousset.redact import DEFAULT_REDACT_KEYS, safe_repr
+from celery_grousset.store.base import get_store
+
+#: message headers this package adds
+KEY_HEADER = "grousset_key"
+REQUEUES_HEADER = "grousset_requeues"
+#: set when argsrepr/kwargsrepr were written by this package (redacted) or by the caller
+REPR_HEADER = "grousset_repr"
+
+_OPTION_NAMES = (
+    "max_processing_time", "expires_after", "processor_id", "on_in_flight", "transactional",
+    "memoize", "on_failure", "max_result_bytes", "max_takeovers", "database",
+)  # fmt: skip
+
+_instances: list[GroussetTaskMixin] = []
+
+
+class GroussetTaskMixin:
+    """The guard, as a mixin for any Celery task class (see :class:`GroussetTask`).
+
+    Every option below may be set as a decorator keyword, a class attribute, a
+    ``GROUSSET`` setting (upper case) or — ``max_processing_time`` and
+    ``processor_id`` — a worker flag. Precedence: per call > task > worker flag >
+    ``settings.GROUSSET`` > built-in default.
+    """
+
+    #: Seconds (or timedelta) an attempt may hold its claim before another delivery
+    #: takes it over. Required: no default.
+    max_processing_time: float | timedelta | None = None
+    #: Retention window of a completed record (default 7 days).
+    expires_after: float | timedelta | None = None
+    #: Who deduplicates (default: the Celery app's main name).
+    processor_id: str | None = None
+    #: Argument names (or a callable over the bound arguments) that identify a call;
+    #: default: every argument.
+    grousset_key: Sequence[str] | Callable[..., Any] | None = None
+    #: A duplicate that finds a fresh claim: ``"retry"`` (re-queue) or ``"wait"``.
+    on_in_flight: str | None = None
+    #: Run the body and the completion in one transaction on the journal's database.
+    transactional: bool | None = None
+    #: Store the return value for duplicates (default True).
+    memoize: bool | None = None
+    #: When the body raises: ``"release"`` (run again) or ``"memoize"`` (replay).
+    on_failure: str | None = None
+    #: Encoded results larger than this are not memoized (default 256 KiB).
+    max_result_bytes: int | None = None
+    #: Takeovers before a record is marked failed (default 3).
+    max_takeovers: int | None = None
+    #: Django database alias of the journal (default ``GROUSSET["DATABASE"]``).
+    database: str | None = None
+
+    _grousset_opts: guard.Options | None = None
+    _grousset_sig: inspect.Signature | None = None
+
+    # Provided by celery.Task
+    name: str
+    request: Any
+    app: Any
+    serializer: str
+
+    # -- options ---------------------------------------------------------------------------
+
+    def grousset_options(self) -> guard.Options:
+        """Options resolved once per process (dropped when settings change)."""
+        opts = self._grousset_opts
+        if opts is None:
+            worker = dict(getattr(self.app.conf, "grousset_worker", None) or {})
+            explicit = {}
+            for name in _OPTION_NAMES:
+                value = getattr(self, name, None)
+                explicit[name] = value if value is not None else worker.get(name)
+            opts = guard.Options.resolve(
+                f"the task {self.name!r}", explicit, default_processor=self.app.main or "default"
+            )
+            if self.grousset_key is not None and not callable(self.grousset_key):
+                validate_key_names(self._signature(), self.grousset_key)
+            self._grousset_opts = opts
+            _instances.append(self)
+        return opts
+
+    def _signature(self) -> inspect.Signature | None:
+        sig = self._grousset_sig
+        if sig is None:
+            try:
+                sig = inspect.signature(self.run)  # type: ignore[attr-defined]
+            except (TypeError, ValueError):
+                return None
+            self._grousset_sig = sig
+        return sig
+
+    def grousset_fingerprint(
+        self, args: Sequence[Any], kwargs: dict[str, Any], idempotency_key: str | None = None
+    ) -> str:
+        """The fingerprint of one call of this task."""
+        return fingerprint(
+            self.name, args, kwargs, signature=self._signature(), key=self.grousset_key,
+            idempotency_key=idempotency_key,
+        )  # fmt: skip
+
+    @property
+    def grousset(self) -> guard.Attempt | None:
+        """Inside a running attempt: ``fingerprint``, ``fence``, ``deliveries``…"""
+        return getattr(self.request, "grousset", None)
+
+    # -- publishing ------------------------------------------------------------------------
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, *a: Any, **options: Any) -> Any:
+        """``apply_async(…, idempotency_key="order-42")`` names the call's identity."""
+        key = options.pop("idempotency_key", None)
+        headers = {**(options.get("headers") or {}), REPR_HEADER: 1}
+        if key is not None:
+            if not isinstance(key, str) or not key:
+                raise FingerprintError(
+                    f"{self.name}: idempotency_key must be a non-empty str, got {key!r}"
+                )
+            headers[KEY_HEADER] = key
+        elif not grousset_settings.BYPASS:
+            # Fail at publish time for arguments that cannot be fingerprinted.
+            self.grousset_fingerprint(tuple(args or ()), dict(kwargs or {}))
+        options["headers"] = headers
+        if options.get("argsrepr") is None and options.get("kwargsrepr") is None:
+            # Celery would show saferepr(args) in logs, events and monitors: redact it.
+            text = self._redacted(tuple(args or ()), dict(kwargs or {}))
+            options["argsrepr"], options["kwargsrepr"] = f"({text})", "{}"
+        return super().apply_async(args, kwargs, *a, **options)  # type: ignore[misc]
+
+    # -- running ---------------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        run = super().__call__  # type: ignore[misc]
+        request = self.request
+        if grousset_settings.BYPASS or getattr(self.app.conf, "grousset_bypass", False):
+            events.bypassed(self.name, str(request.id))
+            return run(*args, **kwargs)
+        opts = self.grousset_options()
+        key = _header(request, KEY_HEADER)
+        fp = self.grousset_fingerprint(args, kwargs, key)
+        store = get_store(opts.database)
+        req = guard.request(opts, fp, self.name, str(request.id or uuid.uuid4()),
+                            self._args_repr(request, args, kwargs))  # fmt: skip
+        local = bool(request.is_eager or request.called_directly)
+        try:
+            res = guard.claim(store, req)
+            if res.kind is Kind.IN_FLIGHT:
+                if opts.on_in_flight == "wait" or local:
+                    events.in_flight(req, res, "wait")
+                    res = guard.wait_until_settled(store, req, res)
+                else:
+                    events.in_flight(req, res, "retry")
+                    self._requeue(self._in_flight_countdown(request, res.retry_in), None)
+        except StoreUnavailable as exc:
+            if local:
+                raise
+            self._requeue(self._store_countdown(request), exc)
+        if not res.owned:
+            return guard.answer(req, res, delivery=_delivery(request))
+        request.grousset = guard.Attempt(
+            fingerprint=fp, fence=res.fence, deliveries=res.deliveries, takeovers=res.takeovers,
+            kind=res.kind, processor_id=opts.processor_id, token=req.token,
+        )  # fmt: skip
+        return guard.run_owned(store, opts, req, res, lambda: run(*args, **kwargs),
+                               self.serializer)  # fmt: skip
+
+    def _args_repr(self, request: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+        argsrepr = getattr(request, "argsrepr", None)
+        kwargsrepr = getattr(request, "kwargsrepr", None)
+        if _header(request, REPR_HEADER) is None and argsrepr is not None:
+            # Not published by GroussetTask: trust argsrepr only if the producer chose it
+            # (Celery's default is an unredacted saferepr of the arguments).
+            from celery.utils.saferepr import saferepr
+
+            if argsrepr == saferepr(tuple(args)) or argsrepr == saferepr(list(args)):
+                argsrepr = kwargsrepr = None
+        if argsrepr is not None or kwargsrepr is not None:
+            return safe_repr(args, kwargs, argsrepr=argsrepr, kwargsrepr=kwargsrepr,
+                             max_length=int(grousset_settings.ARGS_REPR_MAX_LENGTH))  # fmt: skip
+        return self._redacted(args, kwargs)
+
+    def _redacted(self, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+        extra = grousset_settings.REDACT_KEYS
+        keys = DEFAULT_REDACT_KEYS | frozenset(extra) if extra else DEFAULT_REDACT_KEYS
+        bound = None
+        sig = self._signature()
+        if sig is not None:
+            try:
+                bound = sig.bind(*args, **kwargs).arguments
+            except TypeError:
+                bound = None
+        return safe_repr(args, kwargs, redact_keys=keys, bound=bound,
+                         max_length=int(grousset_settings.ARGS_REPR_MAX_LENGTH))  # fmt: skip
+
+    @staticmethod
+    def _in_flight_countdown(request: Any, retry_in: float) -> float:
+        """Backoff 0.25 s, 0.5 s, 1 s… — never past the moment the claim turns stale."""
+        n = int(_header(request, REQUEUES_HEADER) or 0)
+        return max(0.0, min(0.25 * (2**n), retry_in + 0.05))
+
+    @staticmethod
+    def _store_countdown(request: Any) -> float:
+        n = int(_header(request, REQUEUES_HEADER) or 0)
+        base = float(grousset_settings.STORE_RETRY_BACKOFF)
+        return float(min(base * (2**n), float(grousset_settings.STORE_RETRY_BACKOFF_MAX)))
+
+    def _requeue(self, countdown: float, exc: BaseException | None) -> None:
+        """Send this delivery again after ``countdown`` without using up max_retries."""
+        request = self.request
+        n = int(_header(request, REQUEUES_HEADER) or 0)
+        headers = {**(request.headers or {}), REQUEUES_HEADER: n + 1}
+        key = _header(request, KEY_HEADER)
+        if key is not None:
+            headers[KEY_HEADER] = key
+        sig = self.signature_from_request(  # type: ignore[attr-defined]
+            request, None, None, countdown=countdown, retries=request.retries, headers=headers
+        )
+        try:
+            sig.apply_async()
+        except Exception as publish_exc:
+            # Could not re-publish: hand the message back to the broker instead.
+            raise Reject(publish_exc, requeue=True) from publish_exc
+        raise Retry(exc=exc, when=countdown, sig=sig)
+
+
+def _header(request: Any, name: str) -> Any:
+    value = getattr(request, name, None)
+    if value is None:
+        headers = getattr(request, "headers", None) or {}
+        value = headers.get(name)
+    return value
+
+
+def _delivery(request: Any) -> str:
+    info = getattr(request, "delivery_info", None) or {}
+    return ",".join(f"{k}:{info[k]}" for k in ("exchange", "routing_key", "redelivered")
+                    if info.get(k) not in (None, ""))  # fmt: skip
+
+
+class GroussetTask(GroussetTaskMixin, Task):  # type: ignore[misc]
+    """A Celery task guarded by the outcome journal.
+
+    ``@app.task(base=GroussetTask, bind=True, max_processing_time=60)``
+    """
+
+    abstract = True
+
+
+try:  # Celery >= 5.4 ships a Django task class (delay_on_commit)
+    from celery.contrib.django.task import DjangoTask
+
+    class GroussetDjangoTask(GroussetTaskMixin, DjangoTask):  # type: ignore[misc]
+        """:class:`GroussetTask` on Celery's Django task class (``delay_on_commit``)."""
+
+        abstract = True
+
+except ImportError:  # pragma: no cover - Celery 5.3
+    GroussetDjangoTask = GroussetTask  # type: ignore[misc,assignment]
+
+
+def _drop_resolved_options() -> None:
+    for task in _instances:
+        task._grousset_opts = None
+    _instances.clear()
+
+
+on_reload(_drop_resolved_options)

@@ -1,0 +1,94 @@
+"""Tasks the worker tests run. Each effect writes a row in the effect ledger (a
+table with no unique constraint) on the journal's database, so duplicate effects
+are counted, not guessed."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from celery import shared_task
+
+from celery_grousset import GroussetTask
+
+
+def _db() -> str:
+    from celery_grousset.conf import grousset_settings
+
+    return str(grousset_settings.DATABASE)
+
+
+def record(key: str, value: str = "") -> None:
+    from tests.ledger.models import Effect
+
+    Effect.objects.using(_db()).create(key=key, value=value, pid=os.getpid())
+
+
+def _pause(seconds: float) -> None:
+    if seconds:
+        from celery_grousset.guard import fault
+
+        fault("mid_effect")
+        time.sleep(seconds)
+
+
+@shared_task(base=GroussetTask, bind=True, max_processing_time=30)
+def effect(self: Any, key: str, sleep: float = 0.0) -> dict[str, Any]:
+    record(key)
+    _pause(sleep)
+    return {"key": key, "pid": os.getpid(), "fence": self.grousset.fence}
+
+
+@shared_task(base=GroussetTask, bind=True, max_processing_time=3)
+def short_claim(self: Any, key: str, sleep: float = 0.0) -> dict[str, Any]:
+    """max_processing_time 3 s: takeover tests."""
+    record(key)
+    _pause(sleep)
+    return {"key": key, "pid": os.getpid(), "fence": self.grousset.fence}
+
+
+@shared_task(base=GroussetTask, bind=True, max_processing_time=3, transactional=True)
+def booking(self: Any, key: str, sleep: float = 0.0) -> dict[str, Any]:
+    """Transactional: the ledger row commits with the completion, fenced."""
+    record(key, "booking")
+    _pause(sleep)
+    return {"key": key, "pid": os.getpid(), "fence": self.grousset.fence}
+
+
+@shared_task(base=GroussetTask, bind=True, max_processing_time=30, max_retries=3)
+def flaky_retry(self: Any, key: str, fail_times: int = 1) -> str:
+    """Fails ``fail_times`` times via self.retry(), then succeeds."""
+    from tests.ledger.models import Effect
+
+    attempts = Effect.objects.using(_db()).filter(key=key, value="attempt").count()
+    record(key, "attempt")
+    if attempts < fail_times:
+        raise self.retry(countdown=0.1)
+    record(key, "done")
+    return f"done after {attempts + 1}"
+
+
+@shared_task(base=GroussetTask, bind=True, max_processing_time=30,
+             autoretry_for=(ValueError,), retry_kwargs={"max_retries": 3, "countdown": 0.1})  # fmt: skip
+def flaky_auto(self: Any, key: str, fail_times: int = 1) -> str:
+    from tests.ledger.models import Effect
+
+    attempts = Effect.objects.using(_db()).filter(key=key, value="attempt").count()
+    record(key, "attempt")
+    if attempts < fail_times:
+        raise ValueError("transient")
+    record(key, "done")
+    return f"done after {attempts + 1}"
+
+
+@shared_task(base=GroussetTask, bind=True, max_processing_time=30)
+def login(self: Any, user: str, password: str) -> str:
+    record(user, "login")
+    return f"logged in {user}"
+
+
+@shared_task(base=GroussetTask, bind=True, max_processing_time=30, grousset_key=("order_id",))
+def charge(self: Any, order_id: int, amount: str, note: str = "") -> str:
+    record(f"charge-{order_id}")
+    return f"charged {order_id} with key {self.grousset.fingerprint[:8]}"

@@ -1,0 +1,286 @@
+"""GroussetTask with real ``celery worker`` processes on a real broker.
+
+Each test starts its own workers on a queue of its own; effects are counted in
+the effect ledger (no unique constraint), never inferred.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from celery_grousset.models import Outcome
+from tests import services
+from tests.ledger.models import Effect
+from tests.workers import Worker, workers
+
+pytestmark = pytest.mark.slow
+
+REPEAT = int(os.environ.get("GROUSSET_TEST_REPEAT", "20"))
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> str:
+    return services.require_redis()
+
+
+@pytest.fixture
+def queue() -> str:
+    return f"q-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="module")
+def pg() -> str:
+    services.require_database("postgresql")
+    return "postgresql"
+
+
+def effects(alias: str, key: str, value: str | None = None) -> int:
+    qs = Effect.objects.using(alias).filter(key=key)
+    return (qs.filter(value=value) if value is not None else qs).count()
+
+
+def record_of(alias: str, task: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Outcome:
+    fp = task.grousset_fingerprint(args, kwargs or {})
+    return Outcome.objects.using(alias).get(task_name=task.name, fingerprint=fp)
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def holder_pid(alias: str, task: Any, args: tuple[Any, ...]) -> int:
+    """The pid of the worker child holding the claim (from the journal's ``worker``)."""
+    def find() -> int | None:
+        try:
+            rec = record_of(alias, task, args)
+        except Outcome.DoesNotExist:
+            return None
+        return int(rec.worker.rsplit(":", 1)[1]) if rec.status == "in_flight" else None
+
+    return int(wait_for(find, 30, "a claim to be held"))
+
+
+@pytest.fixture(scope="module")
+def pg_workers(redis_url: str, pg: str) -> Iterator[tuple[str, list[Worker]]]:
+    q = f"q-{uuid.uuid4().hex[:10]}"
+    with workers(q, 2, database=pg, broker=redis_url, concurrency=2) as ws:
+        yield q, ws
+
+
+def _two_hundred(alias: str, queue: str, key: str) -> None:
+    from tests.tasks import effect
+
+    # Given 200 deliveries of the same call (distinct task ids) to 2 workers × 2 processes
+    results = [effect.apply_async((key,), {"sleep": 0.2}, queue=queue) for _ in range(200)]
+    # When they are all processed
+    values = [r.get(timeout=120) for r in results]
+    # Then the effect ran exactly once and every delivery returned the same value
+    assert effects(alias, key) == 1
+    assert len({repr(v) for v in values}) == 1 and values[0]["key"] == key
+    rec = record_of(alias, effect, (key,), {"sleep": 0.2})
+    assert rec.status == "completed" and rec.fence == 1 and rec.takeovers == 0
+    assert rec.deliveries >= 200
+
+
+@pytest.mark.parametrize("rep", range(REPEAT))
+def test_200_duplicates_one_effect_postgresql(pg_workers: tuple[str, list[Worker]], rep: int) -> None:
+    queue, _ = pg_workers
+    _two_hundred("postgresql", queue, f"dup-pg-{rep}-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.mark.parametrize("backend", ["default", "mysql"], ids=["sqlite", "mariadb"])
+def test_200_duplicates_one_effect_other_backends(redis_url: str, queue: str, backend: str) -> None:
+    services.require_database(backend)
+    with workers(queue, 2, database=backend, broker=redis_url, concurrency=2):
+        for rep in range(3):
+            _two_hundred(backend, queue, f"dup-{backend}-{rep}-{uuid.uuid4().hex[:8]}")
+
+
+def test_200_duplicates_rabbitmq(pg: str, queue: str) -> None:
+    amqp = services.require_rabbitmq()
+    with workers(queue, 2, database=pg, broker=amqp, concurrency=2):
+        from tests.celeryapp import app
+
+        # the producer publishes through RabbitMQ too
+        with app.connection_for_write(amqp) as conn:
+            from tests.tasks import effect
+
+            key = f"dup-amqp-{uuid.uuid4().hex[:8]}"
+            results = [effect.apply_async((key,), {"sleep": 0.2}, queue=queue, connection=conn)
+                       for _ in range(200)]  # fmt: skip
+            values = [r.get(timeout=120) for r in results]
+    assert effects(pg, key) == 1
+    assert len({repr(v) for v in values}) == 1
+    assert record_of(pg, effect, (key,), {"sleep": 0.2}).deliveries >= 200
+
+
+def test_sigkill_mid_effect_is_taken_over_after_max_processing_time(
+    pg_workers: tuple[str, list[Worker]], pg: str
+) -> None:
+    from tests.tasks import booking, short_claim
+
+    queue, _ = pg_workers
+    for task in (short_claim, booking):
+        key = f"kill-{task.name}-{uuid.uuid4().hex[:8]}"
+        # Given a task in the middle of its effect (max_processing_time 3 s)
+        result = task.apply_async((key, 5.0), queue=queue)
+        pid = holder_pid(pg, task, (key, 5.0))
+        t0 = time.monotonic()
+        # When its worker child is SIGKILLed (acks_late + reject_on_worker_lost: redelivered)
+        os.kill(pid, signal.SIGKILL)
+        value = result.get(timeout=60)
+        # Then the redelivery waited for the claim to turn stale, then took over
+        rec = record_of(pg, task, (key, 5.0))
+        assert rec.status == "completed" and rec.takeovers == 1 and rec.fence == 2
+        assert value["fence"] == 2 and value["pid"] != pid
+        assert time.monotonic() - t0 >= 1.0  # it did not run at once: it waited for staleness
+        if task is booking:
+            # transactional: the killed attempt's write never committed
+            assert effects(pg, key) == 1
+        else:
+            # the documented window: the killed attempt's effect happened, counted as a takeover
+            assert effects(pg, key) == 2
+
+
+@pytest.mark.parametrize("transactional", [False, True], ids=["plain", "transactional"])
+def test_zombie_cannot_overwrite_result(
+    pg_workers: tuple[str, list[Worker]], pg: str, transactional: bool
+) -> None:
+    from tests.tasks import booking, short_claim
+
+    task = booking if transactional else short_claim
+    queue, _ = pg_workers
+    key = f"zombie-{uuid.uuid4().hex[:8]}"
+    # Given an attempt frozen (SIGSTOP) mid-effect past max_processing_time (3 s)
+    first = task.apply_async((key, 2.0), queue=queue)
+    pid = holder_pid(pg, task, (key, 2.0))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        # When a duplicate delivery takes over and completes
+        second = task.apply_async((key, 2.0), queue=queue)
+        value = second.get(timeout=60)
+        assert value["fence"] == 2
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # Then the resumed zombie is fenced out: its completion is refused
+    with pytest.raises(Exception) as err:
+        first.get(timeout=60)
+    assert "FencedOut" in type(err.value).__name__ or "FencedOut" in str(err.value)
+    rec = record_of(pg, task, (key, 2.0))
+    assert rec.status == "completed" and rec.fence == 2 and rec.takeovers == 1
+    from celery_grousset import memo
+
+    memoized = memo.decode(bytes(rec.result), rec.result_encoding, rec.error, rec.fingerprint)
+    assert memoized == value
+    assert effects(pg, key) == (1 if transactional else 2)
+
+
+@pytest.mark.parametrize("task_name", ["flaky_retry", "flaky_auto"])
+def test_retries_reclaim_at_once(pg_workers: tuple[str, list[Worker]], pg: str, task_name: str) -> None:
+    from tests import tasks
+
+    task = getattr(tasks, task_name)
+    queue, _ = pg_workers
+    key = f"{task_name}-{uuid.uuid4().hex[:8]}"
+    t0 = time.monotonic()
+    # Given a task that fails once, then succeeds on Celery's own retry (same task id)
+    value = task.apply_async((key, 1), queue=queue).get(timeout=25)
+    # Then the retry re-claimed at once (max_processing_time is 30 s)
+    assert value == "done after 2"
+    assert time.monotonic() - t0 < 20
+    assert effects(pg, key, "attempt") == 2 and effects(pg, key, "done") == 1
+    rec = record_of(pg, task, (key, 1))
+    assert rec.status == "completed" and rec.fence == 2 and rec.takeovers == 0
+
+
+def test_short_visibility_timeout_copies_run_once(redis_url: str, pg: str, queue: str) -> None:
+    from tests.tasks import effect
+
+    env = {"GROUSSET_TEST_VISIBILITY": "1"}
+    with workers(queue, 2, database=pg, broker=redis_url, env=env) as ws:
+        key = f"vt-{uuid.uuid4().hex[:8]}"
+        # Given a countdown longer than the Redis visibility_timeout (1 s); the workers
+        # restore unacked messages every second, so copies exist by the ETA
+        result = effect.apply_async((key,), queue=queue, countdown=4)
+        # When copies of the message are restored and arrive at the ETA
+        value = result.get(timeout=60)
+        time.sleep(1.5)
+    received = sum(w.text().count(f"[{result.id}] received") for w in ws)
+    # Then the broker really delivered copies, and the effect ran once
+    assert received >= 2, f"expected redelivered copies, saw {received}"
+    assert effects(pg, key) == 1
+    assert value["key"] == key
+
+
+def _pg_ctl(action: str) -> None:
+    version = sorted(os.listdir("/etc/postgresql"))[-1]
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_postgresql_down_fails_closed_then_runs_once(redis_url: str, pg: str, queue: str) -> None:
+    if not os.path.isdir("/etc/postgresql") or os.geteuid() != 0:
+        services.unavailable("pg_ctlcluster", "needs root and a local PostgreSQL cluster")
+    from tests.tasks import effect
+
+    env = {"GROUSSET_TEST_STORE_TIMEOUT": "2"}
+    with workers(queue, 1, database=pg, broker=redis_url, env=env) as ws:
+        keys = [f"down-{i}-{uuid.uuid4().hex[:6]}" for i in range(5)]
+        _pg_ctl("stop")
+        try:
+            # Given PostgreSQL is stopped while tasks are queued
+            results = [effect.apply_async((k,), queue=queue) for k in keys]
+            wait_for(lambda: ws[0].text().count("grousset.store_unavailable") >= 5, 60,
+                     "every delivery to fail closed")  # fmt: skip
+        finally:
+            _pg_ctl("start")
+        # When it comes back / Then each task runs exactly once
+        values = [r.get(timeout=90) for r in results]
+    assert [v["key"] for v in values] == keys
+    from django.db import connections
+
+    connections[pg].close()
+    assert [effects(pg, k) for k in keys] == [1] * 5
+
+
+def test_password_never_stored_or_logged(redis_url: str, pg: str, queue: str) -> None:
+    import redis
+
+    from tests.tasks import login
+
+    with workers(queue, 1, database=pg, broker=redis_url) as ws:
+        # Given a task called with a secret
+        result = login.apply_async(("bob",), {"password": "hunter2"}, queue=queue)
+        assert result.get(timeout=30) == "logged in bob"
+        # and a duplicate, so the duplicate's log line is written too
+        login.apply_async(("bob",), {"password": "hunter2"}, queue=queue).get(timeout=30)
+        log = ws[0].text()
+    # Then neither the journal, the worker log nor the result backend holds it
+    rec = record_of(pg, login, ("bob",), {"password": "hunter2"})
+    assert "***" in rec.args_repr and "bob" in rec.args_repr
+    from django.db import connections
+
+    assert "hunter2" not in log
+    backend = redis.Redis.from_url(os.environ.get("GROUSSET_TEST_BACKEND", "redis://127.0.0.1:6379/15"))
+    for k in backend.scan_iter(f"*{result.id}*"):
+        assert b"hunter2" not in (backend.get(k) or b"")
+    with connections[pg].cursor() as cur:
+        cur.execute("SELECT count(*) FROM celery_grousset_outcome o "
+                    "WHERE position('hunter2' in o::text) > 0")  # fmt: skip
+        assert cur.fetchone()[0] == 0

@@ -1,0 +1,103 @@
+"""Real ``celery worker`` processes for the tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LOGS = ROOT / "tests" / "artifacts" / "worker-logs"
+
+
+class Worker:
+    def __init__(self, proc: subprocess.Popen[bytes], log: Path, name: str) -> None:
+        self.proc = proc
+        self.log = log
+        self.name = name
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def children(self) -> list[int]:
+        out = subprocess.run(
+            ["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True, check=False
+        )
+        return [int(p) for p in out.stdout.split()]
+
+    def stop(self, timeout: float = 15) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def kill(self) -> None:
+        for pid in self.children():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def start_worker(
+    queue: str,
+    *,
+    database: str,
+    broker: str,
+    concurrency: int = 2,
+    env: dict[str, str] | None = None,
+    extra: list[str] | None = None,
+    ready_timeout: float = 60,
+) -> Worker:
+    LOGS.mkdir(parents=True, exist_ok=True)
+    name = f"w{uuid.uuid4().hex[:8]}"
+    log = LOGS / f"{queue}-{name}.log"
+    full_env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "GROUSSET_TEST_DB": database,
+        "GROUSSET_TEST_BROKER": broker,
+        "GROUSSET_TEST_QUEUE": queue,
+        "PYTHONPATH": str(ROOT),
+        **(env or {}),
+    }
+    cmd = [
+        sys.executable, "-m", "celery", "-A", "tests.celeryapp", "worker", "-P", "prefork",
+        "-c", str(concurrency), "-Q", queue, "-n", f"{name}@%h", "-l", "info",
+        "--without-gossip", "--without-mingle", "--without-heartbeat", *(extra or []),
+    ]  # fmt: skip
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=fh, stderr=subprocess.STDOUT)
+    worker = Worker(proc, log, name)
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited with {proc.returncode}:\n{worker.text()[-3000:]}")
+        if " ready." in worker.text():
+            return worker
+        time.sleep(0.1)
+    worker.kill()
+    raise RuntimeError(f"worker not ready after {ready_timeout}s:\n{worker.text()[-3000:]}")
+
+
+@contextmanager
+def workers(queue: str, count: int = 1, **kwargs: object) -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    try:
+        for _ in range(count):
+            started.append(start_worker(queue, **kwargs))  # type: ignore[arg-type]
+        yield started
+    finally:
+        for w in started:
+            w.stop()
