@@ -1,0 +1,259 @@
+"""Tests of the redacted argument rendering stored in the journal and shown in the admin."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import namedtuple
+from collections.abc import Iterator, Mapping
+
+import pytest
+
+from celery_grousset.redact import DEFAULT_REDACT_KEYS, REDACTED, is_sensitive, safe_repr
+
+SECRET = "hunter2"
+
+
+def test_password_kwarg_is_redacted() -> None:
+    # Given a task called with password= as a keyword argument
+    # When its arguments are rendered
+    text = safe_repr((42,), {"user": "bob", "password": SECRET})
+    # Then the password is masked and the rest is shown
+    assert SECRET not in text
+    assert text == "42, user='bob', password='***'"
+
+
+def test_positional_password_is_redacted_when_bound() -> None:
+    # Given a task called positionally, with its arguments bound by name
+    args = ("bob", SECRET)
+    bound = {"user": "bob", "password": SECRET}
+    # When rendered with the bound arguments
+    text = safe_repr(args, {}, bound=bound)
+    # Then the positional password is masked, rendered as name=value
+    assert SECRET not in text
+    assert text == "user='bob', password='***'"
+
+
+def test_password_nested_in_a_dict_is_redacted() -> None:
+    # Given a password inside a dict argument, positional and keyword
+    payload = {"login": {"user": "bob", "password": SECRET}, "n": 1}
+    # When rendered
+    text = safe_repr((payload,), {"payload": payload})
+    # Then it is masked at every depth
+    assert SECRET not in text
+    assert "{'login': {'user': 'bob', 'password': '***'}, 'n': 1}" in text
+
+
+def test_password_in_a_list_of_dicts_is_redacted() -> None:
+    # Given passwords inside a list of dicts, inside a tuple
+    accounts = [{"user": "a", "password": SECRET}, {"user": "b", "Password": SECRET + "!"}]
+    # When rendered
+    text = safe_repr(((accounts,),), {})
+    # Then every one is masked
+    assert SECRET not in text
+    assert text == "([{'user': 'a', 'password': '***'}, {'user': 'b', 'Password': '***'}],)"
+
+
+def test_sensitive_container_is_masked_whole() -> None:
+    # Given a sensitive key whose value is a container of secrets
+    credentials = {"credentials": {"user": "bob", "pin": SECRET}}
+    # When rendered
+    text = safe_repr((credentials,), {})
+    # Then the whole container is masked
+    assert SECRET not in text
+    assert text == "{'credentials': '***'}"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "password",
+        "PASSWORD",
+        "user_password",
+        "userPassword",
+        "x-api-key",
+        "X-Api-Key",
+        "XApiKey",
+        "HTTP_AUTHORIZATION",
+        "clientSecret",
+        "auth",
+        "auth_header",
+        "card_pan",
+        "cardNumber",
+        "cardnumber",
+        "privatekey",
+        "cardPan",
+        "stripe.token",
+        "iban",
+        "user ssn",
+    ],
+)
+def test_sensitive_names(name: str) -> None:
+    # Given a name that contains a redact key once normalised
+    # When it is checked
+    sensitive = is_sensitive(name)
+    # Then it is sensitive, and its value is masked
+    assert sensitive
+    assert SECRET not in safe_repr((), {name: SECRET})
+
+
+@pytest.mark.parametrize("name", ["company", "discard", "expand", "author_name", "user", "amount"])
+def test_harmless_names_that_contain_short_keys_are_shown(name: str) -> None:
+    # Given a name that merely contains a short redact key ("pan", "card", "auth")
+    # When it is checked
+    sensitive = is_sensitive(name)
+    # Then it is not redacted: short keys must match a whole word
+    assert not sensitive
+    assert "ACME" in safe_repr((), {name: "ACME"})
+
+
+def test_custom_redact_keys_replace_the_defaults() -> None:
+    # Given custom redact keys
+    keys = frozenset({"pin", "mother_maiden_name"})
+    # When rendering
+    text = safe_repr(
+        (), {"card_pin": "1234", "motherMaidenName": "X", "password": "p"}, redact_keys=keys
+    )
+    # Then only the custom keys are masked
+    assert text == "card_pin='***', motherMaidenName='***', password='p'"
+    assert "password" in DEFAULT_REDACT_KEYS and REDACTED == "'***'"
+
+
+def test_dataclass_and_namedtuple_fields_are_redacted_by_name() -> None:
+    # Given a dataclass and a namedtuple with sensitive fields
+    @dataclasses.dataclass
+    class Login:
+        user: str
+        password: str
+        otp: str = dataclasses.field(default="", repr=False)
+
+    Key = namedtuple("Key", "name api_key")
+    # When rendered
+    text = safe_repr((Login("bob", SECRET, "999999"), Key("k", SECRET)), {})
+    # Then field names are shown, sensitive values and repr=False fields are not
+    assert SECRET not in text and "999999" not in text
+    assert text.endswith("Login(user='bob', password='***'), Key(name='k', api_key='***')")
+
+
+def test_producer_reprs_are_used_verbatim_never_the_raw_values() -> None:
+    # Given raw values with a secret, and the reprs the producer chose to show
+    args = (SECRET,)
+    kwargs = {"token": SECRET}
+    # When rendered with Celery's argsrepr/kwargsrepr
+    text = safe_repr(args, kwargs, argsrepr="('<hidden>',)", kwargsrepr="{'token': '<hidden>'}")
+    # Then exactly those reprs are used
+    assert text == "args=('<hidden>',), kwargs={'token': '<hidden>'}"
+    assert SECRET not in text
+
+
+def test_a_missing_producer_repr_half_is_rendered_redacted() -> None:
+    # Given only argsrepr from the producer
+    # When rendered
+    text = safe_repr((SECRET,), {"password": SECRET, "n": 1}, argsrepr="(...)")
+    # Then the other half is rendered from the values, redacted
+    assert text == "args=(...), kwargs={'password': '***', 'n': 1}"
+
+
+def test_long_text_is_truncated_with_an_exact_marker() -> None:
+    # Given arguments whose rendering is 2002 characters ('x' * 2000, quoted)
+    value = "x" * 2000
+    # When rendered with the default and a small max_length
+    text = safe_repr((value,), {})
+    short = safe_repr((value,), {}, max_length=50)
+    # Then the text fits, and the marker counts exactly what was cut
+    assert len(text) == 1024 and text.endswith("…(+991 chars)")
+    assert len(text) - len("…(+991 chars)") + 991 == 2002
+    assert len(short) == 50 and short.startswith("'xxx") and short.endswith("…(+1966 chars)")
+
+
+def test_short_text_is_not_truncated() -> None:
+    # Given text exactly max_length long
+    # When rendered
+    text = safe_repr(("abc",), {}, max_length=5)
+    # Then it is kept whole
+    assert text == "'abc'"
+
+
+def test_producer_reprs_are_truncated_and_nul_free() -> None:
+    # Given producer reprs with NUL characters and too much text
+    # When rendered
+    text = safe_repr((), {}, argsrepr="(\x00" + "a" * 100 + ")", kwargsrepr="{}", max_length=40)
+    # Then NULs are gone and the length is bounded
+    assert "\x00" not in text
+    assert len(text) == 40 and "…(+" in text
+
+
+def test_nul_and_lone_surrogates_never_reach_the_database() -> None:
+    # Given objects whose repr contains a NUL and a lone surrogate
+    class Weird:
+        def __repr__(self) -> str:
+            return "W\x00\ud800W"
+
+    # When rendered
+    text = safe_repr((Weird(),), {})
+    # Then the text is NUL-free and valid UTF-8
+    assert "\x00" not in text
+    assert text.encode("utf-8") == b"W\\ud800W"
+
+
+def test_unrepresentable_objects_do_not_raise() -> None:
+    # Given an object whose __repr__ raises
+    class Broken:
+        def __repr__(self) -> str:
+            raise RuntimeError("boom")
+
+    # When rendered
+    text = safe_repr((Broken(), 1), {"x": Broken()})
+    # Then it is named, not raised
+    assert text == "<unrepresentable Broken>, 1, x=<unrepresentable Broken>"
+
+
+def test_broken_containers_and_mappings_do_not_raise() -> None:
+    # Given a mapping whose iteration raises, as an argument and as kwargs
+    class BadMapping(Mapping[str, object]):
+        def __getitem__(self, key: str) -> object:
+            raise KeyError(key)
+
+        def __iter__(self) -> Iterator[str]:
+            raise RuntimeError("boom")
+
+        def __len__(self) -> int:
+            return 1
+
+    # When rendered
+    inner = safe_repr((BadMapping(),), {})
+    outer = safe_repr((), BadMapping())
+    # Then neither raises; both say what could not be shown
+    assert inner == "<unrepresentable BadMapping>"
+    assert outer.startswith("<arguments could not be rendered")
+
+
+def test_self_referencing_structures_render_finitely() -> None:
+    # Given a list and a dict that contain themselves
+    loop: list[object] = [1]
+    loop.append(loop)
+    cycle: dict[str, object] = {"a": 1}
+    cycle["self"] = cycle
+    # When rendered
+    text = safe_repr((loop, cycle), {})
+    # Then the self references are marked, not followed
+    assert text == "[1, <recursion>], {'a': 1, 'self': <recursion>}"
+
+
+def test_deep_nesting_is_cut() -> None:
+    # Given 50 nested lists around a secret-free value
+    deep: list[object] = [0]
+    for _ in range(50):
+        deep = [deep]
+    # When rendered
+    text = safe_repr((deep,), {})
+    # Then rendering stops at the depth cap
+    assert "…" in text and "0" not in text
+
+
+def test_shared_sub_structures_are_not_mistaken_for_cycles() -> None:
+    # Given the same dict referenced twice (not a cycle)
+    shared = {"password": SECRET}
+    # When rendered
+    text = safe_repr(([shared, shared],), {})
+    # Then both occurrences are rendered (and redacted)
+    assert text == "[{'password': '***'}, {'password': '***'}]"
