@@ -1,8 +1,8 @@
 """celery-grousset: make each Celery task's side effect happen once.
 
 Public API: :class:`GroussetTask` (the Celery base class), :func:`protect` (any
-code path) and :func:`fingerprint`. Imported lazily so that listing
-``celery_grousset`` in ``INSTALLED_APPS`` loads nothing but the app.
+code path) and :func:`fingerprint`. The task classes are imported
+lazily (they import Celery); nothing here touches Django settings at import time.
 """
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ __version__ = "0.1.0"
 
 __all__ = ["GroussetDjangoTask", "GroussetTask", "fingerprint", "protect"]
 
+# Imported eagerly: the functions share their modules' names, and a lazily imported
+# submodule would shadow them as package attributes.
+from celery_grousset.fingerprint import fingerprint  # noqa: E402
+from celery_grousset.protect import protect  # noqa: E402
+
 if TYPE_CHECKING:
-    from celery_grousset.fingerprint import fingerprint
-    from celery_grousset.protect import protect
     from celery_grousset.task import GroussetDjangoTask, GroussetTask
 
 _LAZY = {
-    "protect": "celery_grousset.protect",
-    "fingerprint": "celery_grousset.fingerprint",
     "GroussetTask": "celery_grousset.task",
     "GroussetDjangoTask": "celery_grousset.task",
 }

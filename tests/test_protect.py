@@ -1,0 +1,191 @@
+"""protect(): the four cases, configuration errors, fail-closed, and a race of
+8 real OS processes over 500 keys on every backend."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from celery_grousset import protect
+from celery_grousset.exceptions import ClaimInFlight, FingerprintError, StoreUnavailable
+from celery_grousset.models import Outcome
+from celery_grousset.protect import PROTECT_NAME
+from celery_grousset.store import reset_stores
+from tests.ledger.models import Effect
+from tests.racer import race
+
+
+def test_runs_once_and_returns_memo(alias: str, processor: str) -> None:
+    calls: list[int] = []
+
+    def load(day: str) -> dict[str, Any]:
+        calls.append(1)
+        return {"day": day, "rows": 42}
+
+    # Given a key never seen / When protect() is called twice
+    first = protect("import:2026-11-29", load, "2026-11-29", max_processing_time=60,
+                    processor_id=processor, database=alias)  # fmt: skip
+    second = protect("import:2026-11-29", load, "2026-11-29", max_processing_time=60,
+                     processor_id=processor, database=alias)  # fmt: skip
+    # Then the function ran once and both callers got its value
+    assert calls == [1]
+    assert first == second == {"day": "2026-11-29", "rows": 42}
+    rec = Outcome.objects.using(alias).get(processor_id=processor)
+    assert (rec.status, rec.deliveries, rec.task_name) == ("completed", 2, PROTECT_NAME)
+
+
+def test_missing_max_processing_time_is_a_configuration_error(alias: str) -> None:
+    # Given no max_processing_time anywhere / Then protect() refuses, saying where to set it
+    with pytest.raises(ImproperlyConfigured, match="max_processing_time") as err:
+        protect("k", lambda: 1, database=alias)
+    assert "GROUSSET['MAX_PROCESSING_TIME']" in str(err.value)
+
+
+def test_in_flight_raises_or_waits(alias: str, processor: str) -> None:
+    # Given a fresh claim held by someone else
+    from celery_grousset.claim import ClaimRequest
+    from celery_grousset.fingerprint import fingerprint
+    from celery_grousset.store import get_store
+
+    fp = fingerprint(PROTECT_NAME, idempotency_key="busy")
+    store = get_store(alias)
+    holder = ClaimRequest(processor, fp, PROTECT_NAME, "", uuid.uuid4().hex, "w", "", 60.0,
+                          3600.0, 3)  # fmt: skip
+    assert store.claim(holder).owned
+    # When another caller asks with on_in_flight="raise" / Then it is told, nothing runs
+    with pytest.raises(ClaimInFlight) as err:
+        protect("busy", lambda: pytest.fail("must not run"), max_processing_time=60,
+                processor_id=processor, database=alias, on_in_flight="raise")  # fmt: skip
+    assert 50 < err.value.retry_in <= 60
+    # And with a stale claim (max_processing_time 0.2 s) the waiting caller takes over
+    value = protect("busy", lambda: "mine", max_processing_time=0.2, processor_id=processor,
+                    database=alias)  # fmt: skip
+    assert value == "mine"
+    assert Outcome.objects.using(alias).get(processor_id=processor).takeovers == 1
+
+
+def test_failure_releases_then_reruns(alias: str, processor: str) -> None:
+    attempts: list[int] = []
+
+    def flaky() -> str:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise ValueError("first attempt fails")
+        return "ok"
+
+    # Given a first attempt that raises
+    with pytest.raises(ValueError):
+        protect("flaky", flaky, max_processing_time=60, processor_id=processor, database=alias)
+    rec = Outcome.objects.using(alias).get(processor_id=processor)
+    assert rec.status == "failed" and rec.error == "ValueError: first attempt fails"
+    # When called again / Then it runs again (on_failure="release") and completes
+    assert protect("flaky", flaky, max_processing_time=60, processor_id=processor,
+                   database=alias) == "ok"  # fmt: skip
+    assert len(attempts) == 2
+
+
+def test_memoized_failure_is_replayed(alias: str, processor: str) -> None:
+    def boom() -> None:
+        raise KeyError("gone")
+
+    for _ in range(2):
+        with pytest.raises(KeyError, match="gone"):
+            protect("boom", boom, max_processing_time=60, processor_id=processor,
+                    database=alias, on_failure="memoize")  # fmt: skip
+    assert Outcome.objects.using(alias).get(processor_id=processor).deliveries == 2
+
+
+def test_unstorable_result_never_reruns(alias: str, processor: str) -> None:
+    from celery_grousset.exceptions import ResultNotStored
+
+    runs: list[int] = []
+
+    def big() -> str:
+        runs.append(1)
+        return "x" * 2000
+
+    # Given a result over max_result_bytes
+    assert protect("big", big, max_processing_time=60, processor_id=processor, database=alias,
+                   max_result_bytes=100) == "x" * 2000  # fmt: skip
+    # Then duplicates are told, and the effect is not re-run
+    with pytest.raises(ResultNotStored, match="max_result_bytes"):
+        protect("big", big, max_processing_time=60, processor_id=processor, database=alias)
+    assert runs == [1]
+
+
+def test_nul_in_result_is_stored_and_returned(alias: str, processor: str) -> None:
+    value = protect("nul", lambda: "a\x00b", max_processing_time=60, processor_id=processor,
+                    database=alias)  # fmt: skip
+    again = protect("nul", lambda: "other", max_processing_time=60, processor_id=processor,
+                    database=alias)  # fmt: skip
+    assert value == again == "a\x00b"
+
+
+def test_bad_key_is_a_clear_error(alias: str) -> None:
+    with pytest.raises(FingerprintError, match="non-empty str key"):
+        protect(42, lambda: 1, max_processing_time=5, database=alias)  # type: ignore[arg-type]
+
+
+def test_closed_port_fails_closed() -> None:
+    from django.db import connections
+
+    databases = {**connections.settings}
+    databases["postgresql"] = {**databases["postgresql"], "PORT": "1"}
+    ran: list[int] = []
+    # Given the journal's PostgreSQL is unreachable
+    with override_settings(DATABASES=databases, GROUSSET={"STORE_TIMEOUT": 2}):
+        reset_stores()
+        try:
+            # When protect() is called / Then it raises StoreUnavailable and fn never ran
+            with pytest.raises(StoreUnavailable, match="cannot connect"):
+                protect("down", lambda: ran.append(1), max_processing_time=5,
+                        database="postgresql")  # fmt: skip
+        finally:
+            connections["postgresql"].close()
+            reset_stores()
+    assert ran == []
+
+
+# -- the race: 8 OS processes x 500 keys ---------------------------------------------------
+
+@pytest.mark.slow
+def test_eight_processes_race_on_500_keys(alias: str, processor: str) -> None:
+    # Given 8 OS processes behind a barrier, each calling protect() on the same 500 keys
+    ctx = mp.get_context("spawn")
+    keys = [f"race-{i}-{uuid.uuid4().hex[:6]}" for i in range(500)]
+    barrier, out = ctx.Barrier(8), ctx.Queue()
+    env = {k: v for k, v in os.environ.items() if k.startswith(("GROUSSET_", "DJANGO_"))}
+    procs = [ctx.Process(target=race, args=(alias, keys, processor, barrier, out, env))
+             for _ in range(8)]  # fmt: skip
+    for p in procs:
+        p.start()
+    results = []
+    deadline = time.monotonic() + 600
+    while len(results) < len(procs):
+        assert time.monotonic() < deadline, "racers did not finish in 10 minutes"
+        try:
+            results.append(out.get(timeout=1))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            assert not dead, f"a racer process failed: exit codes {dead}"
+
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    # Then each key's effect ran exactly once (the ledger has no unique constraint)
+    counts = Counter(Effect.objects.using(alias).filter(value=processor)
+                     .values_list("key", flat=True))  # fmt: skip
+    assert set(counts) == set(keys)
+    assert max(counts.values()) == 1
+    # And all 8 callers of a key received the same value
+    for key in keys:
+        assert len({r[key] for r in results}) == 1
