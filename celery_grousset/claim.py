@@ -138,7 +138,7 @@ def kind_of(
     return Kind.GAVE_UP if result_encoding == ENC_GAVE_UP else Kind.FAILED
 
 
-def gave_up_message(takeovers: int) -> str:
+def gave_up_message(takeovers: int | str) -> str:
     return (
         f"GaveUp: the claim was taken over {takeovers} times (max_takeovers) and every "
         "attempt died before completing; the task probably kills its worker (memory "

@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from celery import Task
+from celery.signals import task_revoked
 from celery.exceptions import Reject, Retry
 
 from celery_grousset import events, guard
@@ -63,8 +64,10 @@ class GroussetTaskMixin:
     transactional: bool | None = None
     #: Store the return value for duplicates (default True).
     memoize: bool | None = None
-    #: When the body raises: ``"release"`` (run again) or ``"memoize"`` (replay).
-    on_failure: str | None = None
+    #: When the body raises: ``"release"`` (run again) or ``"memoize"`` (replay). Given
+    #: as ``on_failure=`` on the decorator (moved here, so Celery's ``on_failure``
+    #: handler method keeps its name).
+    grousset_on_failure: str | None = None
     #: Encoded results larger than this are not memoized (default 256 KiB).
     max_result_bytes: int | None = None
     #: Takeovers before a record is marked failed (default 3).
@@ -81,6 +84,15 @@ class GroussetTaskMixin:
     app: Any
     serializer: str
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # @app.task(on_failure="memoize") lands in the class dict, where it would replace
+        # Celery's Task.on_failure(exc, task_id, …) handler: move it to our own attribute.
+        value = cls.__dict__.get("on_failure")
+        if isinstance(value, str):
+            cls.grousset_on_failure = value
+            delattr(cls, "on_failure")
+
     # -- options ---------------------------------------------------------------------------
 
     def grousset_options(self) -> guard.Options:
@@ -90,7 +102,8 @@ class GroussetTaskMixin:
             worker = dict(getattr(self.app.conf, "grousset_worker", None) or {})
             explicit = {}
             for name in _OPTION_NAMES:
-                value = getattr(self, name, None)
+                attr = "grousset_on_failure" if name == "on_failure" else name
+                value = getattr(self, attr, None)
                 explicit[name] = value if value is not None else worker.get(name)
             opts = guard.Options.resolve(
                 f"the task {self.name!r}", explicit, default_processor=self.app.main or "default"
@@ -276,6 +289,27 @@ try:  # Celery >= 5.4 ships a Django task class (delay_on_commit)
 
 except ImportError:  # pragma: no cover - Celery 5.3
     GroussetDjangoTask = GroussetTask  # type: ignore[misc,assignment]
+
+
+@task_revoked.connect(weak=False, dispatch_uid="celery_grousset.release_revoked")
+def release_revoked(sender: Any = None, request: Any = None, terminated: bool = False,
+                    **kwargs: Any) -> None:  # fmt: skip
+    """A revoked task that was terminated mid-run gives up its claim at once, so the next
+    delivery does not wait for ``max_processing_time``. (Revoking without terminate does
+    not stop a running task: its claim stays.)"""
+    if not terminated or request is None or not isinstance(sender, GroussetTaskMixin):
+        return
+    from celery_grousset.models import Outcome
+
+    opts = sender.grousset_options()
+    store = get_store(opts.database)
+    held = Outcome.objects.using(opts.database).filter(task_id=request.id, status="in_flight")
+    for processor_id, fp, token in held.values_list("processor_id", "fingerprint", "claim_token"):
+        if store.release(processor_id, fp, token):
+            events.logger.warning(
+                "grousset.released_revoked fingerprint=%s task=%s task_id=%s processor=%s",
+                fp, sender.name, request.id, processor_id,
+            )
 
 
 def _drop_resolved_options() -> None:

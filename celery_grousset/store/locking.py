@@ -130,7 +130,7 @@ class LockingStore(Store):
             return self._result(req, prev, Status.IN_FLIGHT, fence, deliveries, takeovers, None,
                                 "", error, now, None, now, owned=True, task_id=req.task_id)  # fmt: skip
         if action is Action.GIVE_UP:
-            error = gave_up_message(req.max_takeovers)
+            error = gave_up_message(prev.takeovers)
             deliveries += 1
             cur.execute(
                 f"UPDATE {TABLE} SET status = 'failed', completed_at = {p}, expires_on = {p}, "

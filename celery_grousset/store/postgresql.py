@@ -33,6 +33,10 @@ _FREED = "(o.status = 'failed' AND o.result_encoding = '')"
 _CLAIM = f"({_EXPIRED} OR {_FREED} OR {_TAKEOVER})"
 
 
+def _sql_str(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
 def _case(*branches: tuple[str, str], default: str) -> str:
     whens = " ".join(f"WHEN {cond} THEN {value}" for cond, value in branches)
     return f"CASE {whens} ELSE {default} END"
@@ -63,7 +67,11 @@ _SET = {
     "result_encoding": _case(
         (_CLAIM, "''"), (_GIVE_UP, f"'{ENC_GAVE_UP}'"), default="o.result_encoding"
     ),
-    "error": _case((_EXPIRED, "''"), (_GIVE_UP, "%(gave_up)s"), default="o.error"),
+    "error": _case(
+        (_EXPIRED, "''"),
+        (_GIVE_UP, f"replace({_sql_str(gave_up_message('{n}'))}, '{{n}}', o.takeovers::text)"),
+        default="o.error",
+    ),
 }
 
 CLAIM_SQL = f"""
@@ -187,7 +195,6 @@ class PostgresStore(Store):
             "maxt": int(req.max_takeovers),
             "worker": req.worker,
             "args": req.args_repr,
-            "gave_up": gave_up_message(req.max_takeovers),
         }
 
         def op(conn: Any) -> Any:

@@ -1,0 +1,1 @@
+"""Browser tests: headless Chromium driving the admin (``-m browser``)."""

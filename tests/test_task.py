@@ -1,0 +1,201 @@
+"""GroussetTask in-process: eager mode, publish-time checks, options, memo edge cases.
+(Real-worker behaviour is in test_worker_integration.py.)"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from celery_grousset import GroussetTask
+from celery_grousset.exceptions import FingerprintError, ResultNotStored
+from celery_grousset.models import Outcome
+from tests.celeryapp import app
+from tests.ledger.models import Effect
+
+
+@pytest.fixture
+def journal(alias: str) -> Iterator[str]:
+    """Point the guard (and the test tasks' ledger) at ``alias``."""
+    with override_settings(GROUSSET={"DATABASE": alias}):
+        yield alias
+
+
+@pytest.fixture
+def temp_task() -> Iterator[Any]:
+    """Register throw-away tasks on the test app; unregister them afterwards."""
+    made: list[str] = []
+
+    def make(fn: Any, **options: Any) -> Any:
+        name = f"tests.temp.{fn.__name__}.{uuid.uuid4().hex[:6]}"
+        made.append(name)
+        return app.task(base=GroussetTask, bind=True, name=name, **options)(fn)
+
+    yield make
+    for name in made:
+        app.tasks.pop(name, None)
+
+
+def ledger(alias: str, key: str) -> int:
+    return Effect.objects.using(alias).filter(key=key).count()
+
+
+def test_eager_calls_are_guarded(journal: str) -> None:
+    from tests.tasks import effect
+
+    key = f"eager-{uuid.uuid4().hex[:8]}"
+    # Given the same call applied eagerly twice
+    first = effect.apply((key,)).get()
+    second = effect.apply((key,)).get()
+    # Then one effect, and the duplicate got the memo
+    assert ledger(journal, key) == 1
+    assert first == second
+    assert Outcome.objects.using(journal).get(
+        fingerprint=effect.grousset_fingerprint((key,), {})).deliveries == 2
+
+
+def test_positional_and_keyword_calls_are_the_same(journal: str) -> None:
+    from tests.tasks import effect
+
+    key = f"bind-{uuid.uuid4().hex[:8]}"
+    effect.apply((key,))
+    effect.apply(kwargs={"key": key, "sleep": 0.0})
+    assert ledger(journal, key) == 1
+
+
+def test_grousset_key_selects_arguments(journal: str) -> None:
+    from tests.tasks import charge
+
+    order = int(uuid.uuid4().int % 10**9)
+    # Given two calls that differ only outside grousset_key=("order_id",)
+    a = charge.apply((order, "10.00"), {"note": "first"}).get()
+    b = charge.apply((order, "20.00"), {"note": "second"}).get()
+    # Then they are one operation
+    assert a == b and ledger(journal, f"charge-{order}") == 1
+
+
+def test_idempotency_key_per_call(journal: str) -> None:
+    from tests.tasks import effect
+
+    key = f"ik-{uuid.uuid4().hex[:8]}"
+    idem = f"order-{uuid.uuid4().hex[:8]}"
+    effect.apply((key,), headers={"grousset_key": idem})
+    effect.apply((key + "-other",), headers={"grousset_key": idem})
+    assert ledger(journal, key) == 1 and ledger(journal, key + "-other") == 0
+
+
+def test_unfingerprintable_argument_fails_at_publish(journal: str) -> None:
+    from tests.tasks import effect
+
+    # Given a set argument (no deterministic order) / Then publishing fails, naming it
+    with pytest.raises(FingerprintError, match="key"):
+        effect.apply_async(({"a", "b"},), queue="never-consumed")
+    with pytest.raises(FingerprintError, match="idempotency_key"):
+        effect.apply_async(("x",), queue="never-consumed", idempotency_key="")
+
+
+def test_missing_max_processing_time_refuses_to_run(journal: str, temp_task: Any) -> None:
+    ran: list[int] = []
+
+    def no_limit(self: Any) -> None:
+        ran.append(1)
+
+    task = temp_task(no_limit)
+    # When it runs / Then it refuses, saying where to set it, and the body never ran
+    result = task.apply()
+    assert isinstance(result.result, ImproperlyConfigured)
+    assert "max_processing_time" in str(result.result) and "GROUSSET" in str(result.result)
+    assert ran == []
+
+
+def test_memoize_false_returns_none_to_duplicates(journal: str, temp_task: Any) -> None:
+    def value(self: Any, k: str) -> str:
+        return f"value-{k}"
+
+    task = temp_task(value, max_processing_time=30, memoize=False)
+    assert task.apply(("a",)).get() == "value-a"
+    assert task.apply(("a",)).get() is None
+
+
+def test_unserializable_result_is_not_rerun(journal: str, temp_task: Any) -> None:
+    runs: list[int] = []
+
+    def odd(self: Any) -> object:
+        runs.append(1)
+        return object()
+
+    task = temp_task(odd, max_processing_time=30)
+    # Given a result JSON cannot encode / When it runs, then a duplicate arrives
+    task.apply()
+    dup = task.apply()
+    # Then the effect ran once; the duplicate is told the result was not stored, and why
+    assert runs == [1]
+    assert isinstance(dup.result, ResultNotStored)
+    rec = Outcome.objects.using(journal).get(task_name=task.name)
+    assert rec.status == "completed" and "cannot encode" in rec.error
+
+
+def test_on_failure_memoize_replays_the_error(journal: str, temp_task: Any) -> None:
+    runs: list[int] = []
+
+    def bad(self: Any) -> None:
+        runs.append(1)
+        raise LookupError("no such order")
+
+    task = temp_task(bad, max_processing_time=30, on_failure="memoize")
+    first, second = task.apply(), task.apply()
+    assert isinstance(first.result, LookupError) and isinstance(second.result, LookupError)
+    assert str(second.result) == "no such order"
+    assert runs == [1]
+
+
+def test_failure_releases_by_default(journal: str, temp_task: Any) -> None:
+    runs: list[int] = []
+
+    def bad_once(self: Any) -> str:
+        runs.append(1)
+        if len(runs) == 1:
+            raise RuntimeError("transient")
+        return "ok"
+
+    task = temp_task(bad_once, max_processing_time=30)
+    assert isinstance(task.apply().result, RuntimeError)
+    assert task.apply().get() == "ok"
+    rec = Outcome.objects.using(journal).get(task_name=task.name)
+    assert rec.status == "completed" and rec.fence == 2
+
+
+def test_transactional_effect_commits_with_completion(journal: str) -> None:
+    from tests.tasks import booking
+
+    key = f"txn-{uuid.uuid4().hex[:8]}"
+    assert booking.apply((key,)).get()["fence"] == 1
+    assert booking.apply((key,)).get()["fence"] == 1
+    assert ledger(journal, key) == 1
+
+
+def test_self_grousset_exposes_the_claim(journal: str, temp_task: Any) -> None:
+    def show(self: Any) -> dict[str, Any]:
+        g = self.grousset
+        return {"fp": g.fingerprint, "fence": g.fence, "deliveries": g.deliveries}
+
+    task = temp_task(show, max_processing_time=30)
+    value = task.apply().get()
+    assert value == {"fp": task.grousset_fingerprint((), {}), "fence": 1, "deliveries": 1}
+
+
+def test_settings_are_validated(journal: str) -> None:
+    from celery_grousset.conf import grousset_settings
+
+    with override_settings(GROUSSET={"MAX_PROCESING_TIME": 5}), pytest.raises(
+        ImproperlyConfigured, match="unknown GROUSSET setting"
+    ):
+        grousset_settings.DATABASE  # noqa: B018
+    with override_settings(GROUSSET={"ON_IN_FLIGHT": "spin"}), pytest.raises(
+        ImproperlyConfigured, match="on_in_flight"
+    ):
+        grousset_settings.DATABASE  # noqa: B018
