@@ -15,8 +15,8 @@ __all__ = ["GroussetDjangoTask", "GroussetTask", "fingerprint", "protect"]
 
 # Imported eagerly: the functions share their modules' names, and a lazily imported
 # submodule would shadow them as package attributes.
-from celery_grousset.fingerprint import fingerprint  # noqa: E402
-from celery_grousset.protect import protect  # noqa: E402
+from celery_grousset.fingerprint import fingerprint
+from celery_grousset.protect import protect
 
 if TYPE_CHECKING:
     from celery_grousset.task import GroussetDjangoTask, GroussetTask

@@ -23,9 +23,9 @@ from django.core.exceptions import ImproperlyConfigured
 
 
 def _apps() -> list[Any]:
-    from celery._state import _get_active_apps
+    from celery import _state
 
-    return list(_get_active_apps())
+    return list(_state._get_active_apps())  # type: ignore[attr-defined]
 
 
 def guarded_tasks() -> Iterator[tuple[Any, Any]]:
@@ -36,7 +36,7 @@ def guarded_tasks() -> Iterator[tuple[Any, Any]]:
     for app in _apps():
         try:
             app.loader.import_default_modules()
-        except Exception:  # noqa: BLE001, S112 - a broken task module is not our check
+        except Exception:
             continue
         for task in list(app.tasks.values()):
             if isinstance(task, GroussetTaskMixin) and id(task) not in seen:
@@ -58,47 +58,64 @@ def check_tasks(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
         try:
             opts = task.grousset_options()
         except ImproperlyConfigured as exc:
-            errors.append(checks.Error(
-                f"Task {task.name!r}: {exc}",
-                hint="Set max_processing_time=<seconds> on the task decorator, or "
-                     "GROUSSET['MAX_PROCESSING_TIME'] in settings.",
-                obj=task.name, id="celery_grousset.E001",
-            ))  # fmt: skip
+            errors.append(
+                checks.Error(
+                    f"Task {task.name!r}: {exc}",
+                    hint="Set max_processing_time=<seconds> on the task decorator, or "
+                    "GROUSSET['MAX_PROCESSING_TIME'] in settings.",
+                    obj=task.name,
+                    id="celery_grousset.E001",
+                )
+            )
             continue
         mpt = opts.max_processing_time
         hard = task.time_limit if task.time_limit is not None else app.conf.task_time_limit
         if hard is not None and hard >= mpt:
-            errors.append(checks.Error(
-                f"Task {task.name!r}: hard time_limit {hard}s is not below "
-                f"max_processing_time {mpt:g}s, so a live attempt can be taken over.",
-                hint=f"Raise max_processing_time above {hard}s or lower time_limit.",
-                obj=task.name, id="celery_grousset.E002",
-            ))  # fmt: skip
+            errors.append(
+                checks.Error(
+                    f"Task {task.name!r}: hard time_limit {hard}s is not below "
+                    f"max_processing_time {mpt:g}s, so a live attempt can be taken over.",
+                    hint=f"Raise max_processing_time above {hard}s or lower time_limit.",
+                    obj=task.name,
+                    id="celery_grousset.E002",
+                )
+            )
         vt = _visibility_timeout(app)
         if vt is not None and vt < mpt:
-            errors.append(checks.Warning(
-                f"Task {task.name!r}: the broker's visibility_timeout ({vt:g}s) is shorter than "
-                f"max_processing_time ({mpt:g}s): the broker will redeliver running tasks "
-                "(they wait as in-flight duplicates instead of running twice).",
-                hint="Set CELERY_BROKER_TRANSPORT_OPTIONS = {'visibility_timeout': N} with N "
-                     "above every max_processing_time.",
-                obj=task.name, id="celery_grousset.W001",
-            ))  # fmt: skip
+            errors.append(
+                checks.Warning(
+                    f"Task {task.name!r}: the broker's visibility_timeout ({vt:g}s) is shorter "
+                    "than "
+                    f"max_processing_time ({mpt:g}s): the broker will redeliver running tasks "
+                    "(they wait as in-flight duplicates instead of running twice).",
+                    hint="Set CELERY_BROKER_TRANSPORT_OPTIONS = {'visibility_timeout': N} with N "
+                    "above every max_processing_time.",
+                    obj=task.name,
+                    id="celery_grousset.W001",
+                )
+            )
         if not task.acks_late:
-            errors.append(checks.Warning(
-                f"Task {task.name!r} acknowledges its message before it runs (acks_late off): "
-                "a worker that dies mid-task loses the message, and the claim is taken over "
-                "only if another delivery arrives.",
-                hint="Set acks_late=True on the task or CELERY_TASK_ACKS_LATE = True.",
-                obj=task.name, id="celery_grousset.W002",
-            ))  # fmt: skip
+            errors.append(
+                checks.Warning(
+                    f"Task {task.name!r} acknowledges its message before it runs (acks_late off): "
+                    "a worker that dies mid-task loses the message, and the claim is taken over "
+                    "only if another delivery arrives.",
+                    hint="Set acks_late=True on the task or CELERY_TASK_ACKS_LATE = True.",
+                    obj=task.name,
+                    id="celery_grousset.W002",
+                )
+            )
         if task.acks_late and not task.reject_on_worker_lost:
-            errors.append(checks.Warning(
-                f"Task {task.name!r}: reject_on_worker_lost is off, so a killed worker child's "
-                "message is acknowledged as failed instead of redelivered.",
-                hint="Set reject_on_worker_lost=True or CELERY_TASK_REJECT_ON_WORKER_LOST = True.",
-                obj=task.name, id="celery_grousset.W003",
-            ))  # fmt: skip
+            errors.append(
+                checks.Warning(
+                    f"Task {task.name!r}: reject_on_worker_lost is off, so a killed worker child's "
+                    "message is acknowledged as failed instead of redelivered.",
+                    hint="Set reject_on_worker_lost=True or "
+                    "CELERY_TASK_REJECT_ON_WORKER_LOST = True.",
+                    obj=task.name,
+                    id="celery_grousset.W003",
+                )
+            )
     errors.extend(_check_database())
     return errors
 
@@ -118,31 +135,41 @@ def _check_database() -> list[checks.CheckMessage]:
 
     alias = grousset_settings.DATABASE
     if alias not in connections.settings:
-        return [checks.Error(
-            f"GROUSSET['DATABASE'] is {alias!r}, which is not in settings.DATABASES.",
-            hint=f"Use one of {sorted(connections.settings)}.", id="celery_grousset.E003",
-        )]  # fmt: skip
+        return [
+            checks.Error(
+                f"GROUSSET['DATABASE'] is {alias!r}, which is not in settings.DATABASES.",
+                hint=f"Use one of {sorted(connections.settings)}.",
+                id="celery_grousset.E003",
+            )
+        ]
     settings = connections.settings[alias]
     engine = settings["ENGINE"]
     if not any(name in engine for name in ("postgresql", "postgis", "sqlite", "mysql")):
-        return [checks.Error(
-            f"The journal database {alias!r} uses {engine!r}; celery-grousset supports "
-            "PostgreSQL, SQLite and MySQL/MariaDB.",
-            hint="Point GROUSSET['DATABASE'] at a supported database.", id="celery_grousset.E003",
-        )]  # fmt: skip
+        return [
+            checks.Error(
+                f"The journal database {alias!r} uses {engine!r}; celery-grousset supports "
+                "PostgreSQL, SQLite and MySQL/MariaDB.",
+                hint="Point GROUSSET['DATABASE'] at a supported database.",
+                id="celery_grousset.E003",
+            )
+        ]
     level = str((settings.get("OPTIONS") or {}).get("isolation_level", "")).lower()
     if "mysql" in engine and level == "repeatable read":
-        return [checks.Warning(
-            f"The journal database {alias!r} runs at REPEATABLE READ: transactional tasks "
-            "read a snapshot older than their claim.",
-            hint="Remove OPTIONS['isolation_level'] (Django's default is READ COMMITTED).",
-            id="celery_grousset.W004",
-        )]  # fmt: skip
+        return [
+            checks.Warning(
+                f"The journal database {alias!r} runs at REPEATABLE READ: transactional tasks "
+                "read a snapshot older than their claim.",
+                hint="Remove OPTIONS['isolation_level'] (Django's default is READ COMMITTED).",
+                id="celery_grousset.W004",
+            )
+        ]
     return []
 
 
 @checks.register(checks.Tags.database)
-def check_sqlite_wal(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_sqlite_wal(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
     from django.db import connections
 
     from celery_grousset.conf import grousset_settings
@@ -157,11 +184,13 @@ def check_sqlite_wal(app_configs: Any = None, databases: Any = None, **kwargs: A
         cur.execute("PRAGMA journal_mode")
         mode = str(cur.fetchone()[0]).lower()
     if mode != "wal":
-        return [checks.Warning(
-            f"The SQLite journal {alias!r} is in {mode!r} journal mode, not WAL: workers "
-            "block each other's reads while a claim is written.",
-            hint="Run `PRAGMA journal_mode=WAL` once on the database file (the claim store "
-                 "switches it on first use when it can).",
-            id="celery_grousset.W005",
-        )]  # fmt: skip
+        return [
+            checks.Warning(
+                f"The SQLite journal {alias!r} is in {mode!r} journal mode, not WAL: workers "
+                "block each other's reads while a claim is written.",
+                hint="Run `PRAGMA journal_mode=WAL` once on the database file (the claim store "
+                "switches it on first use when it can).",
+                id="celery_grousset.W005",
+            )
+        ]
     return []

@@ -68,8 +68,7 @@ def seconds(value: object, *, name: str) -> float | None:
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ImproperlyConfigured(
-            f"celery-grousset: {name} must be a number of seconds or a timedelta, "
-            f"got {value!r}."
+            f"celery-grousset: {name} must be a number of seconds or a timedelta, got {value!r}."
         )
     if value <= 0:
         raise ImproperlyConfigured(f"celery-grousset: {name} must be positive, got {value!r}.")

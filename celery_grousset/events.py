@@ -31,67 +31,112 @@ def claimed(req: ClaimRequest, res: ClaimResult, seconds: float) -> None:
 def duplicate(req: ClaimRequest, res: ClaimResult, delivery: str = "") -> None:
     logger.info(
         "grousset.duplicate_skipped %s",
-        _fields(fingerprint=req.fingerprint, task=req.task_name, task_id=req.task_id,
-                processor=req.processor_id, original_task_id=res.task_id,
-                completed_at=res.completed_at.isoformat() if res.completed_at else None,
-                deliveries=res.deliveries, delivery=delivery or None),  # fmt: skip
+        _fields(
+            fingerprint=req.fingerprint,
+            task=req.task_name,
+            task_id=req.task_id,
+            processor=req.processor_id,
+            original_task_id=res.task_id,
+            completed_at=res.completed_at.isoformat() if res.completed_at else None,
+            deliveries=res.deliveries,
+            delivery=delivery or None,
+        ),
     )
     signals.duplicate_skipped.send(
-        sender=req.task_name, fingerprint=req.fingerprint, task_id=req.task_id,
-        processor_id=req.processor_id, original_task_id=res.task_id,
-        completed_at=res.completed_at, deliveries=res.deliveries,
-    )  # fmt: skip
+        sender=req.task_name,
+        fingerprint=req.fingerprint,
+        task_id=req.task_id,
+        processor_id=req.processor_id,
+        original_task_id=res.task_id,
+        completed_at=res.completed_at,
+        deliveries=res.deliveries,
+    )
 
 
 def in_flight(req: ClaimRequest, res: ClaimResult, action: str) -> None:
     logger.info(
         "grousset.in_flight %s",
-        _fields(fingerprint=req.fingerprint, task=req.task_name, task_id=req.task_id,
-                processor=req.processor_id, holder_task_id=res.task_id,
-                stale_in=f"{res.retry_in:.3f}s", action=action),  # fmt: skip
+        _fields(
+            fingerprint=req.fingerprint,
+            task=req.task_name,
+            task_id=req.task_id,
+            processor=req.processor_id,
+            holder_task_id=res.task_id,
+            stale_in=f"{res.retry_in:.3f}s",
+            action=action,
+        ),
     )
 
 
 def taken_over(req: ClaimRequest, res: ClaimResult) -> None:
     logger.warning(
         "grousset.claim_taken_over %s",
-        _fields(fingerprint=req.fingerprint, task=req.task_name, task_id=req.task_id,
-                processor=req.processor_id, fence=res.fence, takeovers=res.takeovers,
-                max_processing_time=req.max_processing_time),  # fmt: skip
+        _fields(
+            fingerprint=req.fingerprint,
+            task=req.task_name,
+            task_id=req.task_id,
+            processor=req.processor_id,
+            fence=res.fence,
+            takeovers=res.takeovers,
+            max_processing_time=req.max_processing_time,
+        ),
     )
     signals.claim_taken_over.send(
-        sender=req.task_name, fingerprint=req.fingerprint, task_id=req.task_id,
-        processor_id=req.processor_id, fence=res.fence, takeovers=res.takeovers,
-    )  # fmt: skip
+        sender=req.task_name,
+        fingerprint=req.fingerprint,
+        task_id=req.task_id,
+        processor_id=req.processor_id,
+        fence=res.fence,
+        takeovers=res.takeovers,
+    )
 
 
 def gave_up(req: ClaimRequest, res: ClaimResult) -> None:
     logger.error(
         "grousset.gave_up %s",
-        _fields(fingerprint=req.fingerprint, task=req.task_name, task_id=req.task_id,
-                processor=req.processor_id, takeovers=res.takeovers),  # fmt: skip
+        _fields(
+            fingerprint=req.fingerprint,
+            task=req.task_name,
+            task_id=req.task_id,
+            processor=req.processor_id,
+            takeovers=res.takeovers,
+        ),
     )
 
 
 def fenced(req: ClaimRequest, fence: int) -> None:
     logger.error(
         "grousset.fenced_out %s",
-        _fields(fingerprint=req.fingerprint, task=req.task_name, task_id=req.task_id,
-                processor=req.processor_id, fence=fence),  # fmt: skip
+        _fields(
+            fingerprint=req.fingerprint,
+            task=req.task_name,
+            task_id=req.task_id,
+            processor=req.processor_id,
+            fence=fence,
+        ),
     )
     if recorder is not None:
         recorder.fenced_out(req.task_name)
     signals.fenced_out.send(
-        sender=req.task_name, fingerprint=req.fingerprint, task_id=req.task_id,
-        processor_id=req.processor_id, fence=fence,
-    )  # fmt: skip
+        sender=req.task_name,
+        fingerprint=req.fingerprint,
+        task_id=req.task_id,
+        processor_id=req.processor_id,
+        fence=fence,
+    )
 
 
 def store_error(req: ClaimRequest, operation: str, exc: BaseException) -> None:
     logger.error(
         "grousset.store_unavailable %s",
-        _fields(fingerprint=req.fingerprint, task=req.task_name, task_id=req.task_id,
-                processor=req.processor_id, operation=operation, error=repr(str(exc)[:300])),  # fmt: skip
+        _fields(
+            fingerprint=req.fingerprint,
+            task=req.task_name,
+            task_id=req.task_id,
+            processor=req.processor_id,
+            operation=operation,
+            error=repr(str(exc)[:300]),
+        ),
     )
     if recorder is not None and operation != "claim":
         recorder.commit_error(req.task_name)
@@ -100,6 +145,9 @@ def store_error(req: ClaimRequest, operation: str, exc: BaseException) -> None:
 def bypassed(task_name: str, task_id: str) -> None:
     logger.warning(
         "grousset.BYPASS %s",
-        _fields(task=task_name, task_id=task_id,
-                note="GROUSSET BYPASS is on: this task ran UNGUARDED (no dedup, no journal)"),  # fmt: skip
+        _fields(
+            task=task_name,
+            task_id=task_id,
+            note="GROUSSET BYPASS is on: this task ran UNGUARDED (no dedup, no journal)",
+        ),
     )

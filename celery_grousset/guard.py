@@ -23,7 +23,7 @@ from celery_grousset import events, memo
 from celery_grousset.claim import ENC_NONE, ClaimRequest, Kind, Status
 from celery_grousset.conf import check_choice, grousset_settings, seconds
 from celery_grousset.exceptions import FencedOut, StoreUnavailable
-from celery_grousset.store.base import ClaimResult, Completion, Store, get_store
+from celery_grousset.store.base import ClaimResult, Completion, Store
 
 # -- fault hooks (chaos suite): zero cost unless GROUSSET_FAULT is set ----------------------
 _FAULT = os.environ.get("GROUSSET_FAULT", "")
@@ -115,8 +115,14 @@ class Attempt:
     token: str = field(repr=False)
 
 
-def request(opts: Options, fingerprint: str, task_name: str, task_id: str,
-            args_repr: str, token: str | None = None) -> ClaimRequest:  # fmt: skip
+def request(
+    opts: Options,
+    fingerprint: str,
+    task_name: str,
+    task_id: str,
+    args_repr: str,
+    token: str | None = None,
+) -> ClaimRequest:
     return ClaimRequest(
         processor_id=opts.processor_id,
         fingerprint=fingerprint,
@@ -189,8 +195,14 @@ def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> 
         events.store_error(req, "fail", store_exc)
 
 
-def run_owned(store: Store, opts: Options, req: ClaimRequest, res: ClaimResult,
-              fn: Callable[[], Any], serializer: str) -> Any:  # fmt: skip
+def run_owned(
+    store: Store,
+    opts: Options,
+    req: ClaimRequest,
+    res: ClaimResult,
+    fn: Callable[[], Any],
+    serializer: str,
+) -> Any:
     """Run the effect of an owned claim and write its fenced outcome."""
     fault("after_claim")
     if opts.transactional:
@@ -201,11 +213,16 @@ def run_owned(store: Store, opts: Options, req: ClaimRequest, res: ClaimResult,
         fail(store, opts, req, exc)
         raise
     fault("after_effect")
-    result, enc, error = memo.encode(value, serializer=serializer, memoize=opts.memoize,
-                                     max_bytes=opts.max_result_bytes)  # fmt: skip
+    result, enc, error = memo.encode(
+        value, serializer=serializer, memoize=opts.memoize, max_bytes=opts.max_result_bytes
+    )
     try:
-        done = store.finish(req.processor_id, req.fingerprint, req.token,
-                            Completion(Status.COMPLETED.value, result, enc, error))  # fmt: skip
+        done = store.finish(
+            req.processor_id,
+            req.fingerprint,
+            req.token,
+            Completion(Status.COMPLETED.value, result, enc, error),
+        )
     except StoreUnavailable as exc:
         events.store_error(req, "complete", exc)
         raise
@@ -219,8 +236,14 @@ def run_owned(store: Store, opts: Options, req: ClaimRequest, res: ClaimResult,
     return value
 
 
-def _run_transactional(store: Store, opts: Options, req: ClaimRequest, res: ClaimResult,
-                       fn: Callable[[], Any], serializer: str) -> Any:  # fmt: skip
+def _run_transactional(
+    store: Store,
+    opts: Options,
+    req: ClaimRequest,
+    res: ClaimResult,
+    fn: Callable[[], Any],
+    serializer: str,
+) -> Any:
     from django.db import transaction
 
     from celery_grousset.models import Outcome
@@ -229,15 +252,24 @@ def _run_transactional(store: Store, opts: Options, req: ClaimRequest, res: Clai
         with transaction.atomic(using=opts.database):
             value = fn()
             fault("after_effect")
-            result, enc, error = memo.encode(value, serializer=serializer,
-                                             memoize=opts.memoize,
-                                             max_bytes=opts.max_result_bytes)  # fmt: skip
+            result, enc, error = memo.encode(
+                value, serializer=serializer, memoize=opts.memoize, max_bytes=opts.max_result_bytes
+            )
             done = (
                 Outcome.objects.using(opts.database)
-                .filter(processor_id=req.processor_id, fingerprint=req.fingerprint,
-                        claim_token=req.token, status=Status.IN_FLIGHT.value)  # fmt: skip
-                .update(status=Status.COMPLETED.value, result=result, result_encoding=enc,
-                        error=error, completed_at=store.now_expression())  # fmt: skip
+                .filter(
+                    processor_id=req.processor_id,
+                    fingerprint=req.fingerprint,
+                    claim_token=req.token,
+                    status=Status.IN_FLIGHT.value,
+                )
+                .update(
+                    status=Status.COMPLETED.value,
+                    result=result,
+                    result_encoding=enc,
+                    error=error,
+                    completed_at=store.now_expression(),
+                )
             )
             if not done:
                 events.fenced(req, res.fence)

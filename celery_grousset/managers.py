@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from django.db import models, transaction
 
 if TYPE_CHECKING:
-    from celery_grousset.models import Outcome
+    from celery_grousset.models import Outcome  # noqa: F401 (used in string generics)
 
 
 def _db_now(using: str) -> datetime:

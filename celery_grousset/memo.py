@@ -38,20 +38,28 @@ def error_summary(exc: BaseException) -> str:
     return clean_text(f"{type(exc).__name__}: {exc}")
 
 
-def encode(value: Any, *, serializer: str, memoize: bool, max_bytes: int) -> tuple[bytes | None, str, str]:
+def encode(
+    value: Any, *, serializer: str, memoize: bool, max_bytes: int
+) -> tuple[bytes | None, str, str]:
     """Return ``(result, result_encoding, error)`` for a completed attempt."""
     if not memoize:
         return None, ENC_NOT_MEMOIZED, ""
     try:
         content_type, content_encoding, data = dumps(value, serializer=serializer)
-    except Exception as exc:  # noqa: BLE001 - any serializer failure means "not stored"
-        return None, ENC_NOT_STORED, clean_text(
-            f"result not stored: {serializer} cannot encode {type(value).__name__}: {exc}"
+    except Exception as exc:
+        return (
+            None,
+            ENC_NOT_STORED,
+            clean_text(
+                f"result not stored: {serializer} cannot encode {type(value).__name__}: {exc}"
+            ),
         )
     raw = data.encode(content_encoding or "utf-8") if isinstance(data, str) else bytes(data)
     if len(raw) > max_bytes:
-        return None, ENC_NOT_STORED, (
-            f"result not stored: {len(raw)} bytes encoded is over max_result_bytes={max_bytes}"
+        return (
+            None,
+            ENC_NOT_STORED,
+            (f"result not stored: {len(raw)} bytes encoded is over max_result_bytes={max_bytes}"),
         )
     return raw, f"{content_type};{content_encoding}", ""
 
@@ -59,8 +67,11 @@ def encode(value: Any, *, serializer: str, memoize: bool, max_bytes: int) -> tup
 def encode_exception(exc: BaseException) -> tuple[bytes, str, str]:
     """The memo of a failure replayed to duplicates (``on_failure="memoize"``)."""
     cls = type(exc)
-    payload = {"exc_type": cls.__qualname__, "exc_module": cls.__module__,
-               "exc_message": clean_text(str(exc))}  # fmt: skip
+    payload = {
+        "exc_type": cls.__qualname__,
+        "exc_module": cls.__module__,
+        "exc_message": clean_text(str(exc)),
+    }
     return json.dumps(payload).encode(), ENC_EXCEPTION, error_summary(exc)
 
 
@@ -92,7 +103,7 @@ def rebuild_exception(result: bytes | None, error: str) -> BaseException:
         for part in payload["exc_type"].split("."):
             cls = getattr(cls, part)
         if isinstance(cls, type) and issubclass(cls, Exception):
-            return cls(payload["exc_message"])  # type: ignore[no-any-return]
-    except Exception:  # noqa: BLE001, S110 - fall back to a generic error below
+            return cls(payload["exc_message"])  # type: ignore[no-any-return,unused-ignore]
+    except Exception:
         pass
     return GroussetError(f"memoized failure: {error}")

@@ -11,11 +11,11 @@ import inspect
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from celery import Task
-from celery.signals import task_revoked
 from celery.exceptions import Reject, Retry
+from celery.signals import task_revoked
 
 from celery_grousset import events, guard
 from celery_grousset.claim import Kind
@@ -32,9 +32,17 @@ REQUEUES_HEADER = "grousset_requeues"
 REPR_HEADER = "grousset_repr"
 
 _OPTION_NAMES = (
-    "max_processing_time", "expires_after", "processor_id", "on_in_flight", "transactional",
-    "memoize", "on_failure", "max_result_bytes", "max_takeovers", "database",
-)  # fmt: skip
+    "max_processing_time",
+    "expires_after",
+    "processor_id",
+    "on_in_flight",
+    "transactional",
+    "memoize",
+    "on_failure",
+    "max_result_bytes",
+    "max_takeovers",
+    "database",
+)
 
 _instances: list[GroussetTaskMixin] = []
 
@@ -129,9 +137,13 @@ class GroussetTaskMixin:
     ) -> str:
         """The fingerprint of one call of this task."""
         return fingerprint(
-            self.name, args, kwargs, signature=self._signature(), key=self.grousset_key,
+            self.name,
+            args,
+            kwargs,
+            signature=self._signature(),
+            key=self.grousset_key,
             idempotency_key=idempotency_key,
-        )  # fmt: skip
+        )
 
     @property
     def grousset(self) -> guard.Attempt | None:
@@ -172,8 +184,13 @@ class GroussetTaskMixin:
         key = _header(request, KEY_HEADER)
         fp = self.grousset_fingerprint(args, kwargs, key)
         store = get_store(opts.database)
-        req = guard.request(opts, fp, self.name, str(request.id or uuid.uuid4()),
-                            self._args_repr(request, args, kwargs))  # fmt: skip
+        req = guard.request(
+            opts,
+            fp,
+            self.name,
+            str(request.id or uuid.uuid4()),
+            self._args_repr(request, args, kwargs),
+        )
         local = bool(request.is_eager or request.called_directly)
         try:
             res = guard.claim(store, req)
@@ -191,11 +208,15 @@ class GroussetTaskMixin:
         if not res.owned:
             return guard.answer(req, res, delivery=_delivery(request))
         request.grousset = guard.Attempt(
-            fingerprint=fp, fence=res.fence, deliveries=res.deliveries, takeovers=res.takeovers,
-            kind=res.kind, processor_id=opts.processor_id, token=req.token,
-        )  # fmt: skip
-        return guard.run_owned(store, opts, req, res, lambda: run(*args, **kwargs),
-                               self.serializer)  # fmt: skip
+            fingerprint=fp,
+            fence=res.fence,
+            deliveries=res.deliveries,
+            takeovers=res.takeovers,
+            kind=res.kind,
+            processor_id=opts.processor_id,
+            token=req.token,
+        )
+        return guard.run_owned(store, opts, req, res, lambda: run(*args, **kwargs), self.serializer)
 
     def _args_repr(self, request: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
         argsrepr = getattr(request, "argsrepr", None)
@@ -208,8 +229,13 @@ class GroussetTaskMixin:
             if argsrepr == saferepr(tuple(args)) or argsrepr == saferepr(list(args)):
                 argsrepr = kwargsrepr = None
         if argsrepr is not None or kwargsrepr is not None:
-            return safe_repr(args, kwargs, argsrepr=argsrepr, kwargsrepr=kwargsrepr,
-                             max_length=int(grousset_settings.ARGS_REPR_MAX_LENGTH))  # fmt: skip
+            return safe_repr(
+                args,
+                kwargs,
+                argsrepr=argsrepr,
+                kwargsrepr=kwargsrepr,
+                max_length=int(grousset_settings.ARGS_REPR_MAX_LENGTH),
+            )
         return self._redacted(args, kwargs)
 
     def _redacted(self, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
@@ -222,20 +248,26 @@ class GroussetTaskMixin:
                 bound = sig.bind(*args, **kwargs).arguments
             except TypeError:
                 bound = None
-        return safe_repr(args, kwargs, redact_keys=keys, bound=bound,
-                         max_length=int(grousset_settings.ARGS_REPR_MAX_LENGTH))  # fmt: skip
+        return safe_repr(
+            args,
+            kwargs,
+            redact_keys=keys,
+            bound=bound,
+            max_length=int(grousset_settings.ARGS_REPR_MAX_LENGTH),
+        )
 
     @staticmethod
     def _in_flight_countdown(request: Any, retry_in: float) -> float:
         """Backoff 0.25 s, 0.5 s, 1 s… — never past the moment the claim turns stale."""
         n = int(_header(request, REQUEUES_HEADER) or 0)
-        return max(0.0, min(0.25 * (2**n), retry_in + 0.05))
+        return max(0.0, min(0.25 * 2.0**n, retry_in + 0.05))
 
     @staticmethod
     def _store_countdown(request: Any) -> float:
         n = int(_header(request, REQUEUES_HEADER) or 0)
         base = float(grousset_settings.STORE_RETRY_BACKOFF)
-        return float(min(base * (2**n), float(grousset_settings.STORE_RETRY_BACKOFF_MAX)))
+        cap = float(grousset_settings.STORE_RETRY_BACKOFF_MAX)
+        return min(base * 2.0**n, cap)
 
     def _requeue(self, countdown: float, exc: BaseException | None) -> None:
         """Send this delivery again after ``countdown`` without using up max_retries."""
@@ -253,7 +285,7 @@ class GroussetTaskMixin:
         except Exception as publish_exc:
             # Could not re-publish: hand the message back to the broker instead.
             raise Reject(publish_exc, requeue=True) from publish_exc
-        raise Retry(exc=exc, when=countdown, sig=sig)
+        raise Retry(exc=cast(Any, exc), when=cast(Any, countdown), sig=sig)
 
 
 def _header(request: Any, name: str) -> Any:
@@ -266,11 +298,20 @@ def _header(request: Any, name: str) -> Any:
 
 def _delivery(request: Any) -> str:
     info = getattr(request, "delivery_info", None) or {}
-    return ",".join(f"{k}:{info[k]}" for k in ("exchange", "routing_key", "redelivered")
-                    if info.get(k) not in (None, ""))  # fmt: skip
+    return ",".join(
+        f"{k}:{info[k]}"
+        for k in ("exchange", "routing_key", "redelivered")
+        if info.get(k) not in (None, "")
+    )
 
 
-class GroussetTask(GroussetTaskMixin, Task):  # type: ignore[misc]
+if TYPE_CHECKING:
+    _Task = Task[Any, Any]
+else:
+    _Task = Task
+
+
+class GroussetTask(GroussetTaskMixin, _Task):
     """A Celery task guarded by the outcome journal.
 
     ``@app.task(base=GroussetTask, bind=True, max_processing_time=60)``
@@ -282,7 +323,7 @@ class GroussetTask(GroussetTaskMixin, Task):  # type: ignore[misc]
 try:  # Celery >= 5.4 ships a Django task class (delay_on_commit)
     from celery.contrib.django.task import DjangoTask
 
-    class GroussetDjangoTask(GroussetTaskMixin, DjangoTask):  # type: ignore[misc]
+    class GroussetDjangoTask(GroussetTaskMixin, DjangoTask):  # type: ignore[type-arg]
         """:class:`GroussetTask` on Celery's Django task class (``delay_on_commit``)."""
 
         abstract = True
@@ -292,8 +333,9 @@ except ImportError:  # pragma: no cover - Celery 5.3
 
 
 @task_revoked.connect(weak=False, dispatch_uid="celery_grousset.release_revoked")
-def release_revoked(sender: Any = None, request: Any = None, terminated: bool = False,
-                    **kwargs: Any) -> None:  # fmt: skip
+def release_revoked(
+    sender: Any = None, request: Any = None, terminated: bool = False, **kwargs: Any
+) -> None:
     """A revoked task that was terminated mid-run gives up its claim at once, so the next
     delivery does not wait for ``max_processing_time``. (Revoking without terminate does
     not stop a running task: its claim stays.)"""
@@ -308,7 +350,10 @@ def release_revoked(sender: Any = None, request: Any = None, terminated: bool = 
         if store.release(processor_id, fp, token):
             events.logger.warning(
                 "grousset.released_revoked fingerprint=%s task=%s task_id=%s processor=%s",
-                fp, sender.name, request.id, processor_id,
+                fp,
+                sender.name,
+                request.id,
+                processor_id,
             )
 
 

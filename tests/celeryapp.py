@@ -6,7 +6,7 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
-from celery import Celery  # noqa: E402
+from celery import Celery
 
 app = Celery("grousset_tests")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -9,8 +9,9 @@ import time
 from typing import Any
 
 
-def race(alias: str, keys: list[str], processor: str, barrier: Any, out: Any,
-         env: dict[str, str]) -> None:  # fmt: skip
+def race(
+    alias: str, keys: list[str], processor: str, barrier: Any, out: Any, env: dict[str, str]
+) -> None:
     os.environ.update(env)
     import django
 
@@ -26,6 +27,8 @@ def race(alias: str, keys: list[str], processor: str, barrier: Any, out: Any,
     order = list(keys)
     random.shuffle(order)
     barrier.wait(timeout=120)
-    got = {k: protect(k, effect, k, max_processing_time=60, processor_id=processor,
-                      database=alias) for k in order}  # fmt: skip
+    got = {
+        k: protect(k, effect, k, max_processing_time=60, processor_id=processor, database=alias)
+        for k in order
+    }
     out.put(got)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from typing import NoReturn
@@ -32,9 +33,13 @@ def _recreate_postgresql(settings: dict[str, object]) -> None:
 
     name = str(settings["NAME"])
     with psycopg.connect(
-        host=str(settings["HOST"]), port=int(str(settings["PORT"])), user=str(settings["USER"]),
-        dbname="postgres", autocommit=True, connect_timeout=3,
-    ) as conn:  # fmt: skip
+        host=str(settings["HOST"]),
+        port=int(str(settings["PORT"])),
+        user=str(settings["USER"]),
+        dbname="postgres",
+        autocommit=True,
+        connect_timeout=3,
+    ) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
 
@@ -44,9 +49,12 @@ def _recreate_mysql(settings: dict[str, object]) -> None:
 
     name = str(settings["NAME"])
     conn = MySQLdb.connect(
-        host=str(settings["HOST"]), port=int(str(settings["PORT"])), user="root", passwd="",
+        host=str(settings["HOST"]),
+        port=int(str(settings["PORT"])),
+        user="root",
+        passwd="",
         connect_timeout=3,
-    )  # fmt: skip
+    )
     try:
         cur = conn.cursor()
         cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
@@ -58,10 +66,8 @@ def _recreate_mysql(settings: dict[str, object]) -> None:
 def _recreate_sqlite(settings: dict[str, object]) -> None:
     name = str(settings["NAME"])
     for suffix in ("", "-wal", "-shm", "-journal"):
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(name + suffix)
-        except FileNotFoundError:
-            pass
 
 
 def prepare(alias: str) -> str | None:
@@ -90,7 +96,7 @@ def prepare(alias: str) -> str | None:
         if "sqlite" in engine:
             with connections[alias].cursor() as cur:
                 cur.execute("PRAGMA journal_mode=WAL")
-    except Exception as exc:  # noqa: BLE001 - reported as skip/fail
+    except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
 

@@ -66,7 +66,9 @@ DATABASES = {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.environ.get("GROUSSET_TEST_SQLITE", os.path.join(_tmp, "journal.sqlite3")),
         "OPTIONS": {"timeout": 10},
-        "TEST": {"NAME": os.environ.get("GROUSSET_TEST_SQLITE", os.path.join(_tmp, "journal.sqlite3"))},
+        "TEST": {
+            "NAME": os.environ.get("GROUSSET_TEST_SQLITE", os.path.join(_tmp, "journal.sqlite3"))
+        },
     },
     "postgresql": {
         "ENGINE": "django.db.backends.postgresql",

@@ -69,8 +69,13 @@ def flaky_retry(self: Any, key: str, fail_times: int = 1) -> str:
     return f"done after {attempts + 1}"
 
 
-@shared_task(base=GroussetTask, bind=True, max_processing_time=30,
-             autoretry_for=(ValueError,), retry_kwargs={"max_retries": 3, "countdown": 0.1})  # fmt: skip
+@shared_task(
+    base=GroussetTask,
+    bind=True,
+    max_processing_time=30,
+    autoretry_for=(ValueError,),
+    retry_kwargs={"max_retries": 3, "countdown": 0.1},
+)
 def flaky_auto(self: Any, key: str, fail_times: int = 1) -> str:
     from tests.ledger.models import Effect
 

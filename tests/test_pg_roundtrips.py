@@ -41,8 +41,11 @@ def traced(store: Store, fn: object) -> tuple[object, list[str]]:
         finally:
             conn.pgconn.untrace()
         fh.seek(0)
-        sent = [line.split("\t")[2].split()[0] for line in fh.read().splitlines()
-                if line.startswith("F\t")]  # fmt: skip
+        sent = [
+            line.split("\t")[2].split()[0]
+            for line in fh.read().splitlines()
+            if line.startswith("F\t")
+        ]
     return value, sent
 
 
@@ -51,8 +54,9 @@ def round_trips(sent: list[str]) -> int:
 
 
 def make(fp: str, processor: str = "rt") -> ClaimRequest:
-    return ClaimRequest(processor, fp, "t", uuid.uuid4().hex, uuid.uuid4().hex, "w", "", 60.0,
-                        3600.0, 3)  # fmt: skip
+    return ClaimRequest(
+        processor, fp, "t", uuid.uuid4().hex, uuid.uuid4().hex, "w", "", 60.0, 3600.0, 3
+    )
 
 
 def test_claim_is_one_round_trip_in_every_case(pg_store: Store) -> None:
@@ -89,7 +93,14 @@ def test_claim_is_one_round_trip_in_every_case(pg_store: Store) -> None:
 def test_completion_is_one_round_trip(pg_store: Store) -> None:
     r = make(uuid.uuid4().hex * 2)
     pg_store.claim(r)
-    done, sent = traced(pg_store, lambda: pg_store.finish(
-        r.processor_id, r.fingerprint, r.token, Completion("completed", b"1", "application/json;utf-8")))  # fmt: skip
+    done, sent = traced(
+        pg_store,
+        lambda: pg_store.finish(
+            r.processor_id,
+            r.fingerprint,
+            r.token,
+            Completion("completed", b"1", "application/json;utf-8"),
+        ),
+    )
     assert done is True
     assert sent.count("Execute") == 1 and round_trips(sent) == 1

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from django.test import override_settings
 
 from celery_grousset import protect
 from celery_grousset.exceptions import ClaimInFlight, FingerprintError, StoreUnavailable
@@ -32,10 +31,22 @@ def test_runs_once_and_returns_memo(alias: str, processor: str) -> None:
         return {"day": day, "rows": 42}
 
     # Given a key never seen / When protect() is called twice
-    first = protect("import:2026-11-29", load, "2026-11-29", max_processing_time=60,
-                    processor_id=processor, database=alias)  # fmt: skip
-    second = protect("import:2026-11-29", load, "2026-11-29", max_processing_time=60,
-                     processor_id=processor, database=alias)  # fmt: skip
+    first = protect(
+        "import:2026-11-29",
+        load,
+        "2026-11-29",
+        max_processing_time=60,
+        processor_id=processor,
+        database=alias,
+    )
+    second = protect(
+        "import:2026-11-29",
+        load,
+        "2026-11-29",
+        max_processing_time=60,
+        processor_id=processor,
+        database=alias,
+    )
     # Then the function ran once and both callers got its value
     assert calls == [1]
     assert first == second == {"day": "2026-11-29", "rows": 42}
@@ -58,17 +69,25 @@ def test_in_flight_raises_or_waits(alias: str, processor: str) -> None:
 
     fp = fingerprint(PROTECT_NAME, idempotency_key="busy")
     store = get_store(alias)
-    holder = ClaimRequest(processor, fp, PROTECT_NAME, "", uuid.uuid4().hex, "w", "", 60.0,
-                          3600.0, 3)  # fmt: skip
+    holder = ClaimRequest(
+        processor, fp, PROTECT_NAME, "", uuid.uuid4().hex, "w", "", 60.0, 3600.0, 3
+    )
     assert store.claim(holder).owned
     # When another caller asks with on_in_flight="raise" / Then it is told, nothing runs
     with pytest.raises(ClaimInFlight) as err:
-        protect("busy", lambda: pytest.fail("must not run"), max_processing_time=60,
-                processor_id=processor, database=alias, on_in_flight="raise")  # fmt: skip
+        protect(
+            "busy",
+            lambda: pytest.fail("must not run"),
+            max_processing_time=60,
+            processor_id=processor,
+            database=alias,
+            on_in_flight="raise",
+        )
     assert 50 < err.value.retry_in <= 60
     # And with a stale claim (max_processing_time 0.2 s) the waiting caller takes over
-    value = protect("busy", lambda: "mine", max_processing_time=0.2, processor_id=processor,
-                    database=alias)  # fmt: skip
+    value = protect(
+        "busy", lambda: "mine", max_processing_time=0.2, processor_id=processor, database=alias
+    )
     assert value == "mine"
     assert Outcome.objects.using(alias).get(processor_id=processor).takeovers == 1
 
@@ -88,8 +107,10 @@ def test_failure_releases_then_reruns(alias: str, processor: str) -> None:
     rec = Outcome.objects.using(alias).get(processor_id=processor)
     assert rec.status == "failed" and rec.error == "ValueError: first attempt fails"
     # When called again / Then it runs again (on_failure="release") and completes
-    assert protect("flaky", flaky, max_processing_time=60, processor_id=processor,
-                   database=alias) == "ok"  # fmt: skip
+    assert (
+        protect("flaky", flaky, max_processing_time=60, processor_id=processor, database=alias)
+        == "ok"
+    )
     assert len(attempts) == 2
 
 
@@ -99,8 +120,14 @@ def test_memoized_failure_is_replayed(alias: str, processor: str) -> None:
 
     for _ in range(2):
         with pytest.raises(KeyError, match="gone"):
-            protect("boom", boom, max_processing_time=60, processor_id=processor,
-                    database=alias, on_failure="memoize")  # fmt: skip
+            protect(
+                "boom",
+                boom,
+                max_processing_time=60,
+                processor_id=processor,
+                database=alias,
+                on_failure="memoize",
+            )
     assert Outcome.objects.using(alias).get(processor_id=processor).deliveries == 2
 
 
@@ -114,8 +141,17 @@ def test_unstorable_result_never_reruns(alias: str, processor: str) -> None:
         return "x" * 2000
 
     # Given a result over max_result_bytes
-    assert protect("big", big, max_processing_time=60, processor_id=processor, database=alias,
-                   max_result_bytes=100) == "x" * 2000  # fmt: skip
+    assert (
+        protect(
+            "big",
+            big,
+            max_processing_time=60,
+            processor_id=processor,
+            database=alias,
+            max_result_bytes=100,
+        )
+        == "x" * 2000
+    )
     # Then duplicates are told, and the effect is not re-run
     with pytest.raises(ResultNotStored, match="max_result_bytes"):
         protect("big", big, max_processing_time=60, processor_id=processor, database=alias)
@@ -123,10 +159,12 @@ def test_unstorable_result_never_reruns(alias: str, processor: str) -> None:
 
 
 def test_nul_in_result_is_stored_and_returned(alias: str, processor: str) -> None:
-    value = protect("nul", lambda: "a\x00b", max_processing_time=60, processor_id=processor,
-                    database=alias)  # fmt: skip
-    again = protect("nul", lambda: "other", max_processing_time=60, processor_id=processor,
-                    database=alias)  # fmt: skip
+    value = protect(
+        "nul", lambda: "a\x00b", max_processing_time=60, processor_id=processor, database=alias
+    )
+    again = protect(
+        "nul", lambda: "other", max_processing_time=60, processor_id=processor, database=alias
+    )
     assert value == again == "a\x00b"
 
 
@@ -138,24 +176,22 @@ def test_bad_key_is_a_clear_error(alias: str) -> None:
 def test_closed_port_fails_closed() -> None:
     from django.db import connections
 
-    databases = {**connections.settings}
-    databases["postgresql"] = {**databases["postgresql"], "PORT": "1"}
+    from celery_grousset.store import base
+    from celery_grousset.store.postgresql import PostgresStore
+
     ran: list[int] = []
-    # Given the journal's PostgreSQL is unreachable
-    with override_settings(DATABASES=databases, GROUSSET={"STORE_TIMEOUT": 2}):
+    # Given the journal's PostgreSQL is unreachable (nothing listens on port 1)
+    closed = {**connections.settings["postgresql"], "PORT": "1"}
+    reset_stores()
+    base._stores["postgresql"] = PostgresStore("postgresql", closed, timeout=2.0)
+    try:
+        # When protect() is called / Then it raises StoreUnavailable and fn never ran
+        with pytest.raises(StoreUnavailable, match="cannot connect"):
+            protect("down", lambda: ran.append(1), max_processing_time=5, database="postgresql")
+    finally:
         reset_stores()
-        try:
-            # When protect() is called / Then it raises StoreUnavailable and fn never ran
-            with pytest.raises(StoreUnavailable, match="cannot connect"):
-                protect("down", lambda: ran.append(1), max_processing_time=5,
-                        database="postgresql")  # fmt: skip
-        finally:
-            connections["postgresql"].close()
-            reset_stores()
     assert ran == []
 
-
-# -- the race: 8 OS processes x 500 keys ---------------------------------------------------
 
 @pytest.mark.slow
 def test_eight_processes_race_on_500_keys(alias: str, processor: str) -> None:
@@ -164,8 +200,9 @@ def test_eight_processes_race_on_500_keys(alias: str, processor: str) -> None:
     keys = [f"race-{i}-{uuid.uuid4().hex[:6]}" for i in range(500)]
     barrier, out = ctx.Barrier(8), ctx.Queue()
     env = {k: v for k, v in os.environ.items() if k.startswith(("GROUSSET_", "DJANGO_"))}
-    procs = [ctx.Process(target=race, args=(alias, keys, processor, barrier, out, env))
-             for _ in range(8)]  # fmt: skip
+    procs = [
+        ctx.Process(target=race, args=(alias, keys, processor, barrier, out, env)) for _ in range(8)
+    ]
     for p in procs:
         p.start()
     results = []
@@ -182,8 +219,9 @@ def test_eight_processes_race_on_500_keys(alias: str, processor: str) -> None:
         p.join(60)
         assert p.exitcode == 0
     # Then each key's effect ran exactly once (the ledger has no unique constraint)
-    counts = Counter(Effect.objects.using(alias).filter(value=processor)
-                     .values_list("key", flat=True))  # fmt: skip
+    counts = Counter(
+        Effect.objects.using(alias).filter(value=processor).values_list("key", flat=True)
+    )
     assert set(counts) == set(keys)
     assert max(counts.values()) == 1
     # And all 8 callers of a key received the same value

@@ -21,10 +21,17 @@ from celery_grousset.store.base import Completion, Store
 
 def req(processor: str, fp: str, token: str | None = None, **over: object) -> ClaimRequest:
     values: dict[str, object] = dict(
-        processor_id=processor, fingerprint=fp, task_name="tests.effect",
-        task_id=f"task-{uuid.uuid4().hex[:8]}", token=token or uuid.uuid4().hex, worker="w:1",
-        args_repr="(1,)", max_processing_time=60.0, expires_after=3600.0, max_takeovers=3,
-    )  # fmt: skip
+        processor_id=processor,
+        fingerprint=fp,
+        task_name="tests.effect",
+        task_id=f"task-{uuid.uuid4().hex[:8]}",
+        token=token or uuid.uuid4().hex,
+        worker="w:1",
+        args_repr="(1,)",
+        max_processing_time=60.0,
+        expires_after=3600.0,
+        max_takeovers=3,
+    )
     values.update(over)
     return ClaimRequest(**values)  # type: ignore[arg-type]
 
@@ -230,17 +237,22 @@ def test_purge_deletes_only_expired_terminal_rows(store: Store, alias: str, proc
         if name != "fresh":
             age(alias, processor, fp, 3601, "expires_on")
     # When purged in batches of one
-    deleted = Outcome.objects.using(alias).filter(processor_id=processor).purge_expired(
-        batch_size=1
+    deleted = (
+        Outcome.objects.using(alias).filter(processor_id=processor).purge_expired(batch_size=1)
     )
     # Then exactly the two expired terminal rows are gone
-    left = set(Outcome.objects.using(alias).filter(processor_id=processor)
-               .values_list("fingerprint", flat=True))  # fmt: skip
+    left = set(
+        Outcome.objects.using(alias)
+        .filter(processor_id=processor)
+        .values_list("fingerprint", flat=True)
+    )
     assert deleted == 2
     assert left == {fps["fresh"], fps["flight"]}
 
 
-def test_times_come_from_the_database_clock(store: Store, alias: str, processor: str, fp: str) -> None:
+def test_times_come_from_the_database_clock(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
     from celery_grousset.managers import _db_now
 
     # Given the database's clock / When a claim is written

@@ -54,8 +54,12 @@ def test_eager_calls_are_guarded(journal: str) -> None:
     # Then one effect, and the duplicate got the memo
     assert ledger(journal, key) == 1
     assert first == second
-    assert Outcome.objects.using(journal).get(
-        fingerprint=effect.grousset_fingerprint((key,), {})).deliveries == 2
+    assert (
+        Outcome.objects.using(journal)
+        .get(fingerprint=effect.grousset_fingerprint((key,), {}))
+        .deliveries
+        == 2
+    )
 
 
 def test_positional_and_keyword_calls_are_the_same(journal: str) -> None:
@@ -191,11 +195,13 @@ def test_self_grousset_exposes_the_claim(journal: str, temp_task: Any) -> None:
 def test_settings_are_validated(journal: str) -> None:
     from celery_grousset.conf import grousset_settings
 
-    with override_settings(GROUSSET={"MAX_PROCESING_TIME": 5}), pytest.raises(
-        ImproperlyConfigured, match="unknown GROUSSET setting"
+    with (
+        override_settings(GROUSSET={"MAX_PROCESING_TIME": 5}),
+        pytest.raises(ImproperlyConfigured, match="unknown GROUSSET setting"),
     ):
         grousset_settings.DATABASE  # noqa: B018
-    with override_settings(GROUSSET={"ON_IN_FLIGHT": "spin"}), pytest.raises(
-        ImproperlyConfigured, match="on_in_flight"
+    with (
+        override_settings(GROUSSET={"ON_IN_FLIGHT": "spin"}),
+        pytest.raises(ImproperlyConfigured, match="on_in_flight"),
     ):
         grousset_settings.DATABASE  # noqa: B018

@@ -47,7 +47,9 @@ def effects(alias: str, key: str, value: str | None = None) -> int:
     return (qs.filter(value=value) if value is not None else qs).count()
 
 
-def record_of(alias: str, task: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Outcome:
+def record_of(
+    alias: str, task: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+) -> Outcome:
     fp = task.grousset_fingerprint(args, kwargs or {})
     return Outcome.objects.using(alias).get(task_name=task.name, fingerprint=fp)
 
@@ -64,6 +66,7 @@ def wait_for(predicate: Any, timeout: float, what: str) -> Any:
 
 def holder_pid(alias: str, task: Any, args: tuple[Any, ...]) -> int:
     """The pid of the worker child holding the claim (from the journal's ``worker``)."""
+
     def find() -> int | None:
         try:
             rec = record_of(alias, task, args)
@@ -84,7 +87,7 @@ def pg_workers(redis_url: str, pg: str) -> Iterator[tuple[str, list[Worker]]]:
 def _two_hundred(alias: str, queue: str, key: str) -> None:
     from tests.tasks import effect
 
-    # Given 200 deliveries of the same call (distinct task ids) to 2 workers × 2 processes
+    # Given 200 deliveries of the same call (distinct task ids) to 2 workers x 2 processes
     results = [effect.apply_async((key,), {"sleep": 0.2}, queue=queue) for _ in range(200)]
     # When they are all processed
     values = [r.get(timeout=120) for r in results]
@@ -97,7 +100,9 @@ def _two_hundred(alias: str, queue: str, key: str) -> None:
 
 
 @pytest.mark.parametrize("rep", range(REPEAT))
-def test_200_duplicates_one_effect_postgresql(pg_workers: tuple[str, list[Worker]], rep: int) -> None:
+def test_200_duplicates_one_effect_postgresql(
+    pg_workers: tuple[str, list[Worker]], rep: int
+) -> None:
     queue, _ = pg_workers
     _two_hundred("postgresql", queue, f"dup-pg-{rep}-{uuid.uuid4().hex[:8]}")
 
@@ -120,8 +125,10 @@ def test_200_duplicates_rabbitmq(pg: str, queue: str) -> None:
             from tests.tasks import effect
 
             key = f"dup-amqp-{uuid.uuid4().hex[:8]}"
-            results = [effect.apply_async((key,), {"sleep": 0.2}, queue=queue, connection=conn)
-                       for _ in range(200)]  # fmt: skip
+            results = [
+                effect.apply_async((key,), {"sleep": 0.2}, queue=queue, connection=conn)
+                for _ in range(200)
+            ]
             values = [r.get(timeout=120) for r in results]
     assert effects(pg, key) == 1
     assert len({repr(v) for v in values}) == 1
@@ -190,7 +197,9 @@ def test_zombie_cannot_overwrite_result(
 
 
 @pytest.mark.parametrize("task_name", ["flaky_retry", "flaky_auto"])
-def test_retries_reclaim_at_once(pg_workers: tuple[str, list[Worker]], pg: str, task_name: str) -> None:
+def test_retries_reclaim_at_once(
+    pg_workers: tuple[str, list[Worker]], pg: str, task_name: str
+) -> None:
     from tests import tasks
 
     task = getattr(tasks, task_name)
@@ -230,8 +239,10 @@ def _pg_ctl(action: str) -> None:
     version = sorted(os.listdir("/etc/postgresql"))[-1]
     subprocess.run(
         ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
 
 
 def test_postgresql_down_fails_closed_then_runs_once(redis_url: str, pg: str, queue: str) -> None:
@@ -246,8 +257,11 @@ def test_postgresql_down_fails_closed_then_runs_once(redis_url: str, pg: str, qu
         try:
             # Given PostgreSQL is stopped while tasks are queued
             results = [effect.apply_async((k,), queue=queue) for k in keys]
-            wait_for(lambda: ws[0].text().count("grousset.store_unavailable") >= 5, 60,
-                     "every delivery to fail closed")  # fmt: skip
+            wait_for(
+                lambda: ws[0].text().count("grousset.store_unavailable") >= 5,
+                60,
+                "every delivery to fail closed",
+            )
         finally:
             _pg_ctl("start")
         # When it comes back / Then each task runs exactly once
@@ -277,10 +291,42 @@ def test_password_never_stored_or_logged(redis_url: str, pg: str, queue: str) ->
     from django.db import connections
 
     assert "hunter2" not in log
-    backend = redis.Redis.from_url(os.environ.get("GROUSSET_TEST_BACKEND", "redis://127.0.0.1:6379/15"))
+    backend = redis.Redis.from_url(
+        os.environ.get("GROUSSET_TEST_BACKEND", "redis://127.0.0.1:6379/15")
+    )
     for k in backend.scan_iter(f"*{result.id}*"):
         assert b"hunter2" not in (backend.get(k) or b"")
     with connections[pg].cursor() as cur:
-        cur.execute("SELECT count(*) FROM celery_grousset_outcome o "
-                    "WHERE position('hunter2' in o::text) > 0")  # fmt: skip
+        cur.execute(
+            "SELECT count(*) FROM celery_grousset_outcome o "
+            "WHERE position('hunter2' in o::text) > 0"
+        )
         assert cur.fetchone()[0] == 0
+
+
+def test_revoke_terminate_releases_the_claim(pg_workers: tuple[str, list[Worker]], pg: str) -> None:
+    from tests.celeryapp import app
+    from tests.tasks import effect
+
+    queue, _ = pg_workers
+    key = f"revoke-{uuid.uuid4().hex[:8]}"
+    # Given a long task holding its claim (max_processing_time 30 s)
+    first = effect.apply_async((key, 20.0), queue=queue)
+    holder_pid(pg, effect, (key, 20.0))
+    # When it is revoked with terminate=True
+    app.control.revoke(first.id, terminate=True)
+    rec = wait_for(
+        lambda: (r := record_of(pg, effect, (key, 20.0))).status != "in_flight" and r,
+        20,
+        "the claim to be released",
+    )
+    # Then the claim is released at once, and the next delivery runs without waiting 30 s
+    # (the terminated child releases it itself on SystemExit; the task_revoked handler
+    # covers a child killed outright)
+    assert rec.status == "failed" and rec.result_encoding == ""
+    t0 = time.monotonic()
+    value = effect.apply_async((key, 0.0), queue=queue, idempotency_key=None).get(timeout=20)
+    assert value["key"] == key
+    second = effect.apply_async((key, 20.0), queue=queue)
+    assert second.get(timeout=40)["fence"] == 2
+    assert time.monotonic() - t0 < 30

@@ -9,7 +9,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,10 +41,8 @@ class Worker:
 
     def kill(self) -> None:
         for pid in self.children():
-            try:
+            with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
@@ -73,10 +71,27 @@ def start_worker(
         **(env or {}),
     }
     cmd = [
-        sys.executable, "-m", "celery", "-A", "tests.celeryapp", "worker", "-P", "prefork",
-        "-c", str(concurrency), "-Q", queue, "-n", f"{name}@%h", "-l", "info",
-        "--without-gossip", "--without-mingle", "--without-heartbeat", *(extra or []),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tests.celeryapp",
+        "worker",
+        "-P",
+        "prefork",
+        "-c",
+        str(concurrency),
+        "-Q",
+        queue,
+        "-n",
+        f"{name}@%h",
+        "-l",
+        "info",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        *(extra or []),
+    ]
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=fh, stderr=subprocess.STDOUT)
     worker = Worker(proc, log, name)

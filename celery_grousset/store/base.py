@@ -19,6 +19,7 @@ guard fails closed.
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 import threading
 from dataclasses import dataclass
@@ -88,6 +89,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Close the private connection (only from the process that opened it)."""
+
+    def driver_params(self) -> dict[str, Any]:
+        """Connection keyword arguments for the driver, as Django's own backend builds
+        them from ``self.settings_dict`` (so OPTIONS such as sslmode are honoured)."""
+        from django.db import connections
+
+        wrapper = type(connections[self.alias])(self.settings_dict, self.alias)
+        return dict(wrapper.get_connection_params())
 
     def now_expression(self) -> Any:
         """The database clock as an ORM expression (used by transactional completion)."""
@@ -166,10 +175,8 @@ def reset_stores() -> None:
     """Close and forget every store of this process (settings changed, tests)."""
     with _lock:
         for store in _stores.values():
-            try:
+            with contextlib.suppress(Exception):
                 store.close()
-            except Exception:  # noqa: BLE001 - closing a broken connection
-                pass
         _stores.clear()
 
 

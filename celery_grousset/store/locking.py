@@ -103,15 +103,29 @@ class LockingStore(Store):
                 "takeovers, result, result_encoding, error, worker, args_repr) VALUES "
                 f"({p}, {p}, {p}, {p}, 'in_flight', 1, {p}, {p}, NULL, {p}, 1, 0, NULL, '', '', "
                 f"{p}, {p})",
-                (*key, req.task_name, req.task_id, req.token, self._ts(now), self._ts(expires),
-                 req.worker, req.args_repr),
-            )  # fmt: skip
-            return self._result(req, None, Status.IN_FLIGHT, 1, 1, 0, None, "", "", now, None,
-                                now, owned=True)  # fmt: skip
+                (
+                    *key,
+                    req.task_name,
+                    req.task_id,
+                    req.token,
+                    self._ts(now),
+                    self._ts(expires),
+                    req.worker,
+                    req.args_repr,
+                ),
+            )
+            return self._result(
+                req, None, Status.IN_FLIGHT, 1, 1, 0, None, "", "", now, None, now, owned=True
+            )
         assert prev is not None and row is not None
         fence, deliveries, result, error = row[6], row[7], row[8], row[9]
         task_id, completed_at = row[10], self._parse_ts(row[11])
-        takeovers, status, enc, started = prev.takeovers, prev.status, prev.result_encoding, prev.started_at
+        takeovers, status, enc, started = (
+            prev.takeovers,
+            prev.status,
+            prev.result_encoding,
+            prev.started_at,
+        )
         if action in (Action.RECLAIM, Action.TAKEOVER):
             expired = action is Action.RECLAIM and prev.expires_on <= now
             fence += 1
@@ -124,11 +138,37 @@ class LockingStore(Store):
                 f"started_at = {p}, completed_at = NULL, expires_on = {p}, deliveries = {p}, "
                 f"takeovers = {p}, result = NULL, result_encoding = '', error = {p} "
                 f"WHERE processor_id = {p} AND fingerprint = {p}",
-                (req.token, fence, req.task_name, req.task_id, req.worker, req.args_repr,
-                 self._ts(now), self._ts(expires), deliveries, takeovers, error, *key),
-            )  # fmt: skip
-            return self._result(req, prev, Status.IN_FLIGHT, fence, deliveries, takeovers, None,
-                                "", error, now, None, now, owned=True, task_id=req.task_id)  # fmt: skip
+                (
+                    req.token,
+                    fence,
+                    req.task_name,
+                    req.task_id,
+                    req.worker,
+                    req.args_repr,
+                    self._ts(now),
+                    self._ts(expires),
+                    deliveries,
+                    takeovers,
+                    error,
+                    *key,
+                ),
+            )
+            return self._result(
+                req,
+                prev,
+                Status.IN_FLIGHT,
+                fence,
+                deliveries,
+                takeovers,
+                None,
+                "",
+                error,
+                now,
+                None,
+                now,
+                owned=True,
+                task_id=req.task_id,
+            )
         if action is Action.GIVE_UP:
             error = gave_up_message(prev.takeovers)
             deliveries += 1
@@ -138,8 +178,22 @@ class LockingStore(Store):
                 f"WHERE processor_id = {p} AND fingerprint = {p}",
                 (self._ts(now), self._ts(expires), deliveries, error, *key),
             )
-            return self._result(req, prev, Status.FAILED, fence, deliveries, takeovers, None,
-                                ENC_GAVE_UP, error, started, now, now, owned=False, task_id=task_id)  # fmt: skip
+            return self._result(
+                req,
+                prev,
+                Status.FAILED,
+                fence,
+                deliveries,
+                takeovers,
+                None,
+                ENC_GAVE_UP,
+                error,
+                started,
+                now,
+                now,
+                owned=False,
+                task_id=task_id,
+            )
         own = prev.claim_token == req.token and status == Status.IN_FLIGHT
         if prev.claim_token != req.token:
             deliveries += 1
@@ -148,8 +202,22 @@ class LockingStore(Store):
                 f"WHERE processor_id = {p} AND fingerprint = {p}",
                 key,
             )
-        return self._result(req, prev, status, fence, deliveries, takeovers, result, enc, error,
-                            started, completed_at, now, owned=own, task_id=task_id)  # fmt: skip
+        return self._result(
+            req,
+            prev,
+            status,
+            fence,
+            deliveries,
+            takeovers,
+            result,
+            enc,
+            error,
+            started,
+            completed_at,
+            now,
+            owned=own,
+            task_id=task_id,
+        )
 
     def _result(
         self,
@@ -212,10 +280,19 @@ class LockingStore(Store):
                     f"error = {p}, completed_at = {p} WHERE processor_id = {p} AND "
                     f"fingerprint = {p} AND claim_token = {p} AND (status = 'in_flight' OR "
                     f"(status = {p} AND result_encoding = {p}))",
-                    (completion.status, completion.result, completion.result_encoding,
-                     completion.error, now, processor_id, fingerprint, token,
-                     completion.status, completion.result_encoding),
-                )  # fmt: skip
+                    (
+                        completion.status,
+                        completion.result,
+                        completion.result_encoding,
+                        completion.error,
+                        now,
+                        processor_id,
+                        fingerprint,
+                        token,
+                        completion.status,
+                        completion.result_encoding,
+                    ),
+                )
                 count = int(cur.rowcount)
                 self._commit(cur)
                 return count
@@ -238,9 +315,14 @@ class LockingStore(Store):
                     f"UPDATE {TABLE} SET status = 'failed', result = NULL, result_encoding = '', "
                     f"error = {p}, completed_at = {p} WHERE processor_id = {p} AND "
                     f"fingerprint = {p} AND status = 'in_flight'{token_sql}",
-                    ("released: the claim was given up (revoked, retried or by an operator)",
-                     now, processor_id, fingerprint, *((token,) if token is not None else ())),
-                )  # fmt: skip
+                    (
+                        "released: the claim was given up (revoked, retried or by an operator)",
+                        now,
+                        processor_id,
+                        fingerprint,
+                        *((token,) if token is not None else ()),
+                    ),
+                )
                 count = int(cur.rowcount)
                 self._commit(cur)
                 return count

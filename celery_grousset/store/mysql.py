@@ -35,9 +35,7 @@ class MySQLStore(LockingStore):
 
     def _connect(self) -> Any:
         import MySQLdb
-        from django.db import connections
-
-        params: dict[str, Any] = dict(connections[self.alias].get_connection_params())
+        params = self.driver_params()
         secs = max(1, math.ceil(self.timeout))
         params["connect_timeout"] = secs
         params["read_timeout"] = secs + 5
@@ -61,9 +59,7 @@ class MySQLStore(LockingStore):
         conn = self._conn or self._connect()
         return conn.cursor()
 
-    def _begin_locked(
-        self, cur: Any, req: ClaimRequest
-    ) -> tuple[tuple[Any, ...] | None, datetime]:
+    def _begin_locked(self, cur: Any, req: ClaimRequest) -> tuple[tuple[Any, ...] | None, datetime]:
         cur.execute(_SELECT, (req.processor_id, req.fingerprint))
         row = cur.fetchone()
         now = row[-1].replace(tzinfo=timezone.utc)
@@ -80,7 +76,7 @@ class MySQLStore(LockingStore):
     def _rollback(self, cur: Any) -> None:
         try:
             cur.connection.rollback()
-        except Exception:  # noqa: BLE001 - the connection is already broken
+        except Exception:
             self.discard()
 
     def _ts(self, value: datetime) -> datetime:

@@ -119,9 +119,7 @@ class PostgresStore(Store):
     vendor = "postgresql"
 
     def _params(self) -> dict[str, Any]:
-        from django.db import connections
-
-        params: dict[str, Any] = dict(connections[self.alias].get_connection_params())
+        params = self.driver_params()
         for key in _LIBPQ_DROP:
             params.pop(key, None)
         ms = max(1, int(self.timeout * 1000))
@@ -201,8 +199,22 @@ class PostgresStore(Store):
             return conn.execute(CLAIM_SQL, params, prepare=True).fetchone()
 
         row = self._run(op)
-        (token, fence, status, deliveries, takeovers, result, enc, error, task_id,
-         started_at, completed_at, retry_in, prev_status, prev_token) = row  # fmt: skip
+        (
+            token,
+            fence,
+            status,
+            deliveries,
+            takeovers,
+            result,
+            enc,
+            error,
+            task_id,
+            started_at,
+            completed_at,
+            retry_in,
+            prev_status,
+            prev_token,
+        ) = row
         owned = token == req.token
         kind = kind_of(prev_status, owned, prev_token == req.token, status, enc)
         return ClaimResult(

@@ -43,9 +43,7 @@ class SQLiteStore(LockingStore):
         conn = self._conn or self._connect()
         return conn.cursor()
 
-    def _begin_locked(
-        self, cur: Any, req: ClaimRequest
-    ) -> tuple[tuple[Any, ...] | None, datetime]:
+    def _begin_locked(self, cur: Any, req: ClaimRequest) -> tuple[tuple[Any, ...] | None, datetime]:
         cur.execute("BEGIN IMMEDIATE")
         cur.execute(
             f"SELECT {_COLS} FROM {TABLE} WHERE processor_id = ? AND fingerprint = ?",
