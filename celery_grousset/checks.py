@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,8 +45,23 @@ def guarded_tasks() -> Iterator[tuple[Any, Any]]:
                 yield app, task
 
 
+_running = threading.local()
+
+
 @checks.register("celery_grousset")
 def check_tasks(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    # Celery's Django fixup runs the system checks whenever an app imports its task
+    # modules (import_modules signal), which guarded_tasks() does: do not re-enter.
+    if getattr(_running, "active", False):
+        return []
+    _running.active = True
+    try:
+        return _check_tasks()
+    finally:
+        _running.active = False
+
+
+def _check_tasks() -> list[checks.CheckMessage]:
     from celery_grousset.conf import grousset_settings
 
     errors: list[checks.CheckMessage] = []
@@ -60,7 +76,7 @@ def check_tasks(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
         except ImproperlyConfigured as exc:
             errors.append(
                 checks.Error(
-                    f"Task {task.name!r}: {exc}",
+                    str(exc).replace("celery-grousset: ", "", 1),
                     hint="Set max_processing_time=<seconds> on the task decorator, or "
                     "GROUSSET['MAX_PROCESSING_TIME'] in settings.",
                     obj=task.name,

@@ -357,10 +357,11 @@ def release_revoked(
             )
 
 
-def _drop_resolved_options() -> None:
+def reset_resolved_options() -> None:
+    """Forget every task's resolved options (settings or worker flags changed)."""
     for task in _instances:
         task._grousset_opts = None
     _instances.clear()
 
 
-on_reload(_drop_resolved_options)
+on_reload(reset_resolved_options)

@@ -8,8 +8,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
 from celery import Celery
 
+from celery_grousset.worker import install
+
 app = Celery("grousset_tests")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+install(app)  # the --grousset-* worker flags and the bootstep
 app.conf.update(
     task_acks_late=True,
     task_reject_on_worker_lost=True,

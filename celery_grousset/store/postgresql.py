@@ -22,62 +22,61 @@ from celery_grousset.store.base import ClaimResult, Completion, Store
 T = TypeVar("T")
 
 _NOW = "clock_timestamp()"
-_EXPIRED = f"(o.status <> 'in_flight' AND o.expires_on <= {_NOW})"
-_STALE = (
-    "(o.status = 'in_flight' AND o.claim_token <> EXCLUDED.claim_token"
-    f" AND o.started_at <= {_NOW} - make_interval(secs => %(mpt)s))"
-)
-_TAKEOVER = f"({_STALE} AND o.takeovers < %(maxt)s)"
-_GIVE_UP = f"({_STALE} AND o.takeovers >= %(maxt)s)"
-_FREED = "(o.status = 'failed' AND o.result_encoding = '')"
-_CLAIM = f"({_EXPIRED} OR {_FREED} OR {_TAKEOVER})"
+
+# The decision table (celery_grousset.claim.decide), evaluated ONCE on the locked old row.
+_ACTION = f"""CASE
+    WHEN o.status = 'in_flight' THEN CASE
+        WHEN o.claim_token = %(tok)s THEN 'none'
+        WHEN o.started_at > {_NOW} - make_interval(secs => %(mpt)s) THEN 'none'
+        WHEN o.takeovers >= %(maxt)s THEN 'give_up'
+        ELSE 'takeover' END
+    WHEN o.expires_on <= {_NOW} THEN 'expired'
+    WHEN o.status = 'failed' AND o.result_encoding = '' THEN 'reclaim'
+    ELSE 'none' END"""
+
+# In ON CONFLICT DO UPDATE: the action found by the CTE (NULL: the row appeared after the
+# CTE looked, i.e. a concurrent first insert — a fresh claim, so nothing to take).
+_A = "(SELECT action FROM prev)"
+_CLAIM = f"{_A} IN ('expired', 'reclaim', 'takeover')"
+_GIVE_UP = f"{_A} = 'give_up'"
+_EXPIRED = f"{_A} = 'expired'"
+_GAVE_UP_ERROR = gave_up_message("{n}").replace("'", "''")
 
 
-def _sql_str(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _case(*branches: tuple[str, str], default: str) -> str:
-    whens = " ".join(f"WHEN {cond} THEN {value}" for cond, value in branches)
-    return f"CASE {whens} ELSE {default} END"
+def _if(cond: str, then: str, col: str) -> str:
+    return f"CASE WHEN {cond} THEN {then} ELSE o.{col} END"
 
 
 _SET = {
-    "claim_token": _case((_CLAIM, "EXCLUDED.claim_token"), default="o.claim_token"),
-    "fence": _case((_CLAIM, "o.fence + 1"), default="o.fence"),
-    "status": _case((_CLAIM, "'in_flight'"), (_GIVE_UP, "'failed'"), default="o.status"),
-    "task_name": _case((_CLAIM, "EXCLUDED.task_name"), default="o.task_name"),
-    "task_id": _case((_CLAIM, "EXCLUDED.task_id"), default="o.task_id"),
-    "worker": _case((_CLAIM, "EXCLUDED.worker"), default="o.worker"),
-    "args_repr": _case((_CLAIM, "EXCLUDED.args_repr"), default="o.args_repr"),
-    "started_at": _case((_CLAIM, _NOW), default="o.started_at"),
-    "completed_at": _case((_CLAIM, "NULL"), (_GIVE_UP, _NOW), default="o.completed_at"),
-    "expires_on": _case(
-        (_CLAIM, "EXCLUDED.expires_on"),
-        (_GIVE_UP, f"{_NOW} + make_interval(secs => %(exp)s)"),
-        default="o.expires_on",
-    ),
-    "deliveries": _case(
-        (_EXPIRED, "1"),
-        ("o.claim_token = EXCLUDED.claim_token", "o.deliveries"),
-        default="o.deliveries + 1",
-    ),
-    "takeovers": _case((_EXPIRED, "0"), (_TAKEOVER, "o.takeovers + 1"), default="o.takeovers"),
-    "result": _case((_CLAIM, "NULL"), (_GIVE_UP, "NULL"), default="o.result"),
-    "result_encoding": _case(
-        (_CLAIM, "''"), (_GIVE_UP, f"'{ENC_GAVE_UP}'"), default="o.result_encoding"
-    ),
-    "error": _case(
-        (_EXPIRED, "''"),
-        (_GIVE_UP, f"replace({_sql_str(gave_up_message('{n}'))}, '{{n}}', o.takeovers::text)"),
-        default="o.error",
-    ),
+    "claim_token": _if(_CLAIM, "EXCLUDED.claim_token", "claim_token"),
+    "fence": _if(_CLAIM, "o.fence + 1", "fence"),
+    "status": f"CASE WHEN {_CLAIM} THEN 'in_flight' WHEN {_GIVE_UP} THEN 'failed' "
+    "ELSE o.status END",
+    "task_name": _if(_CLAIM, "EXCLUDED.task_name", "task_name"),
+    "task_id": _if(_CLAIM, "EXCLUDED.task_id", "task_id"),
+    "worker": _if(_CLAIM, "EXCLUDED.worker", "worker"),
+    "args_repr": _if(_CLAIM, "EXCLUDED.args_repr", "args_repr"),
+    "started_at": _if(_CLAIM, _NOW, "started_at"),
+    "completed_at": f"CASE WHEN {_CLAIM} THEN NULL WHEN {_GIVE_UP} THEN {_NOW} "
+    "ELSE o.completed_at END",
+    "expires_on": f"CASE WHEN {_CLAIM} THEN EXCLUDED.expires_on WHEN {_GIVE_UP} "
+    f"THEN {_NOW} + make_interval(secs => %(exp)s) ELSE o.expires_on END",
+    "deliveries": f"CASE WHEN {_EXPIRED} THEN 1 WHEN o.claim_token = EXCLUDED.claim_token "
+    "THEN o.deliveries ELSE o.deliveries + 1 END",
+    "takeovers": f"CASE WHEN {_EXPIRED} THEN 0 WHEN {_A} = 'takeover' THEN o.takeovers + 1 "
+    "ELSE o.takeovers END",
+    "result": f"CASE WHEN {_CLAIM} OR {_GIVE_UP} THEN NULL ELSE o.result END",
+    "result_encoding": f"CASE WHEN {_CLAIM} THEN '' WHEN {_GIVE_UP} THEN '{ENC_GAVE_UP}' "
+    "ELSE o.result_encoding END",
+    "error": f"CASE WHEN {_EXPIRED} THEN '' WHEN {_GIVE_UP} THEN "
+    f"replace('{_GAVE_UP_ERROR}', '{{n}}', o.takeovers::text) ELSE o.error END",
 }
 
 CLAIM_SQL = f"""
 WITH prev AS MATERIALIZED (
-    SELECT status, claim_token FROM celery_grousset_outcome
-    WHERE processor_id = %(p)s AND fingerprint = %(f)s
+    SELECT o.status, o.claim_token, {_ACTION} AS action
+    FROM celery_grousset_outcome AS o
+    WHERE o.processor_id = %(p)s AND o.fingerprint = %(f)s
     FOR UPDATE
 ), ins AS (
     INSERT INTO celery_grousset_outcome AS o (
@@ -97,6 +96,9 @@ WITH prev AS MATERIALIZED (
 )
 SELECT ins.*, prev.status, prev.claim_token FROM ins LEFT JOIN prev ON true
 """
+# One line: psycopg caches its %(name)s -> $n conversion only for statements up to 4 KiB.
+CLAIM_SQL = " ".join(CLAIM_SQL.split())
+assert len(CLAIM_SQL) <= 4096, "keep the claim statement cacheable by psycopg"
 
 FINISH_SQL = f"""
 UPDATE celery_grousset_outcome SET status = %(st)s, result = %(res)s,

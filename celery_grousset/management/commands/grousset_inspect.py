@@ -1,0 +1,188 @@
+"""``manage.py grousset_inspect <fingerprint|task_id>``: what happened to this message.
+
+Matches a task id exactly, a fingerprint exactly, or a fingerprint prefix of at
+least 8 hex characters. One match prints its story (or a JSON object with
+``--json``); several matches are listed (a JSON array with ``--json``).
+"""
+
+from __future__ import annotations
+
+import json
+import pprint
+from typing import TYPE_CHECKING, Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from celery_grousset.claim import ENC_EXCEPTION, ENC_GAVE_UP, ENC_NONE, ENC_NOT_MEMOIZED
+from celery_grousset.management import (
+    MIN_PREFIX,
+    add_database_argument,
+    describe_matches,
+    find,
+    human_seconds,
+    iso,
+    journal_alias,
+    timestamp,
+)
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from celery_grousset.models import Outcome
+
+
+def decode_memo(rec: Outcome) -> tuple[Any, str | None]:
+    """``(value, None)`` or ``(None, why there is no value)``."""
+    from celery_grousset import memo
+
+    if rec.status == "in_flight":
+        return None, "in flight: no outcome yet"
+    if rec.result_encoding == ENC_NONE and rec.status == "failed":
+        return None, "released: the last attempt failed and nothing is memoized"
+    raw = bytes(rec.result) if rec.result is not None else None
+    try:
+        return memo.decode(raw, rec.result_encoding, rec.error, rec.fingerprint), None
+    except Exception as exc:  # what a duplicate would raise is the answer
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def story(rec: Outcome, now: datetime) -> dict[str, Any]:
+    """Everything the journal knows about one entry, JSON-ready."""
+    value, memo_error = decode_memo(rec)
+    return {
+        "fingerprint": rec.fingerprint,
+        "processor_id": rec.processor_id,
+        "task_name": rec.task_name,
+        "task_id": rec.task_id,
+        "status": rec.status,
+        "summary": summary(rec, now),
+        "fence": rec.fence,
+        "deliveries": rec.deliveries,
+        "duplicates": max(rec.deliveries - 1, 0),
+        "takeovers": rec.takeovers,
+        "started_at": iso(rec.started_at),
+        "completed_at": iso(rec.completed_at),
+        "expires_on": iso(rec.expires_on),
+        "expired": rec.expires_on <= now,
+        "age_seconds": round((now - rec.started_at).total_seconds(), 3),
+        "worker": rec.worker,
+        "args_repr": rec.args_repr,
+        "error": rec.error or None,
+        "result_encoding": rec.result_encoding,
+        "memo": value,
+        "memo_error": memo_error,
+    }
+
+
+def summary(rec: Outcome, now: datetime) -> str:
+    """One sentence: what the next delivery of this fingerprint will do."""
+    if rec.status == "in_flight":
+        held = human_seconds((now - rec.started_at).total_seconds())
+        return (
+            f"an attempt has held the claim for {held}; duplicates wait, and take over "
+            "once it is older than max_processing_time"
+        )
+    if rec.expires_on <= now:
+        return "expired: the next delivery runs the task again (grousset_purge deletes it)"
+    if rec.status == "completed":
+        if rec.result_encoding == ENC_NOT_MEMOIZED:
+            return "duplicates get None (memoize=False) and never re-run the effect"
+        return "duplicates get the memo below and never re-run the effect"
+    if rec.result_encoding == ENC_GAVE_UP:
+        return (
+            "gave up after repeated takeovers; duplicates raise GaveUp until "
+            "`grousset_release --force`"
+        )
+    if rec.result_encoding == ENC_EXCEPTION:
+        return "the failure is memoized and replayed to duplicates"
+    return "released: the next delivery runs the task again"
+
+
+class Command(BaseCommand):
+    help = "Show what happened to a message: by task id, fingerprint or fingerprint prefix."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "needle",
+            metavar="fingerprint-or-task-id",
+            help=f"A task id, a fingerprint, or a fingerprint prefix (≥ {MIN_PREFIX} hex chars).",
+        )
+        parser.add_argument("--processor-id", default=None, help="Only this processor's entry.")
+        parser.add_argument("--json", action="store_true", help="Print JSON.")
+        add_database_argument(parser)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        from celery_grousset.managers import _db_now
+
+        alias = journal_alias(options["database"])
+        needle = str(options["needle"]).strip()
+        records = find(alias, needle, options["processor_id"])
+        if not records:
+            hint = (
+                ""
+                if len(needle) >= MIN_PREFIX
+                else (f" (fingerprint prefixes need at least {MIN_PREFIX} hex characters)")
+            )
+            raise CommandError(f"no journal entry matches {needle!r} in {alias!r}{hint}")
+        now = _db_now(alias)
+        if options["json"]:
+            data: Any = (
+                story(records[0], now)
+                if len(records) == 1
+                else [story(rec, now) for rec in records]
+            )
+            self.stdout.write(json.dumps(data, indent=2, default=repr, ensure_ascii=False))
+        elif len(records) == 1:
+            self.stdout.write(self.render(story(records[0], now)))
+        else:
+            self.stdout.write(describe_matches(records))
+            self.stdout.write("Pass a full fingerprint, a task id or --processor-id to pick one.")
+
+    @staticmethod
+    def render(data: dict[str, Any]) -> str:
+        completed = data["completed_at"]
+        rows = [
+            ("status", f"{data['status']} — {data['summary']}"),
+            ("task", data["task_name"]),
+            ("task id", data["task_id"] or "—"),
+            ("processor", data["processor_id"]),
+            ("deliveries", _deliveries(data["deliveries"], data["duplicates"])),
+            ("takeovers", str(data["takeovers"])),
+            ("fence", str(data["fence"])),
+            ("started", _when(data["started_at"])),
+            ("completed", _when(completed) if completed else "—"),
+            ("expires", _when(data["expires_on"]) + (" (expired)" if data["expired"] else "")),
+            ("age", human_seconds(data["age_seconds"])),
+            ("worker", data["worker"] or "—"),
+            ("arguments", data["args_repr"] or "—"),
+            ("error", data["error"] or "—"),
+            ("memo", _memo_text(data)),
+        ]
+        width = max(len(label) for label, _ in rows) + 2
+        lines = [f"Journal entry {data['fingerprint']}"]
+        for label, text in rows:
+            first, *rest = str(text).splitlines() or [""]
+            lines.append(f"  {label.ljust(width)}{first}")
+            lines.extend(" " * (width + 2) + line for line in rest)
+        return "\n".join(lines)
+
+
+def _when(value: str) -> str:
+    from datetime import datetime
+
+    return timestamp(datetime.fromisoformat(value))
+
+
+def _memo_text(data: dict[str, Any]) -> str:
+    if data["memo_error"] is not None:
+        return f"(none: {data['memo_error']})"
+    value = data["memo"]
+    try:
+        return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return pprint.pformat(value, width=80)
+
+
+def _deliveries(deliveries: int, duplicates: int) -> str:
+    noun = "delivery" if deliveries == 1 else "deliveries"
+    return f"{deliveries} {noun} ({duplicates} duplicate{'' if duplicates == 1 else 's'})"

@@ -1,0 +1,110 @@
+"""``manage.py grousset_purge``: delete expired journal entries in batches.
+
+Only rows whose retention window has passed and that no attempt holds are
+deleted (:meth:`~celery_grousset.managers.OutcomeQuerySet.purge_expired`), one
+short transaction per batch, so the purge never blocks claims for long and never
+touches an unexpired or in-flight row.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
+
+from celery_grousset.management import (
+    add_database_argument,
+    as_duration,
+    journal_alias,
+    parse_duration,
+)
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete expired journal entries in batches (never an unexpired or in-flight one). "
+        "Exit code 0 on success, 1 on error."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        add_database_argument(parser)
+        parser.add_argument(
+            "--batch-size",
+            type=int,
+            default=10_000,
+            help="Rows deleted per transaction (default 10000).",
+        )
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="Count what would be deleted; delete nothing.",
+        )
+        parser.add_argument(
+            "--older-than",
+            type=parse_duration,
+            default=None,
+            metavar="DURATION",
+            help="Only rows that expired at least this long ago: seconds or 30m, 12h, 7d, 2w.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        from celery_grousset.managers import _db_now
+        from celery_grousset.models import Outcome
+
+        alias = journal_alias(options["database"])
+        batch_size = int(options["batch_size"])
+        if batch_size < 1:
+            raise CommandError("--batch-size must be at least 1")
+        verbosity = int(options["verbosity"])
+        manager = Outcome.objects.db_manager(alias)
+        t0 = time.monotonic()
+        try:
+            now = _db_now(alias)
+            older_than = as_duration(options["older_than"])
+            before = now - older_than if older_than else now
+            if options["dry_run"]:
+                count = manager.expired(before).count()
+                if verbosity:
+                    self.stdout.write(
+                        f"would purge {count} expired journal entries from {alias!r} "
+                        "(dry run: nothing deleted)"
+                    )
+                return
+            progress = (
+                self._progress_bar(manager.expired(before).count())
+                if (verbosity and _is_tty(self.stderr))
+                else None
+            )
+            count = manager.purge_expired(batch_size=batch_size, before=before, progress=progress)
+        except DatabaseError as exc:
+            raise CommandError(f"purge failed on {alias!r}: {exc}") from exc
+        if progress is not None:
+            self.stderr.write("\n", ending="")
+        if verbosity:
+            self.stdout.write(
+                f"purged {count} expired journal entries in {time.monotonic() - t0:.2f} s"
+            )
+
+    def _progress_bar(self, total: int) -> Any:
+        """A ``\\r`` progress line on stderr (TTY only)."""
+        width = 30
+
+        def show(done: int) -> None:
+            share = min(1.0, done / total) if total else 1.0
+            filled = int(share * width)
+            bar = "#" * filled + "." * (width - filled)
+            self.stderr.write(f"\rpurging [{bar}] {done}/{total} ({share:4.0%})", ending="")
+            self.stderr.flush()
+
+        show(0)
+        return show
+
+
+def _is_tty(stream: Any) -> bool:
+    """Django's OutputWrapper answers for the stream it wraps (sys.stderr by default)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # a closed or exotic stream
+        return False

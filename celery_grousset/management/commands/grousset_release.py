@@ -1,0 +1,134 @@
+"""``manage.py grousset_release <fingerprint>``: let the next delivery run again.
+
+* An **in-flight** claim (a stuck or dead attempt) is released through the store:
+  the record turns ``failed`` with nothing memoized, so the next delivery claims
+  it at once instead of waiting for ``max_processing_time``. A still-running
+  holder is then fenced out: its completion is refused.
+* A **completed or failed** record is refused, because releasing it lets the
+  effect happen again — unless ``--force``, which *forgets* it: ``expires_on`` is
+  set to the database clock's now, so the next delivery re-runs the task. The row
+  is kept, so the fence stays monotonic (the next claim gets fence + 1).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
+
+from celery_grousset.claim import ENC_NONE
+from celery_grousset.management import (
+    add_database_argument,
+    describe_matches,
+    find,
+    journal_alias,
+)
+
+if TYPE_CHECKING:
+    from celery_grousset.models import Outcome
+
+
+class Command(BaseCommand):
+    help = (
+        "Release an in-flight claim so the next delivery runs at once; with --force, forget "
+        "a completed or failed outcome so the next delivery runs the task again."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("fingerprint", help="A fingerprint or a prefix of ≥ 8 hex chars.")
+        parser.add_argument(
+            "--processor-id",
+            default=None,
+            help="The processor whose record to release (required when several hold it).",
+        )
+        parser.add_argument(
+            "--force",
+            action="store_true",
+            help="Also forget a completed/failed record: its effect may run again.",
+        )
+        add_database_argument(parser)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        alias = journal_alias(options["database"])
+        needle = str(options["fingerprint"]).strip().lower()
+        records = [
+            r
+            for r in find(alias, needle, options["processor_id"])
+            if r.fingerprint.startswith(needle)
+        ]
+        if not records:
+            who = f" for processor {options['processor_id']!r}" if options["processor_id"] else ""
+            raise CommandError(f"no journal entry with fingerprint {needle!r}{who} in {alias!r}")
+        if len({r.fingerprint for r in records}) > 1:
+            raise CommandError(
+                describe_matches(records) + "\nThe prefix is ambiguous: pass more characters."
+            )
+        if len(records) > 1:
+            processors = ", ".join(sorted(r.processor_id for r in records))
+            raise CommandError(
+                f"{len(records)} processors hold {records[0].fingerprint}: {processors}. "
+                "Pass --processor-id to choose one."
+            )
+        rec = records[0]
+        try:
+            if rec.status == "in_flight":
+                self._release(alias, rec)
+            else:
+                self._forget(alias, rec, force=bool(options["force"]))
+        except DatabaseError as exc:
+            raise CommandError(f"release failed on {alias!r}: {exc}") from exc
+
+    def _release(self, alias: str, rec: Outcome) -> None:
+        from celery_grousset.store import get_store
+
+        if not get_store(alias).release(rec.processor_id, rec.fingerprint):
+            raise CommandError(
+                f"{rec.fingerprint} ({rec.processor_id}) was no longer in flight: its attempt "
+                "finished meanwhile. Run grousset_inspect to see its outcome."
+            )
+        self.stdout.write(
+            f"released the in-flight claim on {rec.fingerprint} (processor {rec.processor_id}, "
+            f"task {rec.task_name}, held by {rec.worker or 'unknown'}): the next delivery runs "
+            "the task again; if the holder is still running, its completion will be refused."
+        )
+
+    def _forget(self, alias: str, rec: Outcome, *, force: bool) -> None:
+        from celery_grousset.managers import _db_now
+        from celery_grousset.models import Outcome
+
+        now = _db_now(alias)
+        if rec.expires_on <= now:
+            self.stdout.write(
+                f"{rec.fingerprint} ({rec.processor_id}) has already expired: the next "
+                "delivery runs the task again. Nothing to do."
+            )
+            return
+        if rec.status == "failed" and rec.result_encoding == ENC_NONE:
+            self.stdout.write(
+                f"{rec.fingerprint} ({rec.processor_id}) is failed and already released: the "
+                "next delivery runs the task again. Nothing to do."
+            )
+            return
+        if not force:
+            raise CommandError(
+                f"{rec.fingerprint} ({rec.processor_id}) is {rec.status}, not in flight: "
+                "releasing it would let its effect happen again. Pass --force to forget it "
+                "(the next delivery re-runs the task)."
+            )
+        forgotten = (
+            Outcome.objects.using(alias)
+            .filter(pk=rec.pk, fence=rec.fence)
+            .exclude(status="in_flight")
+            .update(expires_on=now)
+        )
+        if not forgotten:
+            raise CommandError(
+                f"{rec.fingerprint} ({rec.processor_id}) changed while releasing it (a new "
+                "attempt claimed it); nothing was forgotten."
+            )
+        self.stdout.write(
+            f"forgot the {rec.status} outcome of {rec.fingerprint} (processor "
+            f"{rec.processor_id}, task {rec.task_name}): the next delivery runs the task again "
+            f"with fence {rec.fence + 1}."
+        )

@@ -1,0 +1,156 @@
+"""``manage.py grousset_stats``: what the journal holds, in numbers.
+
+Entries by status and by task (top 20), deliveries and the duplicates they
+carried (``sum(deliveries) - entries``), takeovers, stale claims (in flight for
+longer than ``--stale-after``, else ``GROUSSET["MAX_PROCESSING_TIME"]``, else one
+hour) and the entries ``grousset_purge`` would delete.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
+from django.db.models import Count, Q, Sum
+
+from celery_grousset.management import add_database_argument, human_seconds, journal_alias
+
+TOP_TASKS = 20
+DEFAULT_STALE_AFTER = 3600.0
+
+
+def stale_after(explicit: float | str | None) -> float:
+    """``--stale-after`` > ``GROUSSET["MAX_PROCESSING_TIME"]`` > one hour."""
+    from celery_grousset.conf import grousset_settings, seconds
+
+    if explicit is not None:
+        try:
+            value = float(explicit)
+        except ValueError:
+            raise CommandError(f"--stale-after must be seconds, got {explicit!r}") from None
+        if value <= 0:
+            raise CommandError("--stale-after must be positive")
+        return value
+    mpt = seconds(grousset_settings.MAX_PROCESSING_TIME, name="MAX_PROCESSING_TIME")
+    return mpt if mpt is not None else DEFAULT_STALE_AFTER
+
+
+def collect(alias: str, processor_id: str | None, stale_seconds: float) -> dict[str, Any]:
+    """The numbers, JSON-ready."""
+    from celery_grousset.managers import _db_now
+    from celery_grousset.models import Outcome, Status
+
+    now = _db_now(alias)
+    qs = Outcome.objects.using(alias).all()
+    if processor_id is not None:
+        qs = qs.filter(processor_id=processor_id)
+    totals = qs.aggregate(
+        n_entries=Count("pk"),
+        n_deliveries=Sum("deliveries"),
+        n_takeovers=Sum("takeovers"),
+        n_taken_over=Count("pk", filter=Q(takeovers__gt=0)),
+    )
+    entries = int(totals["n_entries"] or 0)
+    deliveries = int(totals["n_deliveries"] or 0)
+    by_status = {str(s): 0 for s in Status.values}
+    for row in qs.order_by().values("status").annotate(n=Count("pk")):
+        by_status[row["status"]] = int(row["n"])
+    tasks = (
+        qs.order_by()
+        .values("task_name")
+        .annotate(
+            n_entries=Count("pk"),
+            n_deliveries=Sum("deliveries"),
+            n_takeovers=Sum("takeovers"),
+            n_in_flight=Count("pk", filter=Q(status=Status.IN_FLIGHT)),
+            n_failed=Count("pk", filter=Q(status=Status.FAILED)),
+        )
+        .order_by("-n_entries", "task_name")[:TOP_TASKS]
+    )
+    cutoff = now - timedelta(seconds=stale_seconds)
+    stale = qs.filter(status=Status.IN_FLIGHT, started_at__lt=cutoff).count()
+    return {
+        "database": alias,
+        "processor_id": processor_id,
+        "entries": entries,
+        "by_status": by_status,
+        "deliveries": deliveries,
+        "duplicates": deliveries - entries,
+        "takeovers": int(totals["n_takeovers"] or 0),
+        "entries_taken_over": int(totals["n_taken_over"] or 0),
+        "stale_claims": stale,
+        "stale_after_seconds": stale_seconds,
+        "expired": qs.filter(expires_on__lte=now).exclude(status=Status.IN_FLIGHT).count(),
+        "by_task": [
+            {
+                "task_name": t["task_name"],
+                "entries": int(t["n_entries"]),
+                "deliveries": int(t["n_deliveries"] or 0),
+                "duplicates": int(t["n_deliveries"] or 0) - int(t["n_entries"]),
+                "takeovers": int(t["n_takeovers"] or 0),
+                "in_flight": int(t["n_in_flight"]),
+                "failed": int(t["n_failed"]),
+            }
+            for t in tasks
+        ],
+    }
+
+
+class Command(BaseCommand):
+    help = "Journal statistics: entries by status and task, duplicates, takeovers, stale claims."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--stale-after",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help="An in-flight claim older than this is stale (default: GROUSSET "
+            '["MAX_PROCESSING_TIME"] if set, else 3600).',
+        )
+        parser.add_argument("--processor-id", default=None, help="Only this processor's entries.")
+        parser.add_argument("--json", action="store_true", help="Print JSON.")
+        add_database_argument(parser)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        alias = journal_alias(options["database"])
+        try:
+            data = collect(alias, options["processor_id"], stale_after(options["stale_after"]))
+        except DatabaseError as exc:
+            raise CommandError(f"could not read the journal on {alias!r}: {exc}") from exc
+        if options["json"]:
+            self.stdout.write(json.dumps(data, indent=2))
+            return
+        self.stdout.write(self.render(data))
+
+    @staticmethod
+    def render(data: dict[str, Any]) -> str:
+        where = f"{data['database']!r}" + (
+            f", processor {data['processor_id']!r}" if data["processor_id"] else ""
+        )
+        status = ", ".join(f"{name} {n}" for name, n in data["by_status"].items())
+        lines = [
+            f"celery-grousset journal on {where}",
+            f"  entries      {data['entries']} ({status})",
+            f"  deliveries   {data['deliveries']} ({data['duplicates']} duplicates skipped "
+            "or waited)",
+            f"  takeovers    {data['takeovers']} (on {data['entries_taken_over']} entries)",
+            f"  stale claims {data['stale_claims']} (in flight for more than "
+            f"{human_seconds(data['stale_after_seconds'])})",
+            f"  expired      {data['expired']} (grousset_purge deletes them)",
+        ]
+        if data["by_task"]:
+            width = max(len(t["task_name"]) for t in data["by_task"])
+            lines.append(f"  top tasks by entries (at most {TOP_TASKS}):")
+            lines.append(
+                f"    {'task'.ljust(width)}  entries  duplicates  takeovers  in_flight  failed"
+            )
+            for t in data["by_task"]:
+                lines.append(
+                    f"    {t['task_name'].ljust(width)}  {t['entries']:>7}  {t['duplicates']:>10}"
+                    f"  {t['takeovers']:>9}  {t['in_flight']:>9}  {t['failed']:>6}"
+                )
+        return "\n".join(lines)

@@ -1,0 +1,247 @@
+"""Prometheus metrics (optional extra: ``pip install celery-grousset[prometheus]``).
+
+=========================================  =========  ====================================
+metric                                     type       labels
+=========================================  =========  ====================================
+``grousset_claims_total``                  counter    ``task``, ``outcome``: new,
+                                                      duplicate, takeover, in_flight,
+                                                      failed_replayed, gave_up, fenced_out
+``grousset_duplicate_detections_total``    counter    ``task``
+``grousset_outcome_commit_errors_total``   counter    ``task``
+``grousset_store_seconds``                 histogram  ``operation`` (``claim``)
+=========================================  =========  ====================================
+
+Nothing happens at import time: ``prometheus_client`` is imported when metrics are
+enabled. :func:`enable` makes the guard report to a :class:`Recorder` in this
+process (``celery_grousset.events.recorder``).
+
+In a prefork worker (``celery worker --grousset-metrics-port N``) the counting
+happens in the pool children and the scraping in the parent, so the worker runs
+prometheus_client's multiprocess mode (:class:`WorkerMetrics`): the parent points
+``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory before the pool forks, each child
+enables a recorder in ``worker_process_init`` and marks itself dead on
+``worker_process_shutdown``, and the parent serves the children's aggregated
+files on ``http://<host>:N/metrics``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from types import ModuleType
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from celery_grousset import events
+
+logger = logging.getLogger("celery_grousset")
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+#: ``Kind`` values (what a claim found) → the ``outcome`` label
+OUTCOMES = {
+    "new": "new",
+    "reclaim": "new",
+    "resumed": "new",
+    "duplicate": "duplicate",
+    "takeover": "takeover",
+    "in_flight": "in_flight",
+    "failed": "failed_replayed",
+    "gave_up": "gave_up",
+}
+#: outcomes that are a duplicate delivery answered from the journal
+DUPLICATES = frozenset({"duplicate", "failed_replayed"})
+#: claim latency buckets (seconds): a claim is a single round trip, usually < 5 ms
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+def client() -> ModuleType:
+    """``prometheus_client``, imported now, or a clear error naming the extra."""
+    try:
+        import prometheus_client
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            "celery-grousset metrics need prometheus-client: "
+            "pip install celery-grousset[prometheus]"
+        ) from exc
+    if os.environ.get(MULTIPROC_ENV):
+        _multiprocess_values()
+    return prometheus_client
+
+
+def _multiprocess_values() -> None:
+    """If prometheus_client was imported before the multiprocess directory was set
+    (by user code, in the worker parent), switch new metrics to multiprocess values."""
+    from prometheus_client import values
+
+    if values.ValueClass is values.MutexValue:
+        values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+
+
+class Recorder:
+    """Counts what the guard reports. Never raises into a task."""
+
+    def __init__(self, registry: Any = None) -> None:
+        pc = client()
+        kw: dict[str, Any] = {} if registry is None else {"registry": registry}
+        self.registry = registry if registry is not None else pc.REGISTRY
+        self.claims = pc.Counter(
+            "grousset_claims",
+            "Deliveries of guarded tasks by what their claim found.",
+            ["task", "outcome"],
+            **kw,
+        )
+        self.duplicates = pc.Counter(
+            "grousset_duplicate_detections",
+            "Duplicate deliveries answered from the journal without running the task.",
+            ["task"],
+            **kw,
+        )
+        self.commit_errors = pc.Counter(
+            "grousset_outcome_commit_errors",
+            "Outcomes that could not be written (store unavailable after the effect).",
+            ["task"],
+            **kw,
+        )
+        self.store_seconds = pc.Histogram(
+            "grousset_store_seconds",
+            "Time spent in journal store operations.",
+            ["operation"],
+            buckets=BUCKETS,
+            **kw,
+        )
+
+    def claim(self, task: str, outcome: str, seconds: float) -> None:
+        try:
+            label = OUTCOMES.get(outcome, outcome)
+            self.claims.labels(task=task, outcome=label).inc()
+            if label in DUPLICATES:
+                self.duplicates.labels(task=task).inc()
+            self.store_seconds.labels(operation="claim").observe(seconds)
+        except Exception:  # metrics must never break a task
+            logger.debug("celery-grousset: could not record a claim metric", exc_info=True)
+
+    def fenced_out(self, task: str) -> None:
+        try:
+            self.claims.labels(task=task, outcome="fenced_out").inc()
+        except Exception:
+            logger.debug("celery-grousset: could not record a fence-out", exc_info=True)
+
+    def commit_error(self, task: str) -> None:
+        try:
+            self.commit_errors.labels(task=task).inc()
+        except Exception:
+            logger.debug("celery-grousset: could not record a commit error", exc_info=True)
+
+    def unregister(self) -> None:
+        for collector in (self.claims, self.duplicates, self.commit_errors, self.store_seconds):
+            with contextlib.suppress(KeyError):
+                self.registry.unregister(collector)
+
+
+_recorder: Recorder | None = None
+
+
+def enable(registry: Any = None, *, fresh: bool = False) -> Recorder:
+    """Report the guard's events to Prometheus in this process (idempotent).
+
+    ``registry``: where the metrics register (default: prometheus_client's global
+    registry). ``fresh``: drop a recorder inherited from a parent process first.
+    """
+    global _recorder
+    if _recorder is not None and fresh:
+        _recorder.unregister()
+        _recorder = None
+    if _recorder is None:
+        _recorder = Recorder(registry)
+    events.recorder = _recorder
+    return _recorder
+
+
+def disable() -> None:
+    """Stop reporting (the metrics stay registered)."""
+    events.recorder = None
+
+
+# -- the worker's side: multiprocess mode ------------------------------------------------
+
+
+def _child_init(**kwargs: Any) -> None:
+    """``worker_process_init``: each pool child counts into its own files."""
+    enable(fresh=True)
+
+
+def _child_shutdown(pid: int | None = None, **kwargs: Any) -> None:
+    """``worker_process_shutdown``: live gauges of this child are dropped."""
+    path = os.environ.get(MULTIPROC_ENV)
+    if path and "prometheus_client" in sys.modules:
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid or os.getpid(), path)  # type: ignore[no-untyped-call]
+
+
+class WorkerMetrics:
+    """The metrics endpoint of one worker (``--grousset-metrics-port``)."""
+
+    def __init__(self, port: int, addr: str = "0.0.0.0") -> None:
+        self.port = port
+        self.addr = addr
+        self.path: str | None = None
+        self._server: Any = None
+
+    def prepare(self) -> None:
+        """In the worker parent, before the pool forks: the multiprocess directory
+        (unless ``PROMETHEUS_MULTIPROC_DIR`` is already set) and the child hooks."""
+        from celery import signals
+
+        path = os.environ.get(MULTIPROC_ENV)
+        if not path:
+            path = tempfile.mkdtemp(prefix="grousset-metrics-")
+            os.environ[MULTIPROC_ENV] = path
+            owner = os.getpid()
+            atexit.register(_remove_dir, path, owner)
+        os.makedirs(path, exist_ok=True)
+        self.path = path
+        client()  # set after the directory: values created from now on are per process
+        signals.worker_process_init.connect(
+            _child_init, weak=False, dispatch_uid="celery_grousset.metrics.init"
+        )
+        signals.worker_process_shutdown.connect(
+            _child_shutdown, weak=False, dispatch_uid="celery_grousset.metrics.exit"
+        )
+
+    def start(self, *, in_process: bool) -> None:
+        """Serve the aggregated metrics; ``in_process``: tasks run in this process
+        (solo/threads pools), so it records too."""
+        pc = client()
+        from prometheus_client import multiprocess
+
+        if in_process:
+            enable()
+        registry = pc.CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=self.path)  # type: ignore[no-untyped-call]
+        served = pc.start_http_server(self.port, addr=self.addr, registry=registry)
+        self._server = served[0] if isinstance(served, tuple) else None
+        logger.info(
+            "celery-grousset metrics on http://%s:%d/metrics (multiprocess dir %s)",
+            self.addr,
+            self.port,
+            self.path,
+        )
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+
+def _remove_dir(path: str, owner: int) -> None:
+    if os.getpid() == owner:  # not in a forked child that runs atexit hooks
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,185 @@
+"""Worker flags and the worker bootstep.
+
+``install(app)`` (call it in your ``proj/celery.py``, next to
+``app.autodiscover_tasks()``) adds four options to ``celery worker``:
+
+=====================================  ===================================================
+``--grousset-processor-id ID``         default ``processor_id`` of this worker's tasks
+``--grousset-max-processing-time S``   default ``max_processing_time`` (seconds)
+``--grousset-metrics-port PORT``       serve Prometheus metrics on this port
+``--grousset-bypass``                  EMERGENCY: run every task unguarded, logging loudly
+=====================================  ===================================================
+
+The flags are defaults: a task's own option wins (precedence: per call > task >
+worker flag > ``settings.GROUSSET`` > built-in default). Celery builds the worker's
+command line right after it imports the app module, so ``install(app)`` must run
+there: an app imported later (from Django's app registry, say) is too late.
+
+The bootstep's ``__init__`` runs in the worker parent while the worker is built,
+before the pool forks its children, so everything it sets is inherited by them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import bootsteps
+
+logger = logging.getLogger("celery_grousset")
+
+BYPASS_WARNING = "celery-grousset BYPASS is ON: tasks run unguarded"
+FLAG_NAMES = (
+    "grousset_processor_id",
+    "grousset_max_processing_time",
+    "grousset_metrics_port",
+    "grousset_bypass",
+)
+
+
+def _options() -> list[Any]:
+    try:  # Celery's option class groups the flags under their own heading in --help
+        from celery.bin.base import CeleryOption as Option
+
+        extra: dict[str, Any] = {"help_group": "celery-grousset Options"}
+    except ImportError:  # pragma: no cover - older Celery 5
+        from click import Option  # type: ignore[assignment]
+
+        extra = {}
+    return [
+        Option(
+            ("--grousset-processor-id",),
+            default=None,
+            metavar="ID",
+            help="Default processor_id of guarded tasks (who deduplicates).",
+            **extra,
+        ),
+        Option(
+            ("--grousset-max-processing-time",),
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help="Default max_processing_time of guarded tasks (seconds).",
+            **extra,
+        ),
+        Option(
+            ("--grousset-metrics-port",),
+            type=int,
+            default=None,
+            metavar="PORT",
+            help="Serve Prometheus metrics of this worker on PORT "
+            "(needs celery-grousset[prometheus]).",
+            **extra,
+        ),
+        Option(
+            ("--grousset-bypass",),
+            is_flag=True,
+            default=False,
+            help="EMERGENCY ONLY: run every task unguarded (no deduplication, no "
+            "journal), logging a warning per task.",
+            **extra,
+        ),
+    ]
+
+
+class GroussetStep(bootsteps.StartStopStep):
+    """Applies the ``--grousset-*`` flags in the worker parent before the pool forks."""
+
+    label = "celery-grousset"
+
+    def __init__(
+        self,
+        parent: Any,
+        grousset_processor_id: str | None = None,
+        grousset_max_processing_time: float | None = None,
+        grousset_metrics_port: int | None = None,
+        grousset_bypass: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(parent, **kwargs)
+        from celery_grousset.conf import seconds
+
+        app = parent.app
+        defaults = dict(getattr(app.conf, "grousset_worker", None) or {})
+        if grousset_processor_id:
+            defaults["processor_id"] = str(grousset_processor_id)
+        if grousset_max_processing_time is not None:
+            defaults["max_processing_time"] = seconds(
+                grousset_max_processing_time, name="--grousset-max-processing-time"
+            )
+        if defaults:
+            app.conf.grousset_worker = defaults
+        if grousset_bypass:
+            app.conf.grousset_bypass = True
+        self.bypass = bool(grousset_bypass)
+        self.defaults = defaults
+        self.metrics: Any = None
+        if grousset_metrics_port is not None:
+            from celery_grousset.metrics import WorkerMetrics
+
+            self.metrics = WorkerMetrics(int(grousset_metrics_port))
+            self.metrics.prepare()
+        # The worker ran Django's system checks before building this step, and they
+        # resolved (and cached) each task's options without these defaults.
+        from celery_grousset.task import reset_resolved_options
+
+        reset_resolved_options()
+
+    def start(self, parent: Any) -> None:
+        if self.bypass or _settings_bypass():
+            logger.warning(
+                "%s (no deduplication, no journal) — turn it off as soon as "
+                "the journal's database is back",
+                BYPASS_WARNING,
+            )
+        if self.defaults:
+            logger.info(
+                "celery-grousset worker defaults: %s",
+                " ".join(f"{k}={v}" for k, v in sorted(self.defaults.items())),
+            )
+        if self.metrics is not None:
+            self.metrics.start(in_process=not _forks(parent))
+
+    def stop(self, parent: Any) -> None:
+        if self.metrics is not None:
+            self.metrics.stop()
+
+    def terminate(self, parent: Any) -> None:
+        self.stop(parent)
+
+
+def _forks(worker: Any) -> bool:
+    """True when tasks run in forked pool children (prefork)."""
+    try:
+        from celery.concurrency.prefork import TaskPool
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(getattr(worker, "pool", None), TaskPool)
+
+
+def _settings_bypass() -> bool:
+    try:
+        from celery_grousset.conf import grousset_settings
+
+        return bool(grousset_settings.BYPASS)
+    except Exception:  # settings not configured: only the flag counts
+        return False
+
+
+def install(app: Any) -> None:
+    """Add the ``--grousset-*`` worker flags and the bootstep to ``app`` (idempotent)."""
+    present = {getattr(option, "name", None) for option in app.user_options["worker"]}
+    for option in _options():
+        if option.name not in present:
+            app.user_options["worker"].add(option)
+    app.steps["worker"].add(GroussetStep)
+
+
+def install_active_apps() -> None:
+    """:func:`install` on every Celery app created so far and every app finalized later
+    (for a Django ``AppConfig.ready()``: gives the bootstep, too late for the flags)."""
+    from celery import _state
+
+    for app in list(_state._get_active_apps()):  # type: ignore[attr-defined]
+        install(app)
+    _state.connect_on_app_finalize(install)

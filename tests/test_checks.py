@@ -1,0 +1,294 @@
+"""System checks (``manage.py check``): each one fires on a misconfigured setup and
+stays silent on a good one.
+
+Task checks look at every active Celery app. The misconfigured apps here are made
+inside each test (without the Django fixup) and must be gone afterwards, or their
+errors would leak into any other test that runs the checks.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sqlite3
+import subprocess
+import sys
+import uuid
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from django.core import checks
+from django.test import override_settings
+
+from celery_grousset import GroussetTask
+from tests import services
+
+ROOT = Path(__file__).resolve().parent.parent
+TAG = "celery_grousset"
+
+
+@pytest.fixture(autouse=True)
+def no_nested_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test app's Django fixup runs the system checks whenever its task modules are
+    imported, which the task checks do: skip that nested run."""
+    monkeypatch.setenv("CELERY_SKIP_CHECKS", "1")
+
+
+@pytest.fixture
+def make_app() -> Iterator[Callable[..., Celery]]:
+    """Celery apps for one test; they must not outlive it (asserted)."""
+    apps: list[Celery] = []
+    refs: list[weakref.ref[Celery]] = []
+
+    def make(**conf: Any) -> Celery:
+        app = Celery(f"grousset-checks-{uuid.uuid4().hex[:8]}", set_as_current=False, fixups=[])
+        app.conf.update(
+            {
+                "broker_url": "memory://",
+                "task_acks_late": True,
+                "task_reject_on_worker_lost": True,
+                **conf,
+            }
+        )
+        apps.append(app)
+        refs.append(weakref.ref(app))
+        return app
+
+    yield make
+    from celery import _state
+
+    from celery_grousset.task import reset_resolved_options
+
+    for app in apps:  # a logged traceback may still hold one: make sure none stays active
+        _state._apps.discard(app)  # type: ignore[attr-defined]
+    apps.clear()
+    reset_resolved_options()  # resolved tasks are remembered until settings change
+    gc.collect()
+    active = {id(app) for app in _state._get_active_apps()}  # type: ignore[attr-defined]
+    assert not any(ref() is not None and id(ref()) in active for ref in refs)
+
+
+def guarded(app: Celery, **options: Any) -> str:
+    """Register a guarded task on ``app`` (on no other app); return its name."""
+    name = f"checks.{uuid.uuid4().hex[:8]}"
+
+    def body() -> None:
+        """A task body that is never run."""
+
+    app.task(base=GroussetTask, shared=False, name=name, **options)(body)
+    return name
+
+
+def ids(obj: str | None = None, **kwargs: Any) -> set[str]:
+    """Ids of the celery_grousset messages about ``obj`` (None: not about a task)."""
+    return {
+        m.id
+        for m in checks.run_checks(tags=[TAG], **kwargs)
+        if m.id and m.id.startswith(TAG) and m.obj == obj
+    }
+
+
+@contextmanager
+def database(alias: str, **settings: Any) -> Iterator[None]:
+    """An extra database alias visible to the checks (DATABASES is not re-read on
+    override_settings), removed afterwards."""
+    from django.db import connections
+
+    old = connections.settings
+    default = {**old["default"]}
+    full = connections.configure_settings({"default": default, alias: settings})[alias]
+    connections.settings = {**old, alias: full}
+    try:
+        yield
+    finally:
+        if alias in connections._connections.__dict__:  # type: ignore[attr-defined]
+            connections[alias].close()
+            del connections[alias]
+        connections.settings = old
+
+
+# -- task checks --------------------------------------------------------------------------
+
+
+def test_good_task_is_silent(make_app: Callable[..., Celery]) -> None:
+    # Given a guarded task configured as documented (Redis visibility above its claim)
+    app = make_app(
+        broker_url="redis://127.0.0.1:6379/13",
+        broker_transport_options={"visibility_timeout": 3600},
+    )
+    name = guarded(app, max_processing_time=60, time_limit=30)
+    # When the checks run / Then nothing is said about it
+    assert ids(name) == set()
+
+
+def test_missing_max_processing_time_is_E001(make_app: Callable[..., Celery]) -> None:
+    # Given a guarded task without max_processing_time (and no GROUSSET default)
+    name = guarded(make_app())
+    # When the checks run / Then it is an error
+    assert ids(name) == {"celery_grousset.E001"}
+    # And a GROUSSET default satisfies it
+    with override_settings(GROUSSET={"MAX_PROCESSING_TIME": 30}):
+        assert ids(name) == set()
+
+
+def test_time_limit_not_below_max_processing_time_is_E002(
+    make_app: Callable[..., Celery],
+) -> None:
+    # Given tasks whose hard time limit is not below their claim (task / app level)
+    at_limit = guarded(make_app(), max_processing_time=60, time_limit=60)
+    app_level = guarded(make_app(task_time_limit=120), max_processing_time=60)
+    below = guarded(make_app(), max_processing_time=60, time_limit=59)
+    # When the checks run / Then both are errors; a limit below the claim is fine
+    assert ids(at_limit) == {"celery_grousset.E002"}
+    assert ids(app_level) == {"celery_grousset.E002"}
+    assert ids(below) == set()
+
+
+def test_visibility_timeout_below_max_processing_time_is_W001(
+    make_app: Callable[..., Celery],
+) -> None:
+    # Given a Redis broker that redelivers after 10 s
+    app = make_app(
+        broker_url="redis://127.0.0.1:6379/13", broker_transport_options={"visibility_timeout": 10}
+    )
+    long_claim = guarded(app, max_processing_time=60)
+    short_claim = guarded(app, max_processing_time=5)
+    # When the checks run / Then only the task whose claim outlasts it is warned about
+    assert ids(long_claim) == {"celery_grousset.W001"}
+    assert ids(short_claim) == set()
+
+
+def test_acks_late_off_is_W002(make_app: Callable[..., Celery]) -> None:
+    # Given a guarded task that acknowledges before running (app default)
+    name = guarded(make_app(task_acks_late=False), max_processing_time=60)
+    # When the checks run / Then it is a warning (W003 does not apply without acks_late)
+    assert ids(name) == {"celery_grousset.W002"}
+
+
+def test_reject_on_worker_lost_off_is_W003(make_app: Callable[..., Celery]) -> None:
+    # Given a late-acking task whose killed child's message would be acked as failed
+    name = guarded(make_app(), max_processing_time=60, reject_on_worker_lost=False)
+    # When the checks run / Then it is a warning
+    assert ids(name) == {"celery_grousset.W003"}
+
+
+# -- settings and database checks ---------------------------------------------------------
+
+
+def test_test_settings_are_silent() -> None:
+    # Given the test settings (GROUSSET valid, journal on a supported database)
+    # When the checks run / Then no settings or database message
+    assert ids(None) == set()
+
+
+@pytest.mark.parametrize("grousset", [{"NOT_A_SETTING": 1}, {"ON_IN_FLIGHT": "sometimes"}])
+def test_invalid_grousset_setting_is_E004(grousset: dict[str, Any]) -> None:
+    # Given an unknown key / a bad value in settings.GROUSSET
+    with override_settings(GROUSSET=grousset):
+        # When the checks run
+        messages = checks.run_checks(tags=[TAG])
+    # Then it is the one error reported, naming the problem
+    assert [m.id for m in messages] == ["celery_grousset.E004"]
+    assert next(iter(grousset)) in messages[0].msg or "sometimes" in messages[0].msg
+
+
+def test_unknown_or_unsupported_journal_database_is_E003() -> None:
+    # Given GROUSSET["DATABASE"] naming no alias
+    with override_settings(GROUSSET={"DATABASE": "nope"}):
+        # When the checks run / Then it is an error
+        assert ids(None) == {"celery_grousset.E003"}
+    # Given an alias on an engine the claim store does not support
+    with (
+        database("oracle_journal", ENGINE="django.db.backends.oracle", NAME="x"),
+        override_settings(GROUSSET={"DATABASE": "oracle_journal"}),
+    ):
+        # Then it is an error too
+        assert ids(None) == {"celery_grousset.E003"}
+
+
+def test_mysql_repeatable_read_is_W004() -> None:
+    from django.db import connections
+
+    mysql = connections.settings["mysql"]
+    # Given a MySQL journal at REPEATABLE READ
+    rr = {**mysql, "OPTIONS": {**mysql["OPTIONS"], "isolation_level": "repeatable read"}}
+    with database("mysql_rr", **rr), override_settings(GROUSSET={"DATABASE": "mysql_rr"}):
+        # When the checks run / Then it is a warning
+        assert ids(None) == {"celery_grousset.W004"}
+    # And the test settings' READ COMMITTED is fine
+    with override_settings(GROUSSET={"DATABASE": "mysql"}):
+        assert ids(None) == set()
+
+
+def test_sqlite_without_wal_is_W005(tmp_path: Path) -> None:
+    # Given a SQLite journal file in the default (rollback) journal mode
+    path = tmp_path / "journal.sqlite3"
+    sqlite3.connect(path).execute("PRAGMA journal_mode=DELETE").close()
+    with (
+        database("nowal", ENGINE="django.db.backends.sqlite3", NAME=str(path)),
+        override_settings(GROUSSET={"DATABASE": "nowal"}),
+    ):
+        # When the database checks run on it (`check --database nowal`)
+        found = ids(None, databases=["nowal"], include_deployment_checks=False)
+        db_ids = {m.id for m in checks.run_checks(databases=["nowal"], tags=[checks.Tags.database])}
+    # Then it is a warning
+    assert "celery_grousset.W005" in db_ids and "celery_grousset.W005" not in found
+    # And the WAL test journal is fine
+    services.require_database("default")
+    clean = {m.id for m in checks.run_checks(databases=["default"], tags=[checks.Tags.database])}
+    assert "celery_grousset.W005" not in clean
+
+
+def test_checks_do_not_re_enter_through_the_django_fixup(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.celeryapp import app
+
+    # Given the test app (Django fixup installed) and the nested check run allowed
+    monkeypatch.delenv("CELERY_SKIP_CHECKS", raising=False)
+    calls = []
+    original = app.loader.import_default_modules
+
+    def counting() -> Any:
+        calls.append(1)
+        return original()
+
+    monkeypatch.setattr(app.loader, "import_default_modules", counting)
+    # When the checks run once
+    checks.run_checks(tags=[TAG])
+    # Then the task modules were imported once, not once per nested check run
+    assert len(calls) == 1
+
+
+# -- manage.py check ----------------------------------------------------------------------
+
+
+def test_manage_py_check_reports_every_misconfiguration() -> None:
+    # Given settings with misconfigured guarded tasks and a REPEATABLE READ journal
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    # When `manage.py check` runs
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "check", "--settings", "tests.checks_settings"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    # Then it fails (errors present) and names each problem on its task
+    assert proc.returncode == 1, out
+    for obj, check_id in [
+        ("badapp.no_max_processing_time", "E001"),
+        ("badapp.hard_limit", "E002"),
+        ("badapp.longer_than_visibility", "W001"),
+        ("badapp.early_ack", "W002"),
+        ("badapp.lost_on_kill", "W003"),
+        ("?", "W004"),
+    ]:
+        assert f"{obj}: (celery_grousset.{check_id})" in out, out

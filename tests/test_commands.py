@@ -1,0 +1,391 @@
+"""The management commands and the beat task, on PostgreSQL, SQLite and MariaDB.
+
+Journal rows are written by the real claim store (claim, duplicate claims,
+finish); ageing moves timestamps back instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db.models import F
+
+from celery_grousset import memo
+from celery_grousset.claim import ClaimRequest, Kind
+from celery_grousset.managers import _db_now
+from celery_grousset.models import Outcome
+from celery_grousset.store.base import Completion, Store
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def req(processor: str, fp: str, **over: Any) -> ClaimRequest:
+    values: dict[str, Any] = dict(
+        processor_id=processor,
+        fingerprint=fp,
+        task_name="tests.ops.send_receipt",
+        task_id=f"task-{uuid.uuid4().hex}",
+        token=uuid.uuid4().hex,
+        worker="host:1",
+        args_repr="(order_id=42)",
+        max_processing_time=60.0,
+        expires_after=3600.0,
+        max_takeovers=3,
+    )
+    values.update(over)
+    return ClaimRequest(**values)
+
+
+def new_fp() -> str:
+    return uuid.uuid4().hex + uuid.uuid4().hex
+
+
+def completed(
+    store: Store,
+    processor: str,
+    fp: str | None = None,
+    *,
+    value: Any = None,
+    duplicates: int = 0,
+    **over: Any,
+) -> ClaimRequest:
+    """A completed entry (memo ``value``) that ``duplicates`` later deliveries asked for."""
+    first = req(processor, fp or new_fp(), **over)
+    assert store.claim(first).kind is Kind.NEW
+    result, enc, error = memo.encode(
+        value if value is not None else {"provider_id": "abc"},
+        serializer="json",
+        memoize=True,
+        max_bytes=65536,
+    )
+    assert store.finish(
+        processor, first.fingerprint, first.token, Completion("completed", result, enc, error)
+    )
+    for _ in range(duplicates):
+        assert store.claim(req(processor, first.fingerprint, **over)).kind is Kind.COMPLETED
+    return first
+
+
+def in_flight(store: Store, processor: str, fp: str | None = None, **over: Any) -> ClaimRequest:
+    first = req(processor, fp or new_fp(), **over)
+    assert store.claim(first).kind is Kind.NEW
+    return first
+
+
+def rows(alias: str, processor: str) -> Any:
+    return Outcome.objects.using(alias).filter(processor_id=processor)
+
+
+def expire(alias: str, processor: str, fp: str, ago: timedelta) -> None:
+    rows(alias, processor).filter(fingerprint=fp).update(expires_on=_db_now(alias) - ago)
+
+
+def run(*args: Any, **options: Any) -> str:
+    out = io.StringIO()
+    call_command(*args, stdout=out, stderr=io.StringIO(), **options)
+    return out.getvalue()
+
+
+def purge_everything_expired(alias: str) -> None:
+    """Start from a journal without expired rows (other tests share the database)."""
+    Outcome.objects.db_manager(alias).purge_expired()
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+# -- grousset_purge -----------------------------------------------------------------------
+
+
+def test_purge_deletes_only_expired_rows(store: Store, alias: str, processor: str) -> None:
+    # Given expired completed and failed rows, an unexpired row, and an in-flight row
+    # whose retention time has passed (its attempt still holds it)
+    purge_everything_expired(alias)
+    old_done = completed(store, processor)
+    old_failed = in_flight(store, processor)
+    store.finish(
+        processor,
+        old_failed.fingerprint,
+        old_failed.token,
+        Completion("failed", None, "", "ValueError: boom"),
+    )
+    fresh = completed(store, processor)
+    running = in_flight(store, processor)
+    for r in (old_done, old_failed, running):
+        expire(alias, processor, r.fingerprint, timedelta(minutes=5))
+    # When purged in batches of one
+    out = run("grousset_purge", database=alias, batch_size=1)
+    # Then only the two expired terminal rows are gone, and the summary says so
+    left = set(rows(alias, processor).values_list("fingerprint", flat=True))
+    assert left == {fresh.fingerprint, running.fingerprint}
+    assert out.startswith("purged 2 expired journal entries in ")
+
+
+def test_purge_dry_run_deletes_nothing(store: Store, alias: str, processor: str) -> None:
+    # Given two expired rows
+    purge_everything_expired(alias)
+    for _ in range(2):
+        expire(alias, processor, completed(store, processor).fingerprint, timedelta(hours=1))
+    # When a dry run is asked for
+    out = run("grousset_purge", database=alias, dry_run=True)
+    # Then it counts them and deletes nothing
+    assert "would purge 2 expired journal entries" in out and "dry run" in out
+    assert rows(alias, processor).count() == 2
+
+
+def test_purge_older_than(store: Store, alias: str, processor: str) -> None:
+    # Given one row expired two hours ago and one expired ten minutes ago
+    purge_everything_expired(alias)
+    long_ago, recently = completed(store, processor), completed(store, processor)
+    expire(alias, processor, long_ago.fingerprint, timedelta(hours=2))
+    expire(alias, processor, recently.fingerprint, timedelta(minutes=10))
+    # When purging rows that expired at least an hour ago (parsed like the command line)
+    out = run("grousset_purge", "--older-than", "1h", database=alias)
+    # Then only the old one is gone
+    assert list(rows(alias, processor).values_list("fingerprint", flat=True)) == [
+        recently.fingerprint
+    ]
+    assert out.startswith("purged 1 expired journal entries")
+    # And a bare number means seconds
+    run("grousset_purge", older_than="300", database=alias)
+    assert rows(alias, processor).count() == 0
+
+
+def test_purge_shows_progress_on_a_tty(store: Store, alias: str, processor: str) -> None:
+    # Given three expired rows
+    purge_everything_expired(alias)
+    for _ in range(3):
+        expire(alias, processor, completed(store, processor).fingerprint, timedelta(hours=1))
+    # When purged in batches of two with stderr on a terminal
+    tty, out = Tty(), io.StringIO()
+    call_command("grousset_purge", database=alias, batch_size=2, stdout=out, stderr=tty)
+    # Then a \r progress line counts up to the total, and the summary follows
+    progress = tty.getvalue()
+    assert "\rpurging [" in progress and "2/3" in progress and "3/3 (100%)" in progress
+    assert out.getvalue().startswith("purged 3 expired")
+
+
+def test_purge_reports_errors_with_exit_code_1() -> None:
+    # Given an unknown database alias / When the command runs as a process
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "grousset_purge", "--database", "nope"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    # Then it fails with exit code 1 and says why
+    assert proc.returncode == 1
+    assert "unknown database alias 'nope'" in proc.stderr
+    # And a bad duration is refused too
+    with pytest.raises(CommandError, match="invalid duration"):
+        run("grousset_purge", older_than="soon")
+
+
+def test_beat_task_purges_and_returns_the_count(store: Store, alias: str, processor: str) -> None:
+    from celery_grousset.tasks import purge_expired
+
+    # Given two expired rows and one unexpired row
+    purge_everything_expired(alias)
+    for _ in range(2):
+        expire(alias, processor, completed(store, processor).fingerprint, timedelta(hours=1))
+    keep = completed(store, processor)
+    # When the periodic task runs
+    count = purge_expired.apply(kwargs={"database": alias, "batch_size": 1}).get()
+    # Then it returns how many it deleted and left the unexpired row alone
+    assert count == 2
+    assert list(rows(alias, processor).values_list("fingerprint", flat=True)) == [keep.fingerprint]
+
+
+# -- grousset_inspect ---------------------------------------------------------------------
+
+
+def test_inspect_by_task_id_tells_the_story(store: Store, alias: str, processor: str) -> None:
+    # Given a completed entry that two duplicate deliveries asked for
+    first = completed(store, processor, value={"provider_id": "re_123", "n": 2}, duplicates=2)
+    # When inspected by the task id that completed it
+    out = run("grousset_inspect", first.task_id, database=alias)
+    # Then the story names the fingerprint, status, counts and the memo pretty-printed
+    assert f"Journal entry {first.fingerprint}" in out
+    assert "completed — duplicates get the memo below" in out
+    assert "3 deliveries (2 duplicates)" in out
+    assert re.search(rf"processor +{processor}\n", out)
+    assert "(order_id=42)" in out and "host:1" in out
+    assert '"provider_id": "re_123"' in out and "\n" in out.split("memo", 1)[1]
+
+
+def test_inspect_by_prefix_as_json(store: Store, alias: str, processor: str) -> None:
+    # Given a completed entry
+    first = completed(store, processor, value=[1, "two"], duplicates=1)
+    # When inspected by a 10-character fingerprint prefix, as JSON
+    data = json.loads(
+        run("grousset_inspect", first.fingerprint[:10].upper(), "--json", database=alias)
+    )
+    # Then the JSON object carries the decoded memo and the counters
+    assert data["fingerprint"] == first.fingerprint and data["task_id"] == first.task_id
+    assert data["memo"] == [1, "two"] and data["memo_error"] is None
+    assert (data["deliveries"], data["duplicates"], data["fence"]) == (2, 1, 1)
+    assert data["status"] == "completed" and data["expired"] is False
+
+
+def test_inspect_in_flight_and_unknown(store: Store, alias: str, processor: str) -> None:
+    # Given an in-flight entry
+    running = in_flight(store, processor)
+    # When inspected as JSON / Then there is no memo, and the reason is given
+    data = json.loads(run("grousset_inspect", running.fingerprint, json=True, database=alias))
+    assert data["memo"] is None and "in flight" in data["memo_error"]
+    # And an unknown id or a too-short prefix is an error (exit code 1)
+    with pytest.raises(CommandError, match="no journal entry matches"):
+        run("grousset_inspect", "no-such-task", database=alias)
+    with pytest.raises(CommandError, match="at least 8 hex"):
+        run("grousset_inspect", running.fingerprint[:6], database=alias)
+
+
+def test_inspect_lists_several_matches(store: Store, alias: str, processor: str) -> None:
+    # Given the same fingerprint completed by two processors
+    fp = new_fp()
+    completed(store, processor, fp)
+    completed(store, processor + "-b", fp)
+    # When inspected by fingerprint
+    out = run("grousset_inspect", fp, database=alias)
+    # Then both are listed; --processor-id picks one
+    assert "2 journal entries match" in out
+    assert f"processor={processor} " in out and f"processor={processor}-b " in out
+    picked = json.loads(
+        run("grousset_inspect", fp, json=True, processor_id=processor + "-b", database=alias)
+    )
+    assert picked["processor_id"] == processor + "-b"
+
+
+# -- grousset_release ---------------------------------------------------------------------
+
+
+def test_release_in_flight_lets_the_next_delivery_run(
+    store: Store, alias: str, processor: str
+) -> None:
+    # Given an attempt that holds a fresh claim (it would block duplicates for 60 s)
+    running = in_flight(store, processor)
+    # When released by fingerprint
+    out = run("grousset_release", running.fingerprint, database=alias)
+    # Then the next delivery owns the record at once, with the next fence
+    assert "released the in-flight claim" in out
+    res = store.claim(req(processor, running.fingerprint))
+    assert res.owned and res.kind is Kind.RECLAIM and res.fence == 2
+    # And the old holder's completion is refused (fenced out)
+    assert not store.finish(
+        processor,
+        running.fingerprint,
+        running.token,
+        Completion("completed", b"1", "application/json;utf-8"),
+    )
+
+
+def test_release_refuses_completed_without_force(store: Store, alias: str, processor: str) -> None:
+    # Given a completed entry
+    done = completed(store, processor)
+    before = rows(alias, processor).get()
+    # When released without --force
+    with pytest.raises(CommandError, match="Pass --force"):
+        run("grousset_release", done.fingerprint, database=alias)
+    # Then nothing changed: a duplicate still gets the memo
+    assert rows(alias, processor).get().expires_on == before.expires_on
+    assert store.claim(req(processor, done.fingerprint)).kind is Kind.COMPLETED
+    # When forced
+    out = run("grousset_release", done.fingerprint, force=True, database=alias)
+    # Then it is forgotten: the next delivery runs again, with a higher fence
+    assert "forgot the completed outcome" in out
+    res = store.claim(req(processor, done.fingerprint))
+    assert res.owned and res.kind is Kind.RECLAIM and res.fence == 2
+
+
+def test_release_needs_processor_when_several_hold_it(
+    store: Store, alias: str, processor: str
+) -> None:
+    # Given one fingerprint in flight for two processors
+    fp = new_fp()
+    in_flight(store, processor, fp)
+    in_flight(store, processor + "-b", fp)
+    # When released without --processor-id / Then it refuses and lists both
+    with pytest.raises(CommandError, match="Pass --processor-id") as err:
+        run("grousset_release", fp, database=alias)
+    assert processor in str(err.value) and f"{processor}-b" in str(err.value)
+    # When a processor is named / Then only its record is released
+    run("grousset_release", fp, processor_id=processor, database=alias)
+    statuses = dict(
+        Outcome.objects.using(alias).filter(fingerprint=fp).values_list("processor_id", "status")
+    )
+    assert statuses == {processor: "failed", f"{processor}-b": "in_flight"}
+
+
+# -- grousset_stats -----------------------------------------------------------------------
+
+
+def test_stats_numbers(store: Store, alias: str, processor: str) -> None:
+    # Given: 2 completed (one with 3 duplicates), 1 failed, 1 stale and 1 fresh claim,
+    # and 1 entry taken over once
+    completed(store, processor, duplicates=3)
+    completed(store, processor, task_name="tests.ops.other")
+    failed = in_flight(store, processor)
+    store.finish(
+        processor, failed.fingerprint, failed.token, Completion("failed", None, "", "ValueError: x")
+    )
+    stale = in_flight(store, processor)
+    rows(alias, processor).filter(fingerprint=stale.fingerprint).update(
+        started_at=F("started_at") - timedelta(hours=2)
+    )
+    in_flight(store, processor)
+    taken = in_flight(store, processor, task_name="tests.ops.other")
+    rows(alias, processor).filter(fingerprint=taken.fingerprint).update(
+        started_at=F("started_at") - timedelta(seconds=61)
+    )
+    assert (
+        store.claim(req(processor, taken.fingerprint, task_name="tests.ops.other")).kind
+        is Kind.TAKEOVER
+    )
+    # When the stats are asked for, as JSON, for this processor
+    data = json.loads(run("grousset_stats", json=True, processor_id=processor, database=alias))
+    # Then the numbers add up (stale: in flight for more than the default hour)
+    assert data["entries"] == 6
+    assert data["by_status"] == {"in_flight": 3, "completed": 2, "failed": 1}
+    assert data["deliveries"] == 10 and data["duplicates"] == 4
+    assert data["takeovers"] == 1 and data["entries_taken_over"] == 1
+    assert data["stale_claims"] == 1 and data["stale_after_seconds"] == 3600
+    by_task = {t["task_name"]: t for t in data["by_task"]}
+    assert by_task["tests.ops.send_receipt"]["entries"] == 4
+    assert by_task["tests.ops.send_receipt"]["duplicates"] == 3
+    assert by_task["tests.ops.other"]["takeovers"] == 1
+    # And --stale-after overrides the threshold: nothing is in flight for 3 hours
+    assert (
+        json.loads(
+            run(
+                "grousset_stats",
+                "--stale-after",
+                "10800",
+                json=True,
+                processor_id=processor,
+                database=alias,
+            )
+        )["stale_claims"]
+        == 0
+    )
+    # And the text report carries the same numbers
+    text = run("grousset_stats", processor_id=processor, database=alias)
+    assert "entries      6 (in_flight 3, completed 2, failed 1)" in text
+    assert "deliveries   10 (4 duplicates" in text and "stale claims 1" in text
