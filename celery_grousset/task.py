@@ -146,9 +146,17 @@ class GroussetTaskMixin:
         )
 
     @property
-    def grousset(self) -> guard.Attempt | None:
+    def grousset(self) -> guard.Attempt:
         """Inside a running attempt: ``fingerprint``, ``fence``, ``deliveries``…"""
-        return getattr(self.request, "grousset", None)
+        attempt = getattr(self.request, "grousset", None)
+        if attempt is None:
+            from celery_grousset.exceptions import GroussetError
+
+            raise GroussetError(
+                f"{self.name}: self.grousset exists only while a guarded attempt runs "
+                "(inside the task body, after the claim)."
+            )
+        return attempt  # type: ignore[no-any-return]
 
     # -- publishing ------------------------------------------------------------------------
 

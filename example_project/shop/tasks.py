@@ -35,10 +35,8 @@ def book(self: GroussetTask, order_id: str, seat: str) -> int:
 @shared_task(base=GroussetTask, bind=True, max_processing_time=30)
 def charge(self: GroussetTask, order_id: str, amount_cents: int) -> str:
     """Charge the card; the provider deduplicates by our fingerprint, takeovers included."""
-    attempt = self.grousset  # this attempt's fingerprint, fence and deliveries
-    assert attempt is not None  # set inside every guarded run
     return payments.charge(
-        amount_cents=amount_cents, reference=order_id, idempotency_key=attempt.fingerprint
+        amount_cents=amount_cents, reference=order_id, idempotency_key=self.grousset.fingerprint
     )
 # --8<-- [end:charge]
 
