@@ -58,6 +58,7 @@ class Kind(str, enum.Enum):
     IN_FLIGHT = "in_flight"  #: another attempt holds a fresh claim
     FAILED = "failed"  #: a memoized failure: replay it
     GAVE_UP = "gave_up"  #: taken over ``max_takeovers`` times: marked failed
+    BYPASSED = "bypassed"  #: the bypass switch is on: no claim was made
 
     @property
     def owned(self) -> bool:

@@ -195,6 +195,27 @@ def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> 
         events.store_error(req, "fail", store_exc)
 
 
+#: pauses between attempts of a completion write that found the store unavailable
+COMPLETION_RETRY_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
+
+
+def finish_retrying(store: Store, req: ClaimRequest, completion: Completion) -> bool:
+    """Write the completion; when the store is briefly unavailable (a restart, a lost
+    connection) try again while the claim is still ours. Re-sending with the same token is
+    idempotent. Gives up (raises StoreUnavailable) within half of max_processing_time: the
+    claim then stays in flight and a later delivery takes it over."""
+    deadline = time.monotonic() + req.max_processing_time / 2
+    for delay in (*COMPLETION_RETRY_DELAYS, None):
+        try:
+            return store.finish(req.processor_id, req.fingerprint, req.token, completion)
+        except StoreUnavailable as exc:
+            events.store_error(req, "complete", exc)
+            if delay is None or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def run_owned(
     store: Store,
     opts: Options,
@@ -216,16 +237,7 @@ def run_owned(
     result, enc, error = memo.encode(
         value, serializer=serializer, memoize=opts.memoize, max_bytes=opts.max_result_bytes
     )
-    try:
-        done = store.finish(
-            req.processor_id,
-            req.fingerprint,
-            req.token,
-            Completion(Status.COMPLETED.value, result, enc, error),
-        )
-    except StoreUnavailable as exc:
-        events.store_error(req, "complete", exc)
-        raise
+    done = finish_retrying(store, req, Completion(Status.COMPLETED.value, result, enc, error))
     if not done:
         events.fenced(req, res.fence)
         raise FencedOut(

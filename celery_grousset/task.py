@@ -187,6 +187,18 @@ class GroussetTaskMixin:
         request = self.request
         if grousset_settings.BYPASS or getattr(self.app.conf, "grousset_bypass", False):
             events.bypassed(self.name, str(request.id))
+            # No claim, no journal; the fingerprint is still handed to the body, so an
+            # external idempotency key keeps working while the guard is off.
+            key = _header(request, KEY_HEADER)
+            request.grousset = guard.Attempt(
+                fingerprint=self.grousset_fingerprint(args, kwargs, key),
+                fence=0,
+                deliveries=0,
+                takeovers=0,
+                kind=Kind.BYPASSED,
+                processor_id=str(self.processor_id or self.app.main or "default"),
+                token="",
+            )
             return run(*args, **kwargs)
         opts = self.grousset_options()
         key = _header(request, KEY_HEADER)
@@ -266,9 +278,10 @@ class GroussetTaskMixin:
 
     @staticmethod
     def _in_flight_countdown(request: Any, retry_in: float) -> float:
-        """Backoff 0.25 s, 0.5 s, 1 s… — never past the moment the claim turns stale."""
+        """Backoff 0.25 s, 0.5 s, 1 s… — never past the moment the claim turns stale
+        (database clock), so a redelivery arrives in time to take over a dead claim."""
         n = int(_header(request, REQUEUES_HEADER) or 0)
-        return max(0.0, min(0.25 * 2.0**n, retry_in + 0.05))
+        return max(0.0, min(0.25 * 2.0**n, retry_in))
 
     @staticmethod
     def _store_countdown(request: Any) -> float:

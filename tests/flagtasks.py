@@ -12,7 +12,7 @@ from tests.tasks import record
 
 
 def _attempt(task: Any) -> dict[str, Any]:
-    attempt = task.grousset  # None when the worker runs with --grousset-bypass
+    attempt = task.grousset  # fence 0 when the worker runs with --grousset-bypass
     return {
         "pid": os.getpid(),
         "fingerprint": attempt.fingerprint if attempt else None,

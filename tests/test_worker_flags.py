@@ -218,9 +218,10 @@ def test_bypass_flag_runs_unguarded_and_logs_loudly(pg: str, redis_url: str) -> 
         results = [send("tests.flagtasks.probe", queue, key) for _ in range(2)]
         values = [r.get(timeout=60) for r in results]  # type: ignore[attr-defined]
         log = w.text()
-    # Then both ran unguarded (two effects, no attempt), each with a BYPASS line,
-    # and nothing was written to the journal
-    assert [v["fingerprint"] for v in values] == [None, None]
+    # Then both ran unguarded (two effects, fence 0: no claim), each with a BYPASS line,
+    # still seeing the call's fingerprint, and nothing was written to the journal
+    assert [v["fence"] for v in values] == [0, 0]
+    assert values[0]["fingerprint"] == values[1]["fingerprint"] is not None
     assert effects(pg, key) == 2
     for r in results:
         assert f"grousset.BYPASS task=tests.flagtasks.probe task_id={r.id}" in log  # type: ignore[attr-defined]

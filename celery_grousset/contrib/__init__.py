@@ -1,0 +1,1 @@
+"""Optional integrations shipped with celery-grousset (``celery_grousset.contrib.pytest``)."""

@@ -1,0 +1,198 @@
+"""pytest fixtures for testing your own guarded tasks.
+
+Load the plugin from the ``conftest.py`` at the root of your project::
+
+    pytest_plugins = ["celery_grousset.contrib.pytest"]
+
+Fixtures:
+
+``grousset_eager``
+    Sets ``task_always_eager`` (and ``task_eager_propagates``) on the Celery app for
+    the test, so ``task.delay()`` / ``task.apply()`` run in-process — guarded: the
+    second call with the same arguments returns the memo instead of running the body.
+    Yields the app; the previous configuration is restored afterwards.
+
+``grousset_journal``
+    A :class:`Journal` to inspect the outcome journal: ``get(task, *args, **kwargs)``,
+    ``deliveries(...)``, ``memo(...)``, ``count()``, ``clear()``.
+
+``grousset_celery_app``
+    The Celery app ``grousset_eager`` configures (default: ``celery.current_app``).
+    Override it in your ``conftest.py`` to name another app.
+
+The claim store writes on a connection of its own and commits at once, so a test
+that runs guarded tasks must use real commits: with pytest-django, mark it
+``@pytest.mark.django_db(transaction=True)`` (these fixtures refuse a plain
+``django_db`` mark with an explanation). Nothing here imports Django or Celery
+before a fixture runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from celery import Celery
+    from django.db.models import QuerySet
+
+    from celery_grousset.models import Outcome
+
+__all__ = ["Journal", "grousset_celery_app", "grousset_eager", "grousset_journal"]
+
+
+class Journal:
+    """Read (and clear) the outcome journal from a test.
+
+    ``task`` arguments are guarded Celery tasks (the objects ``@shared_task`` /
+    ``@app.task`` return); the record is found by the task's processor id and the
+    fingerprint of ``(*args, **kwargs)``, exactly as a delivery would compute it.
+    """
+
+    def __init__(self, database: str | None = None) -> None:
+        #: Django alias of the journal (None: ``GROUSSET["DATABASE"]``)
+        self._database = database
+
+    @property
+    def database(self) -> str:
+        """The Django database alias the journal is read from."""
+        if self._database is not None:
+            return self._database
+        from celery_grousset.conf import grousset_settings
+
+        return str(grousset_settings.DATABASE)
+
+    def records(self) -> QuerySet[Outcome]:
+        """Every journal entry, as a queryset (newest first)."""
+        from celery_grousset.models import Outcome
+
+        return Outcome.objects.using(self.database).all()
+
+    def fingerprint(self, task: Any, *args: Any, **kwargs: Any) -> str:
+        """The fingerprint a delivery of ``task(*args, **kwargs)`` claims."""
+        return str(task.grousset_fingerprint(args, kwargs))
+
+    def find(self, task: Any, *args: Any, **kwargs: Any) -> Outcome | None:
+        """The record of ``task(*args, **kwargs)``, or None if it never ran."""
+        from celery_grousset.models import Outcome
+
+        opts = task.grousset_options()
+        alias = self._database or opts.database
+        fp = self.fingerprint(task, *args, **kwargs)
+        return (
+            Outcome.objects.using(alias)
+            .filter(processor_id=opts.processor_id, fingerprint=fp)
+            .first()
+        )
+
+    def get(self, task: Any, *args: Any, **kwargs: Any) -> Outcome:
+        """The record of ``task(*args, **kwargs)``; fails the test if there is none."""
+        record = self.find(task, *args, **kwargs)
+        if record is None:
+            call = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+            pytest.fail(
+                f"no journal entry for {task.name}({call}) in database "
+                f"{self._database or task.grousset_options().database!r} "
+                f"({self.count()} entries in the journal)",
+                pytrace=False,
+            )
+        return record
+
+    def protected(self, key: str, *, processor_id: str | None = None) -> Outcome:
+        """The record of ``protect(key, …)`` (processor id default as in protect())."""
+        from celery_grousset.conf import grousset_settings
+        from celery_grousset.fingerprint import fingerprint
+        from celery_grousset.models import Outcome
+        from celery_grousset.protect import PROTECT_NAME
+
+        processor = processor_id or grousset_settings.PROCESSOR_ID or "default"
+        fp = fingerprint(PROTECT_NAME, idempotency_key=key)
+        record = self.records().filter(processor_id=processor, fingerprint=fp).first()
+        if record is None:
+            pytest.fail(f"no journal entry for protect({key!r})", pytrace=False)
+        assert isinstance(record, Outcome)
+        return record
+
+    def deliveries(self, task: Any, *args: Any, **kwargs: Any) -> int:
+        """How many deliveries asked for this call (0: never)."""
+        record = self.find(task, *args, **kwargs)
+        return 0 if record is None else int(record.deliveries)
+
+    def memo(self, task: Any, *args: Any, **kwargs: Any) -> Any:
+        """The memoized return value a duplicate of this call receives (or its error)."""
+        from celery_grousset import memo
+
+        record = self.get(task, *args, **kwargs)
+        result = bytes(record.result) if record.result is not None else None
+        return memo.decode(result, record.result_encoding, record.error, record.fingerprint)
+
+    def count(self, **filters: Any) -> int:
+        """Number of journal entries (``filters``: Outcome field lookups, e.g. status=)."""
+        return int(self.records().filter(**filters).count())
+
+    def clear(self) -> int:
+        """Delete every journal entry (test databases only!); return how many."""
+        deleted, _ = self.records().delete()
+        return int(deleted)
+
+
+def _refuse_rollback_only_db(request: pytest.FixtureRequest) -> None:
+    """A plain ``django_db`` mark wraps the test in a transaction the store cannot see."""
+    marker = request.node.get_closest_marker("django_db")
+    if marker is None:
+        return
+    transaction = marker.kwargs.get("transaction", marker.args[0] if marker.args else False)
+    if not transaction:
+        pytest.fail(
+            f"{request.node.nodeid}: guarded tasks claim on the journal's own connection and "
+            "commit at once, which a rolled-back test transaction cannot contain. Use "
+            "@pytest.mark.django_db(transaction=True).",
+            pytrace=False,
+        )
+
+
+def _fresh_stores() -> None:
+    """Drop cached journal connections (the test runner may have renamed the database)."""
+    from celery_grousset.store.base import reset_stores
+
+    reset_stores()
+
+
+@pytest.fixture
+def grousset_celery_app() -> Celery:
+    """The Celery app of the tests: ``celery.current_app`` unless overridden."""
+    from celery import current_app
+
+    app: Celery = current_app._get_current_object()  # type: ignore[attr-defined]
+    return app
+
+
+@pytest.fixture
+def grousset_eager(
+    request: pytest.FixtureRequest, grousset_celery_app: Celery
+) -> Iterator[Celery]:
+    """Run tasks in-process (``task_always_eager``), guarded, for the test."""
+    _refuse_rollback_only_db(request)
+    conf = grousset_celery_app.conf
+    saved = (conf.task_always_eager, conf.task_eager_propagates)
+    conf.task_always_eager = True
+    conf.task_eager_propagates = True
+    _fresh_stores()
+    try:
+        yield grousset_celery_app
+    finally:
+        conf.task_always_eager, conf.task_eager_propagates = saved
+        _fresh_stores()
+
+
+@pytest.fixture
+def grousset_journal(request: pytest.FixtureRequest) -> Iterator[Journal]:
+    """Inspect the outcome journal (``GROUSSET["DATABASE"]``) from a test."""
+    _refuse_rollback_only_db(request)
+    _fresh_stores()
+    try:
+        yield Journal()
+    finally:
+        _fresh_stores()

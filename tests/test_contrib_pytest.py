@@ -1,0 +1,160 @@
+"""The pytest plugin users load with ``pytest_plugins = ["celery_grousset.contrib.pytest"]``.
+
+Its fixtures run against the tests' own Celery app (``tests.celeryapp``) and the
+SQLite journal (``default`` alias); effects are counted in the effect ledger.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from tests import services
+from tests.ledger.models import Effect
+
+if TYPE_CHECKING:
+    from celery_grousset.contrib.pytest import Journal
+
+pytest_plugins = ["celery_grousset.contrib.pytest", "pytester"]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def sqlite_journal() -> Iterator[None]:
+    services.require_database("default")
+    with override_settings(GROUSSET={**settings.GROUSSET, "DATABASE": "default"}):
+        yield
+
+
+def effects(key: str) -> int:
+    return Effect.objects.using("default").filter(key=key).count()
+
+
+def test_eager_duplicate_returns_the_memo_and_runs_once(
+    grousset_eager: object, grousset_journal: Journal
+) -> None:
+    from tests.tasks import effect
+
+    key = f"eager-{uuid.uuid4().hex[:8]}"
+    # Given a guarded task run eagerly once
+    first = effect.apply((key,)).get()
+    # When the same call is delivered again (a new task id)
+    second = effect.apply((key,)).get()
+    # Then the body ran once, the duplicate got the memo, both deliveries were counted
+    assert effects(key) == 1
+    assert second == first and second["key"] == key
+    assert grousset_journal.deliveries(effect, key) == 2
+    record = grousset_journal.get(effect, key)
+    assert record.status == "completed" and record.fence == 1
+    assert grousset_journal.memo(effect, key) == first
+
+
+def test_eager_applies_to_delay(grousset_eager: object, grousset_journal: Journal) -> None:
+    from tests.tasks import effect
+
+    key = f"delay-{uuid.uuid4().hex[:8]}"
+    # Given the eager fixture / When .delay() is called three times
+    values = [effect.delay(key).get() for _ in range(3)]
+    # Then it ran in-process, once, and every call returned the same value
+    assert effects(key) == 1
+    assert values[1] == values[2] == values[0]
+    assert grousset_journal.deliveries(effect, key) == 3
+
+
+def test_journal_uses_the_tasks_key_selection(
+    grousset_eager: object, grousset_journal: Journal
+) -> None:
+    from tests.tasks import charge
+
+    order = int(uuid.uuid4().int % 10**9)
+    # Given a task keyed on order_id only
+    first = charge.apply((order, "10.00")).get()
+    # When it is called again for the same order with another amount
+    again = charge.apply((order, "99.00")).get()
+    # Then it is the same record, found from either call
+    assert again == first and effects(f"charge-{order}") == 1
+    assert grousset_journal.get(charge, order, "99.00").deliveries == 2
+    assert grousset_journal.fingerprint(charge, order, "10.00") == grousset_journal.fingerprint(
+        charge, order, amount="1.00"
+    )
+
+
+def test_journal_reports_a_call_that_never_ran(grousset_journal: Journal) -> None:
+    from tests.tasks import effect
+
+    key = f"never-{uuid.uuid4().hex[:8]}"
+    # Given a call that never ran / When it is looked up / Then 0 deliveries, and get() fails
+    assert grousset_journal.find(effect, key) is None
+    assert grousset_journal.deliveries(effect, key) == 0
+    with pytest.raises(pytest.fail.Exception, match=r"no journal entry for tests\.tasks\.effect"):
+        grousset_journal.get(effect, key)
+
+
+def test_journal_count_clear_and_protect(grousset_journal: Journal) -> None:
+    from celery_grousset import protect
+
+    key = f"import-{uuid.uuid4().hex[:8]}"
+    # Given a protect() call that ran
+    assert protect(key, lambda: 7, max_processing_time=10) == 7
+    assert grousset_journal.protected(key).status == "completed"
+    assert grousset_journal.count(task_name="protect") >= 1
+    # When the journal is cleared
+    removed = grousset_journal.clear()
+    # Then it is empty
+    assert removed >= 1
+    assert grousset_journal.count() == 0
+    assert grousset_journal.database == "default"
+
+
+def test_eager_restores_config_and_refuses_rollback_only_db(pytester: pytest.Pytester) -> None:
+    # Given a project that loads the plugin with a Celery app of its own
+    pytester.makeconftest(textwrap.dedent("""
+        import pytest
+        from celery import Celery
+
+        pytest_plugins = ["celery_grousset.contrib.pytest"]
+        APP = Celery("inner", set_as_current=False)
+
+        @pytest.fixture
+        def grousset_celery_app():
+            return APP
+    """))
+    pytester.makepyfile(textwrap.dedent("""
+        import pytest
+        from conftest import APP
+
+        def test_eager_on(grousset_eager):
+            assert grousset_eager is APP
+            assert APP.conf.task_always_eager and APP.conf.task_eager_propagates
+
+        def test_eager_off_again():
+            assert not APP.conf.task_always_eager and not APP.conf.task_eager_propagates
+
+        @pytest.mark.django_db
+        def test_rollback_only(grousset_journal):
+            pass
+
+        @pytest.mark.django_db(transaction=True)
+        def test_transactional(grousset_journal):
+            pass
+    """))
+    env = {"PYTHONPATH": os.pathsep.join([str(pytester.path), str(ROOT)]),
+           "DJANGO_SETTINGS_MODULE": "tests.settings"}  # fmt: skip
+    for name, value in env.items():
+        pytester._monkeypatch.setenv(name, value)
+    # When its tests run (in order: eager on, then off)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:django", "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning"
+    )
+    # Then the configuration was restored, and a rollback-only database is refused
+    result.assert_outcomes(passed=3, errors=1)
+    result.stdout.fnmatch_lines(["*test_rollback_only*django_db(transaction=True)*"])
