@@ -69,7 +69,8 @@ demo: venv ## run the example project's demo (honours DATABASE_URL, CELERY_BROKE
 docs: venv ## build the mkdocs site into site/ (strict)
 	$(BIN)/mkdocs build --strict -d site
 
-bench: venv ## run the benchmarks (BENCH_ARGS=...)
+bench: venv ## run the benchmarks (BENCH_ARGS=...; installs the [bench] extra)
+	$(BIN)/python -m pip install -qq -e ".[bench]"
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 chaos: venv ## run the chaos scenarios (CHAOS_RUNS=5, CHAOS_ARGS=...)

@@ -29,10 +29,21 @@ def _armed() -> bool:
     return True
 
 
+def _matches(marker: str) -> bool:
+    """Whether the running task's name or fingerprint contains ``marker``."""
+    from celery import current_task
+
+    task = current_task
+    if task is None:
+        return False
+    attempt = getattr(task.request, "grousset", None)
+    return marker in task.name or (attempt is not None and marker in attempt.fingerprint)
+
+
 def trigger(spec: str, point: str) -> None:
     want, _, rest = spec.partition(":")
-    action = rest.partition(":")[0]
-    if want != point or not _armed():
+    action, _, marker = rest.partition(":")
+    if want != point or (marker and not _matches(marker)) or not _armed():
         return
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)

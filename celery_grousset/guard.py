@@ -205,6 +205,7 @@ def finish_retrying(store: Store, req: ClaimRequest, completion: Completion) -> 
     idempotent. Gives up (raises StoreUnavailable) within half of max_processing_time: the
     claim then stays in flight and a later delivery takes it over."""
     deadline = time.monotonic() + req.max_processing_time / 2
+    interrupted = False
     for delay in (*COMPLETION_RETRY_DELAYS, None):
         try:
             return store.finish(req.processor_id, req.fingerprint, req.token, completion)
@@ -213,6 +214,18 @@ def finish_retrying(store: Store, req: ClaimRequest, completion: Completion) -> 
             if delay is None or time.monotonic() + delay > deadline:
                 raise
             time.sleep(delay)
+        except Exception as exc:
+            # Interrupted while waiting for the answer (e.g. SoftTimeLimitExceeded): the
+            # write may or may not have committed. Drop the connection and send it again
+            # once on a fresh one; the same token makes the re-send idempotent.
+            if interrupted:
+                raise
+            interrupted = True
+            events.store_error(req, "complete (outcome unknown, re-sent)", exc)
+            try:
+                store.close()
+            except Exception:  # the connection is in an unknown state
+                store.discard()
     raise AssertionError("unreachable")  # pragma: no cover
 
 

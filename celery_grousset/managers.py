@@ -60,24 +60,33 @@ class OutcomeQuerySet(models.QuerySet["Outcome"]):
             raise ValueError("batch_size must be at least 1")
         now = _db_now(self.db)
         cutoff = min(before, now) if before is not None else now
+        from django.db import connections
+
+        batch = self.expired(cutoff).order_by().values("pk")[:batch_size]
+        sql, params = batch.query.get_compiler(using=self.db).as_sql()
+
+        conn = connections[self.db]
+        table = conn.ops.quote_name(self.model._meta.db_table)
+        if conn.vendor == "mysql":
+            # MySQL cannot DELETE … IN (a subquery with LIMIT) of the same table.
+            delete = (
+                f"DELETE FROM {table} WHERE expires_on <= %s AND status <> 'in_flight' "
+                "ORDER BY expires_on LIMIT %s"
+            )
+            params = (conn.ops.adapt_datetimefield_value(cutoff), batch_size)
+        else:
+            delete = f"DELETE FROM {table} WHERE id IN ({sql})"
         total = 0
         while True:
-            with transaction.atomic(using=self.db):
-                ids = list(
-                    self.expired(cutoff).order_by().values_list("pk", flat=True)[:batch_size]
-                )
-                if not ids:
-                    break
-                deleted, _ = (
-                    self.model._default_manager.using(self.db)
-                    .filter(pk__in=ids, expires_on__lte=cutoff)
-                    .exclude(status="in_flight")
-                    .delete()
-                )
+            # One statement per batch, in its own short transaction: the subquery picks
+            # the batch by the expires_on index and re-checks both conditions.
+            with transaction.atomic(using=self.db), conn.cursor() as cursor:
+                cursor.execute(delete, params)
+                deleted = max(0, int(cursor.rowcount))
             total += deleted
-            if progress is not None:
+            if progress is not None and deleted:
                 progress(total)
-            if len(ids) < batch_size:
+            if deleted < batch_size:
                 break
         return total
 

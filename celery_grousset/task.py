@@ -84,6 +84,7 @@ class GroussetTaskMixin:
     database: str | None = None
 
     _grousset_opts: guard.Options | None = None
+    _grousset_bypass: bool | None = None
     _grousset_sig: inspect.Signature | None = None
 
     # Provided by celery.Task
@@ -180,12 +181,24 @@ class GroussetTaskMixin:
             options["argsrepr"], options["kwargsrepr"] = f"({text})", "{}"
         return super().apply_async(args, kwargs, *a, **options)  # type: ignore[misc]
 
+    def publish_unique(self, calls: Any, *, chunk_size: int = 1000, **options: Any) -> Any:
+        """Publish the calls the journal does not already answer, deduplicated in the
+        batch and with one journal query per chunk (:mod:`celery_grousset.publish`)."""
+        from celery_grousset.publish import publish_unique
+
+        return publish_unique(self, calls, chunk_size=chunk_size, **options)
+
     # -- running ---------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         run = super().__call__  # type: ignore[misc]
         request = self.request
-        if grousset_settings.BYPASS or getattr(self.app.conf, "grousset_bypass", False):
+        bypass = self._grousset_bypass
+        if bypass is None:  # read once per process: Celery's config lookups are slow
+            conf_bypass = getattr(self.app.conf, "grousset_bypass", False)
+            bypass = self._grousset_bypass = bool(grousset_settings.BYPASS or conf_bypass)
+            _instances.append(self)
+        if bypass:
             events.bypassed(self.name, str(request.id))
             # No claim, no journal; the fingerprint is still handed to the body, so an
             # external idempotency key keeps working while the guard is off.
@@ -382,6 +395,7 @@ def reset_resolved_options() -> None:
     """Forget every task's resolved options (settings or worker flags changed)."""
     for task in _instances:
         task._grousset_opts = None
+        task._grousset_bypass = None
     _instances.clear()
 
 

@@ -1,9 +1,13 @@
 """PostgreSQL store: the claim is ONE statement, ONE round trip, in every case.
 
-The statement locks the existing row (if any) in a materialized CTE, then runs an
-``INSERT … ON CONFLICT DO UPDATE`` whose ``SET`` evaluates the decision table of
-:mod:`celery_grousset.claim` on the old row, and returns the row it left joined
-with the status it found. All times come from ``clock_timestamp()`` (the
+The statement locks the existing row (if any) in a materialized CTE that evaluates
+the decision table of :mod:`celery_grousset.claim` on it once, then runs an
+``INSERT … ON CONFLICT DO UPDATE`` that applies the decision, and returns the row
+it left joined with the status it found. A claim that takes nothing (a duplicate, a
+fresh in-flight claim) only counts a delivery: it commits with
+``synchronous_commit = off`` for that one transaction, so it does not wait for a
+WAL flush (a crash may lose a few delivery counts, never a claim or a completion).
+Claims and completions commit durably. All times come from ``clock_timestamp()`` (the
 database's clock). Statements are prepared server-side on a private psycopg 3
 connection in autocommit mode; ``lock_timeout`` and ``statement_timeout`` bound
 every call by ``GROUSSET["STORE_TIMEOUT"]``.
@@ -23,23 +27,24 @@ T = TypeVar("T")
 
 _NOW = "clock_timestamp()"
 
-# The decision table (celery_grousset.claim.decide), evaluated ONCE on the locked old row.
+# The decision table (celery_grousset.claim.decide), evaluated ONCE on the locked old row:
+# n(one), t(akeover), g(ive up), e(xpired: reclaim, counters reset), r(eclaim a release).
 _ACTION = f"""CASE
     WHEN o.status = 'in_flight' THEN CASE
-        WHEN o.claim_token = %(tok)s THEN 'none'
-        WHEN o.started_at > {_NOW} - make_interval(secs => %(mpt)s) THEN 'none'
-        WHEN o.takeovers >= %(maxt)s THEN 'give_up'
-        ELSE 'takeover' END
-    WHEN o.expires_on <= {_NOW} THEN 'expired'
-    WHEN o.status = 'failed' AND o.result_encoding = '' THEN 'reclaim'
-    ELSE 'none' END"""
+        WHEN o.claim_token = %(tok)s THEN 'n'
+        WHEN o.started_at > {_NOW} - make_interval(secs => %(mpt)s) THEN 'n'
+        WHEN o.takeovers >= %(maxt)s THEN 'g'
+        ELSE 't' END
+    WHEN o.expires_on <= {_NOW} THEN 'e'
+    WHEN o.status = 'failed' AND o.result_encoding = '' THEN 'r'
+    ELSE 'n' END"""
 
 # In ON CONFLICT DO UPDATE: the action found by the CTE (NULL: the row appeared after the
 # CTE looked, i.e. a concurrent first insert — a fresh claim, so nothing to take).
-_A = "(SELECT action FROM prev)"
-_CLAIM = f"{_A} IN ('expired', 'reclaim', 'takeover')"
-_GIVE_UP = f"{_A} = 'give_up'"
-_EXPIRED = f"{_A} = 'expired'"
+_A = "(SELECT a FROM prev)"
+_CLAIM = f"{_A} IN ('e', 'r', 't')"
+_GIVE_UP = f"{_A} = 'g'"
+_EXPIRED = f"{_A} = 'e'"
 _GAVE_UP_ERROR = gave_up_message("{n}").replace("'", "''")
 
 
@@ -63,7 +68,7 @@ _SET = {
     f"THEN {_NOW} + make_interval(secs => %(exp)s) ELSE o.expires_on END",
     "deliveries": f"CASE WHEN {_EXPIRED} THEN 1 WHEN o.claim_token = EXCLUDED.claim_token "
     "THEN o.deliveries ELSE o.deliveries + 1 END",
-    "takeovers": f"CASE WHEN {_EXPIRED} THEN 0 WHEN {_A} = 'takeover' THEN o.takeovers + 1 "
+    "takeovers": f"CASE WHEN {_EXPIRED} THEN 0 WHEN {_A} = 't' THEN o.takeovers + 1 "
     "ELSE o.takeovers END",
     "result": f"CASE WHEN {_CLAIM} OR {_GIVE_UP} THEN NULL ELSE o.result END",
     "result_encoding": f"CASE WHEN {_CLAIM} THEN '' WHEN {_GIVE_UP} THEN '{ENC_GAVE_UP}' "
@@ -74,7 +79,7 @@ _SET = {
 
 CLAIM_SQL = f"""
 WITH prev AS MATERIALIZED (
-    SELECT o.status, o.claim_token, {_ACTION} AS action
+    SELECT o.status, o.claim_token, {_ACTION} AS a
     FROM celery_grousset_outcome AS o
     WHERE o.processor_id = %(p)s AND o.fingerprint = %(f)s
     FOR UPDATE
@@ -94,7 +99,10 @@ WITH prev AS MATERIALIZED (
         GREATEST(0, EXTRACT(EPOCH FROM (o.started_at + make_interval(secs => %(mpt)s)
             - {_NOW})))::float8
 )
-SELECT ins.*, prev.status, prev.claim_token FROM ins LEFT JOIN prev ON true
+SELECT ins.*, prev.status, prev.claim_token,
+    set_config('synchronous_commit', CASE WHEN prev.a = 'n' THEN 'off' ELSE 'on' END,
+        true)
+FROM ins LEFT JOIN prev ON true
 """
 # One line: psycopg caches its %(name)s -> $n conversion only for statements up to 4 KiB.
 CLAIM_SQL = " ".join(CLAIM_SQL.split())
@@ -216,6 +224,7 @@ class PostgresStore(Store):
             retry_in,
             prev_status,
             prev_token,
+            _durability,
         ) = row
         owned = token == req.token
         kind = kind_of(prev_status, owned, prev_token == req.token, status, enc)

@@ -1,0 +1,93 @@
+"""Scenario ``duplicates``: every key delivered 5x (20 ms body), plain vs GroussetTask.
+
+The copies are published in five passes over the keys (keys 1…K, then 1…K
+again…), like redeliveries that arrive after the first one finished: most
+duplicates find a completed record and return its memo. Effects (task bodies
+that ran) and the distinct keys that got one are counted in the worker.
+Targets: wall <= 0.3 x plain; effects = unique keys.
+"""
+
+from __future__ import annotations
+
+import statistics
+import uuid
+
+from bench import harness, report
+from bench.throughput import VARIANTS, Variant
+
+COPIES = 5
+SLEEP = 0.020
+
+
+def run_variant(variant: Variant, keys: int, prefetch: int) -> harness.RunStats:
+    harness.reset_redis()
+    if variant.alias:
+        harness.truncate(variant.alias)
+    run = uuid.uuid4().hex[:8]
+    for _ in range(COPIES):
+        harness.publish(variant.task, (f"{run}-{i}" for i in range(keys)), SLEEP)
+    total = keys * COPIES
+    worker = harness.Worker({**variant.env, "BENCH_PREFETCH": str(prefetch),
+                             "BENCH_RECORD_KEYS": "1"})  # fmt: skip
+    try:
+        stats = worker.wait(total, timeout=120 + total * (SLEEP + 0.02))
+    finally:
+        worker.stop()
+    if stats.fail:
+        raise RuntimeError(f"{variant.name}: {stats.fail} deliveries failed: {worker.tail()}")
+    return stats
+
+
+def run(keys: int, rounds: int, prefetch: int, record: bool) -> dict[str, object]:
+    harness.setup_django()
+    chosen = [VARIANTS["plain"], VARIANTS["grousset-pg"]]
+    results: dict[str, list[harness.RunStats]] = {v.name: [] for v in chosen}
+    ratios: list[float] = []
+    for r in range(rounds):
+        order = chosen if r % 2 == 0 else list(reversed(chosen))
+        walls: dict[str, float] = {}
+        for variant in order:
+            stats = run_variant(variant, keys, prefetch)
+            results[variant.name].append(stats)
+            walls[variant.name] = stats.seconds
+            harness.log(f"round {r + 1}/{rounds} {variant.name:12} wall {stats.seconds:7.2f}s "
+                        f"effects {stats.effects} unique {stats.unique_effects} "
+                        f"requeued {stats.retry}")  # fmt: skip
+        ratios.append(walls["grousset-pg"] / walls["plain"])
+    rows = []
+    for variant in chosen:
+        runs = results[variant.name]
+        wall = statistics.median(s.seconds for s in runs)
+        ratio = statistics.median(ratios) if variant.name != "plain" else 1.0
+        rows.append([
+            variant.label, f"{keys * COPIES}", f"{wall:.2f}", f"{ratio:.2f}x",
+            f"{max(s.effects for s in runs)}", f"{min(s.unique_effects for s in runs)}",
+            f"{max(s.retry for s in runs)}",
+        ])  # fmt: skip
+    g = results["grousset-pg"]
+    ok_effects = all(s.effects == s.unique_effects == keys for s in g)
+    ratio = statistics.median(ratios)
+    notes = [
+        f"GroussetTask wall / plain wall (median): {ratio:.2f}x (target <= 0.30x): "
+        f"{'met' if ratio <= 0.30 else 'NOT met'}",
+        f"GroussetTask effects = unique keys = {keys} in every round: "
+        f"{'yes' if ok_effects else 'NO'}",
+    ]
+    headers = ["variant", "deliveries", "wall s (median)", "vs plain", "effects (max)",
+               "keys with an effect (min)", "requeued in flight (max)"]  # fmt: skip
+    plot = report.bar_plot(
+        "duplicates",
+        groups=["wall time (s)", "effects / 100"],
+        series={
+            v.label: [statistics.median(s.seconds for s in results[v.name]),
+                      max(s.effects for s in results[v.name]) / 100]
+            for v in chosen
+        },
+        ylabel="seconds | effects ÷ 100",
+        title=f"{keys} keys x {COPIES} deliveries, 20 ms body, prefork -c 2",
+        annotate="{:.1f}",
+    )
+    params = {"keys": keys, "copies": COPIES, "body": "time.sleep(0.020)", "rounds": rounds,
+              "prefetch multiplier": prefetch}  # fmt: skip
+    report.emit("duplicates", params, headers, rows, plot, record, notes)
+    return {"ratio": ratio, "exact": ok_effects}

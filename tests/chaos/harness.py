@@ -1,0 +1,197 @@
+"""Chaos harness: real worker processes on the chaos app, journal and ledger
+readers, and the tally each scenario leaves for the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.workers import LOGS, ROOT, Worker
+
+ARTIFACTS = ROOT / "tests" / "artifacts" / "chaos"
+RESULTS = Path(os.environ.get("CHAOS_RESULTS", str(ARTIFACTS / "results.jsonl")))
+APP = "tests.chaos.app"
+#: the broker the test process publishes to (tests/settings.py: GROUSSET_TEST_BROKER)
+BROKER = os.environ.get("GROUSSET_TEST_BROKER", "redis://127.0.0.1:6379/14")
+
+
+def start_worker(queue: str, *, database: str, concurrency: int = 1,
+                 env: dict[str, str] | None = None, extra: list[str] | None = None,
+                 ready_timeout: float = 60, broker: str = BROKER) -> Worker:  # fmt: skip
+    """``celery -A tests.chaos.app worker`` (prefork, acks_late, prefetch 1)."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    name = f"c{uuid.uuid4().hex[:8]}"
+    log = LOGS / f"chaos-{queue}-{name}.log"
+    full_env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "GROUSSET_TEST_DB": database,
+        "GROUSSET_TEST_BROKER": broker,
+        "GROUSSET_TEST_QUEUE": queue,
+        "PYTHONPATH": str(ROOT),
+        **(env or {}),
+    }
+    cmd = [
+        sys.executable, "-m", "celery", "-A", APP, "worker", "-P", "prefork",
+        "-c", str(concurrency), "-Q", queue, "-n", f"{name}@%h", "-l", "info",
+        "--without-gossip", "--without-mingle", "--without-heartbeat", *(extra or []),
+    ]  # fmt: skip
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=fh, stderr=subprocess.STDOUT)
+    worker = Worker(proc, log, name)
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited with {proc.returncode}:\n{worker.text()[-3000:]}")
+        if " ready." in worker.text():
+            return worker
+        time.sleep(0.1)
+    worker.kill()
+    raise RuntimeError(f"worker not ready after {ready_timeout}s:\n{worker.text()[-3000:]}")
+
+
+@contextmanager
+def workers(queue: str, count: int = 1, **kwargs: Any) -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    try:
+        for _ in range(count):
+            started.append(start_worker(queue, **kwargs))
+        yield started
+    finally:
+        for w in started:
+            w.stop()
+            if w.proc.poll() is None:
+                w.kill()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def log_count(ws: list[Worker], needle: str) -> int:
+    return sum(w.text().count(needle) for w in ws)
+
+
+def stopped(pid: int) -> bool:
+    """True when ``pid`` is in the stopped state (SIGSTOP)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "T"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def cont(pid: int) -> None:
+    with suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
+
+
+# -- journal and ledger ------------------------------------------------------------------------
+
+
+def reconnecting(alias: str, read: Callable[[], Any]) -> Any:
+    """Run a read; if the test process' connection was dropped (a server restart by
+    another session on this shared machine), reconnect once and read again."""
+    from django.db import InterfaceError, OperationalError, connections
+
+    try:
+        return read()
+    except (OperationalError, InterfaceError):
+        connections[alias].close()
+        return read()
+
+
+def effects(alias: str, key: str, value: str | None = None) -> int:
+    from tests.ledger.models import Effect
+
+    qs = Effect.objects.using(alias).filter(key=key)
+    qs = qs.filter(value=value) if value is not None else qs
+    return int(reconnecting(alias, qs.count))
+
+
+def fp_of(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> str:
+    return str(task.grousset_fingerprint(args, kwargs or {}))
+
+
+def record_of(alias: str, task: Any, args: tuple[Any, ...],
+              kwargs: dict[str, Any] | None = None) -> Any:  # fmt: skip
+    from celery_grousset.models import Outcome
+
+    fp = fp_of(task, args, kwargs)
+    qs = Outcome.objects.using(alias).filter(task_name=task.name, fingerprint=fp)
+    return reconnecting(alias, qs.first)
+
+
+def holder_pid(alias: str, task: Any, args: tuple[Any, ...],
+               kwargs: dict[str, Any] | None = None, timeout: float = 30) -> int:  # fmt: skip
+    """The pid of the worker child holding the claim (from the journal's ``worker``)."""
+
+    def find() -> int | None:
+        rec = record_of(alias, task, args, kwargs)
+        if rec is None or rec.status != "in_flight":
+            return None
+        return int(rec.worker.rsplit(":", 1)[1])
+
+    return int(wait_for(find, timeout, "a claim to be held"))
+
+
+def memo_of(rec: Any) -> Any:
+    from celery_grousset import memo
+
+    raw = bytes(rec.result) if rec.result is not None else None
+    return memo.decode(raw, rec.result_encoding, rec.error, rec.fingerprint)
+
+
+def new_key(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+# -- the tally a scenario leaves for REPORT.md --------------------------------------------------
+
+
+@dataclass
+class Tally:
+    """Counts of one scenario run on one backend (one line of results.jsonl)."""
+
+    scenario: str
+    backend: str
+    deliveries: int = 0
+    effects: int = 0
+    takeovers: int = 0
+    fence_outs: int = 0
+    max_duplicate_effects: int = 0
+    notes: list[str] = field(default_factory=list)
+    passed: bool | None = None
+
+    def add_key(self, alias: str, key: str, rec: Any, value: str | None = None) -> None:
+        """Add the ledger and journal counts of one call (``rec`` may be None)."""
+        n = effects(alias, key, value)
+        self.effects += n
+        self.max_duplicate_effects = max(self.max_duplicate_effects, n - 1)
+        if rec is not None:
+            self.deliveries += int(rec.deliveries)
+            self.takeovers += int(rec.takeovers)
+
+    def add_logs(self, ws: list[Worker]) -> None:
+        self.fence_outs += log_count(ws, "grousset.fenced_out")
+
+    def write(self) -> None:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        with open(RESULTS, "a") as fh:
+            fh.write(json.dumps({**asdict(self), "at": time.time()}) + "\n")
