@@ -397,3 +397,5 @@ class OutcomeAdmin(_Base):
 def _ts(value: datetime) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S %Z").strip()
 
+
+from celery_grousset import outbox_admin  # noqa: E402,F401

@@ -1,13 +1,14 @@
 """Worker flags and the worker bootstep.
 
 ``install(app)`` (call it in your ``proj/celery.py``, next to
-``app.autodiscover_tasks()``) adds four options to ``celery worker``:
+``app.autodiscover_tasks()``) adds five options to ``celery worker``:
 
 =====================================  ===================================================
 ``--grousset-processor-id ID``         default ``processor_id`` of this worker's tasks
 ``--grousset-max-processing-time S``   default ``max_processing_time`` (seconds)
 ``--grousset-metrics-port PORT``       serve Prometheus metrics on this port
 ``--grousset-bypass``                  EMERGENCY: run every task unguarded, logging loudly
+``--grousset-relay``                   publish the transactional outbox from this worker
 =====================================  ===================================================
 
 The flags are defaults: a task's own option wins (precedence: per call > task >
@@ -34,6 +35,7 @@ FLAG_NAMES = (
     "grousset_max_processing_time",
     "grousset_metrics_port",
     "grousset_bypass",
+    "grousset_relay",
 )
 
 
@@ -79,6 +81,14 @@ def _options() -> list[Any]:
             "journal), logging a warning per task.",
             **extra,
         ),
+        Option(
+            ("--grousset-relay",),
+            is_flag=True,
+            default=False,
+            help="Publish the transactional outbox (GROUSSET['DATABASE']) from a thread "
+            "of this worker, like `manage.py grousset_relay`.",
+            **extra,
+        ),
     ]
 
 
@@ -94,6 +104,7 @@ class GroussetStep(bootsteps.StartStopStep):
         grousset_max_processing_time: float | None = None,
         grousset_metrics_port: int | None = None,
         grousset_bypass: bool = False,
+        grousset_relay: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(parent, **kwargs)
@@ -114,6 +125,8 @@ class GroussetStep(bootsteps.StartStopStep):
         self.bypass = bool(grousset_bypass)
         self.defaults = defaults
         self.metrics: Any = None
+        self.relay_wanted = bool(grousset_relay)
+        self.relay: Any = None
         if grousset_metrics_port is not None:
             from celery_grousset.metrics import WorkerMetrics
 
@@ -139,10 +152,18 @@ class GroussetStep(bootsteps.StartStopStep):
             )
         if self.metrics is not None:
             self.metrics.start(in_process=not _forks(parent))
+        if self.relay_wanted and self.relay is None:
+            from celery_grousset.outbox import RelayThread
+
+            self.relay = RelayThread(parent.app)
+            self.relay.start_when_ready()  # after the pool has forked
 
     def stop(self, parent: Any) -> None:
         if self.metrics is not None:
             self.metrics.stop()
+        if self.relay is not None:
+            self.relay.stop()
+            self.relay = None
 
     def terminate(self, parent: Any) -> None:
         self.stop(parent)

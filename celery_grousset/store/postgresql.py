@@ -136,6 +136,9 @@ class PostgresStore(Store):
         options = params.pop("options", "") or ""
         params["options"] = (
             f"{options} -c lock_timeout={ms} -c statement_timeout={ms} -c TimeZone=UTC"
+            # The claim is prepared once; a custom plan per call would re-plan a large
+            # statement every time (measured: 3x the duplicate claim's server time).
+            " -c plan_cache_mode=force_generic_plan"
         ).strip()
         params["connect_timeout"] = max(2, math.ceil(self.timeout))
         params.setdefault("application_name", "celery-grousset")

@@ -4,6 +4,11 @@ Only rows whose retention window has passed and that no attempt holds are
 deleted (:meth:`~celery_grousset.managers.OutcomeQuerySet.purge_expired`), one
 short transaction per batch, so the purge never blocks claims for long and never
 touches an unexpired or in-flight row.
+
+It also deletes outbox rows (:mod:`celery_grousset.outbox`) sent longer ago than
+the retention window (``GROUSSET["EXPIRES_AFTER"]``, plus ``--older-than``);
+pending and dead rows are never touched. ``--no-outbox`` / ``--outbox-only``
+choose one of the two.
 """
 
 from __future__ import annotations
@@ -48,6 +53,15 @@ class Command(BaseCommand):
             metavar="DURATION",
             help="Only rows that expired at least this long ago: seconds or 30m, 12h, 7d, 2w.",
         )
+        which = parser.add_mutually_exclusive_group()
+        which.add_argument(
+            "--no-outbox", action="store_true", help="Leave the outbox alone (journal only)."
+        )
+        which.add_argument(
+            "--outbox-only",
+            action="store_true",
+            help="Purge only sent outbox rows older than the retention.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         from celery_grousset.managers import _db_now
@@ -64,6 +78,10 @@ class Command(BaseCommand):
             now = _db_now(alias)
             older_than = as_duration(options["older_than"])
             before = now - older_than if older_than else now
+            if not options.get("no_outbox"):
+                self._purge_outbox(alias, before, batch_size, options, verbosity)
+            if options.get("outbox_only"):
+                return
             if options["dry_run"]:
                 count = manager.expired(before).count()
                 if verbosity:
@@ -86,6 +104,26 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"purged {count} expired journal entries in {time.monotonic() - t0:.2f} s"
             )
+
+    def _purge_outbox(
+        self, alias: str, before: Any, batch_size: int, options: dict[str, Any], verbosity: int
+    ) -> None:
+        """Sent outbox rows whose ``sent_at`` is older than the retention window."""
+        from datetime import timedelta
+
+        from celery_grousset import outbox
+        from celery_grousset.conf import grousset_settings, seconds
+
+        retention = seconds(grousset_settings.EXPIRES_AFTER, name="EXPIRES_AFTER") or 0.0
+        cutoff = before - timedelta(seconds=retention)
+        if options["dry_run"]:
+            count = outbox.sent_before_count(using=alias, before=cutoff)
+            if verbosity:
+                self.stdout.write(f"would purge {count} sent outbox messages (dry run)")
+            return
+        count = outbox.purge_sent(using=alias, before=cutoff, batch_size=batch_size)
+        if verbosity:
+            self.stdout.write(f"purged {count} sent outbox messages")
 
     def _progress_bar(self, total: int) -> Any:
         """A ``\\r`` progress line on stderr (TTY only)."""
