@@ -26,7 +26,7 @@ STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
 
-.PHONY: help venv lint test test-fast demo docs bench chaos services clean
+.PHONY: help venv lint test test-fast compat demo docs bench chaos services clean
 
 help: ## list the targets
 	@echo "celery-grousset — make targets:"
@@ -63,6 +63,9 @@ test: lint ## lint, then the whole pytest suite (PYTEST_ARGS='-q')
 test-fast: venv ## pytest without slow, browser and chaos tests
 	$(BIN)/pytest -m "not slow and not browser and not chaos" $(PYTEST_ARGS)
 
+compat: ## core tests on Django 4.2 + Celery 5.3 and Django 6.0 (Python 3.12)
+	scripts/compat.sh dj42 dj60
+
 demo: venv ## run the example project's demo (honours DATABASE_URL, CELERY_BROKER_URL)
 	$(BIN)/python -m example_project.demo
 
@@ -81,6 +84,6 @@ services: ## start PostgreSQL, MariaDB, Redis, RabbitMQ if they are down
 
 clean: ## remove the venv, caches, site/ and .demo/
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis \
-		site .demo build dist tests/artifacts bench/.work
+		site .demo build dist tests/artifacts bench/.work .venv-compat-*
 	find . -path ./.git -prune -o \( -name __pycache__ -o -name '*.egg-info' \) \
 		-prune -exec rm -rf {} +

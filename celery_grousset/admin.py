@@ -234,7 +234,8 @@ class OutcomeAdmin(_Base):
     search_help_text = _("A fingerprint prefix (hex) or an exact task id.")
     ordering = ("-started_at",)
     show_full_result_count = False
-    show_facets = admin.ShowFacets.NEVER
+    if hasattr(admin, "ShowFacets"):  # Django >= 5.0 (4.2 has no facets)
+        show_facets = admin.ShowFacets.NEVER
     paginator = EstimatedCountPaginator
     list_per_page = 50
     actions = ("release_stale_claims", "forget_outcomes")

@@ -10,7 +10,9 @@ from __future__ import annotations
 import inspect
 import uuid
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from celery import Task
@@ -45,6 +47,11 @@ _OPTION_NAMES = (
 )
 
 _instances: list[GroussetTaskMixin] = []
+
+#: (task name, attempt) of the guarded attempt running in this context
+_ATTEMPT: ContextVar[tuple[str, guard.Attempt] | None] = ContextVar(
+    "grousset_attempt", default=None
+)
 
 
 class GroussetTaskMixin:
@@ -149,7 +156,8 @@ class GroussetTaskMixin:
     @property
     def grousset(self) -> guard.Attempt:
         """Inside a running attempt: ``fingerprint``, ``fence``, ``deliveries``…"""
-        attempt = getattr(self.request, "grousset", None)
+        current = _ATTEMPT.get()
+        attempt = current[1] if current is not None and current[0] == self.name else None
         if attempt is None:
             from celery_grousset.exceptions import GroussetError
 
@@ -157,7 +165,7 @@ class GroussetTaskMixin:
                 f"{self.name}: self.grousset exists only while a guarded attempt runs "
                 "(inside the task body, after the claim)."
             )
-        return attempt  # type: ignore[no-any-return]
+        return attempt
 
     # -- publishing ------------------------------------------------------------------------
 
@@ -203,7 +211,7 @@ class GroussetTaskMixin:
             # No claim, no journal; the fingerprint is still handed to the body, so an
             # external idempotency key keeps working while the guard is off.
             key = _header(request, KEY_HEADER)
-            request.grousset = guard.Attempt(
+            bypassed = guard.Attempt(
                 fingerprint=self.grousset_fingerprint(args, kwargs, key),
                 fence=0,
                 deliveries=0,
@@ -212,7 +220,7 @@ class GroussetTaskMixin:
                 processor_id=str(self.processor_id or self.app.main or "default"),
                 token="",
             )
-            return run(*args, **kwargs)
+            return self._with_attempt(bypassed, lambda: run(*args, **kwargs))
         opts = self.grousset_options()
         key = _header(request, KEY_HEADER)
         fp = self.grousset_fingerprint(args, kwargs, key)
@@ -240,7 +248,7 @@ class GroussetTaskMixin:
             self._requeue(self._store_countdown(request), exc)
         if not res.owned:
             return guard.answer(req, res, delivery=_delivery(request))
-        request.grousset = guard.Attempt(
+        attempt = guard.Attempt(
             fingerprint=fp,
             fence=res.fence,
             deliveries=res.deliveries,
@@ -249,7 +257,17 @@ class GroussetTaskMixin:
             processor_id=opts.processor_id,
             token=req.token,
         )
-        return guard.run_owned(store, opts, req, res, lambda: run(*args, **kwargs), self.serializer)
+        body = partial(self._with_attempt, attempt, lambda: run(*args, **kwargs))
+        return guard.run_owned(store, opts, req, res, body, self.serializer)
+
+    def _with_attempt(self, attempt: guard.Attempt, body: Callable[[], Any]) -> Any:
+        """Run ``body`` with ``self.grousset`` bound to ``attempt`` (a context variable:
+        Celery < 5.4 pushes a fresh request context inside Task.__call__)."""
+        reset = _ATTEMPT.set((self.name, attempt))
+        try:
+            return body()
+        finally:
+            _ATTEMPT.reset(reset)
 
     def _args_repr(self, request: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
         argsrepr = getattr(request, "argsrepr", None)
