@@ -126,6 +126,7 @@ def test_operator_filters_searches_reads_and_releases(server: str, processor: st
             page.fill("#id_username", admin_name)
             page.fill("#id_password", "op-pass-1")
             page.click("input[type=submit]")
+            page.wait_for_load_state()
             page.goto(changelist)
             # Then the three rows are listed with their badges
             assert page.locator("#result_list tbody tr").count() == 3
@@ -137,6 +138,8 @@ def test_operator_filters_searches_reads_and_releases(server: str, processor: st
             shot(page, "changelist")
             # When they filter by status / Then only the stuck claim is left
             page.click("#changelist-filter a[href*='status=in_flight']")
+            page.wait_for_url("**status=in_flight**")
+            page.wait_for_load_state()
             assert page.locator("#result_list tbody tr").count() == 1
             assert stuck.fingerprint[:12] in page.inner_text("#result_list")
             # When they search a fingerprint prefix / Then the receipt is found
@@ -148,6 +151,7 @@ def test_operator_filters_searches_reads_and_releases(server: str, processor: st
             shot(page, "search")
             # When they open it / Then the memo is shown, pretty-printed
             page.click(f"#result_list a[href*='/{receipt.pk}/change/']")
+            page.wait_for_load_state()
             memo = page.inner_text("pre.grousset-memo")
             assert '"provider_id": "msg_8f2c"' in memo and memo.count("\n") >= 4
             shot(page, "detail")
@@ -156,6 +160,7 @@ def test_operator_filters_searches_reads_and_releases(server: str, processor: st
             page.check(f"input.action-select[value='{stuck.pk}']")
             page.select_option("select[name=action]", "release_stale_claims")
             page.click("button[name=index]")
+            page.wait_for_load_state()
             assert "Release stale claims" in page.inner_text("#content h1")
             assert page.locator("tr.grousset-will-change").count() == 1
             shot(page, "confirm-release")
@@ -171,6 +176,7 @@ def test_operator_filters_searches_reads_and_releases(server: str, processor: st
             page.fill("#id_username", viewer_name)
             page.fill("#id_password", "view-pass-1")
             page.click("input[type=submit]")
+            page.wait_for_load_state()
             page.goto(changelist)
             # Then they see the rows but are offered no action
             assert page.locator("#result_list tbody tr").count() == 3
