@@ -227,3 +227,31 @@ def test_eight_processes_race_on_500_keys(alias: str, processor: str) -> None:
     # And all 8 callers of a key received the same value
     for key in keys:
         assert len({r[key] for r in results}) == 1
+
+
+def test_sqlite_locked_fails_closed() -> None:
+    import sqlite3
+
+    from django.db import connections
+
+    from celery_grousset.store import base
+    from tests import services
+
+    services.require_database("default")
+    from celery_grousset.store.sqlite import SQLiteStore
+
+    ran: list[int] = []
+    # Given another process holding SQLite's write lock on the journal file
+    holder = sqlite3.connect(str(connections.settings["default"]["NAME"]), isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    reset_stores()
+    base._stores["default"] = SQLiteStore("default", connections.settings["default"], timeout=0.5)
+    try:
+        # When protect() claims / Then "database is locked" is StoreUnavailable, never "run it"
+        with pytest.raises(StoreUnavailable, match="locked"):
+            protect("locked", lambda: ran.append(1), max_processing_time=5, database="default")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        reset_stores()
+    assert ran == []
