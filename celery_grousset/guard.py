@@ -165,10 +165,29 @@ def wait_until_settled(store: Store, req: ClaimRequest, res: ClaimResult) -> Cla
     claim turns stale, then claim again (bounded by ``max_processing_time``)."""
     delay = 0.005
     while res.kind is Kind.IN_FLIGHT:
-        time.sleep(min(delay, max(res.retry_in, 0.001)))
-        delay = min(delay * 2, 0.5)
+        stale_at = time.monotonic() + res.retry_in
+        # Read-only polls (not counted as deliveries) until the record changes hands
+        # or the claim turns stale; then one claim decides.
+        while time.monotonic() < stale_at:
+            time.sleep(min(delay, max(stale_at - time.monotonic(), 0.001)))
+            delay = min(delay * 2, 0.5)
+            if _settled(store, req, res):
+                break
         res = claim(store, req)
     return res
+
+
+def _settled(store: Store, req: ClaimRequest, res: ClaimResult) -> bool:
+    """Whether the in-flight record seen by ``res`` is no longer held by that attempt."""
+    from celery_grousset.models import Outcome
+
+    row = (
+        Outcome.objects.using(store.alias)
+        .filter(processor_id=req.processor_id, fingerprint=req.fingerprint)
+        .values_list("status", "fence")
+        .first()
+    )
+    return row is None or row != (Status.IN_FLIGHT.value, res.fence)
 
 
 def control_flow(exc: BaseException) -> bool:
