@@ -2,7 +2,8 @@
 environment variable ``GROUSSET_FAULT`` is set; production never imports it.
 
 ``GROUSSET_FAULT=<point>:<action>[:<marker>]`` where point is one of
-``after_claim``, ``mid_effect``, ``after_effect``, ``after_complete``; action is
+``after_claim``, ``mid_effect``, ``after_effect``, ``after_complete`` (and
+``outbox_published`` in the outbox relay); action is
 ``kill`` (SIGKILL this process), ``stop`` (SIGSTOP it), ``term`` (SIGTERM),
 ``pgkill`` (terminate this process' journal connection from another session);
 the fault fires only if the file named by ``GROUSSET_FAULT_ARM`` exists (and is

@@ -103,7 +103,7 @@ def effects(alias: str, key: str) -> int:
     return Effect.objects.using(alias).filter(key=key).count()
 
 
-def test_help_shows_the_four_flags() -> None:
+def test_help_shows_the_flags() -> None:
     # Given the test app with install(app) / When `celery worker --help` runs
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
@@ -115,13 +115,14 @@ def test_help_shows_the_four_flags() -> None:
         timeout=60,
         check=False,
     )
-    # Then the four flags are listed under their own heading
+    # Then the five flags are listed under their own heading
     assert proc.returncode == 0, proc.stderr
     for flag in (
         "--grousset-processor-id",
         "--grousset-max-processing-time",
         "--grousset-metrics-port",
         "--grousset-bypass",
+        "--grousset-relay",
     ):
         assert flag in proc.stdout
     assert "celery-grousset Options" in proc.stdout
@@ -144,6 +145,7 @@ def test_install_is_idempotent() -> None:
             "grousset_max_processing_time",
             "grousset_metrics_port",
             "grousset_bypass",
+            "grousset_relay",
         ]
     )
     assert list(app.steps["worker"]) == [GroussetStep]

@@ -64,6 +64,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if not options.get("outbox_only"):
+            self._purge_journal(**options)
+        if not options.get("no_outbox"):
+            self._purge_outbox(**options)
+
+    def _purge_journal(self, **options: Any) -> None:
         from celery_grousset.managers import _db_now
         from celery_grousset.models import Outcome
 
@@ -78,10 +84,6 @@ class Command(BaseCommand):
             now = _db_now(alias)
             older_than = as_duration(options["older_than"])
             before = now - older_than if older_than else now
-            if not options.get("no_outbox"):
-                self._purge_outbox(alias, before, batch_size, options, verbosity)
-            if options.get("outbox_only"):
-                return
             if options["dry_run"]:
                 count = manager.expired(before).count()
                 if verbosity:
@@ -105,24 +107,33 @@ class Command(BaseCommand):
                 f"purged {count} expired journal entries in {time.monotonic() - t0:.2f} s"
             )
 
-    def _purge_outbox(
-        self, alias: str, before: Any, batch_size: int, options: dict[str, Any], verbosity: int
-    ) -> None:
-        """Sent outbox rows whose ``sent_at`` is older than the retention window."""
+    def _purge_outbox(self, **options: Any) -> None:
+        """Sent outbox rows whose ``sent_at`` is older than the retention window
+        (``EXPIRES_AFTER``, plus ``--older-than``); pending and dead rows stay."""
         from datetime import timedelta
 
         from celery_grousset import outbox
         from celery_grousset.conf import grousset_settings, seconds
+        from celery_grousset.managers import _db_now
 
+        alias = journal_alias(options["database"])
+        verbosity = int(options["verbosity"])
+        shown = verbosity > 1 or options.get("outbox_only")
         retention = seconds(grousset_settings.EXPIRES_AFTER, name="EXPIRES_AFTER") or 0.0
-        cutoff = before - timedelta(seconds=retention)
-        if options["dry_run"]:
-            count = outbox.sent_before_count(using=alias, before=cutoff)
-            if verbosity:
-                self.stdout.write(f"would purge {count} sent outbox messages (dry run)")
-            return
-        count = outbox.purge_sent(using=alias, before=cutoff, batch_size=batch_size)
-        if verbosity:
+        try:
+            older_than = as_duration(options["older_than"]) or timedelta(0)
+            cutoff = _db_now(alias) - older_than - timedelta(seconds=retention)
+            if options["dry_run"]:
+                count = outbox.sent_before_count(using=alias, before=cutoff)
+                if verbosity and (count or shown):
+                    self.stdout.write(f"would purge {count} sent outbox messages (dry run)")
+                return
+            count = outbox.purge_sent(
+                using=alias, before=cutoff, batch_size=max(1, int(options["batch_size"]))
+            )
+        except DatabaseError as exc:
+            raise CommandError(f"outbox purge failed on {alias!r}: {exc}") from exc
+        if verbosity and (count or shown):
             self.stdout.write(f"purged {count} sent outbox messages")
 
     def _progress_bar(self, total: int) -> Any:

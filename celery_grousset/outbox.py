@@ -1,0 +1,373 @@
+"""The transactional outbox: publish a task only if the caller's transaction commits.
+
+:func:`enqueue` writes an :class:`~celery_grousset.models.OutboxMessage` row in the
+caller's current transaction: a rollback leaves nothing to publish, a crash right
+after the commit loses nothing. A :class:`Relay` (``manage.py grousset_relay`` or the
+worker flag ``--grousset-relay``) publishes pending rows in order of creation, in
+batches locked with ``SELECT … FOR UPDATE SKIP LOCKED`` (PostgreSQL, MySQL 8,
+MariaDB 10.6+; on SQLite, which has one writer, the batch takes the write lock
+first), marks them sent, and retries failures with exponential backoff until
+``max_attempts``, when the row goes ``dead`` with its last error.
+
+Several relays may run at once: a locked row is skipped, so no row is published
+twice in normal operation. A relay killed between the publish and the commit of
+"sent" leaves its rows pending; another relay publishes them again, and the
+consumer's claim absorbs the copy, because every message carries the idempotency
+key ``outbox:<id>`` (or the caller's own ``idempotency_key``).
+
+Unlike the journal, the outbox holds the task's arguments (JSON) until the row is
+sent, as a broker would; "sent" drops them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError, connections, transaction
+
+from celery_grousset.models import OutboxMessage, OutboxStatus
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+logger = logging.getLogger("celery_grousset")
+
+DEFAULT_BATCH_SIZE = 100
+DEFAULT_MAX_ATTEMPTS = 10
+DEFAULT_BACKOFF = 2.0
+DEFAULT_BACKOFF_MAX = 600.0
+DEFAULT_INTERVAL = 1.0
+MAX_ERROR = 2000
+#: options that cannot outlive this process
+_REFUSED = ("producer", "connection", "publisher", "router")
+
+
+def _alias(using: str | None) -> str:
+    from celery_grousset.conf import grousset_settings
+
+    return using or str(grousset_settings.DATABASE)
+
+
+def clock(alias: str, plus: float = 0.0) -> Any:
+    """The database clock (+ ``plus`` seconds) as a value for a query or an insert."""
+    from django.db.models import DateTimeField
+    from django.db.models.expressions import RawSQL
+    from django.utils import timezone
+
+    vendor = connections[alias].vendor
+    if vendor == "postgresql":
+        sql, params = "statement_timestamp() + make_interval(secs => %s)", [float(plus)]
+    elif vendor == "mysql":
+        sql, params = "UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND", [int(plus * 1e6)]
+    else:  # SQLite: the journal's store uses this process' clock too
+        return timezone.now() + timedelta(seconds=plus)
+    return RawSQL(sql, params, output_field=DateTimeField())
+
+
+def _jsonable_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``apply_async`` options as JSON: a countdown becomes an absolute ``eta``."""
+    from django.utils import timezone
+
+    refused = [name for name in _REFUSED if name in options]
+    if refused:
+        raise TypeError(f"outbox.enqueue: the option(s) {refused} cannot be stored")
+    out = dict(options)
+    countdown = out.pop("countdown", None)
+    if countdown is not None:
+        out["eta"] = timezone.now() + timedelta(seconds=float(countdown))
+    expires = out.get("expires")
+    if isinstance(expires, (int, float)) and not isinstance(expires, bool):
+        out["expires"] = timezone.now() + timedelta(seconds=float(expires))
+    for name in ("eta", "expires"):
+        if isinstance(out.get(name), datetime):
+            out[name] = out[name].isoformat()
+    try:
+        json.dumps(out)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"outbox.enqueue: options must be JSON-serializable ({exc})") from exc
+    return out
+
+
+def enqueue(
+    task: Any,
+    args: Sequence[Any] | None = None,
+    kwargs: dict[str, Any] | None = None,
+    *,
+    using: str | None = None,
+    **options: Any,
+) -> OutboxMessage:
+    """Write a message for ``task`` (a task or its name) in the current transaction.
+
+    ``options`` are ``apply_async``'s (``queue``, ``countdown``, ``eta``, ``priority``,
+    ``idempotency_key``…); ``args``/``kwargs`` must be JSON-serializable. ``using``:
+    the database of the caller's transaction (default ``GROUSSET["DATABASE"]``). The
+    row's ``task_id`` is the Celery task id the message will carry. Its ``created_at``
+    and ``available_at`` are set by the database clock (``None`` on the returned
+    object until ``refresh_from_db()``).
+    """
+    alias = _alias(using)
+    name = task if isinstance(task, str) else task.name
+    task_id = str(options.pop("task_id", None) or uuid.uuid4())
+    row = OutboxMessage(
+        task_name=name,
+        task_id=task_id,
+        args=list(args or ()),
+        kwargs=dict(kwargs or {}),
+        options=_jsonable_options(options),
+        created_at=clock(alias),
+        available_at=clock(alias),
+    )
+    row.save(using=alias, force_insert=True)
+    if not isinstance(row.created_at, datetime):
+        row.created_at = row.available_at = None
+    return row
+
+
+def publish(app: Any, row: OutboxMessage) -> Any:
+    """Publish one outbox row (its ``task_id``; idempotency key ``outbox:<id>``)."""
+    from celery_grousset.task import KEY_HEADER, REPR_HEADER, GroussetTaskMixin
+
+    options = dict(row.options or {})
+    for name in ("eta", "expires"):
+        if isinstance(options.get(name), str):
+            options[name] = datetime.fromisoformat(options[name])
+    key = options.pop("idempotency_key", None) or f"outbox:{row.id}"
+    task = app.tasks.get(row.task_name)
+    if isinstance(task, GroussetTaskMixin):
+        return task.apply_async(
+            row.args, row.kwargs, task_id=row.task_id, idempotency_key=key, **options
+        )
+    headers = {**(options.pop("headers", None) or {}), KEY_HEADER: key, REPR_HEADER: 1}
+    options.setdefault("argsrepr", f"(outbox:{row.id})")
+    options.setdefault("kwargsrepr", "{}")
+    return app.send_task(
+        row.task_name, row.args, row.kwargs, task_id=row.task_id, headers=headers, **options
+    )
+
+
+def _broker_down(exc: BaseException) -> bool:
+    """A connection-level error: the next rows would fail the same way."""
+    from kombu.exceptions import OperationalError
+
+    return isinstance(exc, (OperationalError, ConnectionError, TimeoutError, OSError))
+
+
+@dataclass
+class RelayStats:
+    fetched: int = 0
+    sent: int = 0
+    failed: int = 0
+    dead: int = 0
+    batches: int = 0
+    broker_down: bool = False
+
+    def add(self, other: RelayStats) -> None:
+        self.fetched += other.fetched
+        self.sent += other.sent
+        self.failed += other.failed
+        self.dead += other.dead
+        self.batches += other.batches
+
+
+class Relay:
+    """Publishes due outbox rows of one database, one locked batch at a time."""
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        using: str | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        backoff: float = DEFAULT_BACKOFF,
+        backoff_max: float = DEFAULT_BACKOFF_MAX,
+        interval: float = DEFAULT_INTERVAL,
+        fault: Callable[[str], None] | None = None,
+    ) -> None:
+        if batch_size < 1 or max_attempts < 1:
+            raise ValueError("batch_size and max_attempts must be at least 1")
+        self.app = app
+        self.alias = _alias(using)
+        self.batch_size = batch_size
+        self.max_attempts = max_attempts
+        self.backoff = backoff
+        self.backoff_max = backoff_max
+        self.interval = interval
+        if fault is None:
+            from celery_grousset.guard import fault as guard_fault
+
+            fault = guard_fault
+        self.fault: Callable[[str], None] = fault
+
+    def delay(self, attempts: int) -> float:
+        """Seconds before the next try after ``attempts`` failed publishes."""
+        return float(min(self.backoff * 2.0 ** max(attempts - 1, 0), self.backoff_max))
+
+    def run_batch(self) -> RelayStats:
+        """Lock up to ``batch_size`` due rows, publish them, mark them; one transaction."""
+        alias, stats = self.alias, RelayStats(batches=1)
+        conn = connections[alias]
+        manager = OutboxMessage.objects.using(alias)
+        with transaction.atomic(using=alias):
+            due = manager.filter(status=OutboxStatus.PENDING, available_at__lte=clock(alias))
+            if conn.features.has_select_for_update_skip_locked:
+                due = due.select_for_update(skip_locked=True)
+            else:  # SQLite: take the (single) write lock before reading
+                with conn.cursor() as cur:
+                    table = conn.ops.quote_name(OutboxMessage._meta.db_table)
+                    cur.execute(f"UPDATE {table} SET id = id WHERE 1 = 0")
+            rows = list(due.order_by("id")[: self.batch_size])
+            stats.fetched = len(rows)
+            sent: list[int] = []
+            for row in rows:
+                try:
+                    publish(self.app, row)
+                except Exception as exc:
+                    self._failed(row, exc, stats)
+                    if _broker_down(exc):
+                        stats.broker_down = True
+                        break
+                else:
+                    sent.append(row.id)
+                    self.fault("outbox_published")  # chaos hook: die mid-batch
+            if sent:
+                manager.filter(pk__in=sent).update(
+                    status=OutboxStatus.SENT,
+                    sent_at=clock(alias),
+                    attempts=_plus_one(),
+                    last_error="",
+                    args=[],
+                    kwargs={},
+                )
+                stats.sent = len(sent)
+        if sent:
+            logger.info("grousset.outbox_sent count=%d database=%s", len(sent), alias)
+        return stats
+
+    def _failed(self, row: OutboxMessage, exc: BaseException, stats: RelayStats) -> None:
+        attempts = row.attempts + 1
+        error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR]
+        rows = OutboxMessage.objects.using(self.alias).filter(pk=row.pk)
+        if attempts >= self.max_attempts:
+            rows.update(status=OutboxStatus.DEAD, attempts=attempts, last_error=error)
+            stats.dead += 1
+            logger.error(
+                "grousset.outbox_dead id=%s task=%s attempts=%d error=%s",
+                row.id, row.task_name, attempts, error,
+            )  # fmt: skip
+            return
+        wait = self.delay(attempts)
+        rows.update(attempts=attempts, last_error=error, available_at=clock(self.alias, wait))
+        stats.failed += 1
+        logger.warning(
+            "grousset.outbox_publish_failed id=%s task=%s attempts=%d retry_in=%.1fs error=%s",
+            row.id, row.task_name, attempts, wait, error,
+        )  # fmt: skip
+
+    def run(self, stop: threading.Event | None = None, *, once: bool = False) -> RelayStats:
+        """Publish until ``stop`` is set (``once``: until nothing is due). A database or
+        broker outage pauses the loop with backoff; it never ends it."""
+        stop = stop or threading.Event()
+        total, errors = RelayStats(), 0
+        while not stop.is_set():
+            try:
+                stats = self.run_batch()
+            except DatabaseError as exc:
+                errors += 1
+                logger.warning("grousset.outbox_database_error database=%s error=%s",
+                               self.alias, exc)  # fmt: skip
+                connections[self.alias].close()
+                if once:
+                    raise
+                stop.wait(self.delay(errors))
+                continue
+            errors = 0
+            total.add(stats)
+            if stats.fetched < self.batch_size or stats.broker_down:
+                if once:
+                    break
+                stop.wait(self.interval if not stats.broker_down else self.delay(2))
+        return total
+
+
+def _plus_one() -> Any:
+    from django.db.models import F
+
+    return F("attempts") + 1
+
+
+class RelayThread(threading.Thread):
+    """A relay running in a daemon thread (the worker bootstep's ``--grousset-relay``).
+
+    In a prefork worker, :meth:`start_when_ready` starts it once the worker is ready,
+    after the pool has forked its children: a child forked while this thread holds a
+    lock (an import, say) would inherit the lock held, forever.
+    """
+
+    def __init__(self, app: Any, **options: Any) -> None:
+        super().__init__(name="grousset-relay", daemon=True)
+        self.relay = Relay(app, **options)
+        self.stop_event = threading.Event()
+        connections[self.relay.alias]  # import the database backend now, before any fork
+
+    def start_when_ready(self) -> None:
+        """Start on Celery's ``worker_ready`` signal (once)."""
+        from celery.signals import worker_ready
+
+        def ready(**kwargs: Any) -> None:
+            if not self.is_alive() and not self.stop_event.is_set() and self.ident is None:
+                self.start()
+
+        self._ready = ready  # the signal holds receivers weakly
+        worker_ready.connect(ready)
+
+    def run(self) -> None:
+        try:
+            self.relay.run(self.stop_event)
+        except Exception:  # pragma: no cover - logged, never kills the worker
+            logger.exception("grousset.outbox_relay_crashed database=%s", self.relay.alias)
+        finally:
+            connections.close_all()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.stop_event.set()
+        if self.is_alive():
+            self.join(timeout)
+
+
+def purge_sent(
+    *,
+    using: str | None = None,
+    before: datetime,
+    batch_size: int = 10_000,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Delete sent rows whose ``sent_at`` is before ``before``, one transaction per batch.
+    Pending and dead rows are never touched."""
+    alias = _alias(using)
+    manager = OutboxMessage.objects.using(alias)
+    total = 0
+    while True:
+        with transaction.atomic(using=alias):
+            old = manager.filter(status=OutboxStatus.SENT, sent_at__lt=before)
+            ids = list(old.order_by().values_list("pk", flat=True)[:batch_size])
+            if not ids:
+                break
+            deleted, _ = old.filter(pk__in=ids).delete()
+        total += deleted
+        if progress is not None:
+            progress(total)
+        if len(ids) < batch_size:
+            break
+    return total
+
+
+def sent_before_count(*, using: str | None = None, before: datetime) -> int:
+    manager = OutboxMessage.objects.using(_alias(using))
+    return manager.filter(status=OutboxStatus.SENT, sent_at__lt=before).count()

@@ -1,0 +1,280 @@
+"""``task.publish_unique(calls)``: publish a batch of calls, minus the ones that need no message.
+
+Two layers of deduplication at publish time (seeds/002), both an optimisation and
+never the guarantee — the consumer-side claim still runs for every delivery:
+
+1. **In the batch**: a call whose fingerprint was already seen in this run is
+   skipped (``skipped_in_batch``). The calls are read ``chunk_size`` at a time; a
+   chunk is always deduplicated completely, and the last ``window`` distinct
+   fingerprints (default 100,000, ≈ 15 MB) are remembered across chunks, so memory
+   stays bounded for a generator of any length. A copy that arrives more than
+   ``window`` distinct calls after its first occurrence is caught by layer 2 only
+   if the first copy was claimed by a worker in the meantime; otherwise it is
+   published and the consumer's claim absorbs it.
+2. **Against the journal**: ONE indexed query per chunk asks which of the chunk's
+   fingerprints the journal holds for the task's processor
+   (``fingerprint = ANY(%s)`` on PostgreSQL, ``IN (…)`` elsewhere, on the Django
+   connection of the journal's database). Skipped: completed rows and memoized
+   failures still inside their retention window (``skipped_completed``) and fresh
+   in-flight claims (``skipped_in_flight``: started less than
+   ``max_processing_time`` ago, database clock). Expired rows, released failures
+   and stale claims are published: their next delivery claims them again.
+
+Everything else is published with ``task.apply_async`` in input order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+from celery_grousset.claim import ENC_NONE, Status
+
+if TYPE_CHECKING:
+    from celery_grousset.task import GroussetTaskMixin
+
+#: distinct fingerprints remembered across chunks by layer 1 (≈ 150 bytes each)
+DEFAULT_WINDOW = 100_000
+
+COMPLETED = "completed"
+IN_FLIGHT = "in_flight"
+
+
+@dataclass
+class PublishReport:
+    """What :func:`publish_unique` did with the calls it was given."""
+
+    published: int = 0
+    skipped_in_batch: int = 0
+    skipped_completed: int = 0
+    skipped_in_flight: int = 0
+    #: journal queries issued (at most one per chunk)
+    queries: int = 0
+    #: chunks read from ``calls``
+    chunks: int = 0
+    #: the AsyncResult of every published call, in order (empty with ``keep_results=False``)
+    results: list[Any] = field(default_factory=list, repr=False)
+
+    @property
+    def total(self) -> int:
+        """Calls read."""
+        return (
+            self.published
+            + self.skipped_in_batch
+            + self.skipped_completed
+            + self.skipped_in_flight
+        )
+
+    @property
+    def skipped(self) -> int:
+        return self.total - self.published
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One call: its arguments, its optional idempotency key and its fingerprint."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    key: str | None
+    fingerprint: str
+
+
+class _Window:
+    """The last ``size`` distinct fingerprints seen (FIFO; ``size`` 0: only the chunk)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._order: deque[str] = deque()
+        self._seen: set[str] = set()
+
+    def __contains__(self, fp: str) -> bool:
+        return fp in self._seen
+
+    def add(self, fp: str) -> None:
+        self._seen.add(fp)
+        self._order.append(fp)
+        while len(self._order) > self.size:
+            self._seen.discard(self._order.popleft())
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
+def as_call(task: GroussetTaskMixin, item: Any) -> Call:
+    """``"key"`` → ``((key,), {}, key)``; ``(args, kwargs)`` or ``(args, kwargs, key)``."""
+    if isinstance(item, str):
+        args: tuple[Any, ...] = (item,)
+        kwargs: dict[str, Any] = {}
+        key: str | None = item
+    elif isinstance(item, (tuple, list)) and len(item) in (2, 3):
+        args, kwargs = tuple(item[0] or ()), dict(item[1] or {})
+        key = item[2] if len(item) == 3 else None
+    else:
+        raise TypeError(
+            f"{task.name}.publish_unique: each call is (args, kwargs), (args, kwargs, "
+            f"idempotency_key) or an idempotency key (str), got {type(item).__name__}"
+        )
+    return Call(args, kwargs, key, task.grousset_fingerprint(args, kwargs, key))
+
+
+def classify(
+    status: str,
+    result_encoding: str,
+    started_at: datetime,
+    expires_on: datetime,
+    now: datetime,
+    max_processing_time: float,
+) -> str | None:
+    """Why a journal row makes a new message useless (None: publish). Mirrors
+    :func:`celery_grousset.claim.decide`: only rows a claim would NOT take are skipped."""
+    if status == Status.IN_FLIGHT:
+        fresh = started_at > now - timedelta(seconds=max_processing_time)
+        return IN_FLIGHT if fresh else None
+    if expires_on <= now:
+        return None
+    if status == Status.COMPLETED:
+        return COMPLETED
+    if status == Status.FAILED and result_encoding != ENC_NONE:
+        return COMPLETED  # a memoized failure: duplicates replay it
+    return None
+
+
+def journal_lookup(
+    alias: str, processor_id: str, fingerprints: Sequence[str], max_processing_time: float
+) -> dict[str, str]:
+    """ONE query: ``{fingerprint: COMPLETED | IN_FLIGHT}`` for the rows that need no message."""
+    from django.db import connections
+
+    from celery_grousset.models import Outcome
+
+    conn = connections[alias]
+    if conn.vendor == "postgresql":
+        table = conn.ops.quote_name(Outcome._meta.db_table)
+        sql = (
+            "SELECT fingerprint, status, result_encoding, started_at, expires_on, "
+            f"clock_timestamp() FROM {table} "
+            "WHERE processor_id = %s AND fingerprint = ANY(%s)"
+        )
+        with conn.cursor() as cur:
+            cur.execute(sql, [processor_id, list(fingerprints)])
+            rows = cur.fetchall()
+    else:
+        from celery_grousset.store import get_store
+
+        now = get_store(alias).now_expression()
+        qs = Outcome.objects.using(alias).filter(
+            processor_id=processor_id, fingerprint__in=list(fingerprints)
+        )
+        if isinstance(now, datetime):  # SQLite: the store's clock is this process'
+            rows = [(*r, now) for r in qs.values_list(*_COLUMNS)]
+        else:
+            rows = list(qs.annotate(grousset_now=now).values_list(*_COLUMNS, "grousset_now"))
+    found: dict[str, str] = {}
+    for fp, status, encoding, started_at, expires_on, now_value in rows:
+        reason = classify(
+            status, encoding, started_at, expires_on, _aware(now_value), max_processing_time
+        )
+        if reason is not None:
+            found[fp] = reason
+    return found
+
+
+_COLUMNS = ("fingerprint", "status", "result_encoding", "started_at", "expires_on")
+
+
+def _aware(value: datetime) -> datetime:
+    from datetime import timezone
+
+    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+
+
+def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    it = iter(items)
+    while chunk := list(islice(it, size)):
+        yield chunk
+
+
+def plan(
+    task: GroussetTaskMixin,
+    calls: Iterable[Any],
+    report: PublishReport,
+    *,
+    chunk_size: int = 1000,
+    window: int = DEFAULT_WINDOW,
+) -> Iterator[list[Call]]:
+    """Yield, chunk by chunk, the calls to publish; count the skipped ones in ``report``."""
+    if chunk_size < 1:
+        raise ValueError("chunk_size must be at least 1")
+    if window < 0:
+        raise ValueError("window must be 0 or more")
+    opts = task.grousset_options()
+    seen = _Window(window)
+    for raw in _chunks(calls, chunk_size):
+        report.chunks += 1
+        chunk_seen: set[str] = set()
+        fresh: list[Call] = []
+        for item in raw:
+            call = as_call(task, item)  # layer 1: this chunk, then the window
+            if call.fingerprint in chunk_seen or call.fingerprint in seen:
+                report.skipped_in_batch += 1
+                continue
+            chunk_seen.add(call.fingerprint)
+            fresh.append(call)
+        del raw, chunk_seen
+        if not fresh:
+            continue
+        report.queries += 1  # layer 2: one query for the whole chunk
+        known = journal_lookup(
+            opts.database,
+            opts.processor_id,
+            [c.fingerprint for c in fresh],
+            opts.max_processing_time,
+        )
+        todo: list[Call] = []
+        for call in fresh:
+            seen.add(call.fingerprint)
+            reason = known.get(call.fingerprint)
+            if reason == COMPLETED:
+                report.skipped_completed += 1
+            elif reason == IN_FLIGHT:
+                report.skipped_in_flight += 1
+            else:
+                todo.append(call)
+        yield todo
+
+
+def publish_unique(
+    task: GroussetTaskMixin,
+    calls: Iterable[Any],
+    *,
+    chunk_size: int = 1000,
+    window: int = DEFAULT_WINDOW,
+    keep_results: bool = True,
+    **options: Any,
+) -> PublishReport:
+    """Publish each distinct call of ``calls`` that the journal does not already answer.
+
+    ``calls``: ``(args, kwargs)`` pairs, ``(args, kwargs, idempotency_key)`` triples,
+    or idempotency keys (a ``str`` call is published as ``task.apply_async((key,),
+    idempotency_key=key)``). ``options`` go to every ``apply_async`` (``queue``,
+    ``countdown``…). ``keep_results=False`` keeps no AsyncResult (for generators of
+    millions of calls: memory then stays bounded by ``chunk_size`` and ``window``).
+    """
+    report = PublishReport()
+    app = task.app
+    with app.producer_or_acquire(options.pop("producer", None)) as producer:
+        for todo in plan(task, calls, report, chunk_size=chunk_size, window=window):
+            for call in todo:
+                extra = {"idempotency_key": call.key} if call.key is not None else {}
+                result = task.apply_async(
+                    call.args, call.kwargs, producer=producer, **extra, **options
+                )
+                report.published += 1
+                if keep_results:
+                    report.results.append(result)
+    return report

@@ -1,0 +1,30 @@
+"""Producer-side samples for docs/producer.md: ``publish_unique`` and the outbox."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+from celery_grousset import outbox
+
+
+# --8<-- [start:publish_unique]
+def send_todays_receipts(send_receipt: Any, order_ids: Any) -> Any:
+    """``send_receipt`` is a GroussetTask; ``order_ids`` may be a generator."""
+    report = send_receipt.publish_unique(((order_id,), {}) for order_id in order_ids)
+    print(report.published, report.skipped_in_batch,
+          report.skipped_completed, report.skipped_in_flight)
+    return report.results  # the AsyncResult of each published call
+# --8<-- [end:publish_unique]
+
+
+# --8<-- [start:outbox]
+def place_order(Order: Any, send_receipt: Any, **fields: Any) -> Any:
+    with transaction.atomic():
+        order = Order.objects.create(**fields)
+        outbox.enqueue(send_receipt, args=(order.id,), queue="mail", countdown=10)
+    # rolled back: no row, nothing is ever published
+    # committed:   a pending row, published by the relay even if this process dies now
+    return order
+# --8<-- [end:outbox]

@@ -1,0 +1,287 @@
+"""The transactional outbox: ``outbox.enqueue`` in the caller's transaction, the relay,
+the admin's requeue action and the purge of sent rows.
+
+Behaviour tests run on every backend against a Redis queue nobody consumes (read back
+from Redis, keys deleted afterwards). The end-to-end tests use real workers
+(tests/workers.py) on PostgreSQL + Redis and relays as ``python -m django
+grousset_relay`` subprocesses; effects are counted in the ledger.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from django.core.management import call_command
+from django.db import transaction
+from django.db.models import Count, Max
+from django.test import Client
+
+from celery_grousset import outbox
+from celery_grousset.managers import _db_now
+from celery_grousset.models import OutboxMessage, Outcome
+from celery_grousset.task import KEY_HEADER
+from tests import services
+from tests.celeryapp import app
+from tests.ledger.models import Effect
+from tests.workers import ROOT, workers
+
+N = int(os.environ.get("GROUSSET_TEST_OUTBOX_N", "2000"))
+
+
+def _redis() -> Any:
+    import redis
+
+    return redis.Redis.from_url(services.require_redis())
+
+
+@pytest.fixture
+def queue() -> Iterator[str]:
+    name = f"ob-{uuid.uuid4().hex[:10]}"
+    services.require_redis()
+    yield name
+    client = _redis()
+    keys = [*client.scan_iter(match=f"{name}*"), *client.scan_iter(match=f"_kombu.binding*.{name}")]
+    if keys:
+        client.delete(*keys)
+
+
+def messages(queue: str) -> list[dict[str, Any]]:
+    """Every message waiting in ``queue``: headers plus decoded args/kwargs."""
+    client, out = _redis(), []
+    for name in client.scan_iter(match=f"{queue}*"):
+        if client.type(name) == b"list":
+            for raw in client.lrange(name, 0, -1):
+                msg = json.loads(raw)
+                args, kwargs, _ = json.loads(base64.b64decode(msg["body"]))
+                out.append({**msg["headers"], "args": args, "kwargs": kwargs})
+    return out
+
+
+def relay(alias: str, target: Any = None, **options: Any) -> outbox.RelayStats:
+    return outbox.Relay(target or app, using=alias, **options).run(once=True)
+
+
+def test_only_committed_messages_are_published_once_each(alias: str, queue: str) -> None:
+    from tests.tasks import effect
+
+    mine = OutboxMessage.objects.using(alias).filter(options__queue=queue)
+    # Given three transactions: one commits two messages, one rolls back, one commits one
+    with transaction.atomic(using=alias):
+        first = outbox.enqueue(effect, ("a",), using=alias, queue=queue)
+        outbox.enqueue(effect, ("b",), {"sleep": 0.0}, using=alias, queue=queue)
+    with pytest.raises(RuntimeError), transaction.atomic(using=alias):
+        outbox.enqueue(effect, ("lost",), using=alias, queue=queue)
+        raise RuntimeError("rollback")
+    with transaction.atomic(using=alias):
+        outbox.enqueue("tests.tasks.effect", ("c",), using=alias, queue=queue, idempotency_key="k")
+    assert mine.count() == 3 and mine.filter(status="pending").count() == 3
+    first.refresh_from_db(using=alias)
+    assert first.created_at is not None and first.available_at <= _db_now(alias)
+    # When a relay runs once, then once more
+    stats = relay(alias)
+    again = relay(alias)
+    # Then the committed messages were published once each, with their task ids and keys
+    got = sorted(messages(queue), key=lambda m: m["args"][0])
+    assert [m["args"][0] for m in got] == ["a", "b", "c"] and again.sent == 0
+    assert stats.sent >= 3
+    rows = {r.task_id: r for r in mine}
+    assert {m["id"] for m in got} == set(rows)
+    keys = {m["args"][0]: m[KEY_HEADER] for m in got}
+    assert keys["a"] == f"outbox:{first.id}" and keys["c"] == "k"
+    # ... and the rows are sent, their arguments dropped
+    assert all(r.status == "sent" and r.sent_at and r.args == [] and r.attempts == 1
+               for r in rows.values())  # fmt: skip
+
+
+def test_broker_outage_backs_off_then_dead_after_max_attempts(alias: str, queue: str) -> None:
+    from tests.tasks import effect
+
+    # Given two pending messages and a broker nobody listens on
+    down = Celery("down", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    down.conf.broker_connection_retry = False
+    down.conf.broker_connection_max_retries = 0
+    down.conf.task_publish_retry = False
+    with transaction.atomic(using=alias):
+        a = outbox.enqueue(effect, ("x",), using=alias, queue=queue)
+        b = outbox.enqueue(effect, ("y",), using=alias, queue=queue)
+    rows = OutboxMessage.objects.using(alias)
+    # When the relay runs with max_attempts=2
+    relay(alias, down, max_attempts=2, backoff=60)
+    a.refresh_from_db(using=alias)
+    b.refresh_from_db(using=alias)
+    # Then the first row failed once and waits (backoff); the batch stopped before the second
+    assert a.status == "pending" and a.attempts == 1 and a.last_error
+    assert a.available_at > _db_now(alias) + timedelta(seconds=50)
+    assert b.attempts == 0
+    # When it is due again and fails again
+    rows.filter(pk=a.pk).update(available_at=_db_now(alias) - timedelta(seconds=1))
+    relay(alias, down, max_attempts=2, backoff=60)
+    a.refresh_from_db(using=alias)
+    # Then it is dead, with the error; its arguments are kept for a requeue
+    assert a.status == "dead" and a.attempts == 2 and a.args == ["x"]
+    assert "Error" in a.last_error
+    rows.filter(pk=b.pk).delete()
+
+
+def test_admin_requeues_dead_rows_and_purge_drops_old_sent_rows(queue: str) -> None:
+    from django.contrib.auth.models import User
+
+    from tests.tasks import effect
+
+    alias = "default"
+    services.require_database(alias)
+    with transaction.atomic(using=alias):
+        dead = outbox.enqueue(effect, ("dead",), using=alias, queue=queue)
+        sent = outbox.enqueue(effect, ("old",), using=alias, queue=queue)
+        pending = outbox.enqueue(effect, ("p",), using=alias, queue=queue)
+    rows = OutboxMessage.objects.using(alias)
+    rows.filter(pk=dead.pk).update(status="dead", attempts=10, last_error="boom")
+    old = _db_now(alias) - timedelta(days=30)
+    rows.filter(pk=sent.pk).update(status="sent", sent_at=old, args=[])
+    user = User.objects.create_superuser(f"u{uuid.uuid4().hex[:8]}", "a@b.c", "pw")
+    client = Client()
+    client.force_login(user)
+    # Given the outbox list filtered on dead rows
+    page = client.get("/admin/celery_grousset/outboxmessage/?status=dead")
+    assert page.status_code == 200 and b"boom" in page.content
+    # When "requeue" is applied to the dead and the pending row
+    client.post("/admin/celery_grousset/outboxmessage/",
+                {"action": "requeue", "_selected_action": [dead.pk, pending.pk]})  # fmt: skip
+    dead.refresh_from_db(using=alias)
+    # Then the dead row is pending again with its attempts reset
+    assert dead.status == "pending" and dead.attempts == 0
+    # When grousset_purge runs on the outbox only
+    call_command("grousset_purge", "--outbox-only", database=alias, verbosity=0)
+    # Then the sent row older than the retention is gone; the others stay
+    assert not rows.filter(pk=sent.pk).exists()
+    assert rows.filter(pk__in=[dead.pk, pending.pk]).count() == 2
+    rows.filter(pk__in=[dead.pk, pending.pk]).delete()
+
+
+# -- end to end: real workers, real relays --------------------------------------------------
+
+
+def effect_counts(alias: str, prefix: str) -> dict[str, int]:
+    qs = Effect.objects.using(alias).filter(key__startswith=prefix, value="")
+    return dict(qs.values_list("key").annotate(n=Count("id")).values_list("key", "n"))
+
+
+def wait_until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def start_relay(log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    full = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT),
+            "GROUSSET_TEST_DB": "postgresql", **env}  # fmt: skip
+    cmd = [sys.executable, "-m", "django", "grousset_relay", "--app", "tests.celeryapp",
+           "--batch-size", "50", "--interval", "0.2"]  # fmt: skip
+    with open(log, "wb") as fh:
+        return subprocess.Popen(cmd, cwd=ROOT, env=full, stdout=fh, stderr=subprocess.STDOUT)
+
+
+@pytest.mark.slow
+def test_outbox_20pct_rollbacks_worker_relay(queue: str) -> None:
+    from tests.tasks import effect
+
+    pg, broker = "postgresql", services.require_redis()
+    services.require_database(pg)
+    prefix, rng = f"rb-{uuid.uuid4().hex[:6]}-", random.Random(4)
+    committed: set[str] = set()
+    # Given N messages enqueued in transactions of 1-5 messages, a random 20 % rolled back
+    i = 0
+    while i < N:
+        keys = [f"{prefix}{j}" for j in range(i, min(N, i + rng.randint(1, 5)))]
+        i += len(keys)
+        rollback = rng.random() < 0.2
+        try:
+            with transaction.atomic(using=pg):
+                for key in keys:
+                    outbox.enqueue(effect, (key,), using=pg, queue=queue)
+                if rollback:
+                    raise RuntimeError("rollback")
+        except RuntimeError:
+            continue
+        committed.update(keys)
+    # When a worker started with --grousset-relay publishes and runs them
+    t0 = time.monotonic()
+    with workers(queue, 1, database=pg, broker=broker, concurrency=2, extra=["--grousset-relay"]):
+        wait_until(lambda: len(effect_counts(pg, prefix)) >= len(committed), 120 + N * 0.05,
+                   "every committed message's effect")  # fmt: skip
+        elapsed = time.monotonic() - t0
+        time.sleep(1)  # a late duplicate would show now
+    # Then exactly the committed messages ran, each once; nothing rolled back ran
+    counts = effect_counts(pg, prefix)
+    assert set(counts) == committed and set(counts.values()) == {1}
+    assert 0.7 * N < len(committed) < 0.9 * N
+    mine = OutboxMessage.objects.using(pg).filter(options__queue=queue)
+    assert mine.count() == mine.filter(status="sent").count() == len(committed)
+    print(f"\noutbox: {N} enqueued, {len(committed)} committed, all run once in {elapsed:.1f}s")
+
+
+@pytest.mark.slow
+def test_two_relays_one_sigkilled_mid_batch(queue: str, tmp_path: Path) -> None:
+    from tests.tasks import effect
+
+    pg, broker = "postgresql", services.require_redis()
+    services.require_database(pg)
+    prefix = f"kr-{uuid.uuid4().hex[:6]}-"
+    keys = [f"{prefix}{j}" for j in range(N)]
+    # Given N committed messages
+    with transaction.atomic(using=pg):
+        for key in keys:
+            outbox.enqueue(effect, (key,), using=pg, queue=queue)
+    mine = OutboxMessage.objects.using(pg).filter(options__queue=queue)
+    arm = tmp_path / "arm"
+    env = {"GROUSSET_FAULT": "outbox_published:kill", "GROUSSET_FAULT_ARM": str(arm)}
+    logs = ROOT / "tests" / "artifacts" / "worker-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with workers(queue, 1, database=pg, broker=broker, concurrency=2):
+        # When two relays run concurrently ...
+        relays = [start_relay(logs / f"relay-{queue}-{n}.log", env) for n in (1, 2)]
+        try:
+            wait_until(lambda: mine.filter(status="sent").count() >= N // 10, 60,
+                       "the relays to be under way")  # fmt: skip
+            # ... and the next row either publishes kills its relay: after the publish,
+            # before its batch is marked sent
+            arm.touch()
+            wait_until(lambda: any(p.poll() is not None for p in relays), 30, "a relay to die")
+            wait_until(lambda: not mine.filter(status="pending").exists(), 120,
+                       "the surviving relay to publish the rest")  # fmt: skip
+            wait_until(lambda: len(effect_counts(pg, prefix)) >= N, 120 + N * 0.05,
+                       "every effect")  # fmt: skip
+            time.sleep(1)
+        finally:
+            for p in relays:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+                    p.wait(20)
+    # Then one relay was SIGKILLed, the other stopped cleanly on SIGTERM
+    assert sorted(p.returncode for p in relays) == [-signal.SIGKILL, 0]
+    # ... every message's effect ran exactly once, none lost
+    counts = effect_counts(pg, prefix)
+    assert set(counts) == set(keys) and set(counts.values()) == {1}
+    # ... and the killed batch's published row was delivered twice, absorbed by the claim
+    journal = Outcome.objects.using(pg).filter(task_name=effect.name,
+                                               task_id__in=mine.values_list("task_id"))  # fmt: skip
+    doubled = journal.filter(deliveries__gte=2).count()
+    assert 1 <= doubled <= 50, doubled
+    assert journal.count() == N and journal.aggregate(m=Max("fence"))["m"] == 1
