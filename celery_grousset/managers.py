@@ -68,12 +68,9 @@ class OutcomeQuerySet(models.QuerySet["Outcome"]):
         conn = connections[self.db]
         table = conn.ops.quote_name(self.model._meta.db_table)
         if conn.vendor == "mysql":
-            # MySQL cannot DELETE … IN (a subquery with LIMIT) of the same table.
-            delete = (
-                f"DELETE FROM {table} WHERE expires_on <= %s AND status <> 'in_flight' "
-                "ORDER BY expires_on LIMIT %s"
-            )
-            params = (conn.ops.adapt_datetimefield_value(cutoff), batch_size)
+            # MySQL refuses a LIMIT subquery on the table being deleted from, unless it is
+            # wrapped in a derived table (which it materializes first).
+            delete = f"DELETE FROM {table} WHERE id IN (SELECT batch.pk FROM ({sql}) AS batch)"
         else:
             delete = f"DELETE FROM {table} WHERE id IN ({sql})"
         total = 0
