@@ -85,6 +85,7 @@ def pages(rows: int) -> list[tuple[str, str]]:
         ("page 50", f"{url}?p=50"),
         ("filter status=in_flight", f"{url}?status=in_flight"),
         ("filter status=completed", f"{url}?status=completed"),
+        ("filter status=failed", f"{url}?status=failed"),
         ("filter task", f"{url}?task=app.tasks.task_7"),
         ("filter processor", f"{url}?processor=svc-3"),
         ("filter started=1h", f"{url}?started=1h"),

@@ -62,7 +62,7 @@ class OutcomeQuerySet(models.QuerySet["Outcome"]):
         cutoff = min(before, now) if before is not None else now
         from django.db import connections
 
-        batch = self.expired(cutoff).order_by().values("pk")[:batch_size]
+        batch = self.expired(cutoff).order_by().values_list("id", flat=True)[:batch_size]
         sql, params = batch.query.get_compiler(using=self.db).as_sql()
 
         conn = connections[self.db]
@@ -70,7 +70,7 @@ class OutcomeQuerySet(models.QuerySet["Outcome"]):
         if conn.vendor == "mysql":
             # MySQL refuses a LIMIT subquery on the table being deleted from, unless it is
             # wrapped in a derived table (which it materializes first).
-            delete = f"DELETE FROM {table} WHERE id IN (SELECT batch.pk FROM ({sql}) AS batch)"
+            delete = f"DELETE FROM {table} WHERE id IN (SELECT batch.id FROM ({sql}) AS batch)"
         else:
             delete = f"DELETE FROM {table} WHERE id IN ({sql})"
         total = 0
