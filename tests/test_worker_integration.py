@@ -84,7 +84,8 @@ def pg_workers(redis_url: str, pg: str) -> Iterator[tuple[str, list[Worker]]]:
         yield q, ws
 
 
-def _two_hundred(alias: str, queue: str, key: str) -> None:
+def _two_hundred(alias: str, queue: str, key: str) -> int:
+    """Publish 200 copies of one call, check one effect and one memo; return the effects."""
     from tests.tasks import effect
 
     # Given 200 deliveries of the same call (distinct task ids) to 2 workers x 2 processes
@@ -97,6 +98,7 @@ def _two_hundred(alias: str, queue: str, key: str) -> None:
     rec = record_of(alias, effect, (key,), {"sleep": 0.2})
     assert rec.status == "completed" and rec.fence == 1 and rec.takeovers == 0
     assert rec.deliveries >= 200
+    return effects(alias, key)
 
 
 @pytest.mark.parametrize("rep", range(REPEAT))
@@ -104,7 +106,7 @@ def test_200_duplicates_one_effect_postgresql(
     pg_workers: tuple[str, list[Worker]], rep: int
 ) -> None:
     queue, _ = pg_workers
-    _two_hundred("postgresql", queue, f"dup-pg-{rep}-{uuid.uuid4().hex[:8]}")
+    assert _two_hundred("postgresql", queue, f"dup-pg-{rep}-{uuid.uuid4().hex[:8]}") == 1
 
 
 @pytest.mark.parametrize("backend", ["default", "mysql"], ids=["sqlite", "mariadb"])
@@ -112,7 +114,7 @@ def test_200_duplicates_one_effect_other_backends(redis_url: str, queue: str, ba
     services.require_database(backend)
     with workers(queue, 2, database=backend, broker=redis_url, concurrency=2):
         for rep in range(3):
-            _two_hundred(backend, queue, f"dup-{backend}-{rep}-{uuid.uuid4().hex[:8]}")
+            assert _two_hundred(backend, queue, f"dup-{backend}-{rep}-{uuid.uuid4().hex[:8]}") == 1
 
 
 def test_200_duplicates_rabbitmq(pg: str, queue: str) -> None:

@@ -50,6 +50,7 @@ def test_01_200_duplicates_two_workers(broker: str, queue: str, tally: Any, back
         rec = _two_hundred(alias, queue, key)
     t.add_key(alias, key, rec)
     t.add_logs(ws)
+    assert rec.status == "completed" and rec.deliveries >= 200
 
 
 def _barrier() -> str:
