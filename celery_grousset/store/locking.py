@@ -9,6 +9,7 @@ how a driver error maps to "retry the transaction" or "store unavailable".
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -269,60 +270,49 @@ class LockingStore(Store):
         self, processor_id: str, fingerprint: str, token: str, completion: Completion
     ) -> bool:
         p = self.ph
-
-        def op() -> int:
-            cur = self._cursor()
-            try:
-                self._begin_write(cur)
-                now = self._ts(self._now(cur))
-                cur.execute(
-                    f"UPDATE {TABLE} SET status = {p}, result = {p}, result_encoding = {p}, "
-                    f"error = {p}, completed_at = {p} WHERE processor_id = {p} AND "
-                    f"fingerprint = {p} AND claim_token = {p} AND (status = 'in_flight' OR "
-                    f"(status = {p} AND result_encoding = {p}))",
-                    (
-                        completion.status,
-                        completion.result,
-                        completion.result_encoding,
-                        completion.error,
-                        now,
-                        processor_id,
-                        fingerprint,
-                        token,
-                        completion.status,
-                        completion.result_encoding,
-                    ),
-                )
-                count = int(cur.rowcount)
-                self._commit(cur)
-                return count
-            except BaseException:
-                self._rollback(cur)
-                raise
-
-        return self._guard(op) == 1  # type: ignore[no-any-return]
+        return self._update_one(
+            f"UPDATE {TABLE} SET status = {p}, result = {p}, result_encoding = {p}, "
+            f"error = {p}, completed_at = {p} WHERE processor_id = {p} AND "
+            f"fingerprint = {p} AND claim_token = {p} AND (status = 'in_flight' OR "
+            f"(status = {p} AND result_encoding = {p}))",
+            lambda now: (
+                completion.status,
+                completion.result,
+                completion.result_encoding,
+                completion.error,
+                now,
+                processor_id,
+                fingerprint,
+                token,
+                completion.status,
+                completion.result_encoding,
+            ),
+        )
 
     def release(self, processor_id: str, fingerprint: str, token: str | None = None) -> bool:
         p = self.ph
         token_sql = f" AND claim_token = {p}" if token is not None else ""
+        return self._update_one(
+            f"UPDATE {TABLE} SET status = 'failed', result = NULL, result_encoding = '', "
+            f"error = {p}, completed_at = {p} WHERE processor_id = {p} AND "
+            f"fingerprint = {p} AND status = 'in_flight'{token_sql}",
+            lambda now: (
+                "released: the claim was given up (revoked, retried or by an operator)",
+                now,
+                processor_id,
+                fingerprint,
+                *((token,) if token is not None else ()),
+            ),
+        )
+
+    def _update_one(self, sql: str, params: Callable[[Any], tuple[Any, ...]]) -> bool:
+        """One guarded write transaction; ``params`` gets the database clock. True: one row."""
 
         def op() -> int:
             cur = self._cursor()
             try:
                 self._begin_write(cur)
-                now = self._ts(self._now(cur))
-                cur.execute(
-                    f"UPDATE {TABLE} SET status = 'failed', result = NULL, result_encoding = '', "
-                    f"error = {p}, completed_at = {p} WHERE processor_id = {p} AND "
-                    f"fingerprint = {p} AND status = 'in_flight'{token_sql}",
-                    (
-                        "released: the claim was given up (revoked, retried or by an operator)",
-                        now,
-                        processor_id,
-                        fingerprint,
-                        *((token,) if token is not None else ()),
-                    ),
-                )
+                cur.execute(sql, params(self._ts(self._now(cur))))
                 count = int(cur.rowcount)
                 self._commit(cur)
                 return count
