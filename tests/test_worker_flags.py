@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,7 +20,7 @@ from celery_grousset.models import Outcome
 from celery_grousset.worker import BYPASS_WARNING
 from tests import services
 from tests.ledger.models import Effect
-from tests.workers import LOGS, ROOT, Worker
+from tests.workers import ROOT, Worker, start_worker
 
 FLAG_APP = "tests.flagapp"
 
@@ -36,52 +35,10 @@ def start_flag_worker(
     ready_timeout: float = 60,
 ) -> Worker:
     """``celery -A tests.flagapp worker …`` (tests.workers.start_worker, other app)."""
-    LOGS.mkdir(parents=True, exist_ok=True)
-    name = f"w{uuid.uuid4().hex[:8]}"
-    log = LOGS / f"{queue}-{name}.log"
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "GROUSSET_TEST_DB": database,
-        "GROUSSET_TEST_BROKER": broker,
-        "GROUSSET_TEST_QUEUE": queue,
-        "PYTHONPATH": str(ROOT),
-    }
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    cmd = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        FLAG_APP,
-        "worker",
-        "-P",
-        "prefork",
-        "-c",
-        str(concurrency),
-        "-Q",
-        queue,
-        "-n",
-        f"{name}@%h",
-        "-l",
-        "info",
-        "--without-gossip",
-        "--without-mingle",
-        "--without-heartbeat",
-        *extra,
-    ]
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
-    worker = Worker(proc, log, name)
-    deadline = time.monotonic() + ready_timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"worker exited with {proc.returncode}:\n{worker.text()[-3000:]}")
-        if " ready." in worker.text():
-            return worker
-        time.sleep(0.1)
-    worker.kill()
-    raise RuntimeError(f"worker not ready after {ready_timeout}s:\n{worker.text()[-3000:]}")
+    return start_worker(
+        queue, database=database, broker=broker, concurrency=concurrency, extra=extra,
+        ready_timeout=ready_timeout, app=FLAG_APP, drop_env=("PROMETHEUS_MULTIPROC_DIR",),
+    )  # fmt: skip
 
 
 @contextmanager

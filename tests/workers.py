@@ -57,10 +57,13 @@ def start_worker(
     env: dict[str, str] | None = None,
     extra: list[str] | None = None,
     ready_timeout: float = 60,
+    app: str = "tests.celeryapp",
+    log_prefix: str = "",
+    drop_env: tuple[str, ...] = (),
 ) -> Worker:
     LOGS.mkdir(parents=True, exist_ok=True)
     name = f"w{uuid.uuid4().hex[:8]}"
-    log = LOGS / f"{queue}-{name}.log"
+    log = LOGS / f"{log_prefix}{queue}-{name}.log"
     full_env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
@@ -70,12 +73,14 @@ def start_worker(
         "PYTHONPATH": str(ROOT),
         **(env or {}),
     }
+    for var in drop_env:
+        full_env.pop(var, None)
     cmd = [
         sys.executable,
         "-m",
         "celery",
         "-A",
-        "tests.celeryapp",
+        app,
         "worker",
         "-P",
         "prefork",

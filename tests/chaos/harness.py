@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,7 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.workers import LOGS, ROOT, Worker
+from tests.workers import ROOT, Worker
+from tests.workers import start_worker as shared_start_worker
 
 ARTIFACTS = ROOT / "tests" / "artifacts" / "chaos"
 RESULTS = Path(os.environ.get("CHAOS_RESULTS", str(ARTIFACTS / "results.jsonl")))
@@ -29,35 +28,10 @@ def start_worker(queue: str, *, database: str, concurrency: int = 1,
                  env: dict[str, str] | None = None, extra: list[str] | None = None,
                  ready_timeout: float = 60, broker: str = BROKER) -> Worker:  # fmt: skip
     """``celery -A tests.chaos.app worker`` (prefork, acks_late, prefetch 1)."""
-    LOGS.mkdir(parents=True, exist_ok=True)
-    name = f"c{uuid.uuid4().hex[:8]}"
-    log = LOGS / f"chaos-{queue}-{name}.log"
-    full_env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "GROUSSET_TEST_DB": database,
-        "GROUSSET_TEST_BROKER": broker,
-        "GROUSSET_TEST_QUEUE": queue,
-        "PYTHONPATH": str(ROOT),
-        **(env or {}),
-    }
-    cmd = [
-        sys.executable, "-m", "celery", "-A", APP, "worker", "-P", "prefork",
-        "-c", str(concurrency), "-Q", queue, "-n", f"{name}@%h", "-l", "info",
-        "--without-gossip", "--without-mingle", "--without-heartbeat", *(extra or []),
-    ]  # fmt: skip
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=fh, stderr=subprocess.STDOUT)
-    worker = Worker(proc, log, name)
-    deadline = time.monotonic() + ready_timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"worker exited with {proc.returncode}:\n{worker.text()[-3000:]}")
-        if " ready." in worker.text():
-            return worker
-        time.sleep(0.1)
-    worker.kill()
-    raise RuntimeError(f"worker not ready after {ready_timeout}s:\n{worker.text()[-3000:]}")
+    return shared_start_worker(
+        queue, database=database, broker=broker, concurrency=concurrency, env=env,
+        extra=extra, ready_timeout=ready_timeout, app=APP, log_prefix="chaos-",
+    )  # fmt: skip
 
 
 @contextmanager
