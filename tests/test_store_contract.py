@@ -118,6 +118,8 @@ def test_stale_claim_is_taken_over_and_zombie_fenced(
     assert not store.finish(processor, fp, zombie.token, completed(b"1"))
     rec = row(alias, processor, fp)
     assert bytes(rec.result) == b"2" and rec.fence == 2 and rec.takeovers == 1
+    # And the new epoch's window is measured from one clock reading
+    assert rec.expires_on - rec.started_at == timedelta(seconds=3600)
 
 
 def test_max_takeovers_gives_up(store: Store, alias: str, processor: str, fp: str) -> None:

@@ -45,6 +45,9 @@ _A = "(SELECT a FROM prev)"
 _CLAIM = f"{_A} IN ('e', 'r', 't')"
 _GIVE_UP = f"{_A} = 'g'"
 _EXPIRED = f"{_A} = 'e'"
+# The claim's one moment: read once, after the lock (see lock_first), so that
+# expires_on - started_at is exactly expires_after.
+_T = "EXCLUDED.started_at"
 _GAVE_UP_ERROR = gave_up_message("{n}").replace("'", "''")
 
 
@@ -61,11 +64,11 @@ _SET = {
     "task_id": _if(_CLAIM, "EXCLUDED.task_id", "task_id"),
     "worker": _if(_CLAIM, "EXCLUDED.worker", "worker"),
     "args_repr": _if(_CLAIM, "EXCLUDED.args_repr", "args_repr"),
-    "started_at": _if(_CLAIM, _NOW, "started_at"),
-    "completed_at": f"CASE WHEN {_CLAIM} THEN NULL WHEN {_GIVE_UP} THEN {_NOW} "
+    "started_at": _if(_CLAIM, _T, "started_at"),
+    "completed_at": f"CASE WHEN {_CLAIM} THEN NULL WHEN {_GIVE_UP} THEN {_T} "
     "ELSE o.completed_at END",
     "expires_on": f"CASE WHEN {_CLAIM} THEN EXCLUDED.expires_on WHEN {_GIVE_UP} "
-    f"THEN {_NOW} + make_interval(secs => %(exp)s) ELSE o.expires_on END",
+    f"THEN {_T} + make_interval(secs => %(exp)s) ELSE o.expires_on END",
     "deliveries": f"CASE WHEN {_EXPIRED} THEN 1 WHEN o.claim_token = EXCLUDED.claim_token "
     "THEN o.deliveries ELSE o.deliveries + 1 END",
     "takeovers": f"CASE WHEN {_EXPIRED} THEN 0 WHEN {_A} = 't' THEN o.takeovers + 1 "
@@ -89,9 +92,9 @@ WITH prev AS MATERIALIZED (
         started_at, completed_at, expires_on, deliveries, takeovers, result,
         result_encoding, error, worker, args_repr)
     SELECT %(p)s, %(f)s, %(task)s, %(tid)s, 'in_flight', 1, %(tok)s,
-        {_NOW}, NULL, {_NOW} + make_interval(secs => %(exp)s), 1, 0, NULL,
+        lock_first.t, NULL, lock_first.t + make_interval(secs => %(exp)s), 1, 0, NULL,
         '', '', %(worker)s, %(args)s
-    FROM (SELECT count(*) FROM prev) AS lock_first
+    FROM (SELECT count(*), {_NOW} AS t FROM prev) AS lock_first
     ON CONFLICT (processor_id, fingerprint) DO UPDATE SET
         {", ".join(f"{col} = {expr}" for col, expr in _SET.items())}
     RETURNING o.claim_token, o.fence, o.status, o.deliveries, o.takeovers, o.result,
