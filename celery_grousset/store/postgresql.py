@@ -27,6 +27,14 @@ T = TypeVar("T")
 
 _NOW = "clock_timestamp()"
 
+# The row of one claim, found through the unique key (fingerprint, processor_id) and
+# nothing else. Written plainly, `processor_id = $1` also matches the admin's
+# (processor_id, started_at) index, and while the table has no statistics (new, or
+# just truncated) the generic plan ties the two and may pick that one: every claim
+# then scans all of its processor's rows. `|| ''` keeps the processor a filter on
+# the unique index's row, whatever the statistics say.
+_KEY = "{t}fingerprint = %(f)s AND {t}processor_id || '' = %(p)s"
+
 # The decision table (celery_grousset.claim.decide), evaluated ONCE on the locked old row:
 # n(one), t(akeover), g(ive up), e(xpired: reclaim, counters reset), r(eclaim a release).
 _ACTION = f"""CASE
@@ -84,7 +92,7 @@ CLAIM_SQL = f"""
 WITH prev AS MATERIALIZED (
     SELECT o.status, o.claim_token, {_ACTION} AS a
     FROM celery_grousset_outcome AS o
-    WHERE o.processor_id = %(p)s AND o.fingerprint = %(f)s
+    WHERE {_KEY.format(t='o.')}
     FOR UPDATE
 ), ins AS (
     INSERT INTO celery_grousset_outcome AS o (
@@ -114,14 +122,14 @@ assert len(CLAIM_SQL) <= 4096, "keep the claim statement cacheable by psycopg"
 FINISH_SQL = f"""
 UPDATE celery_grousset_outcome SET status = %(st)s, result = %(res)s,
     result_encoding = %(enc)s, error = %(err)s, completed_at = {_NOW}
-WHERE processor_id = %(p)s AND fingerprint = %(f)s AND claim_token = %(tok)s
+WHERE {_KEY.format(t='')} AND claim_token = %(tok)s
     AND (status = 'in_flight' OR (status = %(st)s AND result_encoding = %(enc)s))
 """
 
 RELEASE_SQL = f"""
 UPDATE celery_grousset_outcome SET status = 'failed', result = NULL, result_encoding = '',
     error = %(err)s, completed_at = {_NOW}
-WHERE processor_id = %(p)s AND fingerprint = %(f)s AND status = 'in_flight'
+WHERE {_KEY.format(t='')} AND status = 'in_flight'
     AND (%(tok)s::text IS NULL OR claim_token = %(tok)s::text)
 """
 
