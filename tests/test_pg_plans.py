@@ -81,7 +81,9 @@ def test_statements_use_the_unique_key_without_statistics(
     unanalysed_journal.execute(f"PREPARE plan_probe AS {sql}")
     values = {"p": "'p'", "f": "'x'", "tok": "'t'", "mpt": "60", "exp": "3600", "maxt": "3"}
     args = ", ".join(values.get(name, "NULL") for name in names)
-    (plan,) = unanalysed_journal.execute(f"EXPLAIN (FORMAT JSON) EXECUTE plan_probe({args})").fetchone()
+    (plan,) = unanalysed_journal.execute(
+        f"EXPLAIN (FORMAT JSON) EXECUTE plan_probe({args})"
+    ).fetchone()
     scans = list(_index_scans(plan if isinstance(plan, list) else json.loads(plan)))
     assert scans, f"{statement} scans no index: {plan}"
     assert all("fingerprint" in name for name in scans), f"{statement} scans {scans}"
