@@ -29,19 +29,20 @@ def claimed(req: ClaimRequest, res: ClaimResult, seconds: float) -> None:
 
 
 def duplicate(req: ClaimRequest, res: ClaimResult, delivery: str = "") -> None:
-    logger.info(
-        "grousset.duplicate_skipped %s",
-        _fields(
-            fingerprint=req.fingerprint,
-            task=req.task_name,
-            task_id=req.task_id,
-            processor=req.processor_id,
-            original_task_id=res.task_id,
-            completed_at=res.completed_at.isoformat() if res.completed_at else None,
-            deliveries=res.deliveries,
-            delivery=delivery or None,
-        ),
-    )
+    if logger.isEnabledFor(logging.INFO):  # the fields cost more than the call
+        logger.info(
+            "grousset.duplicate_skipped %s",
+            _fields(
+                fingerprint=req.fingerprint,
+                task=req.task_name,
+                task_id=req.task_id,
+                processor=req.processor_id,
+                original_task_id=res.task_id,
+                completed_at=res.completed_at.isoformat() if res.completed_at else None,
+                deliveries=res.deliveries,
+                delivery=delivery or None,
+            ),
+        )
     signals.duplicate_skipped.send(
         sender=req.task_name,
         fingerprint=req.fingerprint,
@@ -54,18 +55,19 @@ def duplicate(req: ClaimRequest, res: ClaimResult, delivery: str = "") -> None:
 
 
 def in_flight(req: ClaimRequest, res: ClaimResult, action: str) -> None:
-    logger.info(
-        "grousset.in_flight %s",
-        _fields(
-            fingerprint=req.fingerprint,
-            task=req.task_name,
-            task_id=req.task_id,
-            processor=req.processor_id,
-            holder_task_id=res.task_id,
-            stale_in=f"{res.retry_in:.3f}s",
-            action=action,
-        ),
-    )
+    if logger.isEnabledFor(logging.INFO):  # the fields cost more than the call
+        logger.info(
+            "grousset.in_flight %s",
+            _fields(
+                fingerprint=req.fingerprint,
+                task=req.task_name,
+                task_id=req.task_id,
+                processor=req.processor_id,
+                holder_task_id=res.task_id,
+                stale_in=f"{res.retry_in:.3f}s",
+                action=action,
+            ),
+        )
 
 
 def taken_over(req: ClaimRequest, res: ClaimResult) -> None:
