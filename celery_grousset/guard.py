@@ -182,8 +182,8 @@ def _settled(store: Store, req: ClaimRequest, res: ClaimResult) -> bool:
     from celery_grousset.models import Outcome
 
     row = (
-        Outcome.objects.using(store.alias)
-        .filter(processor_id=req.processor_id, fingerprint=req.fingerprint)
+        Outcome.objects.db_manager(store.alias)
+        .by_key(req.processor_id, req.fingerprint)
         .values_list("status", "fence")
         .first()
     )

@@ -8,6 +8,8 @@ from datetime import timezone as dt_timezone
 from typing import TYPE_CHECKING
 
 from django.db import models, transaction
+from django.db.models import Value
+from django.db.models.functions import Concat
 
 if TYPE_CHECKING:
     from celery_grousset.models import Outcome  # noqa: F401 (used in string generics)
@@ -40,7 +42,15 @@ class OutcomeQuerySet(models.QuerySet["Outcome"]):
         return self.filter(expires_on__lte=now).exclude(status="in_flight")
 
     def by_key(self, processor_id: str, fingerprint: str) -> OutcomeQuerySet:
-        return self.filter(processor_id=processor_id, fingerprint=fingerprint)
+        """The row of one claim, found through the unique key (fingerprint, processor_id).
+
+        The processor is compared as an expression: a plain ``processor_id = %s`` also
+        matches the admin's (processor_id, started_at) index, which a journal without
+        statistics (new, or just truncated) may pick, scanning all of the processor's
+        rows."""
+        return self.alias(grousset_processor=Concat("processor_id", Value(""))).filter(
+            fingerprint=fingerprint, grousset_processor=processor_id
+        )
 
     def purge_expired(
         self,
@@ -94,6 +104,9 @@ class OutcomeManager(models.Manager["Outcome"]):
 
     def expired(self, now: datetime | None = None) -> OutcomeQuerySet:
         return self.get_queryset().expired(now)
+
+    def by_key(self, processor_id: str, fingerprint: str) -> OutcomeQuerySet:
+        return self.get_queryset().by_key(processor_id, fingerprint)
 
     def purge_expired(
         self,

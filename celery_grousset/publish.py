@@ -144,6 +144,14 @@ def classify(
     return None
 
 
+# `|| ''`: the row is found through the unique key only (see OutcomeQuerySet.by_key).
+PG_LOOKUP_SQL = (
+    "SELECT fingerprint, status, result_encoding, started_at, expires_on, "
+    "clock_timestamp() FROM {table} "
+    "WHERE fingerprint = ANY(%s) AND processor_id || '' = %s"
+)
+
+
 def journal_lookup(
     alias: str, processor_id: str, fingerprints: Sequence[str], max_processing_time: float
 ) -> dict[str, str]:
@@ -154,14 +162,9 @@ def journal_lookup(
 
     conn = connections[alias]
     if conn.vendor == "postgresql":
-        table = conn.ops.quote_name(Outcome._meta.db_table)
-        sql = (
-            "SELECT fingerprint, status, result_encoding, started_at, expires_on, "
-            f"clock_timestamp() FROM {table} "
-            "WHERE processor_id = %s AND fingerprint = ANY(%s)"
-        )
+        sql = PG_LOOKUP_SQL.format(table=conn.ops.quote_name(Outcome._meta.db_table))
         with conn.cursor() as cur:
-            cur.execute(sql, [processor_id, list(fingerprints)])
+            cur.execute(sql, [list(fingerprints), processor_id])
             rows = cur.fetchall()
     else:
         from celery_grousset.store import get_store

@@ -45,6 +45,19 @@ def _index_scans(plan: Any) -> Iterator[str]:
             yield from _index_scans(value)
 
 
+_FILL = (
+    "INSERT INTO celery_grousset_outcome (processor_id, fingerprint, task_name, "
+    "task_id, status, fence, claim_token, started_at, expires_on, deliveries, "
+    "takeovers, result_encoding, error, worker, args_repr) "
+    "SELECT 'p', md5(i::text) || md5(i::text), 't', i::text, 'completed', 1, "
+    "md5(i::text), now(), now(), 1, 0, '', '', 'w', '' "
+    f"FROM generate_series(1, {ROWS}) AS i"
+)
+_SHADOW = (
+    "CREATE TEMP TABLE celery_grousset_outcome (LIKE public.celery_grousset_outcome INCLUDING ALL)"
+)
+
+
 @pytest.fixture
 def unanalysed_journal() -> Iterator[Any]:
     services.require_database("postgresql")
@@ -56,18 +69,8 @@ def unanalysed_journal() -> Iterator[Any]:
     with psycopg.connect(**store._params(), autocommit=True) as conn:  # type: ignore[attr-defined]
         conn.execute("SET plan_cache_mode = force_generic_plan")
         # pg_temp comes first on the search path: this copy shadows the real journal
-        conn.execute(
-            "CREATE TEMP TABLE celery_grousset_outcome "
-            "(LIKE public.celery_grousset_outcome INCLUDING ALL)"
-        )
-        conn.execute(
-            "INSERT INTO celery_grousset_outcome (processor_id, fingerprint, task_name, "
-            "task_id, status, fence, claim_token, started_at, expires_on, deliveries, "
-            "takeovers, result_encoding, error, worker, args_repr) "
-            "SELECT 'p', md5(i::text) || md5(i::text), 't', i::text, 'completed', 1, "
-            "md5(i::text), now(), now(), 1, 0, '', '', 'w', '' "
-            f"FROM generate_series(1, {ROWS}) AS i"
-        )
+        conn.execute(_SHADOW)
+        conn.execute(_FILL)
         yield conn
 
 
@@ -87,3 +90,47 @@ def test_statements_use_the_unique_key_without_statistics(
     scans = list(_index_scans(plan if isinstance(plan, list) else json.loads(plan)))
     assert scans, f"{statement} scans no index: {plan}"
     assert all("fingerprint" in name for name in scans), f"{statement} scans {scans}"
+
+
+@pytest.fixture
+def unanalysed_django_journal() -> Iterator[Any]:
+    """The same copy on Django's own connection (client-side binding: custom plans)."""
+    services.require_database("postgresql")
+    from django.db import connections
+
+    conn = connections["postgresql"]
+    with conn.cursor() as cur:
+        cur.execute(_SHADOW)
+        cur.execute(_FILL)
+    try:
+        yield conn
+    finally:
+        with conn.cursor() as cur:
+            cur.execute("DROP TABLE pg_temp.celery_grousset_outcome")
+
+
+def _explain(conn: Any, sql: str, params: list[Any]) -> list[str]:
+    with conn.cursor() as cur:
+        cur.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+        (plan,) = cur.fetchone()
+    return list(_index_scans(plan if isinstance(plan, list) else json.loads(plan)))
+
+
+def test_key_lookups_outside_the_store_use_the_unique_key(unanalysed_django_journal: Any) -> None:
+    from celery_grousset.models import Outcome
+    from celery_grousset.publish import PG_LOOKUP_SQL
+
+    # by_key: the wait-mode poll, the pytest helpers
+    qs = Outcome.objects.db_manager("postgresql").by_key("p", "x").values_list("status")
+    sql, params = qs.query.sql_with_params()
+    lookups = {
+        "by_key": _explain(unanalysed_django_journal, sql, list(params)),
+        "publish_unique": _explain(
+            unanalysed_django_journal,
+            PG_LOOKUP_SQL.format(table="celery_grousset_outcome"),
+            [["x", "y", "z"], "p"],
+        ),
+    }
+    for name, scans in lookups.items():
+        assert scans, f"{name} scans no index"
+        assert all("fingerprint" in index for index in scans), f"{name} scans {scans}"
