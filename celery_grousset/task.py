@@ -54,6 +54,22 @@ _ATTEMPT: ContextVar[tuple[str, guard.Attempt] | None] = ContextVar(
 )
 
 
+_PLAIN_CALL: dict[type, bool] = {}
+
+
+def _plain_call(cls: type) -> bool:
+    """Whether ``cls.__call__`` is ours and the next one in the MRO is Celery's own
+    ``Task.__call__`` (no user ``__call__`` to honour on either side)."""
+    known = _PLAIN_CALL.get(cls)
+    if known is None:
+        from celery.app.task import Task
+
+        owners = [k for k in cls.__mro__ if "__call__" in vars(k)]
+        known = owners[:2] == [GroussetTaskMixin, Task]
+        _PLAIN_CALL[cls] = known
+    return known
+
+
 class GroussetTaskMixin:
     """The guard, as a mixin for any Celery task class (see :class:`GroussetTask`).
 
@@ -199,8 +215,16 @@ class GroussetTaskMixin:
     # -- running ---------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        run = super().__call__  # type: ignore[misc]
         request = self.request
+        # Celery's tracer calls a task that overrides __call__ through it, and
+        # Task.__call__ then pushes a copy of the request the tracer has just pushed
+        # (a Context built from ~60 keys: a measurable share of a no-op task). Under the
+        # tracer (called_directly is False) the task and its request are already on
+        # their stacks, so run() is called as the tracer calls plain tasks.
+        if request.called_directly is False and _plain_call(type(self)):
+            run = self.run  # type: ignore[attr-defined]
+        else:
+            run = super().__call__  # type: ignore[misc]
         bypass = self._grousset_bypass
         if bypass is None:  # read once per process: Celery's config lookups are slow
             conf_bypass = getattr(self.app.conf, "grousset_bypass", False)

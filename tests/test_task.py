@@ -192,6 +192,46 @@ def test_self_grousset_exposes_the_claim(journal: str, temp_task: Any) -> None:
     assert value == {"fp": task.grousset_fingerprint((), {}), "fence": 1, "deliveries": 1}
 
 
+def test_the_body_sees_the_request_and_a_user_call_wrapper_still_runs(journal: str) -> None:
+    from celery import Task
+
+    seen: list[str] = []
+
+    class Wrapping(Task):  # type: ignore[misc]
+        """A user base class whose __call__ does setup (a common Celery pattern)."""
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            seen.append(f"wrapper:{self.request.id}")
+            return super().__call__(*args, **kwargs)
+
+    class Guarded(GroussetTask, Wrapping):  # type: ignore[misc]
+        pass
+
+    def plain(self: Any, n: int) -> str:
+        return f"{self.request.id}:{n}"
+
+    def wrapped(self: Any, n: int) -> str:
+        seen.append(f"body:{self.request.id}")
+        return f"{self.request.id}:{n}"
+
+    names = [f"tests.temp.call.{uuid.uuid4().hex[:6]}" for _ in range(2)]
+    try:
+        # GroussetTask directly: run() is called under the tracer with its request
+        t1 = app.task(base=GroussetTask, bind=True, name=names[0], max_processing_time=30)(plain)
+        r1 = t1.apply(args=(1,), task_id="id-plain")
+        assert r1.get() == "id-plain:1"
+        # a user __call__ later in the MRO is honoured, once per attempt
+        t2 = app.task(base=Guarded, bind=True, name=names[1], max_processing_time=30)(wrapped)
+        r2 = t2.apply(args=(2,), task_id="id-wrapped")
+        assert r2.get() == "id-wrapped:2"
+        assert seen == ["wrapper:id-wrapped", "body:id-wrapped"]
+        # and a direct call still goes through Celery's Task.__call__
+        assert t1(3).endswith(":3")
+    finally:
+        for name in names:
+            app.tasks.pop(name, None)
+
+
 def test_settings_are_validated(journal: str) -> None:
     from celery_grousset.conf import grousset_settings
 
