@@ -173,6 +173,12 @@ def test_24_purge_loop_during_duplicates(broker: str, pg: str, queue: str, tally
         # Given expired records of other calls, and grousset_purge running in a loop
         for _ in range(20):
             ct.brief.apply_async((new_key("s24-old"),), queue=queue).get(timeout=60)
+        # (expires_after=1 s, database clock: wait until they are expired, so that the
+        # purge has rows to delete however fast the duplicates are processed)
+        deadline = time.monotonic() + 30
+        while Outcome.objects.db_manager(pg).expired().count() < 20:
+            assert time.monotonic() < deadline, "the brief records never expired"
+            time.sleep(0.05)
         looper = threading.Thread(target=purge_loop, daemon=True)
         looper.start()
         try:
