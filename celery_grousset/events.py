@@ -23,26 +23,35 @@ def _fields(**values: Any) -> str:
     return " ".join(f"{k}={v}" for k, v in values.items() if v is not None)
 
 
+def _log(level: int, event: str, req: ClaimRequest, **extra: Any) -> None:
+    """One structured line: ``event``, the call's identity, then ``extra``. The fields
+    are built only when ``level`` is enabled (duplicates are a hot path)."""
+    if logger.isEnabledFor(level):
+        fields = _fields(
+            fingerprint=req.fingerprint,
+            task=req.task_name,
+            task_id=req.task_id,
+            processor=req.processor_id,
+            **extra,
+        )
+        logger.log(level, "%s %s", event, fields)
+
+
 def claimed(req: ClaimRequest, res: ClaimResult, seconds: float) -> None:
     if recorder is not None:
         recorder.claim(req.task_name, res.kind.value, seconds)
 
 
 def duplicate(req: ClaimRequest, res: ClaimResult, delivery: str = "") -> None:
-    if logger.isEnabledFor(logging.INFO):  # the fields cost more than the call
-        logger.info(
-            "grousset.duplicate_skipped %s",
-            _fields(
-                fingerprint=req.fingerprint,
-                task=req.task_name,
-                task_id=req.task_id,
-                processor=req.processor_id,
-                original_task_id=res.task_id,
-                completed_at=res.completed_at.isoformat() if res.completed_at else None,
-                deliveries=res.deliveries,
-                delivery=delivery or None,
-            ),
-        )
+    _log(
+        logging.INFO,
+        "grousset.duplicate_skipped",
+        req,
+        original_task_id=res.task_id,
+        completed_at=res.completed_at.isoformat() if res.completed_at else None,
+        deliveries=res.deliveries,
+        delivery=delivery or None,
+    )
     signals.duplicate_skipped.send(
         sender=req.task_name,
         fingerprint=req.fingerprint,
@@ -55,33 +64,24 @@ def duplicate(req: ClaimRequest, res: ClaimResult, delivery: str = "") -> None:
 
 
 def in_flight(req: ClaimRequest, res: ClaimResult, action: str) -> None:
-    if logger.isEnabledFor(logging.INFO):  # the fields cost more than the call
-        logger.info(
-            "grousset.in_flight %s",
-            _fields(
-                fingerprint=req.fingerprint,
-                task=req.task_name,
-                task_id=req.task_id,
-                processor=req.processor_id,
-                holder_task_id=res.task_id,
-                stale_in=f"{res.retry_in:.3f}s",
-                action=action,
-            ),
-        )
+    _log(
+        logging.INFO,
+        "grousset.in_flight",
+        req,
+        holder_task_id=res.task_id,
+        stale_in=f"{res.retry_in:.3f}s",
+        action=action,
+    )
 
 
 def taken_over(req: ClaimRequest, res: ClaimResult) -> None:
-    logger.warning(
-        "grousset.claim_taken_over %s",
-        _fields(
-            fingerprint=req.fingerprint,
-            task=req.task_name,
-            task_id=req.task_id,
-            processor=req.processor_id,
-            fence=res.fence,
-            takeovers=res.takeovers,
-            max_processing_time=req.max_processing_time,
-        ),
+    _log(
+        logging.WARNING,
+        "grousset.claim_taken_over",
+        req,
+        fence=res.fence,
+        takeovers=res.takeovers,
+        max_processing_time=req.max_processing_time,
     )
     signals.claim_taken_over.send(
         sender=req.task_name,
@@ -94,28 +94,20 @@ def taken_over(req: ClaimRequest, res: ClaimResult) -> None:
 
 
 def gave_up(req: ClaimRequest, res: ClaimResult) -> None:
-    logger.error(
-        "grousset.gave_up %s",
-        _fields(
-            fingerprint=req.fingerprint,
-            task=req.task_name,
-            task_id=req.task_id,
-            processor=req.processor_id,
-            takeovers=res.takeovers,
-        ),
+    _log(
+        logging.ERROR,
+        "grousset.gave_up",
+        req,
+        takeovers=res.takeovers,
     )
 
 
 def fenced(req: ClaimRequest, fence: int) -> None:
-    logger.error(
-        "grousset.fenced_out %s",
-        _fields(
-            fingerprint=req.fingerprint,
-            task=req.task_name,
-            task_id=req.task_id,
-            processor=req.processor_id,
-            fence=fence,
-        ),
+    _log(
+        logging.ERROR,
+        "grousset.fenced_out",
+        req,
+        fence=fence,
     )
     if recorder is not None:
         recorder.fenced_out(req.task_name)
@@ -129,16 +121,12 @@ def fenced(req: ClaimRequest, fence: int) -> None:
 
 
 def store_error(req: ClaimRequest, operation: str, exc: BaseException) -> None:
-    logger.error(
-        "grousset.store_unavailable %s",
-        _fields(
-            fingerprint=req.fingerprint,
-            task=req.task_name,
-            task_id=req.task_id,
-            processor=req.processor_id,
-            operation=operation,
-            error=repr(str(exc)[:300]),
-        ),
+    _log(
+        logging.ERROR,
+        "grousset.store_unavailable",
+        req,
+        operation=operation,
+        error=repr(str(exc)[:300]),
     )
     if recorder is not None and operation != "claim":
         recorder.commit_error(req.task_name)
