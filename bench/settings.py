@@ -71,6 +71,8 @@ DATABASES = {
 GROUSSET = {
     "DATABASE": os.environ.get("BENCH_GROUSSET_DB", "postgresql"),
     "MAX_PROCESSING_TIME": 60,
+    # "durable" (the default, what the targets are measured with) or "async" (opt-in knob)
+    "CLAIM_COMMIT": os.environ.get("BENCH_CLAIM_COMMIT", "durable"),
 }
 
 #: Redis db 12 for the broker, db 11 for results (and the Redis-based competitors).

@@ -39,6 +39,10 @@ VARIANTS: dict[str, Variant] = {
         Variant("plain", "plain Celery", "bench.plain"),
         Variant("grousset-pg", "GroussetTask (PostgreSQL)", "bench.grousset", "postgresql",
                 {"BENCH_GROUSSET_DB": "postgresql"}, JOURNAL_DONE),
+        # The opt-in knob, for comparison only: the targets use the default ("durable").
+        Variant("grousset-pg-async", "GroussetTask (PostgreSQL, CLAIM_COMMIT=async)",
+                "bench.grousset", "postgresql",
+                {"BENCH_GROUSSET_DB": "postgresql", "BENCH_CLAIM_COMMIT": "async"}, JOURNAL_DONE),
         Variant("grousset-sqlite", "GroussetTask (SQLite)", "bench.grousset", "default",
                 {"BENCH_GROUSSET_DB": "default"}, JOURNAL_DONE),
         Variant("raw-pg", "raw psycopg INSERT…ON CONFLICT + UPDATE", "bench.raw_pg",

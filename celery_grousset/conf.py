@@ -43,6 +43,9 @@ DEFAULTS: dict[str, Any] = {
     "MAX_TAKEOVERS": 3,
     # Seconds a store operation may take (connect, lock wait, statement) before it fails closed.
     "STORE_TIMEOUT": 5.0,
+    # PostgreSQL: "durable" claims wait for the WAL flush; "async" ones do not (opt-in;
+    # completions always do). See docs/performance.md.
+    "CLAIM_COMMIT": "durable",
     # Emergency switch: run every task unguarded, logging loudly.
     "BYPASS": False,
     # Argument names whose values are redacted in args_repr (added to the built-in list).
@@ -57,6 +60,7 @@ DEFAULTS: dict[str, Any] = {
 _CHOICES = {
     "ON_IN_FLIGHT": ("retry", "wait"),
     "ON_FAILURE": ("release", "memoize"),
+    "CLAIM_COMMIT": ("durable", "async"),
 }
 
 

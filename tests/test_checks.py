@@ -186,7 +186,10 @@ def test_test_settings_are_silent() -> None:
     assert ids(None) == set()
 
 
-@pytest.mark.parametrize("grousset", [{"NOT_A_SETTING": 1}, {"ON_IN_FLIGHT": "sometimes"}])
+@pytest.mark.parametrize(
+    "grousset",
+    [{"NOT_A_SETTING": 1}, {"ON_IN_FLIGHT": "sometimes"}, {"CLAIM_COMMIT": "sometimes"}],
+)
 def test_invalid_grousset_setting_is_E004(grousset: dict[str, Any]) -> None:
     # Given an unknown key / a bad value in settings.GROUSSET
     with override_settings(GROUSSET=grousset):

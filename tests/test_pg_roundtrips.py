@@ -12,7 +12,9 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.db.models import F
+from django.test import override_settings
 
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.models import Outcome
@@ -28,7 +30,8 @@ def pg_store() -> Store:
     return get_store("postgresql")
 
 
-def traced(store: Store, fn: object) -> tuple[object, list[str]]:
+def trace(store: Store, fn: object) -> tuple[object, list[str]]:
+    """Run ``fn`` with libpq's protocol trace on; its value and the trace's lines."""
     from psycopg.pq import Trace
 
     conn = store._conn
@@ -41,12 +44,13 @@ def traced(store: Store, fn: object) -> tuple[object, list[str]]:
         finally:
             conn.pgconn.untrace()
         fh.seek(0)
-        sent = [
-            line.split("\t")[2].split()[0]
-            for line in fh.read().splitlines()
-            if line.startswith("F\t")
-        ]
-    return value, sent
+        return value, fh.read().splitlines()
+
+
+def traced(store: Store, fn: object) -> tuple[object, list[str]]:
+    """``fn``'s value and the protocol messages the client sent for it."""
+    value, lines = trace(store, fn)
+    return value, [line.split("\t")[2].split()[0] for line in lines if line.startswith("F\t")]
 
 
 def round_trips(sent: list[str]) -> int:
@@ -104,3 +108,41 @@ def test_completion_is_one_round_trip(pg_store: Store) -> None:
     )
     assert done is True
     assert sent.count("Execute") == 1 and round_trips(sent) == 1
+
+
+def durability(store: Store, fn: object) -> str:
+    """What the claim statement set ``synchronous_commit`` to for its own commit: the
+    last column of the row the server sent back (``'on'``: the commit waited for the
+    WAL flush)."""
+    _, lines = trace(store, fn)
+    rows = [line for line in lines if line.startswith("B\t") and "\tDataRow\t" in line]
+    assert len(rows) == 1, lines
+    return rows[0].rsplit(" ", 1)[1].strip("'")
+
+
+@pytest.mark.parametrize(
+    ("claim_commit", "owning", "duplicate"),
+    [("durable", "on", "off"), ("async", "off", "off")],
+)
+def test_claim_commit_decides_which_claims_wait_for_the_wal_flush(
+    claim_commit: str, owning: str, duplicate: str
+) -> None:
+    services.require_database("postgresql")
+    from celery_grousset.store import get_store
+
+    grousset = {**settings.GROUSSET, "DATABASE": "postgresql", "CLAIM_COMMIT": claim_commit}
+    with override_settings(GROUSSET=grousset):
+        store = get_store("postgresql")
+        assert store.claim_commit == claim_commit
+        store.claim(make(uuid.uuid4().hex * 2))  # connect and prepare outside the trace
+        fp = uuid.uuid4().hex * 2
+        first = make(fp)
+        # Given the default, a claim that takes the row waits for the flush; "async"
+        # (opt-in) does not. A claim that takes nothing never waits.
+        assert durability(store, lambda: store.claim(first)) == owning
+        assert durability(store, lambda: store.claim(make(fp))) == duplicate
+        # Whatever the setting, the completion commits durably: a plain autocommit
+        # UPDATE on a session whose synchronous_commit is PostgreSQL's default.
+        assert store.finish("rt", fp, first.token, Completion("completed", b"1", "x"))
+        assert store._conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        assert durability(store, lambda: store.claim(make(fp))) == duplicate

@@ -67,10 +67,19 @@ class Store(abc.ABC):
 
     vendor: str = ""
 
-    def __init__(self, alias: str, settings_dict: dict[str, Any], timeout: float) -> None:
+    def __init__(
+        self,
+        alias: str,
+        settings_dict: dict[str, Any],
+        timeout: float,
+        claim_commit: str = "durable",
+    ) -> None:
         self.alias = alias
         self.settings_dict = settings_dict
         self.timeout = timeout
+        #: GROUSSET["CLAIM_COMMIT"]: "async" lets an owning claim skip the WAL flush
+        #: (PostgreSQL only; the other stores always commit durably).
+        self.claim_commit = claim_commit
 
     @abc.abstractmethod
     def claim(self, req: ClaimRequest) -> ClaimResult:
@@ -166,7 +175,12 @@ def get_store(alias: str | None = None) -> Store:
                     f"in settings.DATABASES ({sorted(connections.settings)})."
                 ) from exc
             cls = _store_class(settings_dict["ENGINE"])
-            store = cls(alias, settings_dict, float(grousset_settings.STORE_TIMEOUT))
+            store = cls(
+                alias,
+                settings_dict,
+                float(grousset_settings.STORE_TIMEOUT),
+                str(grousset_settings.CLAIM_COMMIT),
+            )
             _stores[alias] = store
     return store
 

@@ -7,10 +7,12 @@ it left joined with the status it found. A claim that takes nothing (a duplicate
 fresh in-flight claim) only counts a delivery: it commits with
 ``synchronous_commit = off`` for that one transaction, so it does not wait for a
 WAL flush (a crash may lose a few delivery counts, never a claim or a completion).
-Claims and completions commit durably. All times come from ``clock_timestamp()`` (the
-database's clock). Statements are prepared server-side on a private psycopg 3
-connection in autocommit mode; ``lock_timeout`` and ``statement_timeout`` bound
-every call by ``GROUSSET["STORE_TIMEOUT"]``.
+Claims and completions commit durably — unless ``GROUSSET["CLAIM_COMMIT"]`` is
+``"async"`` (opt-in): then claims that take a row skip the flush too, and only the
+completion waits for it (docs/performance.md says what that trades). All times
+come from ``clock_timestamp()`` (the database's clock). Statements are prepared
+server-side on a private psycopg 3 connection in autocommit mode; ``lock_timeout``
+and ``statement_timeout`` bound every call by ``GROUSSET["STORE_TIMEOUT"]``.
 """
 
 from __future__ import annotations
@@ -111,8 +113,8 @@ WITH prev AS MATERIALIZED (
             - {_NOW})))::float8
 )
 SELECT ins.*, prev.status, prev.claim_token,
-    set_config('synchronous_commit', CASE WHEN prev.a = 'n' THEN 'off' ELSE 'on' END,
-        true)
+    set_config('synchronous_commit', CASE WHEN prev.a = 'n' OR %(async)s THEN 'off'
+        ELSE 'on' END, true)
 FROM ins LEFT JOIN prev ON true
 """
 # One line: psycopg caches its %(name)s -> $n conversion only for statements up to 4 KiB.
@@ -217,6 +219,7 @@ class PostgresStore(Store):
             "maxt": int(req.max_takeovers),
             "worker": req.worker,
             "args": req.args_repr,
+            "async": self.claim_commit == "async",
         }
 
         def op(conn: Any) -> Any:
