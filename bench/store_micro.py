@@ -174,13 +174,12 @@ def _floor_impl(vendor: str, conn: Any, processor: str) -> Impl:
 
 def _store_sql_impl(conn: Any, processor: str) -> Impl:
     """PostgreSQL: the store's own statements, sent on a raw psycopg connection."""
-    from celery_grousset.claim import gave_up_message
     from celery_grousset.store.postgresql import CLAIM_SQL, FINISH_SQL
 
     def params(f: str, tok: str) -> dict[str, Any]:
         return {"p": processor, "f": f, "task": "bench.grousset", "tid": uuid.uuid4().hex,
                 "tok": tok, "exp": 3600.0, "mpt": 60.0, "maxt": 3, "worker": "bench:1",
-                "args": "('k',)", "gave_up": gave_up_message(3)}  # fmt: skip
+                "args": "('k',)", "async": False}  # fmt: skip
 
     def claim_complete(f: str) -> None:
         tok = uuid.uuid4().hex
