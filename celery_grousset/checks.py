@@ -169,17 +169,29 @@ def _check_database() -> list[checks.CheckMessage]:
                 id="celery_grousset.E003",
             )
         ]
+    found: list[checks.CheckMessage] = []
+    postgres = any(name in engine for name in ("postgresql", "postgis"))
+    if grousset_settings.CLAIM_COMMIT == "async" and not postgres:
+        found.append(
+            checks.Warning(
+                f"GROUSSET['CLAIM_COMMIT'] is 'async', but the journal database {alias!r} is "
+                "not PostgreSQL: the setting has no effect there (every claim commits "
+                "durably).",
+                hint="Remove CLAIM_COMMIT, or point GROUSSET['DATABASE'] at PostgreSQL.",
+                id="celery_grousset.W006",
+            )
+        )
     level = str((settings.get("OPTIONS") or {}).get("isolation_level", "")).lower()
     if "mysql" in engine and level == "repeatable read":
-        return [
+        found.append(
             checks.Warning(
                 f"The journal database {alias!r} runs at REPEATABLE READ: transactional tasks "
                 "read a snapshot older than their claim.",
                 hint="Remove OPTIONS['isolation_level'] (Django's default is READ COMMITTED).",
                 id="celery_grousset.W004",
             )
-        ]
-    return []
+        )
+    return found
 
 
 @checks.register(checks.Tags.database)

@@ -228,6 +228,17 @@ def test_mysql_repeatable_read_is_W004() -> None:
         assert ids(None) == set()
 
 
+def test_async_claim_commit_outside_postgresql_is_W006() -> None:
+    # Given the opt-in async claim commit on journals that cannot honour it
+    for alias in ("default", "mysql"):
+        with override_settings(GROUSSET={"DATABASE": alias, "CLAIM_COMMIT": "async"}):
+            # When the checks run / Then a warning says it has no effect
+            assert ids(None) == {"celery_grousset.W006"}, alias
+    # And on PostgreSQL, where it acts, the checks are silent
+    with override_settings(GROUSSET={"DATABASE": "postgresql", "CLAIM_COMMIT": "async"}):
+        assert ids(None) == set()
+
+
 def test_sqlite_without_wal_is_W005(tmp_path: Path) -> None:
     # Given a SQLite journal file in the default (rollback) journal mode
     path = tmp_path / "journal.sqlite3"
