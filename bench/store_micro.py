@@ -114,29 +114,33 @@ class Impl:
         self.statements: dict[str, int] = {"claim + complete": 0, "duplicate claim": 0}
 
 
+def _request(processor: str, f: str) -> Any:
+    """One claim request of the benchmark (a new token and task id each time)."""
+    from celery_grousset.claim import ClaimRequest
+
+    return ClaimRequest(
+        processor_id=processor, fingerprint=f, task_name="bench.grousset",
+        task_id=uuid.uuid4().hex, token=uuid.uuid4().hex, worker="bench:1",
+        args_repr="('k',)", max_processing_time=60.0, expires_after=3600.0,
+        max_takeovers=3,
+    )  # fmt: skip
+
+
 def _store_impl(alias: str, processor: str) -> Impl:
-    from celery_grousset.claim import ClaimRequest, Kind
+    from celery_grousset.claim import Kind
     from celery_grousset.store import Completion, get_store
 
     store = get_store(alias)
     done = Completion("completed", RESULT, ENC)
 
-    def request(f: str) -> ClaimRequest:
-        return ClaimRequest(
-            processor_id=processor, fingerprint=f, task_name="bench.grousset",
-            task_id=uuid.uuid4().hex, token=uuid.uuid4().hex, worker="bench:1",
-            args_repr="('k',)", max_processing_time=60.0, expires_after=3600.0,
-            max_takeovers=3,
-        )  # fmt: skip
-
     def claim_complete(f: str) -> None:
-        req = request(f)
+        req = _request(processor, f)
         res = store.claim(req)
         store.finish(processor, f, req.token, done)
         assert res.kind is Kind.NEW, res.kind
 
     def duplicate(f: str) -> None:
-        res = store.claim(request(f))
+        res = store.claim(_request(processor, f))
         assert res.kind is Kind.COMPLETED, res.kind
 
     return Impl("celery-grousset store", claim_complete, duplicate)
@@ -172,23 +176,24 @@ def _floor_impl(vendor: str, conn: Any, processor: str) -> Impl:
     return Impl(f"raw {vendor} floor (INSERT…DO NOTHING + UPDATE)", claim_complete, duplicate)
 
 
-def _store_sql_impl(conn: Any, processor: str) -> Impl:
-    """PostgreSQL: the store's own statements, sent on a raw psycopg connection."""
-    from celery_grousset.store.postgresql import CLAIM_SQL, FINISH_SQL
+def _store_sql_impl(alias: str, conn: Any, processor: str) -> Impl:
+    """PostgreSQL: the store's own statements and parameters, sent on a raw psycopg
+    connection."""
+    from celery_grousset.store import get_store
+    from celery_grousset.store.postgresql import CLAIM_SQL, FINISH_SQL, PostgresStore
 
-    def params(f: str, tok: str) -> dict[str, Any]:
-        return {"p": processor, "f": f, "task": "bench.grousset", "tid": uuid.uuid4().hex,
-                "tok": tok, "exp": 3600.0, "mpt": 60.0, "maxt": 3, "worker": "bench:1",
-                "args": "('k',)", "async": False}  # fmt: skip
+    store = get_store(alias)
+    assert isinstance(store, PostgresStore)
 
     def claim_complete(f: str) -> None:
-        tok = uuid.uuid4().hex
-        conn.execute(CLAIM_SQL, params(f, tok), prepare=True).fetchone()
-        conn.execute(FINISH_SQL, {"st": "completed", "res": RESULT, "enc": ENC, "err": "",
-                                  "p": processor, "f": f, "tok": tok}, prepare=True)  # fmt: skip
+        req = _request(processor, f)
+        conn.execute(CLAIM_SQL, store.claim_params(req), prepare=True).fetchone()
+        done = {"st": "completed", "res": RESULT, "enc": ENC, "err": "", "p": processor,
+                "f": f, "tok": req.token}  # fmt: skip
+        conn.execute(FINISH_SQL, done, prepare=True)
 
     def duplicate(f: str) -> None:
-        conn.execute(CLAIM_SQL, params(f, uuid.uuid4().hex), prepare=True).fetchone()
+        conn.execute(CLAIM_SQL, store.claim_params(_request(processor, f)), prepare=True).fetchone()
 
     return Impl("store SQL on raw psycopg", claim_complete, duplicate)
 
@@ -245,7 +250,7 @@ def bench_backend(alias: str, iterations: int) -> tuple[str, list[Impl]]:
     impls = [_store_impl(alias, processor), _floor_impl(vendor, conn, processor)]
     if vendor == "postgresql":
         _, conn2 = _connect(alias)
-        impls.append(_store_sql_impl(conn2, f"{processor}-sql"))
+        impls.append(_store_sql_impl(alias, conn2, f"{processor}-sql"))
     with counting():
         for k, impl in enumerate(impls):  # warm up: connect, prepare
             for f in [fp(f"{salt}w{k}", i) for i in range(WARMUP)]:

@@ -148,6 +148,7 @@ def _check_database() -> list[checks.CheckMessage]:
     from django.db import connections
 
     from celery_grousset.conf import grousset_settings
+    from celery_grousset.store.base import store_class
 
     alias = grousset_settings.DATABASE
     if alias not in connections.settings:
@@ -160,7 +161,9 @@ def _check_database() -> list[checks.CheckMessage]:
         ]
     settings = connections.settings[alias]
     engine = settings["ENGINE"]
-    if not any(name in engine for name in ("postgresql", "postgis", "sqlite", "mysql")):
+    try:
+        vendor = store_class(engine).vendor  # the store's own engine -> backend mapping
+    except ImproperlyConfigured:
         return [
             checks.Error(
                 f"The journal database {alias!r} uses {engine!r}; celery-grousset supports "
@@ -170,8 +173,7 @@ def _check_database() -> list[checks.CheckMessage]:
             )
         ]
     found: list[checks.CheckMessage] = []
-    postgres = any(name in engine for name in ("postgresql", "postgis"))
-    if grousset_settings.CLAIM_COMMIT == "async" and not postgres:
+    if grousset_settings.CLAIM_COMMIT == "async" and vendor != "postgresql":
         found.append(
             checks.Warning(
                 f"GROUSSET['CLAIM_COMMIT'] is 'async', but the journal database {alias!r} is "
@@ -182,7 +184,7 @@ def _check_database() -> list[checks.CheckMessage]:
             )
         )
     level = str((settings.get("OPTIONS") or {}).get("isolation_level", "")).lower()
-    if "mysql" in engine and level == "repeatable read":
+    if vendor == "mysql" and level == "repeatable read":
         found.append(
             checks.Warning(
                 f"The journal database {alias!r} runs at REPEATABLE READ: transactional tasks "

@@ -125,7 +125,8 @@ _stores: dict[str, Store] = {}
 _pid = os.getpid()
 
 
-def _store_class(engine: str) -> type[Store]:
+def store_class(engine: str) -> type[Store]:
+    """The claim store for a Django database ``ENGINE`` (ImproperlyConfigured if none)."""
     if "postgresql" in engine or "postgis" in engine:
         from celery_grousset.store.postgresql import PostgresStore
 
@@ -174,7 +175,7 @@ def get_store(alias: str | None = None) -> Store:
                     f"celery-grousset: GROUSSET['DATABASE'] is {alias!r}, which is not "
                     f"in settings.DATABASES ({sorted(connections.settings)})."
                 ) from exc
-            cls = _store_class(settings_dict["ENGINE"])
+            cls = store_class(settings_dict["ENGINE"])
             store = cls(
                 alias,
                 settings_dict,

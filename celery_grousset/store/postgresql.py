@@ -207,8 +207,9 @@ class PostgresStore(Store):
                 self.discard()
             raise StoreUnavailable(f"journal database {self.alias!r}: {exc}") from exc
 
-    def claim(self, req: ClaimRequest) -> ClaimResult:
-        params = {
+    def claim_params(self, req: ClaimRequest) -> dict[str, Any]:
+        """The parameters of :data:`CLAIM_SQL` for ``req``."""
+        return {
             "p": req.processor_id,
             "f": req.fingerprint,
             "task": req.task_name,
@@ -221,6 +222,9 @@ class PostgresStore(Store):
             "args": req.args_repr,
             "async": self.claim_commit == "async",
         }
+
+    def claim(self, req: ClaimRequest) -> ClaimResult:
+        params = self.claim_params(req)
 
         def op(conn: Any) -> Any:
             return conn.execute(CLAIM_SQL, params, prepare=True).fetchone()
