@@ -3,7 +3,8 @@
 Scenarios (default: all but ``profile``):
 
 * ``throughput`` — N distinct deliveries, one ``celery worker -P prefork -c 2``:
-  plain Celery, GroussetTask on PostgreSQL and SQLite, a raw psycopg claim,
+  plain Celery, GroussetTask on PostgreSQL (durable and CLAIM_COMMIT=async) and SQLite,
+  a raw psycopg claim,
   celery-once, Powertools; no-op and 5 ms bodies; ratios to plain Celery.
 * ``duplicates`` — every key delivered 5x (20 ms body): wall time and effects.
 * ``store`` — the claim store per call (claim + complete, duplicate claim) on
