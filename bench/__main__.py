@@ -10,6 +10,9 @@ Scenarios (default: all but ``profile``):
 * ``store`` — the claim store per call (claim + complete, duplicate claim) on
   PostgreSQL, SQLite and MariaDB against raw-driver floors; statements per call.
 * ``scale`` — claim latency with 0 / 1M / 10M rows in the journal; purge rate and RSS.
+* ``cost`` — CPU per task by process (pool children, worker parent, PostgreSQL,
+  Redis) and the pool child's wall time per task, plain vs GroussetTask vs the raw
+  claim; the round trips a guard cannot avoid and the ratio they bound it to.
 * ``profile`` — py-spy on a worker child of the GroussetTask (PostgreSQL) variant.
 
 Every scenario prints its table, appends it to bench/RESULTS.md and draws a PNG
@@ -22,8 +25,8 @@ import argparse
 import sys
 import time
 
-SCENARIOS = ("throughput", "duplicates", "store", "scale", "profile")
-DEFAULT = ("throughput", "duplicates", "store", "scale")
+SCENARIOS = ("throughput", "duplicates", "store", "scale", "cost", "profile")
+DEFAULT = ("throughput", "duplicates", "store", "scale", "cost")
 
 
 def _csv(text: str) -> list[str]:
@@ -46,12 +49,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="a small version of every scenario (< 3 minutes; checks the plumbing)")
     p.add_argument("--n", type=int, default=None,
-                   help="throughput: deliveries per variant and round (default 20000)")
+                   help="throughput, cost: deliveries per variant and round "
+                   "(default 20000; cost 10000)")
     p.add_argument("--rounds", type=int, default=None, help="rounds; medians reported (default 3)")
     p.add_argument("--variants", type=_csv, default=list(VARIANTS),
                    help=f"throughput variants, comma-separated (default: {','.join(VARIANTS)})")
     p.add_argument("--bodies", type=_csv, default=list(BODIES),
-                   help=f"throughput task bodies (default: {','.join(BODIES)})")
+                   help=f"throughput, cost: task bodies (default: {','.join(BODIES)})")
+    p.add_argument("--concurrency", type=int, default=2,
+                   help="throughput, cost: the worker's -c (default 2, the targets' setting)")
     p.add_argument("--prefetch", type=int, default=4,
                    help="worker_prefetch_multiplier, the same for every variant (default 4)")
     p.add_argument("--dup-keys", type=int, default=None,
@@ -101,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         if scenario == "throughput":
             from bench import throughput
 
-            throughput.run(n, rounds, args.variants, args.bodies, args.prefetch, record)
+            throughput.run(n, rounds, args.variants, args.bodies, args.prefetch, record,
+                           args.concurrency)
         elif scenario == "duplicates":
             from bench import duplicates
 
@@ -118,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
             purge = args.purge_rows or (50_000 if quick else 1_000_000)
             samples = 300 if quick else 2000
             scale.run(sizes, purge, samples, record)
+        elif scenario == "cost":
+            from bench import cost
+
+            cost.run(args.n or (400 if quick else 10_000), rounds, args.bodies,
+                     args.concurrency, args.prefetch, record)
         elif scenario == "profile":
             from bench import profile
 

@@ -1,4 +1,4 @@
-"""Scenario ``throughput``: N distinct deliveries drained by one prefork worker (-c 2).
+"""Scenario ``throughput``: N distinct deliveries drained by one prefork worker (-c 2 by default).
 
 Every variant runs in the same round on the same Celery app config and the same
 Django setup; the order of the variants alternates between rounds; medians of
@@ -56,7 +56,7 @@ BODIES = {"noop": 0.0, "sleep5ms": 0.005}
 
 
 def run_variant(variant: Variant, n: int, sleep: float, prefetch: int,
-                record_keys: bool = False) -> harness.RunStats:  # fmt: skip
+                record_keys: bool = False, concurrency: int = 2) -> harness.RunStats:  # fmt: skip
     """Pre-publish ``n`` messages, drain them with a fresh worker, return its stats."""
     harness.reset_redis()
     if variant.alias:
@@ -66,7 +66,7 @@ def run_variant(variant: Variant, n: int, sleep: float, prefetch: int,
     env = {**variant.env, "BENCH_PREFETCH": str(prefetch)}
     if record_keys:
         env["BENCH_RECORD_KEYS"] = "1"
-    worker = harness.Worker(env)
+    worker = harness.Worker(env, concurrency)
     try:
         stats = worker.wait(n, timeout=120 + n * (sleep + 0.02))
     finally:
@@ -81,7 +81,7 @@ def run_variant(variant: Variant, n: int, sleep: float, prefetch: int,
 
 
 def run(n: int, rounds: int, variants: list[str], bodies: list[str], prefetch: int,
-        record: bool) -> dict[str, object]:  # fmt: skip
+        record: bool, concurrency: int = 2) -> dict[str, object]:  # fmt: skip
     """Run the scenario; print the table; append it to RESULTS.md."""
     harness.setup_django()
     chosen = [VARIANTS["plain"]] + [VARIANTS[v] for v in variants if v != "plain"]
@@ -94,7 +94,8 @@ def run(n: int, rounds: int, variants: list[str], bodies: list[str], prefetch: i
             for variant in order:
                 t0 = time.monotonic()
                 try:
-                    stats = run_variant(variant, n, BODIES[body], prefetch)
+                    stats = run_variant(variant, n, BODIES[body], prefetch,
+                                        concurrency=concurrency)
                     rate = stats.ok / stats.seconds
                 except RuntimeError as exc:  # reported, the other variants still run
                     harness.log(f"{variant.name} {body} FAILED: {exc}")
@@ -118,14 +119,15 @@ def run(n: int, rounds: int, variants: list[str], bodies: list[str], prefetch: i
                          f"{med(ratios[key]):.2f}x",
                          " / ".join(f"{x:.2f}" for x in ratios[key])])  # fmt: skip
     headers = ["body", "variant", "tasks/s (median)", "vs plain (median)", "ratio per round"]
+    worker = f"celery worker -P prefork -c {concurrency}, acks_late, Redis broker"
     params = {"n": n, "rounds": rounds, "prefetch multiplier": prefetch,
-              "worker": "celery worker -P prefork -c 2, acks_late, Redis broker"}  # fmt: skip
+              "worker": worker}  # fmt: skip
     plot = report.bar_plot(
         "throughput",
         groups=bodies,
         series={v.label: [med(rates[(b, v.name)]) for b in bodies] for v in chosen},
         ylabel="tasks/s (median)",
-        title=f"Throughput, {n} distinct deliveries, prefork -c 2",
+        title=f"Throughput, {n} distinct deliveries, prefork -c {concurrency}",
     )
     report.emit("throughput", params, headers, rows, plot, record)
     return {"rates": rates, "ratios": ratios}
