@@ -23,6 +23,7 @@ endif
 
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
 
@@ -53,11 +54,17 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -qq -e ".[dev]"
 	@touch $@
 
+# The [bench] extra (matplotlib, celery-once, Powertools, py-spy): `make bench`, and the
+# test that runs every benchmark scenario at --quick size (tests/test_bench.py).
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -qq -e ".[bench]"
+	@touch $@
+
 lint: venv ## ruff + mypy (strict, django plugin)
 	$(BIN)/ruff check .
 	$(BIN)/mypy celery_grousset
 
-test: lint ## lint, then the whole pytest suite (PYTEST_ARGS='-q')
+test: lint $(BENCH_STAMP) ## lint, then the whole pytest suite (PYTEST_ARGS='-q')
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test-fast: venv ## pytest without slow, browser and chaos tests
@@ -72,8 +79,7 @@ demo: venv ## run the example project's demo (honours DATABASE_URL, CELERY_BROKE
 docs: venv ## build the mkdocs site into site/ (strict)
 	$(BIN)/mkdocs build --strict -d site
 
-bench: venv ## run the benchmarks (BENCH_ARGS=...; installs the [bench] extra)
-	$(BIN)/python -m pip install -qq -e ".[bench]"
+bench: $(BENCH_STAMP) ## run the benchmarks (BENCH_ARGS=...; installs the [bench] extra)
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 chaos: venv ## run the chaos scenarios (CHAOS_RUNS=5, CHAOS_ARGS=...)

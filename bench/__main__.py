@@ -50,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
                    help="a small version of every scenario (< 3 minutes; checks the plumbing)")
     p.add_argument("--n", type=int, default=None,
                    help="throughput, cost: deliveries per variant and round "
-                   "(default 20000; cost 10000)")
+                   "(default 20000; cost 10000, at least 2000)")
     p.add_argument("--rounds", type=int, default=None, help="rounds; medians reported (default 3)")
     p.add_argument("--variants", type=_csv, default=list(VARIANTS),
                    help=f"throughput variants, comma-separated (default: {','.join(VARIANTS)})")
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         elif scenario == "cost":
             from bench import cost
 
-            cost.run(args.n or (400 if quick else 10_000), rounds, args.bodies,
+            cost.run(args.n or (2000 if quick else 10_000), rounds, args.bodies,
                      args.concurrency, args.prefetch, record)
         elif scenario == "profile":
             from bench import profile

@@ -140,7 +140,12 @@ def measure(name: str, n: int, concurrency: int, prefetch: int,
     finally:
         worker.stop()
     (t0, done0, cpu0, busy0), (t1, done1, cpu1, busy1) = marks
-    tasks = max(1, done1 - done0)
+    tasks = done1 - done0
+    if tasks < n / 2:  # the children report every 0.2 s: a short drain has no window
+        raise RuntimeError(
+            f"{name}: only {tasks} of {n} deliveries fell between the two CPU readings "
+            "(the pool children report every 0.2 s): use a larger --n"
+        )
     out = {g: (cpu1[g] - cpu0[g]) / tasks * 1e6 for g in GROUPS}
     out["all (machine)"] = (busy1 - busy0) / tasks * 1e6
     out["busy %"] = 100 * (busy1 - busy0) / ((t1 - t0) * (os.cpu_count() or 1))

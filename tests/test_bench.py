@@ -1,0 +1,98 @@
+"""The benchmarks still run (``python -m bench --quick``), on the real services.
+
+Speed is measured in bench/, never asserted here. What this checks is the
+plumbing a benchmark run depends on, so that a change to the store or the task
+cannot silently break ``make bench``: every scenario prints its table, every
+variant drains all its deliveries (a variant that fails is reported as FAILED),
+the duplicates scenario runs each key's effect exactly once, a duplicate claim on
+PostgreSQL is one statement, and the cost scenario finds the worker's processes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import services
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow
+
+
+def _require_bench() -> None:
+    missing = [m for m in ("matplotlib", "celery_once", "aws_lambda_powertools", "MySQLdb")
+               if importlib.util.find_spec(m) is None]  # fmt: skip
+    if missing:
+        services.unavailable("the [bench] extra", f"cannot import {', '.join(missing)}; "
+                             "`pip install -e '.[bench]'`")  # fmt: skip
+    for what, port in (("PostgreSQL", 5432), ("MariaDB", 3306), ("Redis", 6379)):
+        if not services.port_open("127.0.0.1", port):
+            services.unavailable(what, f"nothing listens on 127.0.0.1:{port}")
+    if not Path("/proc/stat").exists():
+        pytest.skip("the cost scenario reads /proc (Linux only)")
+
+
+def _run_bench(*args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", *args, "--quick", "--no-record"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def _rows(out: str, scenario: str) -> list[list[str]]:
+    """The table rows printed under ``== scenario ==`` (cells, stripped)."""
+    section = out.split(f"== {scenario} ==", 1)[1].split("\n\n", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("|")][2:]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+
+
+def test_every_scenario_runs_and_counts_what_it_claims() -> None:
+    _require_bench()
+    out = _run_bench(
+        "throughput", "duplicates", "store", "scale",
+        "--variants", "grousset-pg,grousset-sqlite,raw-pg,celery-once,powertools",
+        "--bodies", "noop", "--n", "200", "--dup-keys", "40",
+        "--scale-rows", "2000", "--purge-rows", "5000",
+    )  # fmt: skip
+    # cost reads CPU counters between 5 % and 95 % of the deliveries: it needs a drain
+    # that lasts several of the children's 0.2 s reports
+    out += _run_bench("cost", "--bodies", "noop", "--n", "2000")
+    assert "FAILED" not in out, out[-4000:]
+
+    throughput = {row[1]: row for row in _rows(out, "throughput")}
+    assert len(throughput) == 6, throughput  # plain + the five variants asked for
+    assert all(float(row[2]) > 0 for row in throughput.values()), throughput
+
+    assert "effects = unique keys = 40 in every round: yes" in out, out[-4000:]
+    grousset = next(r for r in _rows(out, "duplicates") if r[0].startswith("GroussetTask"))
+    assert grousset[4] == "40", grousset  # effects: one per key, not one per delivery
+
+    store = _rows(out, "store")
+    dup = next(r for r in store if r[:3] == ["postgresql", "duplicate claim",
+                                              "celery-grousset store"])  # fmt: skip
+    assert dup[5] == "1.00", dup  # statements per duplicate claim
+    assert {r[0] for r in store} == {"postgresql", "sqlite", "mysql"}, store
+
+    assert len(_rows(out, "scale")) == 2, out[-4000:]  # empty + 2,000 rows
+
+    cost = {row[1]: row for row in _rows(out, "cost")}
+    assert set(cost) == {"plain Celery", "GroussetTask (PostgreSQL)",
+                         "raw psycopg INSERT…ON CONFLICT + UPDATE"}, cost  # fmt: skip
+    # The process groups are found: pool children and the worker parent use CPU in
+    # every variant, and the PostgreSQL server where claims are made.
+    for label, row in cost.items():
+        children, parent, postgres = (float(x) for x in row[4:7])
+        assert children > 0 and parent > 0, row
+        if label != "plain Celery":
+            assert postgres > 0, row
+    assert "Bound, noop body" in out
