@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,24 @@ def setup_django() -> None:
 
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class SlowSteps:
+    """Logs an untimed step of a run (setup, teardown) that took longer than ``limit``
+    seconds: a full run showed some of them stalling for minutes, cause unknown."""
+
+    def __init__(self, name: str, limit: float = 20.0) -> None:
+        self.name, self.limit = name, limit
+
+    @contextlib.contextmanager
+    def __call__(self, step: str) -> Iterator[None]:
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            seconds = time.monotonic() - t0
+            if seconds > self.limit:
+                log(f"{self.name}: {step} took {seconds:.1f}s (not part of the timing)")
 
 
 # -- Redis -----------------------------------------------------------------------------------

@@ -58,11 +58,14 @@ BODIES = {"noop": 0.0, "sleep5ms": 0.005}
 def run_variant(variant: Variant, n: int, sleep: float, prefetch: int,
                 record_keys: bool = False, concurrency: int = 2) -> harness.RunStats:  # fmt: skip
     """Pre-publish ``n`` messages, drain them with a fresh worker, return its stats."""
-    harness.reset_redis()
-    if variant.alias:
-        harness.truncate(variant.alias)
+    slow = harness.SlowSteps(variant.name)
+    with slow("emptying Redis and the journal"):
+        harness.reset_redis()
+        if variant.alias:
+            harness.truncate(variant.alias)
     run = uuid.uuid4().hex[:8]
-    harness.publish(variant.task, (f"{run}-{i}" for i in range(n)), sleep)
+    with slow("publishing"):
+        harness.publish(variant.task, (f"{run}-{i}" for i in range(n)), sleep)
     env = {**variant.env, "BENCH_PREFETCH": str(prefetch)}
     if record_keys:
         env["BENCH_RECORD_KEYS"] = "1"
@@ -70,7 +73,8 @@ def run_variant(variant: Variant, n: int, sleep: float, prefetch: int,
     try:
         stats = worker.wait(n, timeout=120 + n * (sleep + 0.02))
     finally:
-        worker.stop()
+        with slow("stopping the worker"):
+            worker.stop()
     if stats.fail:
         raise RuntimeError(f"{variant.name}: {stats.fail} deliveries failed: {worker.tail()}")
     if variant.check and variant.alias:
