@@ -25,11 +25,12 @@ from __future__ import annotations
 import os
 import statistics
 import time
-import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from bench import harness, report
-from bench.throughput import BODIES, VARIANTS
+from bench.store_micro import _connect
+from bench.throughput import BODIES, VARIANTS, run_variant
 
 CHOSEN = ("plain", "grousset-pg", "raw-pg")
 GROUPS = ("pool children", "worker parent", "PostgreSQL", "Redis", "other")
@@ -82,63 +83,56 @@ def busy_cpu() -> float:
     return (sum(values) - values[3] - values[4]) / TICK  # minus idle and iowait
 
 
+def _median_us(call: Callable[[int], object], samples: int, warmup: int = 50) -> float:
+    """Median microseconds of ``call(i)`` over ``samples`` calls, after ``warmup``."""
+    times = []
+    for i in range(samples + warmup):
+        t0 = time.perf_counter()
+        call(i)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
 def round_trips(samples: int = 2000) -> dict[str, float]:
     """Median microseconds of the round trips a guard cannot avoid, on this machine."""
-    import psycopg
-    from django.conf import settings
-
-    db = settings.DATABASES["postgresql"]
     harness.prepare_database("postgresql")
-    out: dict[str, float] = {}
-    with psycopg.connect(host=str(db["HOST"]), port=str(db["PORT"]), user=str(db["USER"]),
-                         dbname=str(db["NAME"]), autocommit=True) as conn:  # fmt: skip
+    _, conn = _connect("postgresql")
+    with conn:
         conn.execute("CREATE TABLE IF NOT EXISTS bench_rtt (k bigint)")
         conn.execute("TRUNCATE bench_rtt")
         conn.execute("SET synchronous_commit = on")
-        statements = (("SELECT 1", "SELECT %s::int"),
-                      ("durable INSERT commit", "INSERT INTO bench_rtt VALUES (%s)"))
-        for label, sql in statements:
-            times = []
-            for i in range(samples + 50):
-                t0 = time.perf_counter()
-                conn.execute(sql, (i,), prepare=True)
-                if i >= 50:
-                    times.append(time.perf_counter() - t0)
-            out[label] = statistics.median(times) * 1e6
+        statements = {"SELECT 1": "SELECT %s::int",
+                      "durable INSERT commit": "INSERT INTO bench_rtt VALUES (%s)"}  # fmt: skip
+        out: dict[str, float] = {}
+        for label, sql in statements.items():
+
+            def execute(i: int, sql: str = sql) -> object:
+                return conn.execute(sql, (i,), prepare=True)
+
+            out[label] = _median_us(execute, samples)
         conn.execute("DROP TABLE bench_rtt")
     client = harness.redis_client(harness.STATE_URL)
-    times = []
-    for i in range(samples + 50):
-        t0 = time.perf_counter()
-        client.ping()
-        if i >= 50:
-            times.append(time.perf_counter() - t0)
-    out["Redis PING"] = statistics.median(times) * 1e6
+    out["Redis PING"] = _median_us(lambda _: client.ping(), samples)
     return out
 
 
 def measure(name: str, n: int, concurrency: int, prefetch: int,
             sleep: float) -> dict[str, float]:  # fmt: skip
     """Drain ``n`` deliveries; CPU µs per task by group, rate and child cycle."""
-    variant = VARIANTS[name]
-    harness.reset_redis()
-    if variant.alias:
-        harness.truncate(variant.alias)
-    run = uuid.uuid4().hex[:8]
-    harness.publish(variant.task, (f"{run}-{i}" for i in range(n)), sleep)
-    worker = harness.Worker({**variant.env, "BENCH_PREFETCH": str(prefetch)}, concurrency)
-    try:
-        marks = []
+    marks = []
+
+    def read_counters(worker: harness.Worker) -> None:
+        deadline = time.monotonic() + 120 + n * (sleep + 0.02)
         for fraction in (0.05, 0.95):
-            deadline = time.monotonic() + 120 + n * (sleep + 0.02)
             while (done := worker.stats().ok) < n * fraction:
                 if worker.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"{name}: worker stalled at {done}/{n}: {worker.tail()}")
                 time.sleep(0.02)
             marks.append((time.monotonic(), done, cpu_by_group(worker.proc.pid), busy_cpu()))
-        stats = worker.wait(n, timeout=120 + n * (sleep + 0.02))
-    finally:
-        worker.stop()
+
+    stats = run_variant(VARIANTS[name], n, sleep, prefetch, concurrency=concurrency,
+                        watch=read_counters)  # fmt: skip
     (t0, done0, cpu0, busy0), (t1, done1, cpu1, busy1) = marks
     tasks = done1 - done0
     if tasks < n / 2:  # the children report every 0.2 s: a short drain has no window
@@ -171,8 +165,8 @@ def run(n: int, rounds: int, bodies: list[str], concurrency: int, prefetch: int,
                 shown = " ".join(f"{k}={v:.0f}" for k, v in this_round[name].items())
                 harness.log(f"round {r + 1}/{rounds} {body:8} {name:12} {shown}")
             for name in CHOSEN:
-                rate = this_round[name]["tasks/s"] / this_round["plain"]["tasks/s"]
-                ratios.setdefault((body, name), []).append(rate)
+                ratio = this_round[name]["tasks/s"] / this_round["plain"]["tasks/s"]
+                ratios.setdefault((body, name), []).append(ratio)
 
     def med(body: str, name: str, key: str) -> float:
         return statistics.median(f[key] for f in figures[(body, name)])

@@ -11,6 +11,7 @@ import math
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bench import harness, report
@@ -56,8 +57,13 @@ BODIES = {"noop": 0.0, "sleep5ms": 0.005}
 
 
 def run_variant(variant: Variant, n: int, sleep: float, prefetch: int,
-                record_keys: bool = False, concurrency: int = 2) -> harness.RunStats:  # fmt: skip
-    """Pre-publish ``n`` messages, drain them with a fresh worker, return its stats."""
+                record_keys: bool = False, concurrency: int = 2,
+                watch: Callable[[harness.Worker], object] | None = None,
+                ) -> harness.RunStats:  # fmt: skip
+    """Pre-publish ``n`` messages, drain them with a fresh worker, return its stats.
+
+    ``watch`` is called with the worker once it has started, while it drains (the
+    ``cost`` scenario reads CPU counters from it)."""
     slow = harness.SlowSteps(variant.name)
     with slow("emptying Redis and the journal"):
         harness.reset_redis()
@@ -71,6 +77,8 @@ def run_variant(variant: Variant, n: int, sleep: float, prefetch: int,
         env["BENCH_RECORD_KEYS"] = "1"
     worker = harness.Worker(env, concurrency)
     try:
+        if watch is not None:
+            watch(worker)
         stats = worker.wait(n, timeout=120 + n * (sleep + 0.02))
     finally:
         with slow("stopping the worker"):
