@@ -144,10 +144,23 @@ def publish(task_name: str, keys: Iterable[str], sleep: float) -> int:
 
     task = app.tasks[task_name]
     n = 0
-    with app.producer_or_acquire() as producer:
-        for key in keys:
-            task.apply_async((key, sleep), producer=producer)
-            n += 1
+    # Celery's Redis result backend subscribes this process to every sent task's result
+    # channel (so AsyncResult.get() need not poll) and unsubscribes when the AsyncResult
+    # is collected. Nobody reads those replies here: with thousands of them the pub/sub
+    # connection's buffers fill and the UNSUBSCRIBE sends block. One publish in seven
+    # stalled for about two minutes (seen with py-spy, 2026-12-01; probably until Redis
+    # drops the client at its pub/sub output-buffer limit, not confirmed). The bench
+    # never waits on an AsyncResult, so the publisher skips the subscription; the
+    # messages and the worker's result writes are unchanged.
+    backend = app.backend
+    backend.on_task_call = lambda producer, task_id: None
+    try:
+        with app.producer_or_acquire() as producer:
+            for key in keys:
+                task.apply_async((key, sleep), producer=producer)
+                n += 1
+    finally:
+        del backend.on_task_call
     return n
 
 
