@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FILL = """
 INSERT INTO celery_grousset_outcome (processor_id, fingerprint, task_name, task_id, status,
     fence, claim_token, started_at, completed_at, expires_on, deliveries, takeovers, result,
-    result_encoding, error, worker, args_repr)
+    result_encoding, error, worker, args_repr, stale_at)
 SELECT 'svc-' || (i %% 5),
        md5(i::text) || md5((i + 1)::text),
        'app.tasks.task_' || (i %% 40),
@@ -43,7 +43,7 @@ SELECT 'svc-' || (i %% 5),
        CASE WHEN i %% 10 = 0 THEN '' ELSE 'application/json;utf-8' END,
        CASE WHEN i %% 100 <> 0 AND i %% 10 = 0 THEN 'ValueError: boom' ELSE '' END,
        'worker-' || (i %% 8) || '@host',
-       '(' || i || ',)'
+       '(' || i || ',)', now()
 FROM generate_series(1, %s) AS i
 """
 

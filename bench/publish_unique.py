@@ -53,13 +53,13 @@ def make_calls(n: int, seed: int) -> tuple[list[str], set[str]]:
 
 
 def seed_completed(task: Any, processor: str, done: set[str]) -> None:
-    from celery_grousset.managers import _db_now
+    from celery_grousset.journal import now as _db_now
     from celery_grousset.models import Outcome
 
     now = _db_now("postgresql")
     rows = (Outcome(processor_id=processor, fingerprint=task.grousset_fingerprint((k,), {}),
                     task_name=task.name, task_id=uuid.uuid4().hex, status="completed", fence=1,
-                    claim_token="t", started_at=now, completed_at=now,
+                    claim_token="t", started_at=now, stale_at=now, completed_at=now,
                     expires_on=now + timedelta(hours=1), result=b"1",
                     result_encoding="application/json") for k in done)  # fmt: skip
     Outcome.objects.using("postgresql").bulk_create(rows, batch_size=5000)

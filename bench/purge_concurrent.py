@@ -25,10 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 FILL = """
 INSERT INTO celery_grousset_outcome (processor_id, fingerprint, task_name, task_id, status,
     fence, claim_token, started_at, completed_at, expires_on, deliveries, takeovers, result,
-    result_encoding, error, worker, args_repr)
+    result_encoding, error, worker, args_repr, stale_at)
 SELECT 'old', md5(i::text) || md5((i + 1)::text), 'app.tasks.t', 'task-' || i, 'completed',
        1, md5('t' || i::text), now() - interval '8 days', now() - interval '8 days',
-       now() - interval '1 day', 1, 0, NULL, 'grousset/not-memoized', '', 'w', ''
+       now() - interval '1 day', 1, 0, NULL, 'grousset/not-memoized', '', 'w', '', now()
 FROM generate_series(1, %s) AS i
 """
 

@@ -25,11 +25,11 @@ PROCESSOR = "bench-scale"
 FILL = """
 INSERT INTO celery_grousset_outcome (processor_id, fingerprint, task_name, task_id, status,
     fence, claim_token, started_at, completed_at, expires_on, deliveries, takeovers, result,
-    result_encoding, error, worker, args_repr)
+    result_encoding, error, worker, args_repr, stale_at)
 SELECT %(p)s, encode(sha256(('fill-' || %(salt)s || g)::bytea), 'hex'), 'bench.grousset',
     'fill-' || g, 'completed', 1, md5(g::text), now() - interval '2 hours',
     now() - interval '2 hours', now() + %(expires)s * interval '1 second', 1, 0,
-    '"ok"'::bytea, 'application/json;utf-8', '', 'bench:1', '(''k'',)'
+    '"ok"'::bytea, 'application/json;utf-8', '', 'bench:1', '(''k'',)', now()
 FROM generate_series(%(lo)s, %(hi)s) AS g
 """
 

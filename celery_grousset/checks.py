@@ -148,7 +148,7 @@ def _check_database() -> list[checks.CheckMessage]:
     from django.db import connections
 
     from celery_grousset.conf import grousset_settings
-    from celery_grousset.store.base import store_class
+    from celery_grousset.store import store_class
 
     alias = grousset_settings.DATABASE
     if alias not in connections.settings:

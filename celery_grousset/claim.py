@@ -1,33 +1,40 @@
-"""The claim state machine: the decision table of DESIGN §4, in one place.
+"""The claim's decision table, in one place (docs/how-it-works.md, "The claim").
 
 A claim is one atomic read-decide-write on the journal row of
-``(processor_id, fingerprint)``. The stores that lock the row first (SQLite,
-MySQL/MariaDB) call :func:`decide` on what they read; the PostgreSQL store
-evaluates the same table inside its single ``INSERT … ON CONFLICT`` statement
-(see ``store/postgresql.py``), and the store contract tests hold both to the same
-behaviour.
+``(processor_id, fingerprint)``. :data:`RULES` is the table: ordered rules, each a
+list of named conditions on the locked row and the :class:`Kind` it decides. The
+stores that lock the row first (SQLite, MySQL/MariaDB) call :func:`decide` on what
+they read; the PostgreSQL store evaluates the same rules inside its single
+statement, as SQL generated from :data:`RULES` (:func:`decision_sql`). What each
+decision writes is :data:`WRITES`. ``tests/test_claim.py`` runs every rule through
+both forms.
 
-================================================  ==============  ===========
-row found                                         action          owned
-================================================  ==============  ===========
-nothing                                           ``INSERT``      yes
-completed/failed, ``expires_on`` passed           ``RECLAIM``     yes (counters reset)
-failed and released (``result_encoding == ""``)   ``RECLAIM``     yes
-in flight, older than ``max_processing_time``     ``TAKEOVER``    yes (fence + 1)
-… and already taken over ``max_takeovers`` times  ``GIVE_UP``     no (row → failed)
-in flight and fresh, completed, memoized failure  ``NONE``        no
-================================================  ==============  ===========
+=============================================  ===============  ==========================
+row found                                      decision         write
+=============================================  ===============  ==========================
+nothing                                        ``NEW``          insert, fence 1
+in flight, the caller's own token (re-sent)    ``RESUMED``      nothing
+in flight, before its ``stale_at``             ``IN_FLIGHT``    count a delivery
+in flight, stale, ``max_takeovers`` reached    ``GAVE_UP``      row -> failed
+in flight, stale                               ``TAKEOVER``     claim (fence + 1)
+``expires_on`` passed                          ``EXPIRED``      claim, counters reset
+failed and released (no memo)                  ``RECLAIM``      claim
+completed                                      ``COMPLETED``    count a delivery
+anything else (a memoized failure)             ``FAILED``       count a delivery
+=============================================  ===============  ==========================
 
-Every claim that does not own the row still counts a delivery, except a re-sent
-claim with the caller's own token (a retry after a lost connection), which is
-recognised as the caller's own and changes nothing.
+"Stale" is one rule (:data:`STALE`): the row's own ``stale_at``, written by the claim
+as ``started_at + max_processing_time`` on the database clock. The admin, the
+management commands and the metrics read the same column through
+:mod:`celery_grousset.journal`.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 
 class Status(str, enum.Enum):
@@ -39,33 +46,74 @@ class Status(str, enum.Enum):
         return self.value
 
 
-class Action(enum.Enum):
-    INSERT = "insert"
-    RECLAIM = "reclaim"
-    TAKEOVER = "takeover"
-    GIVE_UP = "give_up"
-    NONE = "none"
+class Write(enum.Enum):
+    """What a decision writes to the row."""
+
+    INSERT = "insert"  #: a new row, fence 1
+    CLAIM = "claim"  #: the caller takes the row: new token, fence + 1
+    CLAIM_RESET = "claim_reset"  #: the same, on an expired row: counters start again
+    GIVE_UP = "give_up"  #: the row turns failed (``max_takeovers`` reached)
+    COUNT = "count"  #: one more delivery, nothing else
+    NOTHING = "nothing"  #: the caller's own claim, re-sent
 
 
 class Kind(str, enum.Enum):
-    """What a claim found, from the caller's point of view."""
+    """The decision of one claim: what the store did and what the caller does next."""
 
     NEW = "new"  #: nothing there: the caller owns a fresh record
-    RECLAIM = "reclaim"  #: expired or released record claimed again
+    EXPIRED = "expired"  #: a record past its retention window, claimed afresh
+    RECLAIM = "reclaim"  #: a released failure claimed again
     TAKEOVER = "takeover"  #: a stale claim of a dead attempt taken over
     RESUMED = "resumed"  #: the caller's own claim, re-sent after a lost connection
     COMPLETED = "duplicate"  #: done before: return the memo
     IN_FLIGHT = "in_flight"  #: another attempt holds a fresh claim
-    FAILED = "failed"  #: a memoized failure: replay it
-    GAVE_UP = "gave_up"  #: taken over ``max_takeovers`` times: marked failed
+    FAILED = "failed"  #: a memoized failure (or a record given up): replay it
+    GAVE_UP = "gave_up"  #: this claim found the record taken over ``max_takeovers`` times
     BYPASSED = "bypassed"  #: the bypass switch is on: no claim was made
 
     @property
     def owned(self) -> bool:
-        return self in _OWNED
+        """Whether the caller now holds the claim and runs the effect."""
+        return WRITES.get(self) in _OWNING or self is Kind.RESUMED
+
+    @property
+    def code(self) -> str:
+        """The one-letter name of this decision inside the PostgreSQL statement."""
+        return _CODES[self]
+
+    @classmethod
+    def from_code(cls, code: str) -> Kind:
+        return _BY_CODE[code]
 
 
-_OWNED = frozenset({Kind.NEW, Kind.RECLAIM, Kind.TAKEOVER, Kind.RESUMED})
+#: what each decision writes (BYPASSED makes no claim at all)
+WRITES: dict[Kind, Write] = {
+    Kind.NEW: Write.INSERT,
+    Kind.RESUMED: Write.NOTHING,
+    Kind.IN_FLIGHT: Write.COUNT,
+    Kind.GAVE_UP: Write.GIVE_UP,
+    Kind.TAKEOVER: Write.CLAIM,
+    Kind.EXPIRED: Write.CLAIM_RESET,
+    Kind.RECLAIM: Write.CLAIM,
+    Kind.COMPLETED: Write.COUNT,
+    Kind.FAILED: Write.COUNT,
+}
+_OWNING = frozenset({Write.INSERT, Write.CLAIM, Write.CLAIM_RESET})
+
+# '' is NEW: the statement's lookup found no row to decide on.
+_CODES = {
+    Kind.NEW: "",
+    Kind.RESUMED: "o",
+    Kind.IN_FLIGHT: "i",
+    Kind.GAVE_UP: "g",
+    Kind.TAKEOVER: "t",
+    Kind.EXPIRED: "e",
+    Kind.RECLAIM: "r",
+    Kind.COMPLETED: "c",
+    Kind.FAILED: "f",
+    Kind.BYPASSED: "b",
+}
+_BY_CODE = {code: kind for kind, code in _CODES.items()}
 
 #: ``result_encoding`` markers (a content type otherwise, e.g. ``application/json``).
 ENC_NONE = ""  #: nothing stored (in flight, or a released failure)
@@ -96,47 +144,77 @@ class Prev:
     """The columns of an existing row that the decision reads."""
 
     status: str
-    started_at: datetime
+    stale_at: datetime
     expires_on: datetime
     result_encoding: str
     takeovers: int
     claim_token: str
 
 
-def decide(prev: Prev | None, now: datetime, req: ClaimRequest) -> Action:
-    """The decision table. ``now`` is the database clock."""
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """One named test on the locked row, in Python and in SQL (row alias ``o``; the
+    statement's parameters ``%(tok)s``, ``%(maxt)s``; ``{now}`` is the database clock)."""
+
+    name: str
+    test: Callable[[Prev, datetime, ClaimRequest], bool]
+    sql: str
+
+
+HELD = Condition("in flight", lambda p, now, r: p.status == Status.IN_FLIGHT,
+                 "o.status = 'in_flight'")
+OWN = Condition("the caller's own token", lambda p, now, r: p.claim_token == r.token,
+                "o.claim_token = %(tok)s")
+#: the one definition of a stale claim: past the deadline its holder's claim wrote
+STALE = Condition("stale", lambda p, now, r: p.stale_at <= now, "o.stale_at <= {now}")
+FRESH = Condition("not stale", lambda p, now, r: p.stale_at > now, "o.stale_at > {now}")
+EXHAUSTED = Condition("max_takeovers reached", lambda p, now, r: p.takeovers >= r.max_takeovers,
+                      "o.takeovers >= %(maxt)s")
+EXPIRED = Condition("retention passed", lambda p, now, r: p.expires_on <= now,
+                    "o.expires_on <= {now}")
+RELEASED = Condition(
+    "a released failure",
+    lambda p, now, r: p.status == Status.FAILED and p.result_encoding == ENC_NONE,
+    "o.status = 'failed' AND o.result_encoding = ''",
+)
+DONE = Condition("completed", lambda p, now, r: p.status == Status.COMPLETED,
+                 "o.status = 'completed'")
+
+#: The decision table, first match wins (a row always exists here: no row is ``NEW``).
+RULES: tuple[tuple[tuple[Condition, ...], Kind], ...] = (
+    ((HELD, OWN), Kind.RESUMED),
+    ((HELD, FRESH), Kind.IN_FLIGHT),
+    ((HELD, EXHAUSTED), Kind.GAVE_UP),
+    ((HELD,), Kind.TAKEOVER),
+    ((EXPIRED,), Kind.EXPIRED),
+    ((RELEASED,), Kind.RECLAIM),
+    ((DONE,), Kind.COMPLETED),
+    ((), Kind.FAILED),
+)
+
+
+def decide(prev: Prev | None, now: datetime, req: ClaimRequest) -> Kind:
+    """The decision for ``req`` on the row ``prev``; ``now`` is the database clock."""
     if prev is None:
-        return Action.INSERT
-    if prev.status == Status.IN_FLIGHT:
-        if prev.claim_token == req.token:
-            return Action.NONE  # our own claim, re-sent
-        if prev.started_at <= now - timedelta(seconds=req.max_processing_time):
-            if prev.takeovers >= req.max_takeovers:
-                return Action.GIVE_UP
-            return Action.TAKEOVER
-        return Action.NONE
-    if prev.expires_on <= now:
-        return Action.RECLAIM
-    if prev.status == Status.FAILED and prev.result_encoding == ENC_NONE:
-        return Action.RECLAIM
-    return Action.NONE
+        return Kind.NEW
+    for conditions, kind in RULES:
+        if all(c.test(prev, now, req) for c in conditions):
+            return kind
+    raise AssertionError("the last rule matches every row")  # pragma: no cover
 
 
-def kind_of(
-    prev_status: str | None, owned: bool, own_resend: bool, status: str, result_encoding: str
-) -> Kind:
-    """Name what a claim found from the previous status and the row it left."""
-    if owned:
-        if own_resend:
-            return Kind.RESUMED
-        if prev_status is None:
-            return Kind.NEW
-        return Kind.TAKEOVER if prev_status == Status.IN_FLIGHT else Kind.RECLAIM
-    if status == Status.COMPLETED:
-        return Kind.COMPLETED
-    if status == Status.IN_FLIGHT:
-        return Kind.IN_FLIGHT
-    return Kind.GAVE_UP if result_encoding == ENC_GAVE_UP else Kind.FAILED
+def decision_sql(now: str) -> str:
+    """:data:`RULES` as one SQL ``CASE`` on the row ``o``, giving each decision's code."""
+    whens = [
+        f"WHEN {' AND '.join(f'({c.sql})' for c in conditions)} THEN '{kind.code}'"
+        for conditions, kind in RULES[:-1]
+    ]
+    return f"CASE {' '.join(whens)} ELSE '{RULES[-1][1].code}' END".format(now=now)
+
+
+def codes(*writes: Write) -> str:
+    """The codes of the decisions that make these writes, as a SQL list: ``('e', 't')``."""
+    return "(" + ", ".join(f"'{k.code}'" for k, w in WRITES.items() if w in writes) + ")"
 
 
 def gave_up_message(takeovers: int | str) -> str:

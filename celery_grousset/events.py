@@ -1,5 +1,5 @@
 """What the guard tells operators: one structured log line, one Django signal and
-the metrics for every notable event (DESIGN §7). The hot path (a new claim that
+the metrics for every notable event (docs/operations.md). The hot path (a new claim that
 completes) logs nothing above DEBUG."""
 
 from __future__ import annotations

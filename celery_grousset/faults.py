@@ -1,5 +1,5 @@
-"""Fault injection for the chaos suite (tests/chaos). Loaded only when the
-environment variable ``GROUSSET_FAULT`` is set; production never imports it.
+"""Fault injection for the chaos suite (tests/chaos): :func:`fault` costs one test of a
+module constant unless the environment variable ``GROUSSET_FAULT`` is set.
 
 ``GROUSSET_FAULT=<point>:<action>[:<marker>]`` where point is one of
 ``after_claim``, ``mid_effect``, ``after_effect``, ``after_complete`` (and
@@ -17,6 +17,18 @@ import os
 import signal
 
 POINTS = ("after_claim", "mid_effect", "after_effect", "after_complete")
+
+_FAULT = os.environ.get("GROUSSET_FAULT", "")
+
+
+def fault(point: str) -> None:
+    """Chaos hook: ``GROUSSET_FAULT=<point>:<action>[:<task-substring>]``."""
+    if _FAULT:
+        trigger(_FAULT, point)
+
+
+def kill_self(sig: int = signal.SIGKILL) -> None:  # pragma: no cover - used by chaos hooks
+    os.kill(os.getpid(), sig)
 
 
 def _armed() -> bool:
@@ -61,14 +73,9 @@ def trigger(spec: str, point: str) -> None:
 
 
 def _terminate_journal_backend() -> None:
-    from celery_grousset.store.base import get_store
+    from celery_grousset.store import get_store
 
     store = get_store()
-    conn = store._conn
-    if conn is None or store.vendor != "postgresql":
-        return
-    pid = conn.info.backend_pid
-    import psycopg
-
-    with psycopg.connect(conn.info.dsn, autocommit=True) as other:
-        other.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    terminate = getattr(store, "terminate_connection", None)
+    if terminate is not None:
+        terminate()

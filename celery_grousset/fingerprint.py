@@ -47,6 +47,8 @@ from uuid import UUID
 
 from blake3 import blake3
 
+from .binding import bind_arguments as bind_arguments
+from .binding import validate_key_names as validate_key_names
 from .exceptions import FingerprintError
 
 FINGERPRINT_VERSION: int = 1
@@ -60,9 +62,6 @@ _TAG_LEN, _TAG_I64, _TAG_I32, _TAG_F64, _TAG_SIGN, _LEN = (
 _INT, _BIGINT, _FLOAT, _STR, _BYTES, _LIST, _MAP = b"iIfsblm"
 _AWARE_DT, _NAIVE_DT, _DATE, _NAIVE_TIME, _AWARE_TIME, _DECIMAL = b"Zzdtue"
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
-_Kind = inspect.Parameter
-_POSITIONAL_ONLY, _KEYWORD_ONLY = _Kind.POSITIONAL_ONLY, _Kind.KEYWORD_ONLY
-_VAR_POSITIONAL, _VAR_KEYWORD, _EMPTY = _Kind.VAR_POSITIONAL, _Kind.VAR_KEYWORD, _Kind.empty
 _FIX = "or choose what identifies the effect with grousset_key= or idempotency_key="
 _SUPPORTED = "None, bool, int, float, str, bytes, list, dict, datetime, date, time, Decimal, UUID"
 _DEPTH = "nested too deeply"
@@ -263,90 +262,6 @@ def _encode_arguments(bound: Mapping[str, object], out: bytearray) -> None:
         raise FingerprintError(f"cannot fingerprint {name}: {_DEPTH}") from None
 
 
-def _fast_bind(
-    signature: inspect.Signature, args: Sequence[object], kwargs: Mapping[str, object]
-) -> dict[str, object] | None:
-    """Bind the common case (no ``*args``/``**kwargs``, no error) fast; None: use inspect."""
-    parameters = signature.parameters
-    positional = len(args)
-    if positional > len(parameters):
-        return None
-    bound: dict[str, object] = {}
-    from_kwargs = 0
-    for index, (name, parameter) in enumerate(parameters.items()):
-        kind = parameter.kind
-        if kind is _VAR_POSITIONAL or kind is _VAR_KEYWORD:
-            return None
-        if index < positional:
-            if kind is _KEYWORD_ONLY or name in kwargs:
-                return None
-            bound[name] = args[index]
-        elif kind is not _POSITIONAL_ONLY and name in kwargs:
-            bound[name] = kwargs[name]
-            from_kwargs += 1
-        elif parameter.default is not _EMPTY:
-            bound[name] = parameter.default
-        else:
-            return None
-    return bound if from_kwargs == len(kwargs) else None
-
-
-def bind_arguments(
-    signature: inspect.Signature | None, args: Sequence[object], kwargs: Mapping[str, object]
-) -> dict[str, object]:
-    """Bind ``args``/``kwargs`` to ``signature`` by name, with defaults applied.
-
-    ``f(1)``, ``f(x=1)`` and ``f()`` (``x`` defaulting to 1) bind the same. Pass the
-    run function's signature *without* a leading ``self`` (``inspect.signature(
-    task.run)`` of a bound task already omits it). ``*args`` binds to a list under
-    its name, ``**kwargs`` to a dict; without a signature the result is
-    ``{"args": list(args), "kwargs": dict(kwargs)}``. Raises FingerprintError.
-    """
-    if signature is None:
-        return {"args": list(args), "kwargs": dict(kwargs)}
-    bound = _fast_bind(signature, args, kwargs)
-    if bound is not None:
-        return bound
-    params = signature.parameters.values()
-    try:
-        arguments = signature.bind(*args, **kwargs)
-    except TypeError as exc:
-        bare = [p.replace(default=_EMPTY, annotation=_EMPTY) for p in params]
-        names = str(signature.replace(parameters=bare, return_annotation=_EMPTY))
-        raise FingerprintError(
-            f"the arguments do not match the parameters {names}: {exc}"
-        ) from None
-    arguments.apply_defaults()
-    result: dict[str, object] = {}
-    for name, value in arguments.arguments.items():
-        kind = signature.parameters[name].kind
-        is_var = kind is _VAR_POSITIONAL or kind is _VAR_KEYWORD
-        result[name] = (list if kind is _VAR_POSITIONAL else dict)(value) if is_var else value
-    return result
-
-
-def validate_key_names(
-    signature: inspect.Signature | None, key: Sequence[str] | Callable[..., object] | None
-) -> None:
-    """Check up front that a ``key=`` sequence only names parameters of ``signature``.
-
-    A ``str`` counts as one name; callables and None pass. Without a signature the
-    names are ``args`` and ``kwargs``. Raises FingerprintError (unknown or no name).
-    """
-    if key is None or callable(key):
-        return
-    names = (key,) if isinstance(key, str) else tuple(key)
-    if not names:
-        raise FingerprintError("grousset_key= names no argument; name at least one")
-    valid = ("args", "kwargs") if signature is None else tuple(signature.parameters)
-    unknown = ", ".join(repr(name) for name in names if name not in valid)
-    if unknown:
-        raise FingerprintError(
-            f"grousset_key= names unknown argument(s) {unknown}; "
-            f"valid names are: {', '.join(valid) or '(none)'}"
-        )
-
-
 def fingerprint(
     name: str,
     args: Sequence[object] = (),
@@ -364,6 +279,27 @@ def fingerprint(
     and ``key`` selects what counts: argument names, or a callable called as
     ``key(**bound)`` whose return value is fingerprinted. Raises FingerprintError.
     """
+    bound = None
+    if idempotency_key is None:
+        bound = bind_arguments(signature, args, {} if kwargs is None else kwargs)
+    return fingerprint_bound(
+        name, bound, signature=signature, key=key, idempotency_key=idempotency_key,
+        causality=causality,
+    )
+
+
+def fingerprint_bound(
+    name: str,
+    bound: Mapping[str, object] | None,
+    *,
+    signature: inspect.Signature | None = None,
+    key: Sequence[str] | Callable[..., object] | None = None,
+    idempotency_key: str | None = None,
+    causality: str | None = None,
+) -> str:
+    """:func:`fingerprint` of arguments already bound by :func:`bind_arguments` (the
+    guard binds once and renders the redacted repr from the same binding). ``bound``
+    may be None only with an ``idempotency_key``."""
     if not isinstance(name, str) or not name:
         raise FingerprintError(f"the fingerprint name must be a non-empty str, got {name!r}")
     if causality is not None and not isinstance(causality, str):
@@ -377,7 +313,8 @@ def fingerprint(
         out += b"K"
         _encode(idempotency_key, out, 0)
         return blake3(out).hexdigest()
-    bound = bind_arguments(signature, args, {} if kwargs is None else kwargs)
+    if bound is None:
+        raise FingerprintError("no arguments were bound and no idempotency_key was given")
     if key is None:
         out += b"A"
         _encode_arguments(bound, out)

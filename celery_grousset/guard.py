@@ -1,105 +1,55 @@
-"""One guarded attempt: claim → run → fenced completion (shared by ``protect()``
-and :class:`~celery_grousset.task.GroussetTask`).
+"""THE guarded flow, for every caller (docs/how-it-works.md):
 
-The data flows one way: the caller builds a :class:`ClaimRequest`, :func:`claim`
-asks the store, and for an owned claim :func:`run_owned` runs the effect and
-writes the outcome. Duplicates are answered by :func:`answer` from the memo.
+options -> fingerprint (arguments bound once) -> claim -> in-flight policy ->
+answer a duplicate from its memo | run the owner -> fenced completion.
+
+:func:`guarded` is the whole decision, top to bottom. What differs between callers
+(:class:`~celery_grousset.task.GroussetTask` re-queues a delivery, ``protect()``
+waits or raises; a task binds ``self.grousset`` around its body) enters through a
+:class:`Caller`; nothing of the flow is written twice.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
-import signal
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-from django.core.exceptions import ImproperlyConfigured
+from typing import Any, NoReturn, Protocol
 
 from celery_grousset import events, memo
-from celery_grousset.claim import ENC_NONE, ClaimRequest, Kind, Status
-from celery_grousset.conf import check_choice, grousset_settings, seconds
-from celery_grousset.exceptions import FencedOut, StoreUnavailable
-from celery_grousset.store.base import ClaimResult, Completion, Store
+from celery_grousset.claim import ClaimRequest, Kind
+from celery_grousset.completion import fail, run_owned
+from celery_grousset.conf import grousset_settings
+from celery_grousset.exceptions import FingerprintError, StoreUnavailable
+from celery_grousset.faults import fault
+from celery_grousset.fingerprint import bind_arguments, fingerprint_bound
+from celery_grousset.options import Options
+from celery_grousset.redact import DEFAULT_REDACT_KEYS, safe_repr
+from celery_grousset.store import ClaimResult, Store, get_store
 
-# -- fault hooks (chaos suite): zero cost unless GROUSSET_FAULT is set ----------------------
-_FAULT = os.environ.get("GROUSSET_FAULT", "")
-
-
-def fault(point: str) -> None:
-    """Chaos hook: ``GROUSSET_FAULT=<point>:<action>[:<task-substring>]``."""
-    if not _FAULT:
-        return
-    from celery_grousset import faults
-
-    faults.trigger(_FAULT, point)
+__all__ = [
+    "Attempt", "Call", "Caller", "Options", "fail", "fault", "guarded", "run_owned", "worker_id"
+]
 
 
 @dataclass(frozen=True, slots=True)
-class Options:
-    """Resolved guard options (DESIGN §6)."""
+class Call:
+    """One call as its caller sees it, before it is fingerprinted."""
 
-    max_processing_time: float
-    processor_id: str
-    expires_after: float = 7 * 24 * 3600.0
-    on_in_flight: str = "retry"
-    transactional: bool = False
-    memoize: bool = True
-    on_failure: str = "release"
-    max_result_bytes: int = 256 * 1024
-    max_takeovers: int = 3
-    database: str = "default"
-
-    @classmethod
-    def resolve(cls, where: str, explicit: dict[str, Any], default_processor: str) -> Options:
-        """Merge ``explicit`` (per call / task; None = unset) over GROUSSET and defaults."""
-        s = grousset_settings
-
-        def pick(name: str) -> Any:
-            value = explicit.get(name)
-            return value if value is not None else getattr(s, name.upper())
-
-        mpt = seconds(pick("max_processing_time"), name="max_processing_time")
-        if mpt is None:
-            raise ImproperlyConfigured(
-                f"celery-grousset: {where} has no max_processing_time. It has no default on "
-                "purpose (how long may an attempt hold the claim before another worker takes "
-                "it over?). Set it on the task (@app.task(base=GroussetTask, "
-                "max_processing_time=60)), pass it to protect(), start the worker with "
-                "--grousset-max-processing-time, or set GROUSSET['MAX_PROCESSING_TIME'] in "
-                "Django settings."
-            )
-        return cls(
-            max_processing_time=mpt,
-            processor_id=str(pick("processor_id") or default_processor),
-            expires_after=seconds(pick("expires_after"), name="expires_after") or 0.0,
-            on_in_flight=check_choice("ON_IN_FLIGHT", pick("on_in_flight")),
-            transactional=bool(pick("transactional")),
-            memoize=bool(pick("memoize")),
-            on_failure=check_choice("ON_FAILURE", pick("on_failure")),
-            max_result_bytes=int(pick("max_result_bytes")),
-            max_takeovers=int(pick("max_takeovers")),
-            database=str(pick("database")),
-        )
-
-
-_worker_id: tuple[int, str] = (0, "")
-
-
-def worker_id() -> str:
-    """``hostname:pid`` of this process (cached per pid)."""
-    global _worker_id
-    pid = os.getpid()
-    if _worker_id[0] != pid:
-        _worker_id = (pid, f"{socket.gethostname()}:{pid}")
-    return _worker_id[1]
-
-
-def new_token() -> str:
-    return uuid.uuid4().hex
+    name: str  #: task name, or protect()'s namespace
+    task_id: str
+    args: Sequence[Any] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    signature: inspect.Signature | None = None
+    key: Sequence[str] | Callable[..., Any] | None = None  #: grousset_key
+    idempotency_key: str | None = None
+    serializer: str = "json"
+    delivery: str = ""  #: broker delivery info, for the duplicate log line
+    args_repr: str | None = None  #: a repr of the caller's own (protect()'s key)
 
 
 @dataclass(slots=True)
@@ -115,6 +65,113 @@ class Attempt:
     token: str = field(repr=False)
 
 
+class Caller(Protocol):
+    """How one kind of caller differs: its options, its in-flight policy, what happens
+    when the claim must wait or the store is down, and how its body runs."""
+
+    def options(self) -> Options: ...
+
+    def in_flight_policy(self, opts: Options) -> str:
+        """``"wait"`` (poll here), or anything else: :meth:`defer`."""
+
+    def defer(self, req: ClaimRequest, res: ClaimResult) -> NoReturn:
+        """Another attempt holds a fresh claim: re-queue (a task) or raise (protect())."""
+
+    def store_unavailable(self, exc: StoreUnavailable) -> NoReturn:
+        """The claim could not be made: fail closed (re-queue later, or raise)."""
+
+    def run(self, attempt: Attempt) -> Any:
+        """The body, for an attempt that owns the claim."""
+
+
+def guarded(caller: Caller, call: Call) -> Any:
+    """Run ``call`` at most once per key: the whole guarded flow."""
+    opts = caller.options()
+    fp, args_repr = identify(call)
+    store = get_store(opts.database)
+    req = request(opts, fp, call.name, call.task_id, args_repr)
+    try:
+        [res] = claim(store, [req])
+        if res.kind is Kind.IN_FLIGHT:
+            policy = caller.in_flight_policy(opts)
+            events.in_flight(req, res, policy)
+            if policy != "wait":
+                caller.defer(req, res)
+            res = wait_until_settled(store, req, res)
+    except StoreUnavailable as exc:
+        caller.store_unavailable(exc)
+    if not res.owned:
+        return answer(req, res, call.delivery)
+    attempt = Attempt(
+        fingerprint=fp,
+        fence=res.fence,
+        deliveries=res.deliveries,
+        takeovers=res.takeovers,
+        kind=res.kind,
+        processor_id=opts.processor_id,
+        token=req.token,
+    )
+    return run_owned(store, opts, req, res, lambda: caller.run(attempt), call.serializer)
+
+
+def identify(call: Call) -> tuple[str, str]:
+    """The call's fingerprint and its redacted repr, from ONE binding of its arguments."""
+    fp, bound = _fingerprint(call)
+    if call.args_repr is not None:
+        return fp, call.args_repr
+    return fp, redacted(call.args, call.kwargs, bound if call.signature is not None else None)
+
+
+def fingerprint_of(call: Call) -> str:
+    """The call's fingerprint alone (publish-time checks, ``publish_unique``)."""
+    return _fingerprint(call)[0]
+
+
+def _fingerprint(call: Call) -> tuple[str, dict[str, object] | None]:
+    try:
+        bound: dict[str, object] | None = bind_arguments(call.signature, call.args, call.kwargs)
+    except FingerprintError:
+        if call.idempotency_key is None:
+            raise
+        bound = None  # the key names the call; the repr falls back to call-like
+    fp = fingerprint_bound(
+        call.name,
+        bound,
+        signature=call.signature,
+        key=call.key,
+        idempotency_key=call.idempotency_key,
+    )
+    return fp, bound
+
+
+def redacted(
+    args: Sequence[Any], kwargs: Mapping[str, Any], bound: Mapping[str, object] | None
+) -> str:
+    """The only text of a call's arguments the package stores or shows: redacted by name
+    (bound to the signature, so a positional secret is redacted too), truncated."""
+    extra = grousset_settings.REDACT_KEYS
+    keys = DEFAULT_REDACT_KEYS | frozenset(extra) if extra else DEFAULT_REDACT_KEYS
+    return safe_repr(
+        args,
+        kwargs,
+        redact_keys=keys,
+        bound=bound,
+        max_length=int(grousset_settings.ARGS_REPR_MAX_LENGTH),
+    )
+
+
+_worker_id: tuple[int, str] = (0, "")
+
+
+def worker_id() -> str:
+    """``hostname:pid`` of this process (cached per pid)."""
+    global _worker_id
+    pid = os.getpid()
+    if _worker_id[0] != pid:
+        _worker_id = (pid, f"{socket.gethostname()}:{pid}")
+    return _worker_id[1]
+
+
 def request(
     opts: Options,
     fingerprint: str,
@@ -128,7 +185,7 @@ def request(
         fingerprint=fingerprint,
         task_name=task_name,
         task_id=task_id,
-        token=token or new_token(),
+        token=token or uuid.uuid4().hex,
         worker=worker_id(),
         args_repr=args_repr,
         max_processing_time=opts.max_processing_time,
@@ -137,20 +194,24 @@ def request(
     )
 
 
-def claim(store: Store, req: ClaimRequest) -> ClaimResult:
-    """Ask the store; report takeovers and give-ups. Raises StoreUnavailable."""
+def claim(store: Store, reqs: Sequence[ClaimRequest]) -> list[ClaimResult]:
+    """Ask the store (one result per request); report takeovers and give-ups.
+    Raises StoreUnavailable."""
     t0 = time.perf_counter()
     try:
-        res = store.claim(req)
+        results = store.claim_all(reqs)
     except StoreUnavailable as exc:
-        events.store_error(req, "claim", exc)
+        for req in reqs:
+            events.store_error(req, "claim", exc)
         raise
-    events.claimed(req, res, time.perf_counter() - t0)
-    if res.kind is Kind.TAKEOVER:
-        events.taken_over(req, res)
-    elif res.kind is Kind.GAVE_UP:
-        events.gave_up(req, res)
-    return res
+    seconds = (time.perf_counter() - t0) / max(len(reqs), 1)
+    for req, res in zip(reqs, results, strict=True):
+        events.claimed(req, res, seconds)
+        if res.kind is Kind.TAKEOVER:
+            events.taken_over(req, res)
+        elif res.kind is Kind.GAVE_UP:
+            events.gave_up(req, res)
+    return results
 
 
 def answer(req: ClaimRequest, res: ClaimResult, delivery: str = "") -> Any:
@@ -162,7 +223,7 @@ def answer(req: ClaimRequest, res: ClaimResult, delivery: str = "") -> Any:
 
 def wait_until_settled(store: Store, req: ClaimRequest, res: ClaimResult) -> ClaimResult:
     """``on_in_flight="wait"``: poll with capped backoff until the holder finishes or its
-    claim turns stale, then claim again (bounded by ``max_processing_time``)."""
+    claim turns stale, then claim again (bounded by the holder's ``stale_at``)."""
     delay = 0.005
     while res.kind is Kind.IN_FLIGHT:
         stale_at = time.monotonic() + res.retry_in
@@ -171,164 +232,7 @@ def wait_until_settled(store: Store, req: ClaimRequest, res: ClaimResult) -> Cla
         while time.monotonic() < stale_at:
             time.sleep(min(delay, max(stale_at - time.monotonic(), 0.001)))
             delay = min(delay * 2, 0.5)
-            if _settled(store, req, res):
+            if store.holder(req.processor_id, req.fingerprint) != ("in_flight", res.fence):
                 break
-        res = claim(store, req)
+        [res] = claim(store, [req])
     return res
-
-
-def _settled(store: Store, req: ClaimRequest, res: ClaimResult) -> bool:
-    """Whether the in-flight record seen by ``res`` is no longer held by that attempt."""
-    from celery_grousset.models import Outcome
-
-    row = (
-        Outcome.objects.db_manager(store.alias)
-        .by_key(req.processor_id, req.fingerprint)
-        .values_list("status", "fence")
-        .first()
-    )
-    return row is None or row != (Status.IN_FLIGHT.value, res.fence)
-
-
-def control_flow(exc: BaseException) -> bool:
-    """Celery's Retry / Ignore / Reject and non-Exception exits never memoize."""
-    if not isinstance(exc, Exception):
-        return True
-    from celery.exceptions import Ignore, Reject, Retry
-
-    return isinstance(exc, (Retry, Ignore, Reject))
-
-
-def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> None:
-    """Record a failed attempt: release the claim, or memoize the error."""
-    if opts.on_failure == "memoize" and not control_flow(exc):
-        result, enc, error = memo.encode_exception(exc)
-        completion = Completion(Status.FAILED.value, result, enc, error)
-    else:
-        completion = Completion(Status.FAILED.value, None, ENC_NONE, memo.error_summary(exc))
-    try:
-        if not store.finish(req.processor_id, req.fingerprint, req.token, completion):
-            events.fenced(req, 0)
-    except StoreUnavailable as store_exc:
-        # The claim stays in flight; it turns stale after max_processing_time.
-        events.store_error(req, "fail", store_exc)
-
-
-#: pauses between attempts of a completion write that found the store unavailable
-COMPLETION_RETRY_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
-
-
-def finish_retrying(store: Store, req: ClaimRequest, completion: Completion) -> bool:
-    """Write the completion; when the store is briefly unavailable (a restart, a lost
-    connection) try again while the claim is still ours. Re-sending with the same token is
-    idempotent. Gives up (raises StoreUnavailable) within half of max_processing_time: the
-    claim then stays in flight and a later delivery takes it over."""
-    deadline = time.monotonic() + req.max_processing_time / 2
-    interrupted = False
-    for delay in (*COMPLETION_RETRY_DELAYS, None):
-        try:
-            return store.finish(req.processor_id, req.fingerprint, req.token, completion)
-        except StoreUnavailable as exc:
-            events.store_error(req, "complete", exc)
-            if delay is None or time.monotonic() + delay > deadline:
-                raise
-            time.sleep(delay)
-        except Exception as exc:
-            # Interrupted while waiting for the answer (e.g. SoftTimeLimitExceeded): the
-            # write may or may not have committed. Drop the connection and send it again
-            # once on a fresh one; the same token makes the re-send idempotent.
-            if interrupted:
-                raise
-            interrupted = True
-            events.store_error(req, "complete (outcome unknown, re-sent)", exc)
-            try:
-                store.close()
-            except Exception:  # the connection is in an unknown state
-                store.discard()
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def run_owned(
-    store: Store,
-    opts: Options,
-    req: ClaimRequest,
-    res: ClaimResult,
-    fn: Callable[[], Any],
-    serializer: str,
-) -> Any:
-    """Run the effect of an owned claim and write its fenced outcome."""
-    fault("after_claim")
-    if opts.transactional:
-        return _run_transactional(store, opts, req, res, fn, serializer)
-    try:
-        value = fn()
-    except BaseException as exc:
-        fail(store, opts, req, exc)
-        raise
-    fault("after_effect")
-    result, enc, error = memo.encode(
-        value, serializer=serializer, memoize=opts.memoize, max_bytes=opts.max_result_bytes
-    )
-    done = finish_retrying(store, req, Completion(Status.COMPLETED.value, result, enc, error))
-    if not done:
-        events.fenced(req, res.fence)
-        raise FencedOut(
-            f"{req.task_name}: this attempt (fence {res.fence}) lost its claim on "
-            f"{req.fingerprint[:16]}… before completing; its result was discarded."
-        )
-    fault("after_complete")
-    return value
-
-
-def _run_transactional(
-    store: Store,
-    opts: Options,
-    req: ClaimRequest,
-    res: ClaimResult,
-    fn: Callable[[], Any],
-    serializer: str,
-) -> Any:
-    from django.db import transaction
-
-    from celery_grousset.models import Outcome
-
-    try:
-        with transaction.atomic(using=opts.database):
-            value = fn()
-            fault("after_effect")
-            result, enc, error = memo.encode(
-                value, serializer=serializer, memoize=opts.memoize, max_bytes=opts.max_result_bytes
-            )
-            done = (
-                Outcome.objects.using(opts.database)
-                .filter(
-                    processor_id=req.processor_id,
-                    fingerprint=req.fingerprint,
-                    claim_token=req.token,
-                    status=Status.IN_FLIGHT.value,
-                )
-                .update(
-                    status=Status.COMPLETED.value,
-                    result=result,
-                    result_encoding=enc,
-                    error=error,
-                    completed_at=store.now_expression(),
-                )
-            )
-            if not done:
-                events.fenced(req, res.fence)
-                raise FencedOut(
-                    f"{req.task_name}: this attempt (fence {res.fence}) lost its claim on "
-                    f"{req.fingerprint[:16]}…; its transaction was rolled back."
-                )
-    except FencedOut:
-        raise
-    except BaseException as exc:
-        fail(store, opts, req, exc)
-        raise
-    fault("after_complete")
-    return value
-
-
-def kill_self(sig: int = signal.SIGKILL) -> None:  # pragma: no cover - used by chaos hooks
-    os.kill(os.getpid(), sig)

@@ -29,13 +29,24 @@ ERROR_MAX = 2000
 
 
 def clean_text(text: str, limit: int = ERROR_MAX) -> str:
-    """Text safe for every backend: no NUL, at most ``limit`` characters."""
+    """Text safe for every backend: no NUL, no lone surrogate, at most ``limit`` characters."""
     text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates cannot be stored as UTF-8
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def error_summary(exc: BaseException) -> str:
-    return clean_text(f"{type(exc).__name__}: {exc}")
+def error_summary(exc: BaseException | None) -> str:
+    """``Type: message`` of an exception; never raises (a ``__str__`` may)."""
+    if exc is None:
+        return "an exception that could not be recorded"
+    try:
+        text = f"{type(exc).__name__}: {exc}"
+    except Exception:
+        text = f"{type(exc).__name__}: <str() of the exception raised>"
+    return clean_text(text)
 
 
 def encode(

@@ -1,6 +1,6 @@
 """The outcome journal: one row per ``(processor_id, fingerprint)``.
 
-Field names are the public contract (DESIGN §3): the admin, the docs, the
+Field names are the public contract (docs/how-it-works.md): the admin, the docs, the
 management commands and the tests use them. Rows are written by the claim store
 (:mod:`celery_grousset.store`) with raw SQL on its own connection; the ORM is
 used for reading, purging and the admin.
@@ -41,6 +41,10 @@ class Outcome(models.Model):
     fence = models.BigIntegerField(help_text="Monotonic fencing token: +1 on every claim.")
     claim_token = models.CharField(max_length=32, help_text="Random per attempt.")
     started_at = models.DateTimeField(help_text="Database clock.")
+    stale_at = models.DateTimeField(
+        help_text="When this claim turns stale (started_at + max_processing_time, database "
+        "clock): another delivery may then take it over."
+    )
     completed_at = models.DateTimeField(null=True, blank=True)
     expires_on = models.DateTimeField()
     deliveries = models.BigIntegerField(default=1)

@@ -56,18 +56,9 @@ def _alias(using: str | None) -> str:
 
 def clock(alias: str, plus: float = 0.0) -> Any:
     """The database clock (+ ``plus`` seconds) as a value for a query or an insert."""
-    from django.db.models import DateTimeField
-    from django.db.models.expressions import RawSQL
-    from django.utils import timezone
+    from celery_grousset.store import get_store
 
-    vendor = connections[alias].vendor
-    if vendor == "postgresql":
-        sql, params = "statement_timestamp() + make_interval(secs => %s)", [float(plus)]
-    elif vendor == "mysql":
-        sql, params = "UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND", [int(plus * 1e6)]
-    else:  # SQLite: the journal's store uses this process' clock too
-        return timezone.now() + timedelta(seconds=plus)
-    return RawSQL(sql, params, output_field=DateTimeField())
+    return get_store(alias).now_expression(plus)
 
 
 def _jsonable_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -200,7 +191,7 @@ class Relay:
         self.backoff_max = backoff_max
         self.interval = interval
         if fault is None:
-            from celery_grousset.guard import fault as guard_fault
+            from celery_grousset.faults import fault as guard_fault
 
             fault = guard_fault
         self.fault: Callable[[str], None] = fault
@@ -211,17 +202,13 @@ class Relay:
 
     def run_batch(self) -> RelayStats:
         """Lock up to ``batch_size`` due rows, publish them, mark them; one transaction."""
+        from celery_grousset.store import get_store
+
         alias, stats = self.alias, RelayStats(batches=1)
-        conn = connections[alias]
         manager = OutboxMessage.objects.using(alias)
         with transaction.atomic(using=alias):
             due = manager.filter(status=OutboxStatus.PENDING, available_at__lte=clock(alias))
-            if conn.features.has_select_for_update_skip_locked:
-                due = due.select_for_update(skip_locked=True)
-            else:  # SQLite: take the (single) write lock before reading
-                with conn.cursor() as cur:
-                    table = conn.ops.quote_name(OutboxMessage._meta.db_table)
-                    cur.execute(f"UPDATE {table} SET id = id WHERE 1 = 0")
+            due = get_store(alias).lock_for_batch(due)
             rows = list(due.order_by("id")[: self.batch_size])
             stats.fetched = len(rows)
             sent: list[int] = []

@@ -9,7 +9,7 @@ relay pass.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
@@ -18,15 +18,10 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from celery_grousset.admin import EstimatedCountPaginator, journal_alias
+from celery_grousset.admin_base import ReadOnlyAdmin
 from celery_grousset.conf import grousset_settings
 from celery_grousset.models import OutboxMessage, OutboxStatus
 from celery_grousset.redact import DEFAULT_REDACT_KEYS, safe_repr
-
-if TYPE_CHECKING:
-    _Base = admin.ModelAdmin[OutboxMessage]
-else:
-    _Base = admin.ModelAdmin
 
 _BADGE = {OutboxStatus.PENDING: ("#92400e", "#fde68a"), OutboxStatus.SENT: ("#166534", "#dcfce7"),
           OutboxStatus.DEAD: ("#991b1b", "#fee2e2")}  # fmt: skip
@@ -59,7 +54,7 @@ def arguments_text(obj: OutboxMessage) -> str:
 
 
 @admin.register(OutboxMessage)
-class OutboxMessageAdmin(_Base):
+class OutboxMessageAdmin(ReadOnlyAdmin):
     """Outbox rows: pending (not yet published), sent, dead (gave up: requeue them)."""
 
     list_display = ("id", "status_badge", "task_name", "attempts", "created_at",
@@ -70,32 +65,12 @@ class OutboxMessageAdmin(_Base):
     search_help_text = _("An exact task id or task name.")
     ordering = ("-id",)
     show_full_result_count = False
-    paginator = EstimatedCountPaginator
     list_per_page = 50
     actions = ("requeue",)
     readonly_fields = ("id", "status_badge", "task_name", "task_id", "arguments", "options",
                        "attempts", "last_error", "created_at", "available_at",
                        "sent_at")  # fmt: skip
     fields = readonly_fields
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[OutboxMessage]:
-        return super().get_queryset(request).using(journal_alias())
-
-    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
-        return lookup == "status"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(
-        self, request: HttpRequest, obj: OutboxMessage | None = None
-    ) -> bool:
-        return False
-
-    def has_delete_permission(
-        self, request: HttpRequest, obj: OutboxMessage | None = None
-    ) -> bool:
-        return False
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("celery_grousset.requeue_outboxmessage"))

@@ -1,6 +1,6 @@
 """``protect(key, fn)``: run ``fn`` once per key and processor, from any code path.
 
-The mnemosyne primitive (seeds/003) on the outcome journal: the first caller
+The guarded flow (docs/how-it-works.md) on any code path: the first caller
 claims the key and runs ``fn``; later callers get its memoized return value;
 a caller that finds a fresh claim waits for it (``on_in_flight="wait"``) or
 raises :class:`~celery_grousset.exceptions.ClaimInFlight` (``"raise"``); a claim
@@ -11,18 +11,49 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from celery_grousset import guard
-from celery_grousset.claim import Kind
-from celery_grousset.exceptions import ClaimInFlight, FingerprintError
-from celery_grousset.fingerprint import fingerprint
-from celery_grousset.store.base import get_store
+from celery_grousset.claim import ClaimRequest
+from celery_grousset.exceptions import ClaimInFlight, FingerprintError, StoreUnavailable
+from celery_grousset.memo import clean_text
+from celery_grousset.options import Options
+from celery_grousset.store import ClaimResult
 
 T = TypeVar("T")
 
 #: the ``task_name`` of protect() records and the namespace of their fingerprints
 PROTECT_NAME = "protect"
+
+
+class _ProtectCaller:
+    """protect()'s hooks: wait for a fresh claim or raise ClaimInFlight; a store outage
+    raises StoreUnavailable to the caller."""
+
+    __slots__ = ("body", "key", "on_in_flight", "opts")
+
+    def __init__(self, opts: Options, key: str, on_in_flight: str, body: Callable[[], Any]):
+        self.opts, self.key, self.on_in_flight, self.body = opts, key, on_in_flight, body
+
+    def options(self) -> Options:
+        return self.opts
+
+    def in_flight_policy(self, opts: Options) -> str:
+        return self.on_in_flight
+
+    def defer(self, req: ClaimRequest, res: ClaimResult) -> NoReturn:
+        raise ClaimInFlight(
+            f"protect({self.key!r}): another caller holds a fresh claim; it turns stale in "
+            f"{res.retry_in:.1f} s",
+            fingerprint=req.fingerprint,
+            retry_in=res.retry_in,
+        )
+
+    def store_unavailable(self, exc: StoreUnavailable) -> NoReturn:
+        raise exc
+
+    def run(self, attempt: guard.Attempt) -> Any:
+        return self.body()
 
 
 def protect(
@@ -54,7 +85,7 @@ def protect(
         )
     if on_in_flight not in ("wait", "raise"):
         raise ValueError(f"protect(on_in_flight=…) must be 'wait' or 'raise', got {on_in_flight!r}")
-    opts = guard.Options.resolve(
+    opts = Options.resolve(
         "protect()",
         {
             "processor_id": processor_id,
@@ -69,27 +100,12 @@ def protect(
         },
         default_processor="default",
     )
-    fp = fingerprint(PROTECT_NAME, idempotency_key=key)
-    store = get_store(opts.database)
-    req = guard.request(opts, fp, PROTECT_NAME, "", _args_repr(key))
-    res = guard.claim(store, req)
-    if res.kind is Kind.IN_FLIGHT:
-        if on_in_flight == "raise":
-            raise ClaimInFlight(
-                f"protect({key!r}): another caller holds a fresh claim; it turns stale in "
-                f"{res.retry_in:.1f} s",
-                fingerprint=fp,
-                retry_in=res.retry_in,
-            )
-        res = guard.wait_until_settled(store, req, res)
-    if not res.owned:
-        return guard.answer(req, res)  # type: ignore[no-any-return]
-    return guard.run_owned(  # type: ignore[no-any-return]
-        store, opts, req, res, lambda: fn(*args, **kwargs), serializer
+    call = guard.Call(
+        name=PROTECT_NAME,
+        task_id="",
+        idempotency_key=key,
+        serializer=serializer,
+        args_repr=clean_text(f"key={key!r}", 1024),
     )
-
-
-def _args_repr(key: str) -> str:
-    from celery_grousset.memo import clean_text
-
-    return clean_text(f"key={key!r}", 1024)
+    caller = _ProtectCaller(opts, key, on_in_flight, lambda: fn(*args, **kwargs))
+    return guard.guarded(caller, call)  # type: ignore[no-any-return]

@@ -1,6 +1,6 @@
 """``task.publish_unique(calls)``: publish a batch of calls, minus the ones that need no message.
 
-Two layers of deduplication at publish time (seeds/002), both an optimisation and
+Two layers of deduplication at publish time (docs/producer.md), both an optimisation and
 never the guarantee — the consumer-side claim still runs for every delivery:
 
 1. **In the batch**: a call whose fingerprint was already seen in this run is
@@ -28,11 +28,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from celery_grousset.claim import ENC_NONE, Status
+from celery_grousset.claim import ClaimRequest, Kind, Prev, decide
 
 if TYPE_CHECKING:
     from celery_grousset.task import GroussetTaskMixin
@@ -122,72 +122,36 @@ def as_call(task: GroussetTaskMixin, item: Any) -> Call:
     return Call(args, kwargs, key, task.grousset_fingerprint(args, kwargs, key))
 
 
-def classify(
-    status: str,
-    result_encoding: str,
-    started_at: datetime,
-    expires_on: datetime,
-    now: datetime,
-    max_processing_time: float,
-) -> str | None:
-    """Why a journal row makes a new message useless (None: publish). Mirrors
-    :func:`celery_grousset.claim.decide`: only rows a claim would NOT take are skipped."""
-    if status == Status.IN_FLIGHT:
-        fresh = started_at > now - timedelta(seconds=max_processing_time)
-        return IN_FLIGHT if fresh else None
-    if expires_on <= now:
-        return None
-    if status == Status.COMPLETED:
-        return COMPLETED
-    if status == Status.FAILED and result_encoding != ENC_NONE:
-        return COMPLETED  # a memoized failure: duplicates replay it
+def classify(prev: Prev, now: datetime, max_takeovers: int) -> str | None:
+    """Why a journal row makes a new message useless (None: publish). The claim's own
+    decision table decides: only rows a claim would NOT take are skipped."""
+    probe = ClaimRequest(
+        processor_id="", fingerprint="", task_name="", task_id="", token="", worker="",
+        args_repr="", max_processing_time=0.0, expires_after=0.0, max_takeovers=max_takeovers,
+    )  # fmt: skip
+    kind = decide(prev, now, probe)
+    if kind is Kind.IN_FLIGHT:
+        return IN_FLIGHT
+    if kind in (Kind.COMPLETED, Kind.FAILED):
+        return COMPLETED  # done, or a memoized failure: duplicates replay it
     return None
 
 
-# `|| ''`: the row is found through the unique key only (see OutcomeQuerySet.by_key).
-PG_LOOKUP_SQL = (
-    "SELECT fingerprint, status, result_encoding, started_at, expires_on, "
-    "clock_timestamp() FROM {table} "
-    "WHERE fingerprint = ANY(%s) AND processor_id || '' = %s"
-)
-
-
 def journal_lookup(
-    alias: str, processor_id: str, fingerprints: Sequence[str], max_processing_time: float
+    alias: str, processor_id: str, fingerprints: Sequence[str], max_takeovers: int
 ) -> dict[str, str]:
     """ONE query: ``{fingerprint: COMPLETED | IN_FLIGHT}`` for the rows that need no message."""
-    from django.db import connections
+    from celery_grousset.store import get_store
 
-    from celery_grousset.models import Outcome
-
-    conn = connections[alias]
-    if conn.vendor == "postgresql":
-        sql = PG_LOOKUP_SQL.format(table=conn.ops.quote_name(Outcome._meta.db_table))
-        with conn.cursor() as cur:
-            cur.execute(sql, [list(fingerprints), processor_id])
-            rows = cur.fetchall()
-    else:
-        from celery_grousset.store import get_store
-
-        now = get_store(alias).now_expression()
-        qs = Outcome.objects.using(alias).filter(
-            processor_id=processor_id, fingerprint__in=list(fingerprints)
-        )
-        if isinstance(now, datetime):  # SQLite: the store's clock is this process'
-            rows = [(*r, now) for r in qs.values_list(*_COLUMNS)]
-        else:
-            rows = list(qs.annotate(grousset_now=now).values_list(*_COLUMNS, "grousset_now"))
     found: dict[str, str] = {}
-    for fp, status, encoding, started_at, expires_on, now_value in rows:
-        reason = classify(
-            status, encoding, started_at, expires_on, _aware(now_value), max_processing_time
-        )
+    for fp, status, encoding, stale_at, expires_on, takeovers, now in get_store(alias).lookup(
+        processor_id, fingerprints
+    ):
+        prev = Prev(status, _aware(stale_at), _aware(expires_on), encoding, takeovers, "held")
+        reason = classify(prev, _aware(now), max_takeovers)
         if reason is not None:
             found[fp] = reason
     return found
-
-
-_COLUMNS = ("fingerprint", "status", "result_encoding", "started_at", "expires_on")
 
 
 def _aware(value: datetime) -> datetime:
@@ -236,7 +200,7 @@ def plan(
             opts.database,
             opts.processor_id,
             [c.fingerprint for c in fresh],
-            opts.max_processing_time,
+            opts.max_takeovers,
         )
         todo: list[Call] = []
         for call in fresh:

@@ -1,8 +1,8 @@
 """``GroussetTask``: a Celery task whose side effect happens once.
 
-Per delivery: fingerprint → claim → run → fenced completion (DESIGN §4). The
-claim store, the decision table and the memo codec live elsewhere; this module
-is the Celery glue: options, requeueing, eager mode, the publish-time checks.
+Every delivery runs :func:`celery_grousset.guard.guarded` (docs/how-it-works.md);
+this module is the Celery glue around it: options, the hooks that re-queue a
+delivery, bypass, eager mode, and the publish-time checks.
 """
 
 from __future__ import annotations
@@ -12,39 +12,26 @@ import uuid
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from datetime import timedelta
-from functools import partial
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from celery import Task
 from celery.exceptions import Reject, Retry
 from celery.signals import task_revoked
 
 from celery_grousset import events, guard
-from celery_grousset.claim import Kind
+from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.conf import grousset_settings, on_reload
 from celery_grousset.exceptions import FingerprintError, StoreUnavailable
-from celery_grousset.fingerprint import fingerprint, validate_key_names
-from celery_grousset.redact import DEFAULT_REDACT_KEYS, safe_repr
-from celery_grousset.store.base import get_store
+from celery_grousset.fingerprint import validate_key_names
+from celery_grousset.options import NAMES as _OPTION_NAMES
+from celery_grousset.options import Options
+from celery_grousset.store import ClaimResult
 
 #: message headers this package adds
 KEY_HEADER = "grousset_key"
 REQUEUES_HEADER = "grousset_requeues"
 #: set when argsrepr/kwargsrepr were written by this package (redacted) or by the caller
 REPR_HEADER = "grousset_repr"
-
-_OPTION_NAMES = (
-    "max_processing_time",
-    "expires_after",
-    "processor_id",
-    "on_in_flight",
-    "transactional",
-    "memoize",
-    "on_failure",
-    "max_result_bytes",
-    "max_takeovers",
-    "database",
-)
 
 _instances: list[GroussetTaskMixin] = []
 
@@ -106,7 +93,7 @@ class GroussetTaskMixin:
     #: Django database alias of the journal (default ``GROUSSET["DATABASE"]``).
     database: str | None = None
 
-    _grousset_opts: guard.Options | None = None
+    _grousset_opts: Options | None = None
     _grousset_bypass: bool | None = None
     _grousset_sig: inspect.Signature | None = None
 
@@ -127,7 +114,7 @@ class GroussetTaskMixin:
 
     # -- options ---------------------------------------------------------------------------
 
-    def grousset_options(self) -> guard.Options:
+    def grousset_options(self) -> Options:
         """Options resolved once per process (dropped when settings change)."""
         opts = self._grousset_opts
         if opts is None:
@@ -137,7 +124,7 @@ class GroussetTaskMixin:
                 attr = "grousset_on_failure" if name == "on_failure" else name
                 value = getattr(self, attr, None)
                 explicit[name] = value if value is not None else worker.get(name)
-            opts = guard.Options.resolve(
+            opts = Options.resolve(
                 f"the task {self.name!r}", explicit, default_processor=self.app.main or "default"
             )
             if self.grousset_key is not None and not callable(self.grousset_key):
@@ -156,18 +143,31 @@ class GroussetTaskMixin:
             self._grousset_sig = sig
         return sig
 
+    def grousset_call(
+        self,
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        idempotency_key: str | None = None,
+        request: Any = None,
+    ) -> guard.Call:
+        """One call of this task, as the guard sees it."""
+        return guard.Call(
+            name=self.name,
+            task_id=str(request.id or uuid.uuid4()) if request is not None else "",
+            args=args,
+            kwargs=kwargs,
+            signature=self._signature(),
+            key=self.grousset_key,
+            idempotency_key=idempotency_key,
+            serializer=self.serializer,
+            delivery=_delivery(request) if request is not None else "",
+        )
+
     def grousset_fingerprint(
         self, args: Sequence[Any], kwargs: dict[str, Any], idempotency_key: str | None = None
     ) -> str:
         """The fingerprint of one call of this task."""
-        return fingerprint(
-            self.name,
-            args,
-            kwargs,
-            signature=self._signature(),
-            key=self.grousset_key,
-            idempotency_key=idempotency_key,
-        )
+        return guard.fingerprint_of(self.grousset_call(args, kwargs, idempotency_key))
 
     @property
     def grousset(self) -> guard.Attempt:
@@ -195,14 +195,15 @@ class GroussetTaskMixin:
                     f"{self.name}: idempotency_key must be a non-empty str, got {key!r}"
                 )
             headers[KEY_HEADER] = key
-        elif not grousset_settings.BYPASS:
-            # Fail at publish time for arguments that cannot be fingerprinted.
-            self.grousset_fingerprint(tuple(args or ()), dict(kwargs or {}))
         options["headers"] = headers
-        if options.get("argsrepr") is None and options.get("kwargsrepr") is None:
-            # Celery would show saferepr(args) in logs, events and monitors: redact it.
-            text = self._redacted(tuple(args or ()), dict(kwargs or {}))
-            options["argsrepr"], options["kwargsrepr"] = f"({text})", "{}"
+        call = self.grousset_call(tuple(args or ()), dict(kwargs or {}), key)
+        if key is None and not grousset_settings.BYPASS:
+            # Fail at publish time for arguments that cannot be fingerprinted; Celery
+            # would show saferepr(args) in logs, events and monitors: redact it.
+            text = guard.identify(call)[1]
+        else:
+            text = guard.redacted(call.args, call.kwargs, None)
+        options["argsrepr"], options["kwargsrepr"] = f"({text})", "{}"
         return super().apply_async(args, kwargs, *a, **options)  # type: ignore[misc]
 
     def publish_unique(self, calls: Any, *, chunk_size: int = 1000, **options: Any) -> Any:
@@ -230,59 +231,25 @@ class GroussetTaskMixin:
             conf_bypass = getattr(self.app.conf, "grousset_bypass", False)
             bypass = self._grousset_bypass = bool(grousset_settings.BYPASS or conf_bypass)
             _instances.append(self)
+        call = self.grousset_call(args, kwargs, _header(request, KEY_HEADER), request)
         if bypass:
-            events.bypassed(self.name, str(request.id))
-            # No claim, no journal; the fingerprint is still handed to the body, so an
-            # external idempotency key keeps working while the guard is off.
-            key = _header(request, KEY_HEADER)
-            bypassed = guard.Attempt(
-                fingerprint=self.grousset_fingerprint(args, kwargs, key),
-                fence=0,
-                deliveries=0,
-                takeovers=0,
-                kind=Kind.BYPASSED,
-                processor_id=str(self.processor_id or self.app.main or "default"),
-                token="",
-            )
-            return self._with_attempt(bypassed, lambda: run(*args, **kwargs))
-        opts = self.grousset_options()
-        key = _header(request, KEY_HEADER)
-        fp = self.grousset_fingerprint(args, kwargs, key)
-        store = get_store(opts.database)
-        req = guard.request(
-            opts,
-            fp,
-            self.name,
-            str(request.id or uuid.uuid4()),
-            self._args_repr(request, args, kwargs),
-        )
-        local = bool(request.is_eager or request.called_directly)
-        try:
-            res = guard.claim(store, req)
-            if res.kind is Kind.IN_FLIGHT:
-                if opts.on_in_flight == "wait" or local:
-                    events.in_flight(req, res, "wait")
-                    res = guard.wait_until_settled(store, req, res)
-                else:
-                    events.in_flight(req, res, "retry")
-                    self._requeue(self._in_flight_countdown(request, res.retry_in), None)
-        except StoreUnavailable as exc:
-            if local:
-                raise
-            self._requeue(self._store_countdown(request), exc)
-        if not res.owned:
-            return guard.answer(req, res, delivery=_delivery(request))
+            return self._bypassed(call, lambda: run(*args, **kwargs))
+        return guard.guarded(_TaskCaller(self, request, lambda: run(*args, **kwargs)), call)
+
+    def _bypassed(self, call: guard.Call, body: Callable[[], Any]) -> Any:
+        """No claim, no journal; the fingerprint is still handed to the body, so an
+        external idempotency key keeps working while the guard is off."""
+        events.bypassed(self.name, call.task_id)
         attempt = guard.Attempt(
-            fingerprint=fp,
-            fence=res.fence,
-            deliveries=res.deliveries,
-            takeovers=res.takeovers,
-            kind=res.kind,
-            processor_id=opts.processor_id,
-            token=req.token,
+            fingerprint=guard.fingerprint_of(call),
+            fence=0,
+            deliveries=0,
+            takeovers=0,
+            kind=Kind.BYPASSED,
+            processor_id=str(self.processor_id or self.app.main or "default"),
+            token="",
         )
-        body = partial(self._with_attempt, attempt, lambda: run(*args, **kwargs))
-        return guard.run_owned(store, opts, req, res, body, self.serializer)
+        return self._with_attempt(attempt, body)
 
     def _with_attempt(self, attempt: guard.Attempt, body: Callable[[], Any]) -> Any:
         """Run ``body`` with ``self.grousset`` bound to ``attempt`` (a context variable:
@@ -292,44 +259,6 @@ class GroussetTaskMixin:
             return body()
         finally:
             _ATTEMPT.reset(reset)
-
-    def _args_repr(self, request: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
-        argsrepr = getattr(request, "argsrepr", None)
-        kwargsrepr = getattr(request, "kwargsrepr", None)
-        if _header(request, REPR_HEADER) is None and argsrepr is not None:
-            # Not published by GroussetTask: trust argsrepr only if the producer chose it
-            # (Celery's default is an unredacted saferepr of the arguments).
-            from celery.utils.saferepr import saferepr
-
-            if argsrepr == saferepr(tuple(args)) or argsrepr == saferepr(list(args)):
-                argsrepr = kwargsrepr = None
-        if argsrepr is not None or kwargsrepr is not None:
-            return safe_repr(
-                args,
-                kwargs,
-                argsrepr=argsrepr,
-                kwargsrepr=kwargsrepr,
-                max_length=int(grousset_settings.ARGS_REPR_MAX_LENGTH),
-            )
-        return self._redacted(args, kwargs)
-
-    def _redacted(self, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
-        extra = grousset_settings.REDACT_KEYS
-        keys = DEFAULT_REDACT_KEYS | frozenset(extra) if extra else DEFAULT_REDACT_KEYS
-        bound = None
-        sig = self._signature()
-        if sig is not None:
-            try:
-                bound = sig.bind(*args, **kwargs).arguments
-            except TypeError:
-                bound = None
-        return safe_repr(
-            args,
-            kwargs,
-            redact_keys=keys,
-            bound=bound,
-            max_length=int(grousset_settings.ARGS_REPR_MAX_LENGTH),
-        )
 
     @staticmethod
     def _in_flight_countdown(request: Any, retry_in: float) -> float:
@@ -345,7 +274,7 @@ class GroussetTaskMixin:
         cap = float(grousset_settings.STORE_RETRY_BACKOFF_MAX)
         return min(base * 2.0**n, cap)
 
-    def _requeue(self, countdown: float, exc: BaseException | None) -> None:
+    def _requeue(self, countdown: float, exc: BaseException | None) -> NoReturn:
         """Send this delivery again after ``countdown`` without using up max_retries."""
         request = self.request
         n = int(_header(request, REQUEUES_HEADER) or 0)
@@ -362,6 +291,35 @@ class GroussetTaskMixin:
             # Could not re-publish: hand the message back to the broker instead.
             raise Reject(publish_exc, requeue=True) from publish_exc
         raise Retry(exc=cast(Any, exc), when=cast(Any, countdown), sig=sig)
+
+
+class _TaskCaller:
+    """The guarded flow's hooks for one delivery (see :class:`guard.Caller`): a fresh
+    claim held elsewhere or a store outage re-queues the delivery; eager and direct
+    calls wait, or raise."""
+
+    __slots__ = ("body", "local", "request", "task")
+
+    def __init__(self, task: GroussetTaskMixin, request: Any, body: Callable[[], Any]) -> None:
+        self.task, self.request, self.body = task, request, body
+        self.local = bool(request.is_eager or request.called_directly)
+
+    def options(self) -> Options:
+        return self.task.grousset_options()
+
+    def in_flight_policy(self, opts: Options) -> str:
+        return "wait" if opts.on_in_flight == "wait" or self.local else "retry"
+
+    def defer(self, req: ClaimRequest, res: ClaimResult) -> NoReturn:
+        self.task._requeue(self.task._in_flight_countdown(self.request, res.retry_in), None)
+
+    def store_unavailable(self, exc: StoreUnavailable) -> NoReturn:
+        if self.local:
+            raise exc
+        self.task._requeue(self.task._store_countdown(self.request), exc)
+
+    def run(self, attempt: guard.Attempt) -> Any:
+        return self.task._with_attempt(attempt, self.body)
 
 
 def _header(request: Any, name: str) -> Any:
@@ -417,20 +375,17 @@ def release_revoked(
     not stop a running task: its claim stays.)"""
     if not terminated or request is None or not isinstance(sender, GroussetTaskMixin):
         return
-    from celery_grousset.models import Outcome
+    from celery_grousset import journal
 
     opts = sender.grousset_options()
-    store = get_store(opts.database)
-    held = Outcome.objects.using(opts.database).filter(task_id=request.id, status="in_flight")
-    for processor_id, fp, token in held.values_list("processor_id", "fingerprint", "claim_token"):
-        if store.release(processor_id, fp, token):
-            events.logger.warning(
-                "grousset.released_revoked fingerprint=%s task=%s task_id=%s processor=%s",
-                fp,
-                sender.name,
-                request.id,
-                processor_id,
-            )
+    for processor_id, fp in journal.release_held_by(opts.database, str(request.id)):
+        events.logger.warning(
+            "grousset.released_revoked fingerprint=%s task=%s task_id=%s processor=%s",
+            fp,
+            sender.name,
+            request.id,
+            processor_id,
+        )
 
 
 def reset_resolved_options() -> None:

@@ -22,10 +22,10 @@ def purge_expired(batch_size: int = 10_000, database: str | None = None) -> int:
 
     Never an unexpired or in-flight entry. Returns how many rows were deleted.
     """
+    from celery_grousset import journal
     from celery_grousset.conf import grousset_settings
-    from celery_grousset.models import Outcome
 
     alias = database or str(grousset_settings.DATABASE)
-    count = Outcome.objects.db_manager(alias).purge_expired(batch_size=batch_size)
+    count = journal.purge_expired(alias, batch_size=batch_size)
     logger.info("grousset.purged count=%d database=%s", count, alias)
     return count

@@ -15,7 +15,7 @@ from tests.tasks import record
 
 
 def _pause(seconds: float) -> None:
-    from celery_grousset.guard import fault
+    from celery_grousset.faults import fault
 
     fault("mid_effect")
     if seconds:

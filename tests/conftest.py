@@ -1,5 +1,5 @@
 """Shared fixtures: real databases, one alias per backend, skipped locally and
-failing under CI when a service is down (DESIGN §9)."""
+failing under CI when a service is down (docs/testing.md)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ def record(key: str, value: str = "") -> None:
 
 def _pause(seconds: float) -> None:
     if seconds:
-        from celery_grousset.guard import fault
+        from celery_grousset.faults import fault
 
         fault("mid_effect")
         time.sleep(seconds)

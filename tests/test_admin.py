@@ -20,9 +20,10 @@ from django.db import connections
 from django.db.models import F
 from django.test import Client, override_settings
 
-from celery_grousset.admin import EstimatedCountPaginator, distinct_values, fingerprint_prefix
+from celery_grousset.admin_base import EstimatedCountPaginator
 from celery_grousset.claim import ENC_EXCEPTION, ENC_NOT_STORED, ClaimRequest, Kind
-from celery_grousset.managers import _db_now
+from celery_grousset.journal import fingerprint_prefix
+from celery_grousset.journal import now as _db_now
 from celery_grousset.models import Outcome
 from celery_grousset.store import get_store
 from celery_grousset.store.base import Completion
@@ -236,8 +237,13 @@ def _log_messages(user: User, row: Outcome) -> list[str]:
 
 
 def test_release_action_confirms_then_frees_the_claim(journal: str, processor: str) -> None:
-    # Given an in-flight claim and a completed row, and a superuser
+    # Given a stale in-flight claim (past its own stale_at), a completed row, a superuser
     flying, done = put(journal, processor, status="in_flight"), put(journal, processor)
+    Outcome.objects.using(journal).filter(pk=flying.pk).update(
+        started_at=F("started_at") - timedelta(seconds=61),
+        stale_at=F("stale_at") - timedelta(seconds=61),
+    )
+    flying.refresh_from_db(using=journal)
     user = make_user(superuser=True)
     client = client_for(user)
     form = {"action": "release_stale_claims", "_selected_action": [flying.pk, done.pk]}
@@ -269,22 +275,25 @@ def test_release_action_confirms_then_frees_the_claim(journal: str, processor: s
     assert claim.kind is Kind.RECLAIM
 
 
-def test_release_skips_fresh_claims_when_max_processing_time_is_set(
+def test_release_uses_each_claims_own_deadline_not_the_global_setting(
     journal: str, processor: str
 ) -> None:
-    # Given MAX_PROCESSING_TIME=60 s, a fresh claim and one 2 minutes old
+    # Given claims of a task with max_processing_time=60 s: one 2 s old, one 2 minutes old,
+    # and a global MAX_PROCESSING_TIME (1 s) lower than the task's own
     fresh, stale = (put(journal, processor, status="in_flight") for _ in range(2))
-    Outcome.objects.using(journal).filter(pk=stale.pk).update(
-        started_at=F("started_at") - timedelta(seconds=120)
-    )
+    for row, seconds in ((fresh, 2), (stale, 120)):
+        Outcome.objects.using(journal).filter(pk=row.pk).update(
+            started_at=F("started_at") - timedelta(seconds=seconds),
+            stale_at=F("stale_at") - timedelta(seconds=seconds),
+        )
     client = client_for(make_user(superuser=True))
     form = {"action": "release_stale_claims", "_selected_action": [fresh.pk, stale.pk],
             "post": "yes"}  # fmt: skip
     # When both are released
     with override_settings(GROUSSET={**settings.GROUSSET, "DATABASE": journal,
-                                     "MAX_PROCESSING_TIME": 60}):  # fmt: skip
+                                     "MAX_PROCESSING_TIME": 1}):  # fmt: skip
         client.post(URL, form)
-    # Then only the stale one is
+    # Then only the one past its own deadline is: the live attempt keeps its claim
     statuses = dict(Outcome.objects.using(journal).filter(pk__in=[fresh.pk, stale.pk])
                     .values_list("pk", "status"))  # fmt: skip
     assert statuses == {fresh.pk: "in_flight", stale.pk: "failed"}
@@ -313,7 +322,7 @@ def test_forget_action_lets_the_next_delivery_run_again(journal: str, processor:
         task_id="again", token=uuid.uuid4().hex, worker="w:2", args_repr="(1,)",
         max_processing_time=60.0, expires_after=3600.0, max_takeovers=3,
     ))  # fmt: skip
-    assert claim.kind is Kind.RECLAIM and claim.fence == 2
+    assert claim.kind is Kind.EXPIRED and claim.fence == 2
 
 
 def test_view_only_staff_sees_no_actions_and_is_refused(journal: str, processor: str) -> None:
@@ -362,9 +371,10 @@ def test_unfiltered_count_uses_the_planner_estimate_on_postgresql(pg: str, proce
     with connections[pg].cursor() as cur:
         cur.execute(
             "INSERT INTO celery_grousset_outcome (processor_id, fingerprint, task_name, task_id,"
-            " status, fence, claim_token, started_at, expires_on, deliveries, takeovers,"
+            " status, fence, claim_token, started_at, stale_at, expires_on, deliveries, takeovers,"
             " result_encoding, error, worker, args_repr) SELECT %s, md5(i::text) || md5(i::text),"
-            " 'tests.bulk', 't' || i, 'completed', 1, 'x', now(), now() + interval '1 hour', 1, 0,"
+            " 'tests.bulk', 't' || i, 'completed', 1, 'x', now(), now(),"
+            " now() + interval '1 hour', 1, 0,"
             " '', '', '', '' FROM generate_series(1, 12000) AS i", [processor],
         )  # fmt: skip
         cur.execute("ANALYZE celery_grousset_outcome")
@@ -379,7 +389,7 @@ def test_unfiltered_count_uses_the_planner_estimate_on_postgresql(pg: str, proce
         assert EstimatedCountPaginator(qs, 50).count == estimate != qs.count()
         assert EstimatedCountPaginator(qs.filter(processor_id=processor), 50).count == 12_005
         # And the task filter's choices come from the loose index scan, in order
-        names = distinct_values(pg, "task_name")
+        names = get_store(pg).distinct_values("task_name", 200)
         assert names == sorted(set(qs.values_list("task_name", flat=True)))[:200]
         assert "tests.bulk" in names
         # And the changelist answers, filtered or not

@@ -47,10 +47,10 @@ def _index_scans(plan: Any) -> Iterator[str]:
 
 _FILL = (
     "INSERT INTO celery_grousset_outcome (processor_id, fingerprint, task_name, "
-    "task_id, status, fence, claim_token, started_at, expires_on, deliveries, "
+    "task_id, status, fence, claim_token, started_at, stale_at, expires_on, deliveries, "
     "takeovers, result_encoding, error, worker, args_repr) "
     "SELECT 'p', md5(i::text) || md5(i::text), 't', i::text, 'completed', 1, "
-    "md5(i::text), now(), now(), 1, 0, '', '', 'w', '' "
+    "md5(i::text), now(), now(), now(), 1, 0, '', '', 'w', '' "
     f"FROM generate_series(1, {ROWS}) AS i"
 )
 _SHADOW = (
@@ -118,7 +118,7 @@ def _explain(conn: Any, sql: str, params: list[Any]) -> list[str]:
 
 def test_key_lookups_outside_the_store_use_the_unique_key(unanalysed_django_journal: Any) -> None:
     from celery_grousset.models import Outcome
-    from celery_grousset.publish import PG_LOOKUP_SQL
+    from celery_grousset.store.postgresql import LOOKUP_SQL
 
     # by_key: the wait-mode poll, the pytest helpers
     qs = Outcome.objects.db_manager("postgresql").by_key("p", "x").values_list("status")
@@ -127,7 +127,7 @@ def test_key_lookups_outside_the_store_use_the_unique_key(unanalysed_django_jour
         "by_key": _explain(unanalysed_django_journal, sql, list(params)),
         "publish_unique": _explain(
             unanalysed_django_journal,
-            PG_LOOKUP_SQL.format(table="celery_grousset_outcome"),
+            LOOKUP_SQL,
             [["x", "y", "z"], "p"],
         ),
     }

@@ -77,7 +77,8 @@ def test_claim_is_one_round_trip_in_every_case(pg_store: Store) -> None:
     cases[res.kind] = sent  # type: ignore[attr-defined]
     # takeover
     Outcome.objects.using("postgresql").filter(fingerprint=fp).update(
-        started_at=F("started_at") - timedelta(seconds=120)
+        started_at=F("started_at") - timedelta(seconds=120),
+        stale_at=F("stale_at") - timedelta(seconds=120),
     )
     taker = make(fp)
     res, sent = traced(pg_store, lambda: pg_store.claim(taker))

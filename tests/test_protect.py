@@ -176,7 +176,7 @@ def test_bad_key_is_a_clear_error(alias: str) -> None:
 def test_closed_port_fails_closed() -> None:
     from django.db import connections
 
-    from celery_grousset.store import base
+    from celery_grousset import store as base
     from celery_grousset.store.postgresql import PostgresStore
 
     ran: list[int] = []
@@ -234,7 +234,7 @@ def test_sqlite_locked_fails_closed() -> None:
 
     from django.db import connections
 
-    from celery_grousset.store import base
+    from celery_grousset import store as base
     from tests import services
 
     services.require_database("default")

@@ -23,7 +23,7 @@ from django.test.utils import CaptureQueriesContext
 
 from celery_grousset import GroussetTask
 from celery_grousset.claim import ENC_EXCEPTION, ClaimRequest
-from celery_grousset.managers import _db_now
+from celery_grousset.journal import now as _db_now
 from celery_grousset.models import Outcome
 from celery_grousset.publish import PublishReport, plan
 from celery_grousset.store import get_store
@@ -100,7 +100,7 @@ def test_each_journal_state_is_skipped_or_published_as_a_claim_would(
     rows.filter(fingerprint=fp).update(expires_on=_db_now(alias) - timedelta(seconds=1))
     claim(alias, processor, task, "in-flight")
     fp, _ = claim(alias, processor, task, "stale")
-    rows.filter(fingerprint=fp).update(started_at=_db_now(alias) - timedelta(seconds=60))
+    rows.filter(fingerprint=fp).update(stale_at=_db_now(alias) - timedelta(seconds=1))
     fp, tok = claim(alias, processor, task, "released")
     store.release(processor, fp, tok)
     fp, tok = claim(alias, processor, task, "memoized-failure")
@@ -191,7 +191,7 @@ def test_100k_calls_30pct_duplicates_20pct_completed(processor: str, queue: str)
     Outcome.objects.using(alias).bulk_create(
         [Outcome(processor_id=processor, fingerprint=task.grousset_fingerprint((k,), {}),
                  task_name=task.name, task_id=uuid.uuid4().hex, status="completed", fence=1,
-                 claim_token="t", started_at=now, completed_at=now,
+                 claim_token="t", started_at=now, stale_at=now, completed_at=now,
                  expires_on=now + timedelta(hours=1), result=b"1",
                  result_encoding="application/json") for k in done],
         batch_size=5000,

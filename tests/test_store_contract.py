@@ -1,6 +1,6 @@
 """The store contract, written once, run on PostgreSQL, SQLite and MariaDB.
 
-Every row of the DESIGN §4 decision table, fencing, expiry, counters, and the
+Every row of the decision table (docs/how-it-works.md), fencing, expiry, counters, and the
 purge that never touches an unexpired or in-flight row. Ageing is done by moving
 the row's timestamps back (no sleeps).
 """
@@ -14,6 +14,7 @@ import pytest
 from django.db import transaction
 from django.db.models import F
 
+from celery_grousset import journal
 from celery_grousset.claim import ENC_EXCEPTION, ENC_GAVE_UP, ClaimRequest, Kind
 from celery_grousset.models import Outcome
 from celery_grousset.store.base import Completion, Store
@@ -41,8 +42,10 @@ def row(alias: str, processor: str, fp: str) -> Outcome:
 
 
 def age(alias: str, processor: str, fp: str, seconds: float, field: str = "started_at") -> None:
+    """Move a row's times back; ageing the claim moves its stale_at with its started_at."""
+    fields = ("started_at", "stale_at") if field == "started_at" else (field,)
     Outcome.objects.using(alias).filter(processor_id=processor, fingerprint=fp).update(
-        **{field: F(field) - timedelta(seconds=seconds)}
+        **{f: F(f) - timedelta(seconds=seconds) for f in fields}
     )
 
 
@@ -135,7 +138,7 @@ def test_max_takeovers_gives_up(store: Store, alias: str, processor: str, fp: st
     assert res.kind is Kind.GAVE_UP and not res.owned
     assert res.status == "failed" and "max_takeovers" in res.error
     again = store.claim(req(processor, fp, max_takeovers=2))
-    assert again.kind is Kind.GAVE_UP and not again.owned
+    assert again.kind is Kind.FAILED and not again.owned and "max_takeovers" in again.error
     assert row(alias, processor, fp).result_encoding == ENC_GAVE_UP
 
 
@@ -174,7 +177,7 @@ def test_expired_record_is_claimed_with_counters_reset(
     # When it is delivered again
     res = store.claim(req(processor, fp))
     # Then it runs again: a new epoch, but the fence keeps counting up
-    assert res.kind is Kind.RECLAIM and res.owned
+    assert res.kind is Kind.EXPIRED and res.owned
     assert (res.deliveries, res.takeovers, res.fence) == (1, 0, 2)
     assert res.result is None
 
@@ -239,23 +242,21 @@ def test_purge_deletes_only_expired_terminal_rows(store: Store, alias: str, proc
         if name != "fresh":
             age(alias, processor, fp, 3601, "expires_on")
     # When purged in batches of one
-    deleted = (
-        Outcome.objects.using(alias).filter(processor_id=processor).purge_expired(batch_size=1)
-    )
+    deleted = journal.purge_expired(alias, batch_size=1)
     # Then exactly the two expired terminal rows are gone
     left = set(
         Outcome.objects.using(alias)
         .filter(processor_id=processor)
         .values_list("fingerprint", flat=True)
     )
-    assert deleted == 2
+    assert deleted >= 2  # (and any other test's expired rows)
     assert left == {fps["fresh"], fps["flight"]}
 
 
 def test_times_come_from_the_database_clock(
     store: Store, alias: str, processor: str, fp: str
 ) -> None:
-    from celery_grousset.managers import _db_now
+    from celery_grousset.journal import now as _db_now
 
     # Given the database's clock / When a claim is written
     before = _db_now(alias)

@@ -155,7 +155,7 @@ def _refuse_rollback_only_db(request: pytest.FixtureRequest) -> None:
 
 def _fresh_stores() -> None:
     """Drop cached journal connections (the test runner may have renamed the database)."""
-    from celery_grousset.store.base import reset_stores
+    from celery_grousset.store import reset_stores
 
     reset_stores()
 

@@ -1,7 +1,7 @@
 """Helpers shared by the ``grousset_*`` management commands.
 
 Every command reads the journal on ``GROUSSET["DATABASE"]`` unless ``--database``
-names another alias; times come from the database clock (DESIGN §3).
+names another alias; times come from the database clock.
 """
 
 from __future__ import annotations
@@ -12,17 +12,15 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import CommandError, CommandParser
-from django.db.models import Q
+
+from celery_grousset.journal import MIN_PREFIX as MIN_PREFIX
 
 if TYPE_CHECKING:
     from celery_grousset.models import Outcome
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_HEX = re.compile(r"^[0-9a-f]+$")
 
-#: shortest fingerprint prefix the commands accept
-MIN_PREFIX = 8
 
 
 def parse_duration(text: str) -> timedelta:
@@ -71,33 +69,13 @@ def journal_alias(database: str | None) -> str:
     return alias
 
 
-def lookup(needle: str) -> Q:
-    """A task id (exact), a fingerprint, or a fingerprint prefix of ≥ 8 hex chars."""
-    query = Q(task_id=needle)
-    fp = needle.strip().lower()
-    if _HEX.match(fp) and MIN_PREFIX <= len(fp) <= 64:
-        if len(fp) == 64:
-            query |= Q(fingerprint=fp)
-        else:
-            # The range lets the fingerprint index serve the prefix on every backend.
-            query |= Q(
-                fingerprint__gte=fp,
-                fingerprint__lte=fp + "f" * (64 - len(fp)),
-                fingerprint__startswith=fp,
-            )
-    return query
-
-
 def find(
     alias: str, needle: str, processor_id: str | None = None, limit: int = 50
 ) -> list[Outcome]:
-    """Journal entries matching ``needle`` (see :func:`lookup`), newest first."""
-    from celery_grousset.models import Outcome
+    """Journal entries matching a task id, a fingerprint or a prefix of ≥ 8 hex chars."""
+    from celery_grousset import journal
 
-    qs = Outcome.objects.using(alias).filter(lookup(needle))
-    if processor_id is not None:
-        qs = qs.filter(processor_id=processor_id)
-    return list(qs.order_by("-started_at", "processor_id")[:limit])
+    return journal.find(alias, needle, processor_id, limit)
 
 
 def human_seconds(seconds: float) -> str:

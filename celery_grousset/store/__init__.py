@@ -1,5 +1,112 @@
-"""Claim stores, one per database vendor (see :mod:`celery_grousset.store.base`)."""
+"""Claim stores, one per database vendor (see :mod:`celery_grousset.store.base`):
+every SQL statement of the package and the database clock live in this package.
 
-from celery_grousset.store.base import ClaimResult, Completion, Store, get_store, reset_stores
+:func:`get_store` gives the store of a database alias, one per process.
+"""
 
-__all__ = ["ClaimResult", "Completion", "Store", "get_store", "reset_stores"]
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+from celery_grousset.store.base import ClaimResult, Completion, Store
+
+__all__ = ["ClaimResult", "Completion", "Store", "get_store", "reset_stores", "store_class"]
+
+
+def store_class(engine: str) -> type[Store]:
+    """The claim store for a Django database ``ENGINE`` (ImproperlyConfigured if none)."""
+    if "postgresql" in engine or "postgis" in engine:
+        from celery_grousset.store.postgresql import PostgresStore
+
+        return PostgresStore
+    if "sqlite" in engine:
+        from celery_grousset.store.sqlite import SQLiteStore
+
+        return SQLiteStore
+    if "mysql" in engine:
+        from celery_grousset.store.mysql import MySQLStore
+
+        return MySQLStore
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"celery-grousset has no claim store for the database engine {engine!r}; "
+        "supported: PostgreSQL, SQLite, MySQL/MariaDB. Point GROUSSET['DATABASE'] "
+        "at a database alias using one of them."
+    )
+
+
+_lock = threading.Lock()
+_stores: dict[str, Store] = {}
+_pid = os.getpid()
+
+
+def get_store(alias: str | None = None) -> Store:
+    """The store of ``alias`` (default: ``GROUSSET["DATABASE"]``) for this process."""
+    from celery_grousset.conf import grousset_settings
+
+    if alias is None:
+        alias = grousset_settings.DATABASE
+    if os.getpid() != _pid:  # forked without the at-fork hook (e.g. os.fork in a test)
+        _after_fork()
+    store = _stores.get(alias)
+    if store is not None:
+        return store
+    with _lock:
+        store = _stores.get(alias)
+        if store is None:
+            store = _stores[alias] = _new_store(alias)
+    return store
+
+
+def _new_store(alias: str) -> Store:
+    from django.core.exceptions import ImproperlyConfigured
+    from django.db import connections
+
+    from celery_grousset.conf import grousset_settings
+
+    try:
+        settings_dict = connections.settings[alias]
+    except Exception as exc:
+        raise ImproperlyConfigured(
+            f"celery-grousset: GROUSSET['DATABASE'] is {alias!r}, which is not "
+            f"in settings.DATABASES ({sorted(connections.settings)})."
+        ) from exc
+    cls = store_class(settings_dict["ENGINE"])
+    return cls(
+        alias,
+        settings_dict,
+        float(grousset_settings.STORE_TIMEOUT),
+        str(grousset_settings.CLAIM_COMMIT),
+    )
+
+
+def reset_stores() -> None:
+    """Close and forget every store of this process (settings changed, tests)."""
+    with _lock:
+        for store in _stores.values():
+            with contextlib.suppress(Exception):
+                store.close()
+        _stores.clear()
+
+
+def _after_fork() -> None:
+    global _pid
+    _pid = os.getpid()
+    for store in _stores.values():
+        store.discard()
+    _stores.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def _install_reload_hook() -> None:
+    from celery_grousset.conf import on_reload
+
+    on_reload(reset_stores)
+
+
+_install_reload_hook()

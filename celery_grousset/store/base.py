@@ -1,12 +1,13 @@
-"""The store contract: one atomic claim, a fenced completion, a release.
+"""The store contract: one atomic claim, a fenced completion, a release, and every
+other statement the package sends to the journal's database.
 
 A store talks to the journal's database on a connection of its own (one per
 process and database alias), in autocommit mode, so that:
 
 * the claim commits on its own even when the caller is inside
-  ``transaction.atomic()`` (DESIGN §4);
+  ``transaction.atomic()`` (docs/guarantee.md);
 * Celery's Django fixup, which closes Django's connections around every task,
-  does not make every claim pay for a new connection (DESIGN §10).
+  does not make every claim pay for a new connection (docs/performance.md).
 
 A connection that breaks is dropped and opened again on the next call; an
 operation that fails on a connection that had been idle is retried once on a
@@ -14,24 +15,31 @@ fresh one (safe: a claim re-sent with the same token is recognised as the
 caller's own, a completion re-sent with the same token matches its own row).
 Anything else is :class:`~celery_grousset.exceptions.StoreUnavailable`: the
 guard fails closed.
+
+The operations that must share the caller's transaction or are made for operators
+(the transactional completion, purge, lookups, the admin's counts, the database
+clock) run on Django's connection for the alias; their vendor SQL lives here and in
+the vendor modules too, never outside ``store/``.
 """
 
 from __future__ import annotations
 
 import abc
-import contextlib
-import os
-import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from typing import Any
 
-from celery_grousset.claim import ENC_NONE, ClaimRequest, Kind
+from celery_grousset.claim import ENC_NONE, ClaimRequest, Kind, Status
+
+#: the error text of a released claim
+RELEASED = "released: the claim was given up (revoked, retried or by an operator)"
 
 
 @dataclass(frozen=True, slots=True)
 class ClaimResult:
-    """What the claim found and left: the caller acts on ``kind``."""
+    """What the claim decided and the row it left: the caller acts on ``kind``."""
 
     kind: Kind
     fence: int
@@ -66,6 +74,8 @@ class Store(abc.ABC):
     """One database alias' journal, on a private connection."""
 
     vendor: str = ""
+    #: ``SELECT`` of the database clock on Django's connection (None: this host's clock)
+    clock_sql: str | None = None
 
     def __init__(
         self,
@@ -81,9 +91,16 @@ class Store(abc.ABC):
         #: (PostgreSQL only; the other stores always commit durably).
         self.claim_commit = claim_commit
 
+    # -- the claim path, on the private connection ------------------------------------------
+
     @abc.abstractmethod
     def claim(self, req: ClaimRequest) -> ClaimResult:
-        """Atomically claim ``(processor_id, fingerprint)`` or report what holds it."""
+        """Atomically claim ``(processor_id, fingerprint)``; the result names the decision."""
+
+    def claim_all(self, reqs: Sequence[ClaimRequest]) -> list[ClaimResult]:
+        """Claim several keys; one result per request, in order (batch-ready seam: a store
+        may do it in one statement; this default claims them one by one)."""
+        return [self.claim(req) for req in reqs]
 
     @abc.abstractmethod
     def finish(
@@ -99,6 +116,12 @@ class Store(abc.ABC):
     def close(self) -> None:
         """Close the private connection (only from the process that opened it)."""
 
+    def discard(self) -> None:
+        """Forget the connection without I/O (after fork: the socket is the parent's)."""
+        self._conn = None
+
+    _conn: Any = None
+
     def driver_params(self) -> dict[str, Any]:
         """Connection keyword arguments for the driver, as Django's own backend builds
         them from ``self.settings_dict`` (so OPTIONS such as sslmode are honoured)."""
@@ -107,113 +130,157 @@ class Store(abc.ABC):
         wrapper = type(connections[self.alias])(self.settings_dict, self.alias)
         return dict(wrapper.get_connection_params())
 
-    def now_expression(self) -> Any:
-        """The database clock as an ORM expression (used by transactional completion)."""
+    # -- the database clock, on Django's connection -----------------------------------------
+
+    def now(self) -> datetime:
+        """The database's clock (aware, UTC): never a worker's clock."""
+        from django.db import connections
         from django.utils import timezone
 
-        return timezone.now()
+        if self.clock_sql is None:
+            return timezone.now()
+        with connections[self.alias].cursor() as cur:
+            cur.execute(self.clock_sql)
+            value: datetime = cur.fetchone()[0]
+        return value if value.tzinfo is not None else value.replace(tzinfo=dt_timezone.utc)
 
-    def discard(self) -> None:
-        """Forget the connection without I/O (after fork: the socket is the parent's)."""
-        self._conn = None
+    def now_expression(self, plus: float = 0.0) -> Any:
+        """The database clock (+ ``plus`` seconds) as a value for a query or a write."""
+        from django.utils import timezone
 
-    _conn: Any = None
+        return timezone.now() + timedelta(seconds=plus)
 
+    # -- the caller's transaction ----------------------------------------------------------
 
-_lock = threading.Lock()
-_stores: dict[str, Store] = {}
-_pid = os.getpid()
+    def finish_in_transaction(self, req: ClaimRequest, completion: Completion) -> bool:
+        """The fenced completion on Django's connection, inside the caller's open
+        transaction (``transactional=True``): it commits or rolls back with the effect."""
+        from celery_grousset.models import Outcome
 
-
-def store_class(engine: str) -> type[Store]:
-    """The claim store for a Django database ``ENGINE`` (ImproperlyConfigured if none)."""
-    if "postgresql" in engine or "postgis" in engine:
-        from celery_grousset.store.postgresql import PostgresStore
-
-        return PostgresStore
-    if "sqlite" in engine:
-        from celery_grousset.store.sqlite import SQLiteStore
-
-        return SQLiteStore
-    if "mysql" in engine:
-        from celery_grousset.store.mysql import MySQLStore
-
-        return MySQLStore
-    from django.core.exceptions import ImproperlyConfigured
-
-    raise ImproperlyConfigured(
-        f"celery-grousset has no claim store for the database engine {engine!r}; "
-        "supported: PostgreSQL, SQLite, MySQL/MariaDB. Point GROUSSET['DATABASE'] "
-        "at a database alias using one of them."
-    )
-
-
-def get_store(alias: str | None = None) -> Store:
-    """The store of ``alias`` (default: ``GROUSSET["DATABASE"]``) for this process."""
-    global _pid
-    from celery_grousset.conf import grousset_settings
-
-    if alias is None:
-        alias = grousset_settings.DATABASE
-    pid = os.getpid()
-    if pid != _pid:  # forked without the at-fork hook (e.g. os.fork in a test)
-        _after_fork()
-    store = _stores.get(alias)
-    if store is not None:
-        return store
-    with _lock:
-        store = _stores.get(alias)
-        if store is None:
-            from django.db import connections
-
-            try:
-                settings_dict = connections.settings[alias]
-            except Exception as exc:
-                from django.core.exceptions import ImproperlyConfigured
-
-                raise ImproperlyConfigured(
-                    f"celery-grousset: GROUSSET['DATABASE'] is {alias!r}, which is not "
-                    f"in settings.DATABASES ({sorted(connections.settings)})."
-                ) from exc
-            cls = store_class(settings_dict["ENGINE"])
-            store = cls(
-                alias,
-                settings_dict,
-                float(grousset_settings.STORE_TIMEOUT),
-                str(grousset_settings.CLAIM_COMMIT),
+        done = (
+            Outcome.objects.using(self.alias)
+            .filter(
+                processor_id=req.processor_id,
+                fingerprint=req.fingerprint,
+                claim_token=req.token,
+                status=Status.IN_FLIGHT.value,
             )
-            _stores[alias] = store
-    return store
+            .update(
+                status=completion.status,
+                result=completion.result,
+                result_encoding=completion.result_encoding,
+                error=completion.error,
+                completed_at=self.now_expression(),
+            )
+        )
+        return done == 1
+
+    def holder(self, processor_id: str, fingerprint: str) -> tuple[str, int] | None:
+        """``(status, fence)`` of a key's row, or None (the wait policy's poll)."""
+        from celery_grousset.models import Outcome
+
+        row = (
+            Outcome.objects.db_manager(self.alias)
+            .by_key(processor_id, fingerprint)
+            .values_list("status", "fence")
+            .first()
+        )
+        return (str(row[0]), int(row[1])) if row is not None else None
+
+    # -- operators' statements -------------------------------------------------------------
+
+    def purge_expired(
+        self,
+        *,
+        batch_size: int = 10_000,
+        before: datetime | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Delete expired rows in batches, one short transaction per batch.
+
+        ``before``: delete only rows that expired before this moment, capped at the
+        database clock. In-flight and unexpired rows are never touched: the ``DELETE``
+        re-checks both conditions on each row it locks, so a row re-claimed while the
+        batch waited for its lock survives.
+        """
+        from django.db import connections, transaction
+
+        from celery_grousset.models import Outcome
+
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        now = self.now()
+        cutoff = min(before, now) if before is not None else now
+        batch = (
+            Outcome.objects.using(self.alias)
+            .filter(expires_on__lte=cutoff)
+            .exclude(status=Status.IN_FLIGHT.value)
+            .order_by()
+            .values_list("id", flat=True)[:batch_size]
+        )
+        sql, params = batch.query.get_compiler(using=self.alias).as_sql()
+        conn = connections[self.alias]
+        table = conn.ops.quote_name(Outcome._meta.db_table)
+        delete = self.purge_sql(table, sql)
+        params = (*params, self._db_value(cutoff))
+        total = 0
+        while True:
+            with transaction.atomic(using=self.alias), conn.cursor() as cursor:
+                cursor.execute(delete, params)
+                deleted = max(0, int(cursor.rowcount))
+            total += deleted
+            if progress is not None and deleted:
+                progress(total)
+            if deleted < batch_size:
+                break
+        return total
+
+    def purge_sql(self, table: str, batch_sql: str) -> str:
+        """One batch's ``DELETE``: the batch's ids, re-checked on the locked row."""
+        return (
+            f"DELETE FROM {table} WHERE id IN ({batch_sql}) "
+            "AND expires_on <= %s AND status <> 'in_flight'"
+        )
+
+    def _db_value(self, value: datetime) -> Any:
+        """A datetime as Django's connection of this alias stores it."""
+        from django.db import connections
+
+        return connections[self.alias].ops.adapt_datetimefield_value(value)
+
+    def lookup(self, processor_id: str, fingerprints: Sequence[str]) -> list[tuple[Any, ...]]:
+        """``(fingerprint, status, result_encoding, stale_at, expires_on, takeovers, now)``
+        of the rows of these keys, in ONE query (``publish_unique``)."""
+        from celery_grousset.models import Outcome
+
+        now = self.now_expression()
+        qs = Outcome.objects.using(self.alias).filter(
+            processor_id=processor_id, fingerprint__in=list(fingerprints)
+        )
+        if isinstance(now, datetime):  # this host's clock (SQLite)
+            return [(*r, now) for r in qs.values_list(*LOOKUP_COLUMNS)]
+        return list(qs.annotate(grousset_now=now).values_list(*LOOKUP_COLUMNS, "grousset_now"))
+
+    def estimated_count(self) -> int | None:
+        """The planner's estimate of the journal's rows (None: no cheap estimate)."""
+        return None
+
+    def distinct_values(self, column: str, limit: int) -> list[str]:
+        """Up to ``limit`` distinct values of an indexed journal column, in order."""
+        from celery_grousset.models import Outcome
+
+        if column not in ("task_name", "processor_id"):
+            raise ValueError(f"not an indexed filter column: {column!r}")
+        qs = Outcome.objects.using(self.alias).order_by(column).values_list(column, flat=True)
+        return [str(v) for v in qs.distinct()[:limit]]
+
+    def lock_for_batch(self, queryset: Any) -> Any:
+        """``queryset`` locked for a batch in the current transaction (the outbox relay):
+        ``FOR UPDATE SKIP LOCKED`` where the database has it."""
+        from django.db import connections
+
+        skip = connections[self.alias].features.has_select_for_update_skip_locked
+        return queryset.select_for_update(skip_locked=skip)
 
 
-def reset_stores() -> None:
-    """Close and forget every store of this process (settings changed, tests)."""
-    with _lock:
-        for store in _stores.values():
-            with contextlib.suppress(Exception):
-                store.close()
-        _stores.clear()
-
-
-def _after_fork() -> None:
-    global _pid
-    _pid = os.getpid()
-    for store in _stores.values():
-        store.discard()
-    _stores.clear()
-
-
-os.register_at_fork(after_in_child=_after_fork)
-
-
-def _on_reload() -> None:
-    reset_stores()
-
-
-def install_reload_hook() -> None:
-    from celery_grousset.conf import on_reload
-
-    on_reload(_on_reload)
-
-
-install_reload_hook()
+LOOKUP_COLUMNS = ("fingerprint", "status", "result_encoding", "stale_at", "expires_on", "takeovers")

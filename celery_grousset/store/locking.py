@@ -1,9 +1,10 @@
 """Shared claim flow of the stores that lock the row first (SQLite, MySQL/MariaDB).
 
 One short transaction: lock (``BEGIN IMMEDIATE`` / ``SELECT … FOR UPDATE``), read
-the row and the database clock, :func:`celery_grousset.claim.decide`, write,
-commit. Subclasses supply the dialect: placeholders, the lock, the clock, and
-how a driver error maps to "retry the transaction" or "store unavailable".
+the row and the database clock, :func:`celery_grousset.claim.decide`, apply the
+decision's write (:data:`celery_grousset.claim.WRITES`, one method each), commit.
+Subclasses supply the dialect: placeholders, the lock, the clock, and how a driver
+error maps to "retry the transaction" or "store unavailable".
 """
 
 from __future__ import annotations
@@ -15,20 +16,44 @@ from typing import Any
 
 from celery_grousset.claim import (
     ENC_GAVE_UP,
-    Action,
+    WRITES,
     ClaimRequest,
+    Kind,
     Prev,
     Status,
+    Write,
+    decide,
     gave_up_message,
-    kind_of,
 )
-from celery_grousset.store.base import ClaimResult, Completion, Store
+from celery_grousset.store.base import RELEASED, ClaimResult, Completion, Store
 
 TABLE = "celery_grousset_outcome"
-_COLS = (
-    "status, started_at, expires_on, result_encoding, takeovers, claim_token, fence, "
-    "deliveries, result, error, task_id, completed_at"
+COLS = (
+    "status, stale_at, expires_on, result_encoding, takeovers, claim_token, fence, "
+    "deliveries, result, error, task_id, started_at, completed_at"
 )
+
+
+class Found:
+    """The locked row as read (``COLS``), parsed."""
+
+    def __init__(self, store: LockingStore, row: tuple[Any, ...]) -> None:
+        parse = store.parse_ts
+        self.prev = Prev(
+            status=row[0],
+            stale_at=parse(row[1]),
+            expires_on=parse(row[2]),
+            result_encoding=row[3],
+            takeovers=row[4],
+            claim_token=row[5],
+        )
+        self.fence: int = row[6]
+        self.deliveries: int = row[7]
+        self.result = bytes(row[8]) if row[8] is not None else None
+        self.error: str = row[9]
+        self.task_id: str = row[10]
+        self.started_at = parse(row[11])
+        self.completed_at = parse(row[12]) if row[12] is not None else None
 
 
 class LockingStore(Store):
@@ -43,7 +68,7 @@ class LockingStore(Store):
 
     @abc.abstractmethod
     def _begin_locked(self, cur: Any, req: ClaimRequest) -> tuple[tuple[Any, ...] | None, datetime]:
-        """Open the transaction, lock and read the row (``_COLS``) and the database clock."""
+        """Open the transaction, lock and read the row (``COLS``) and the database clock."""
 
     @abc.abstractmethod
     def _commit(self, cur: Any) -> None: ...
@@ -56,11 +81,16 @@ class LockingStore(Store):
         """Adapt a UTC datetime for this driver."""
 
     @abc.abstractmethod
-    def _parse_ts(self, value: Any) -> datetime | None: ...
+    def parse_ts(self, value: Any) -> datetime:
+        """A datetime column as read by this driver, as an aware UTC datetime."""
 
     @abc.abstractmethod
     def _guard(self, fn: Any) -> Any:
         """Run ``fn`` mapping driver errors; retry transient ones."""
+
+    @abc.abstractmethod
+    def _now(self, cur: Any) -> datetime:
+        """The database clock, read on the private connection."""
 
     # -- claim ---------------------------------------------------------------------------
 
@@ -71,200 +101,130 @@ class LockingStore(Store):
         cur = self._cursor()
         try:
             row, now = self._begin_locked(cur, req)
-            result = self._write(cur, req, row, now)
+            found = Found(self, row) if row is not None else None
+            kind = decide(found.prev if found else None, now, req)
+            result = self._WRITERS[WRITES[kind]](self, cur, req, kind, found, now)
             self._commit(cur)
             return result
         except BaseException:
             self._rollback(cur)
             raise
 
-    def _write(
-        self, cur: Any, req: ClaimRequest, row: tuple[Any, ...] | None, now: datetime
+    def _update(
+        self, cur: Any, req: ClaimRequest, assignments: str, params: tuple[Any, ...]
+    ) -> None:
+        p = self.ph
+        cur.execute(
+            f"UPDATE {TABLE} SET {assignments} WHERE processor_id = {p} AND fingerprint = {p}",
+            (*params, req.processor_id, req.fingerprint),
+        )
+
+    def _insert(
+        self, cur: Any, req: ClaimRequest, kind: Kind, found: Found | None, now: datetime
     ) -> ClaimResult:
         p = self.ph
-        expires = now + timedelta(seconds=req.expires_after)
-        prev = None
-        if row is not None:
-            prev = Prev(
-                status=row[0],
-                started_at=self._parse_ts(row[1]) or now,
-                expires_on=self._parse_ts(row[2]) or now,
-                result_encoding=row[3],
-                takeovers=row[4],
-                claim_token=row[5],
-            )
-        from celery_grousset.claim import decide
-
-        action = decide(prev, now, req)
-        key = (req.processor_id, req.fingerprint)
-        if action is Action.INSERT:
-            cur.execute(
-                f"INSERT INTO {TABLE} (processor_id, fingerprint, task_name, task_id, status, "
-                "fence, claim_token, started_at, completed_at, expires_on, deliveries, "
-                "takeovers, result, result_encoding, error, worker, args_repr) VALUES "
-                f"({p}, {p}, {p}, {p}, 'in_flight', 1, {p}, {p}, NULL, {p}, 1, 0, NULL, '', '', "
-                f"{p}, {p})",
-                (
-                    *key,
-                    req.task_name,
-                    req.task_id,
-                    req.token,
-                    self._ts(now),
-                    self._ts(expires),
-                    req.worker,
-                    req.args_repr,
-                ),
-            )
-            return self._result(
-                req, None, Status.IN_FLIGHT, 1, 1, 0, None, "", "", now, None, now, owned=True
-            )
-        assert prev is not None and row is not None
-        fence, deliveries, result, error = row[6], row[7], row[8], row[9]
-        task_id, completed_at = row[10], self._parse_ts(row[11])
-        takeovers, status, enc, started = (
-            prev.takeovers,
-            prev.status,
-            prev.result_encoding,
-            prev.started_at,
+        cur.execute(
+            f"INSERT INTO {TABLE} (processor_id, fingerprint, task_name, task_id, status, "
+            "fence, claim_token, started_at, stale_at, completed_at, expires_on, deliveries, "
+            "takeovers, result, result_encoding, error, worker, args_repr) VALUES "
+            f"({p}, {p}, {p}, {p}, 'in_flight', 1, {p}, {p}, {p}, NULL, {p}, 1, 0, NULL, '', "
+            f"'', {p}, {p})",
+            (
+                req.processor_id,
+                req.fingerprint,
+                req.task_name,
+                req.task_id,
+                req.token,
+                *self._times(req, now),
+                req.worker,
+                req.args_repr,
+            ),
         )
-        if action in (Action.RECLAIM, Action.TAKEOVER):
-            expired = action is Action.RECLAIM and prev.expires_on <= now
-            fence += 1
-            deliveries = 1 if expired else deliveries + 1
-            takeovers = 0 if expired else takeovers + (action is Action.TAKEOVER)
-            error = "" if expired else error
-            cur.execute(
-                f"UPDATE {TABLE} SET claim_token = {p}, fence = {p}, status = 'in_flight', "
-                f"task_name = {p}, task_id = {p}, worker = {p}, args_repr = {p}, "
-                f"started_at = {p}, completed_at = NULL, expires_on = {p}, deliveries = {p}, "
-                f"takeovers = {p}, result = NULL, result_encoding = '', error = {p} "
-                f"WHERE processor_id = {p} AND fingerprint = {p}",
-                (
-                    req.token,
-                    fence,
-                    req.task_name,
-                    req.task_id,
-                    req.worker,
-                    req.args_repr,
-                    self._ts(now),
-                    self._ts(expires),
-                    deliveries,
-                    takeovers,
-                    error,
-                    *key,
-                ),
-            )
-            return self._result(
-                req,
-                prev,
-                Status.IN_FLIGHT,
-                fence,
-                deliveries,
-                takeovers,
-                None,
-                "",
-                error,
-                now,
-                None,
-                now,
-                owned=True,
-                task_id=req.task_id,
-            )
-        if action is Action.GIVE_UP:
-            error = gave_up_message(prev.takeovers)
-            deliveries += 1
-            cur.execute(
-                f"UPDATE {TABLE} SET status = 'failed', completed_at = {p}, expires_on = {p}, "
-                f"deliveries = {p}, result = NULL, result_encoding = '{ENC_GAVE_UP}', error = {p} "
-                f"WHERE processor_id = {p} AND fingerprint = {p}",
-                (self._ts(now), self._ts(expires), deliveries, error, *key),
-            )
-            return self._result(
-                req,
-                prev,
-                Status.FAILED,
-                fence,
-                deliveries,
-                takeovers,
-                None,
-                ENC_GAVE_UP,
-                error,
-                started,
-                now,
-                now,
-                owned=False,
-                task_id=task_id,
-            )
-        own = prev.claim_token == req.token and status == Status.IN_FLIGHT
-        if prev.claim_token != req.token:
-            deliveries += 1
-            cur.execute(
-                f"UPDATE {TABLE} SET deliveries = deliveries + 1 "
-                f"WHERE processor_id = {p} AND fingerprint = {p}",
-                key,
-            )
-        return self._result(
-            req,
-            prev,
-            status,
-            fence,
-            deliveries,
-            takeovers,
-            result,
-            enc,
-            error,
-            started,
-            completed_at,
-            now,
-            owned=own,
-            task_id=task_id,
-        )
+        return _owned(req, kind, now, fence=1, deliveries=1, takeovers=0, error="")
 
-    def _result(
-        self,
-        req: ClaimRequest,
-        prev: Prev | None,
-        status: str,
-        fence: int,
-        deliveries: int,
-        takeovers: int,
-        result: Any,
-        enc: str,
-        error: str,
-        started_at: datetime,
-        completed_at: datetime | None,
-        now: datetime,
-        *,
-        owned: bool,
-        task_id: str | None = None,
+    def _claim(
+        self, cur: Any, req: ClaimRequest, kind: Kind, found: Found | None, now: datetime
     ) -> ClaimResult:
-        kind = kind_of(
-            prev.status if prev is not None else None,
-            owned,
-            prev is not None and prev.claim_token == req.token,
-            str(status),
-            enc,
+        assert found is not None
+        fence = found.fence + 1
+        if WRITES[kind] is Write.CLAIM_RESET:  # expired: a new life for the key
+            deliveries, takeovers, error = 1, 0, ""
+        else:
+            deliveries, error = found.deliveries + 1, found.error
+            takeovers = found.prev.takeovers + (kind is Kind.TAKEOVER)
+        p = self.ph
+        self._update(
+            cur,
+            req,
+            f"claim_token = {p}, fence = {p}, status = 'in_flight', task_name = {p}, "
+            f"task_id = {p}, worker = {p}, args_repr = {p}, started_at = {p}, stale_at = {p}, "
+            f"completed_at = NULL, expires_on = {p}, deliveries = {p}, takeovers = {p}, "
+            f"result = NULL, result_encoding = '', error = {p}",
+            (
+                req.token,
+                fence,
+                req.task_name,
+                req.task_id,
+                req.worker,
+                req.args_repr,
+                *self._times(req, now),
+                deliveries,
+                takeovers,
+                error,
+            ),
         )
-        stale_at = started_at + timedelta(seconds=req.max_processing_time)
-        return ClaimResult(
-            kind=kind,
-            fence=fence,
-            status=str(status),
-            deliveries=deliveries,
-            takeovers=takeovers,
-            result=bytes(result) if result is not None else None,
-            result_encoding=enc,
-            error=error,
-            task_id=task_id if task_id is not None else req.task_id,
-            started_at=started_at,
-            completed_at=completed_at,
-            retry_in=max(0.0, (stale_at - now).total_seconds()),
+        return _owned(
+            req, kind, now, fence=fence, deliveries=deliveries, takeovers=takeovers, error=error
+        )
+
+    def _give_up(
+        self, cur: Any, req: ClaimRequest, kind: Kind, found: Found | None, now: datetime
+    ) -> ClaimResult:
+        assert found is not None
+        error = gave_up_message(found.prev.takeovers)
+        p = self.ph
+        expires = now + timedelta(seconds=req.expires_after)
+        self._update(
+            cur,
+            req,
+            f"status = 'failed', completed_at = {p}, expires_on = {p}, deliveries = "
+            f"deliveries + 1, result = NULL, result_encoding = '{ENC_GAVE_UP}', error = {p}",
+            (self._ts(now), self._ts(expires), error),
+        )
+        return _found(kind, found, now, status=Status.FAILED.value, result_encoding=ENC_GAVE_UP,
+                      error=error, result=None, completed_at=now, deliveries=found.deliveries + 1)
+
+    def _count(
+        self, cur: Any, req: ClaimRequest, kind: Kind, found: Found | None, now: datetime
+    ) -> ClaimResult:
+        assert found is not None
+        self._update(cur, req, "deliveries = deliveries + 1", ())
+        return _found(kind, found, now, deliveries=found.deliveries + 1)
+
+    def _nothing(
+        self, cur: Any, req: ClaimRequest, kind: Kind, found: Found | None, now: datetime
+    ) -> ClaimResult:
+        assert found is not None
+        return _found(kind, found, now)
+
+    _WRITERS: dict[Write, Callable[..., ClaimResult]] = {
+        Write.INSERT: _insert,
+        Write.CLAIM: _claim,
+        Write.CLAIM_RESET: _claim,
+        Write.GIVE_UP: _give_up,
+        Write.COUNT: _count,
+        Write.NOTHING: _nothing,
+    }
+
+    def _times(self, req: ClaimRequest, now: datetime) -> tuple[Any, Any, Any]:
+        """``started_at, stale_at, expires_on`` of a claim made at ``now``."""
+        return (
+            self._ts(now),
+            self._ts(now + timedelta(seconds=req.max_processing_time)),
+            self._ts(now + timedelta(seconds=req.expires_after)),
         )
 
     # -- finish / release ------------------------------------------------------------------
-
-    def _now(self, cur: Any) -> datetime:
-        raise NotImplementedError
 
     def finish(
         self, processor_id: str, fingerprint: str, token: str, completion: Completion
@@ -297,7 +257,7 @@ class LockingStore(Store):
             f"error = {p}, completed_at = {p} WHERE processor_id = {p} AND "
             f"fingerprint = {p} AND status = 'in_flight'{token_sql}",
             lambda now: (
-                "released: the claim was given up (revoked, retried or by an operator)",
+                RELEASED,
                 now,
                 processor_id,
                 fingerprint,
@@ -324,3 +284,33 @@ class LockingStore(Store):
 
     def _begin_write(self, cur: Any) -> None:
         """Start the write transaction of finish / release (default: implicit)."""
+
+
+def _retry_in(stale_at: datetime, now: datetime) -> float:
+    return max(0.0, (stale_at - now).total_seconds())
+
+
+def _owned(
+    req: ClaimRequest, kind: Kind, now: datetime, *, fence: int, deliveries: int,
+    takeovers: int, error: str,
+) -> ClaimResult:
+    """The result of a claim that took the row at ``now``."""
+    return ClaimResult(
+        kind=kind, fence=fence, status=Status.IN_FLIGHT.value, deliveries=deliveries,
+        takeovers=takeovers, result=None, result_encoding="", error=error,
+        task_id=req.task_id, started_at=now, completed_at=None,
+        retry_in=req.max_processing_time,
+    )
+
+
+def _found(kind: Kind, found: Found, now: datetime, **changed: Any) -> ClaimResult:
+    """The result of a claim that left the row to its holder (``changed``: what it wrote)."""
+    values: dict[str, Any] = dict(
+        kind=kind, fence=found.fence, status=found.prev.status, deliveries=found.deliveries,
+        takeovers=found.prev.takeovers, result=found.result,
+        result_encoding=found.prev.result_encoding, error=found.error, task_id=found.task_id,
+        started_at=found.started_at, completed_at=found.completed_at,
+        retry_in=_retry_in(found.prev.stale_at, now) if found.prev.status == "in_flight" else 0.0,
+    )
+    values.update(changed)
+    return ClaimResult(**values)

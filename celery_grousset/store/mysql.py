@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from celery_grousset.claim import ClaimRequest
 from celery_grousset.exceptions import StoreUnavailable
-from celery_grousset.store.locking import _COLS, TABLE, LockingStore
+from celery_grousset.store.locking import COLS, TABLE, LockingStore
 
 T = TypeVar("T")
 
@@ -24,7 +24,7 @@ _GONE = {2006, 2013, 2055, 4031}  # server gone / lost connection / idle disconn
 _TIMEOUT = {1205, 1969, 3024}  # lock wait timeout, statement time limit (MariaDB, MySQL)
 
 _SELECT = (
-    f"SELECT {', '.join('o.' + c.strip() for c in _COLS.split(','))}, UTC_TIMESTAMP(6) "
+    f"SELECT {', '.join('o.' + c.strip() for c in COLS.split(','))}, UTC_TIMESTAMP(6) "
     f"FROM (SELECT 1 AS one) AS d LEFT JOIN {TABLE} AS o "
     "ON o.processor_id = %s AND o.fingerprint = %s FOR UPDATE"
 )
@@ -82,9 +82,7 @@ class MySQLStore(LockingStore):
     def _ts(self, value: datetime) -> datetime:
         return value.astimezone(timezone.utc).replace(tzinfo=None)
 
-    def _parse_ts(self, value: Any) -> datetime | None:
-        if value is None:
-            return None
+    def parse_ts(self, value: Any) -> datetime:
         return value.replace(tzinfo=timezone.utc)  # type: ignore[no-any-return]
 
     def _guard(self, fn: Callable[[], T]) -> T:
@@ -119,11 +117,25 @@ class MySQLStore(LockingStore):
             f"({self.attempts} attempts)"
         )
 
-    def now_expression(self) -> Any:
+    clock_sql = "SELECT UTC_TIMESTAMP(6)"
+
+    def now_expression(self, plus: float = 0.0) -> Any:
         from django.db.models import DateTimeField
         from django.db.models.expressions import RawSQL
 
-        return RawSQL("UTC_TIMESTAMP(6)", (), output_field=DateTimeField())
+        return RawSQL(
+            "UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND",
+            (int(plus * 1e6),),
+            output_field=DateTimeField(),
+        )
+
+    def purge_sql(self, table: str, batch_sql: str) -> str:
+        # MySQL refuses a LIMIT subquery on the table being deleted from, unless it is
+        # wrapped in a derived table (which it materializes first).
+        return (
+            f"DELETE FROM {table} WHERE id IN (SELECT batch.id FROM ({batch_sql}) AS batch) "
+            "AND expires_on <= %s AND status <> 'in_flight'"
+        )
 
     def close(self) -> None:
         conn, self._conn = self._conn, None

@@ -1,9 +1,10 @@
 """PostgreSQL store: the claim is ONE statement, ONE round trip, in every case.
 
 The statement locks the existing row (if any) in a materialized CTE that evaluates
-the decision table of :mod:`celery_grousset.claim` on it once, then runs an
+the decision table of :mod:`celery_grousset.claim` on it once (SQL generated from
+``claim.RULES``), then runs an
 ``INSERT … ON CONFLICT DO UPDATE`` that applies the decision, and returns the row
-it left joined with the status it found. A claim that takes nothing (a duplicate, a
+it left with the decision's code. A claim that takes nothing (a duplicate, a
 fresh in-flight claim) only counts a delivery: it commits with
 ``synchronous_commit = off`` for that one transaction, so it does not wait for a
 WAL flush (a crash may lose a few delivery counts, never a claim or a completion).
@@ -18,12 +19,20 @@ and ``statement_timeout`` bound every call by ``GROUSSET["STORE_TIMEOUT"]``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from celery_grousset.claim import ENC_GAVE_UP, ClaimRequest, gave_up_message, kind_of
+from celery_grousset.claim import (
+    ENC_GAVE_UP,
+    ClaimRequest,
+    Kind,
+    Write,
+    codes,
+    decision_sql,
+    gave_up_message,
+)
 from celery_grousset.exceptions import StoreUnavailable
-from celery_grousset.store.base import ClaimResult, Completion, Store
+from celery_grousset.store.base import RELEASED, ClaimResult, Completion, Store
 
 T = TypeVar("T")
 
@@ -35,31 +44,20 @@ _NOW = "clock_timestamp()"
 # just truncated) the generic plan ties the two and may pick that one: every claim
 # then scans all of its processor's rows. `|| ''` keeps the processor a filter on
 # the unique index's row, whatever the statistics say.
-_KEY = "{t}fingerprint = %(f)s AND {t}processor_id || '' = %(p)s"
+KEY = "{t}fingerprint = %(f)s AND {t}processor_id || '' = %(p)s"
 
-# The decision table (celery_grousset.claim.decide), evaluated ONCE on the locked old row:
-# n(one), t(akeover), g(ive up), e(xpired: reclaim, counters reset), r(eclaim a release).
-_ACTION = f"""CASE
-    WHEN o.status = 'in_flight' THEN CASE
-        WHEN o.claim_token = %(tok)s THEN 'n'
-        WHEN o.started_at > {_NOW} - make_interval(secs => %(mpt)s) THEN 'n'
-        WHEN o.takeovers >= %(maxt)s THEN 'g'
-        ELSE 't' END
-    WHEN o.expires_on <= {_NOW} THEN 'e'
-    WHEN o.status = 'failed' AND o.result_encoding = '' THEN 'r'
-    ELSE 'n' END"""
-
-# In ON CONFLICT DO UPDATE: the action found by the CTE, carried into the proposed row in
-# its `error` column (read once in lock_first; '' when the CTE found no row). A fresh
-# insert keeps that '' as its error. '' on a conflict means the row appeared after the
-# CTE looked, i.e. a concurrent first insert — a fresh claim, so nothing to take. (Written
-# as a scalar subquery on the CTE instead, each of its ~20 uses was a separate sub-plan for
-# the executor to set up on every call: measured 3 % of a claim + complete, 7 % of a
-# duplicate claim.)
+# In ON CONFLICT DO UPDATE: the decision the CTE made on the locked row (generated from
+# claim.RULES, so the SQL and Python forms of the table cannot drift), carried into the
+# proposed row in its `error` column (read once in lock_first; '' when the CTE found no
+# row). A fresh insert keeps that '' as its error. (Written as a scalar subquery on the
+# CTE instead, each of its ~20 uses was a separate sub-plan for the executor to set up on
+# every call: measured 3 % of a claim + complete, 7 % of a duplicate claim.)
 _A = "EXCLUDED.error"
-_CLAIM = f"{_A} IN ('e', 'r', 't')"
-_GIVE_UP = f"{_A} = 'g'"
-_EXPIRED = f"{_A} = 'e'"
+_CLAIM = f"{_A} IN {codes(Write.CLAIM, Write.CLAIM_RESET)}"
+_RESET = f"{_A} IN {codes(Write.CLAIM_RESET)}"
+_GIVE_UP = f"{_A} IN {codes(Write.GIVE_UP)}"
+_KEEP = f"{_A} IN {codes(Write.NOTHING)}"
+_TAKEOVER = f"{_A} = '{Kind.TAKEOVER.code}'"
 # The claim's one moment: read once, after the lock (see lock_first), so that
 # expires_on - started_at is exactly expires_after.
 _T = "EXCLUDED.started_at"
@@ -80,46 +78,51 @@ _SET = {
     "worker": _if(_CLAIM, "EXCLUDED.worker", "worker"),
     "args_repr": _if(_CLAIM, "EXCLUDED.args_repr", "args_repr"),
     "started_at": _if(_CLAIM, _T, "started_at"),
+    "stale_at": _if(_CLAIM, "EXCLUDED.stale_at", "stale_at"),
     "completed_at": f"CASE WHEN {_CLAIM} THEN NULL WHEN {_GIVE_UP} THEN {_T} "
     "ELSE o.completed_at END",
     "expires_on": f"CASE WHEN {_CLAIM} THEN EXCLUDED.expires_on WHEN {_GIVE_UP} "
     f"THEN {_T} + make_interval(secs => %(exp)s) ELSE o.expires_on END",
-    "deliveries": f"CASE WHEN {_EXPIRED} THEN 1 WHEN o.claim_token = EXCLUDED.claim_token "
-    "THEN o.deliveries ELSE o.deliveries + 1 END",
-    "takeovers": f"CASE WHEN {_EXPIRED} THEN 0 WHEN {_A} = 't' THEN o.takeovers + 1 "
+    "deliveries": f"CASE WHEN {_RESET} THEN 1 WHEN {_KEEP} THEN o.deliveries "
+    "ELSE o.deliveries + 1 END",
+    "takeovers": f"CASE WHEN {_RESET} THEN 0 WHEN {_TAKEOVER} THEN o.takeovers + 1 "
     "ELSE o.takeovers END",
     "result": f"CASE WHEN {_CLAIM} OR {_GIVE_UP} THEN NULL ELSE o.result END",
     "result_encoding": f"CASE WHEN {_CLAIM} THEN '' WHEN {_GIVE_UP} THEN '{ENC_GAVE_UP}' "
     "ELSE o.result_encoding END",
-    "error": f"CASE WHEN {_EXPIRED} THEN '' WHEN {_GIVE_UP} THEN "
+    "error": f"CASE WHEN {_RESET} THEN '' WHEN {_GIVE_UP} THEN "
     f"replace('{_GAVE_UP_ERROR}', '{{n}}', o.takeovers::text) ELSE o.error END",
 }
 
+# A conflict with '' (no row when the CTE looked: a concurrent first insert won the race)
+# updates nothing and returns no row; PostgresStore.claim then sends the claim again, and
+# the CTE decides on the winner's row like any other.
 CLAIM_SQL = f"""
 WITH prev AS MATERIALIZED (
-    SELECT o.status, o.claim_token, {_ACTION} AS a
+    SELECT {decision_sql(_NOW)} AS a
     FROM celery_grousset_outcome AS o
-    WHERE {_KEY.format(t='o.')}
+    WHERE {KEY.format(t='o.')}
     FOR UPDATE
 ), ins AS (
     INSERT INTO celery_grousset_outcome AS o (
         processor_id, fingerprint, task_name, task_id, status, fence, claim_token,
-        started_at, completed_at, expires_on, deliveries, takeovers, result,
+        started_at, stale_at, completed_at, expires_on, deliveries, takeovers, result,
         result_encoding, error, worker, args_repr)
     SELECT %(p)s, %(f)s, %(task)s, %(tid)s, 'in_flight', 1, %(tok)s,
-        lock_first.t, NULL, lock_first.t + make_interval(secs => %(exp)s), 1, 0, NULL,
-        '', lock_first.a, %(worker)s, %(args)s
+        lock_first.t, lock_first.t + make_interval(secs => %(mpt)s), NULL,
+        lock_first.t + make_interval(secs => %(exp)s), 1, 0, NULL, '', lock_first.a,
+        %(worker)s, %(args)s
     FROM (SELECT {_NOW} AS t, coalesce(max(prev.a), '') AS a FROM prev) AS lock_first
     ON CONFLICT (processor_id, fingerprint) DO UPDATE SET
         {", ".join(f"{col} = {expr}" for col, expr in _SET.items())}
-    RETURNING o.claim_token, o.fence, o.status, o.deliveries, o.takeovers, o.result,
+    WHERE {_A} <> ''
+    RETURNING o.fence, o.status, o.deliveries, o.takeovers, o.result,
         o.result_encoding, o.error, o.task_id, o.started_at, o.completed_at,
-        GREATEST(0, EXTRACT(EPOCH FROM (o.started_at + make_interval(secs => %(mpt)s)
-            - {_NOW})))::float8
+        GREATEST(0, EXTRACT(EPOCH FROM (o.stale_at - {_NOW})))::float8
 )
-SELECT ins.*, prev.status, prev.claim_token,
-    set_config('synchronous_commit', CASE WHEN prev.a = 'n' OR %(async)s THEN 'off'
-        ELSE 'on' END, true)
+SELECT ins.*, coalesce(prev.a, ''),
+    set_config('synchronous_commit', CASE WHEN prev.a IN {codes(Write.COUNT, Write.NOTHING)}
+        OR %(async)s THEN 'off' ELSE 'on' END, true)
 FROM ins LEFT JOIN prev ON true
 """
 # One line: psycopg caches its %(name)s -> $n conversion only for statements up to 4 KiB.
@@ -129,16 +132,33 @@ assert len(CLAIM_SQL) <= 4096, "keep the claim statement cacheable by psycopg"
 FINISH_SQL = f"""
 UPDATE celery_grousset_outcome SET status = %(st)s, result = %(res)s,
     result_encoding = %(enc)s, error = %(err)s, completed_at = {_NOW}
-WHERE {_KEY.format(t='')} AND claim_token = %(tok)s
+WHERE {KEY.format(t='')} AND claim_token = %(tok)s
     AND (status = 'in_flight' OR (status = %(st)s AND result_encoding = %(enc)s))
 """
 
 RELEASE_SQL = f"""
 UPDATE celery_grousset_outcome SET status = 'failed', result = NULL, result_encoding = '',
     error = %(err)s, completed_at = {_NOW}
-WHERE {_KEY.format(t='')} AND status = 'in_flight'
+WHERE {KEY.format(t='')} AND status = 'in_flight'
     AND (%(tok)s::text IS NULL OR claim_token = %(tok)s::text)
 """
+
+# publish_unique's one query for a chunk of keys (through the unique key, as above).
+LOOKUP_SQL = (
+    "SELECT fingerprint, status, result_encoding, stale_at, expires_on, takeovers, "
+    "clock_timestamp() FROM celery_grousset_outcome "
+    "WHERE fingerprint = ANY(%s) AND processor_id || '' = %s"
+)
+
+# A loose index scan: the recursive CTE walks the index value by value (cheap on big tables).
+DISTINCT_SQL = (
+    "WITH RECURSIVE v(x) AS ((SELECT {col} FROM celery_grousset_outcome ORDER BY {col} LIMIT 1) "
+    "UNION ALL SELECT (SELECT {col} FROM celery_grousset_outcome WHERE {col} > v.x "
+    "ORDER BY {col} LIMIT 1) FROM v WHERE v.x IS NOT NULL) SELECT x FROM v "
+    "WHERE x IS NOT NULL LIMIT %s"
+)
+
+ESTIMATE_SQL = "SELECT reltuples FROM pg_class WHERE oid = to_regclass('celery_grousset_outcome')"
 
 _LIBPQ_DROP = ("cursor_factory", "context", "prepare_threshold", "server_side_binding", "pool")
 
@@ -234,39 +254,12 @@ class PostgresStore(Store):
         def op(conn: Any) -> Any:
             return conn.execute(CLAIM_SQL, params, prepare=True).fetchone()
 
-        row = self._run(op)
-        (
-            token,
-            fence,
-            status,
-            deliveries,
-            takeovers,
-            result,
-            enc,
-            error,
-            task_id,
-            started_at,
-            completed_at,
-            retry_in,
-            prev_status,
-            prev_token,
-            _durability,
-        ) = row
-        owned = token == req.token
-        kind = kind_of(prev_status, owned, prev_token == req.token, status, enc)
-        return ClaimResult(
-            kind=kind,
-            fence=fence,
-            status=status,
-            deliveries=deliveries,
-            takeovers=takeovers,
-            result=bytes(result) if result is not None else None,
-            result_encoding=enc,
-            error=error,
-            task_id=task_id,
-            started_at=started_at,
-            completed_at=completed_at,
-            retry_in=float(retry_in or 0.0),
+        for _race in range(3):
+            row = self._run(op)
+            if row is not None:
+                return _result(row)
+        raise StoreUnavailable(
+            f"journal database {self.alias!r}: the claim kept losing a race for a new key"
         )
 
     def finish(
@@ -292,7 +285,7 @@ class PostgresStore(Store):
             "p": processor_id,
             "f": fingerprint,
             "tok": token,
-            "err": "released: the claim was given up (revoked, retried or by an operator)",
+            "err": RELEASED,
         }
 
         def op(conn: Any) -> int:
@@ -300,13 +293,72 @@ class PostgresStore(Store):
 
         return self._run(op) == 1
 
-    def now_expression(self) -> Any:
+    clock_sql = "SELECT clock_timestamp()"
+
+    def now_expression(self, plus: float = 0.0) -> Any:
         from django.db.models import DateTimeField
         from django.db.models.expressions import RawSQL
 
-        return RawSQL("clock_timestamp()", (), output_field=DateTimeField())
+        if not plus:
+            return RawSQL(_NOW, (), output_field=DateTimeField())
+        return RawSQL(
+            f"{_NOW} + make_interval(secs => %s)", (float(plus),), output_field=DateTimeField()
+        )
+
+    def lookup(self, processor_id: str, fingerprints: Sequence[str]) -> list[tuple[Any, ...]]:
+        from django.db import connections
+
+        with connections[self.alias].cursor() as cur:
+            cur.execute(LOOKUP_SQL, [list(fingerprints), processor_id])
+            return list(cur.fetchall())
+
+    def estimated_count(self) -> int | None:
+        from django.db import connections
+
+        with connections[self.alias].cursor() as cur:
+            cur.execute(ESTIMATE_SQL)
+            row = cur.fetchone()
+        return int(row[0]) if row and row[0] is not None else None
+
+    def distinct_values(self, column: str, limit: int) -> list[str]:
+        from django.db import connections
+
+        if column not in ("task_name", "processor_id"):
+            raise ValueError(f"not an indexed filter column: {column!r}")
+        with connections[self.alias].cursor() as cur:
+            cur.execute(DISTINCT_SQL.format(col=column), [limit])
+            return [str(row[0]) for row in cur.fetchall()]
+
+    def terminate_connection(self) -> None:
+        """Chaos hook: end this store's server session from another connection."""
+        import psycopg
+
+        conn = self._conn
+        if conn is None:
+            return
+        with psycopg.connect(conn.info.dsn, autocommit=True) as other:
+            other.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
+
+
+def _result(row: tuple[Any, ...]) -> ClaimResult:
+    (fence, status, deliveries, takeovers, result, enc, error, task_id, started_at,
+     completed_at, retry_in, code, _durability) = row
+    return ClaimResult(
+        kind=Kind.from_code(code),
+        fence=fence,
+        status=status,
+        deliveries=deliveries,
+        takeovers=takeovers,
+        result=bytes(result) if result is not None else None,
+        result_encoding=enc,
+        error=error,
+        task_id=task_id,
+        started_at=started_at,
+        completed_at=completed_at,
+        retry_in=float(retry_in or 0.0),
+    )

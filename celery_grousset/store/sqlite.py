@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from celery_grousset.claim import ClaimRequest
 from celery_grousset.exceptions import StoreUnavailable
-from celery_grousset.store.locking import _COLS, TABLE, LockingStore
+from celery_grousset.store.locking import COLS, TABLE, LockingStore
 
 T = TypeVar("T")
 
@@ -46,7 +46,7 @@ class SQLiteStore(LockingStore):
     def _begin_locked(self, cur: Any, req: ClaimRequest) -> tuple[tuple[Any, ...] | None, datetime]:
         cur.execute("BEGIN IMMEDIATE")
         cur.execute(
-            f"SELECT {_COLS} FROM {TABLE} WHERE processor_id = ? AND fingerprint = ?",
+            f"SELECT {COLS} FROM {TABLE} WHERE processor_id = ? AND fingerprint = ?",
             (req.processor_id, req.fingerprint),
         )
         return cur.fetchone(), datetime.now(timezone.utc)
@@ -72,9 +72,7 @@ class SQLiteStore(LockingStore):
         # Django's own SQLite format for an aware datetime under USE_TZ: naive UTC text.
         return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
 
-    def _parse_ts(self, value: Any) -> datetime | None:
-        if value is None:
-            return None
+    def parse_ts(self, value: Any) -> datetime:
         parsed = datetime.fromisoformat(str(value))
         return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
@@ -98,6 +96,14 @@ class SQLiteStore(LockingStore):
         except sqlite3.Error as exc:
             self.discard()
             raise StoreUnavailable(f"SQLite journal {self.alias!r}: {exc}") from exc
+
+    def lock_for_batch(self, queryset: Any) -> Any:
+        """SQLite has one writer: take the write lock before the batch is read."""
+        from django.db import connections
+
+        with connections[self.alias].cursor() as cur:
+            cur.execute(f"UPDATE {queryset.model._meta.db_table} SET id = id WHERE 1 = 0")
+        return queryset
 
     def close(self) -> None:
         conn, self._conn = self._conn, None

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from celery_grousset.claim import ENC_EXCEPTION, ENC_GAVE_UP, ENC_NONE, ENC_NOT_MEMOIZED
+from celery_grousset.claim import ENC_EXCEPTION, ENC_GAVE_UP, ENC_NOT_MEMOIZED
 from celery_grousset.management import (
     MIN_PREFIX,
     add_database_argument,
@@ -31,24 +31,17 @@ if TYPE_CHECKING:
     from celery_grousset.models import Outcome
 
 
-def decode_memo(rec: Outcome) -> tuple[Any, str | None]:
+def decode_memo(rec: Outcome, now: datetime) -> tuple[Any, str | None]:
     """``(value, None)`` or ``(None, why there is no value)``."""
-    from celery_grousset import memo
+    from celery_grousset import journal
 
-    if rec.status == "in_flight":
-        return None, "in flight: no outcome yet"
-    if rec.result_encoding == ENC_NONE and rec.status == "failed":
-        return None, "released: the last attempt failed and nothing is memoized"
-    raw = bytes(rec.result) if rec.result is not None else None
-    try:
-        return memo.decode(raw, rec.result_encoding, rec.error, rec.fingerprint), None
-    except Exception as exc:  # what a duplicate would raise is the answer
-        return None, f"{type(exc).__name__}: {exc}"
+    ok, value = journal.memo_value(rec, now)
+    return (value, None) if ok else (None, str(value))
 
 
 def story(rec: Outcome, now: datetime) -> dict[str, Any]:
     """Everything the journal knows about one entry, JSON-ready."""
-    value, memo_error = decode_memo(rec)
+    value, memo_error = decode_memo(rec, now)
     return {
         "fingerprint": rec.fingerprint,
         "processor_id": rec.processor_id,
@@ -62,6 +55,8 @@ def story(rec: Outcome, now: datetime) -> dict[str, Any]:
         "takeovers": rec.takeovers,
         "started_at": iso(rec.started_at),
         "completed_at": iso(rec.completed_at),
+        "stale_at": iso(rec.stale_at),
+        "stale": rec.status == "in_flight" and rec.stale_at <= now,
         "expires_on": iso(rec.expires_on),
         "expired": rec.expires_on <= now,
         "age_seconds": round((now - rec.started_at).total_seconds(), 3),
@@ -78,9 +73,15 @@ def summary(rec: Outcome, now: datetime) -> str:
     """One sentence: what the next delivery of this fingerprint will do."""
     if rec.status == "in_flight":
         held = human_seconds((now - rec.started_at).total_seconds())
+        if rec.stale_at <= now:
+            return (
+                f"an attempt has held the claim for {held}; it is stale (past its "
+                "max_processing_time): the next delivery takes it over"
+            )
+        left = human_seconds((rec.stale_at - now).total_seconds())
         return (
             f"an attempt has held the claim for {held}; duplicates wait, and take over "
-            "once it is older than max_processing_time"
+            f"if it has not finished when it turns stale in {left}"
         )
     if rec.expires_on <= now:
         return "expired: the next delivery runs the task again (grousset_purge deletes it)"
@@ -112,7 +113,7 @@ class Command(BaseCommand):
         add_database_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from celery_grousset.managers import _db_now
+        from celery_grousset import journal
 
         alias = journal_alias(options["database"])
         needle = str(options["needle"]).strip()
@@ -124,7 +125,7 @@ class Command(BaseCommand):
                 else (f" (fingerprint prefixes need at least {MIN_PREFIX} hex characters)")
             )
             raise CommandError(f"no journal entry matches {needle!r} in {alias!r}{hint}")
-        now = _db_now(alias)
+        now = journal.now(alias)
         if options["json"]:
             data: Any = (
                 story(records[0], now)

@@ -1,7 +1,7 @@
 """``manage.py grousset_purge``: delete expired journal entries in batches.
 
 Only rows whose retention window has passed and that no attempt holds are
-deleted (:meth:`~celery_grousset.managers.OutcomeQuerySet.purge_expired`), one
+deleted (:func:`celery_grousset.journal.purge_expired`), one
 short transaction per batch, so the purge never blocks claims for long and never
 touches an unexpired or in-flight row.
 
@@ -70,22 +70,20 @@ class Command(BaseCommand):
             self._purge_outbox(**options)
 
     def _purge_journal(self, **options: Any) -> None:
-        from celery_grousset.managers import _db_now
-        from celery_grousset.models import Outcome
+        from celery_grousset import journal
 
         alias = journal_alias(options["database"])
         batch_size = int(options["batch_size"])
         if batch_size < 1:
             raise CommandError("--batch-size must be at least 1")
         verbosity = int(options["verbosity"])
-        manager = Outcome.objects.db_manager(alias)
         t0 = time.monotonic()
         try:
-            now = _db_now(alias)
+            now = journal.now(alias)
             older_than = as_duration(options["older_than"])
             before = now - older_than if older_than else now
             if options["dry_run"]:
-                count = manager.expired(before).count()
+                count = journal.expired(alias, before).count()
                 if verbosity:
                     self.stdout.write(
                         f"would purge {count} expired journal entries from {alias!r} "
@@ -93,11 +91,13 @@ class Command(BaseCommand):
                     )
                 return
             progress = (
-                self._progress_bar(manager.expired(before).count())
+                self._progress_bar(journal.expired(alias, before).count())
                 if (verbosity and _is_tty(self.stderr))
                 else None
             )
-            count = manager.purge_expired(batch_size=batch_size, before=before, progress=progress)
+            count = journal.purge_expired(
+                alias, batch_size=batch_size, before=before, progress=progress
+            )
         except DatabaseError as exc:
             raise CommandError(f"purge failed on {alias!r}: {exc}") from exc
         if progress is not None:
@@ -112,9 +112,8 @@ class Command(BaseCommand):
         (``EXPIRES_AFTER``, plus ``--older-than``); pending and dead rows stay."""
         from datetime import timedelta
 
-        from celery_grousset import outbox
+        from celery_grousset import journal, outbox
         from celery_grousset.conf import grousset_settings, seconds
-        from celery_grousset.managers import _db_now
 
         alias = journal_alias(options["database"])
         verbosity = int(options["verbosity"])
@@ -122,7 +121,7 @@ class Command(BaseCommand):
         retention = seconds(grousset_settings.EXPIRES_AFTER, name="EXPIRES_AFTER") or 0.0
         try:
             older_than = as_duration(options["older_than"]) or timedelta(0)
-            cutoff = _db_now(alias) - older_than - timedelta(seconds=retention)
+            cutoff = journal.now(alias) - older_than - timedelta(seconds=retention)
             if options["dry_run"]:
                 count = outbox.sent_before_count(using=alias, before=cutoff)
                 if verbosity and (count or shown):

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from celery_grousset.claim import ENC_NONE
 from celery_grousset.management import (
     add_database_argument,
     describe_matches,
@@ -80,9 +79,9 @@ class Command(BaseCommand):
             raise CommandError(f"release failed on {alias!r}: {exc}") from exc
 
     def _release(self, alias: str, rec: Outcome) -> None:
-        from celery_grousset.store import get_store
+        from celery_grousset import journal
 
-        if not get_store(alias).release(rec.processor_id, rec.fingerprint):
+        if not journal.release(rec, alias):
             raise CommandError(
                 f"{rec.fingerprint} ({rec.processor_id}) was no longer in flight: its attempt "
                 "finished meanwhile. Run grousset_inspect to see its outcome."
@@ -94,20 +93,12 @@ class Command(BaseCommand):
         )
 
     def _forget(self, alias: str, rec: Outcome, *, force: bool) -> None:
-        from celery_grousset.managers import _db_now
-        from celery_grousset.models import Outcome
+        from celery_grousset import journal
 
-        now = _db_now(alias)
-        if rec.expires_on <= now:
+        eligible, why = journal.forget_plan(rec, journal.now(alias))
+        if not eligible:
             self.stdout.write(
-                f"{rec.fingerprint} ({rec.processor_id}) has already expired: the next "
-                "delivery runs the task again. Nothing to do."
-            )
-            return
-        if rec.status == "failed" and rec.result_encoding == ENC_NONE:
-            self.stdout.write(
-                f"{rec.fingerprint} ({rec.processor_id}) is failed and already released: the "
-                "next delivery runs the task again. Nothing to do."
+                f"{rec.fingerprint} ({rec.processor_id}) is {why}. Nothing to do."
             )
             return
         if not force:
@@ -116,13 +107,7 @@ class Command(BaseCommand):
                 "releasing it would let its effect happen again. Pass --force to forget it "
                 "(the next delivery re-runs the task)."
             )
-        forgotten = (
-            Outcome.objects.using(alias)
-            .filter(pk=rec.pk, fence=rec.fence)
-            .exclude(status="in_flight")
-            .update(expires_on=now)
-        )
-        if not forgotten:
+        if journal.forget(rec, alias) is None:
             raise CommandError(
                 f"{rec.fingerprint} ({rec.processor_id}) changed while releasing it (a new "
                 "attempt claimed it); nothing was forgotten."

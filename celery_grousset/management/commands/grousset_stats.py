@@ -1,9 +1,9 @@
 """``manage.py grousset_stats``: what the journal holds, in numbers.
 
 Entries by status and by task (top 20), deliveries and the duplicates they
-carried (``sum(deliveries) - entries``), takeovers, stale claims (in flight for
-longer than ``--stale-after``, else ``GROUSSET["MAX_PROCESSING_TIME"]``, else one
-hour) and the entries ``grousset_purge`` would delete.
+carried (``sum(deliveries) - entries``), takeovers, stale claims (in flight past
+their own ``stale_at``, i.e. older than their task's ``max_processing_time``; or, with
+``--stale-after``, in flight for longer than that) and the entries ``grousset_purge`` would delete.
 """
 
 from __future__ import annotations
@@ -19,13 +19,10 @@ from django.db.models import Count, Q, Sum
 from celery_grousset.management import add_database_argument, human_seconds, journal_alias
 
 TOP_TASKS = 20
-DEFAULT_STALE_AFTER = 3600.0
 
 
-def stale_after(explicit: float | str | None) -> float:
-    """``--stale-after`` > ``GROUSSET["MAX_PROCESSING_TIME"]`` > one hour."""
-    from celery_grousset.conf import grousset_settings, seconds
-
+def stale_after(explicit: float | str | None) -> float | None:
+    """``--stale-after`` seconds; None: each claim's own deadline (its ``stale_at``)."""
     if explicit is not None:
         try:
             value = float(explicit)
@@ -34,16 +31,15 @@ def stale_after(explicit: float | str | None) -> float:
         if value <= 0:
             raise CommandError("--stale-after must be positive")
         return value
-    mpt = seconds(grousset_settings.MAX_PROCESSING_TIME, name="MAX_PROCESSING_TIME")
-    return mpt if mpt is not None else DEFAULT_STALE_AFTER
+    return None
 
 
-def collect(alias: str, processor_id: str | None, stale_seconds: float) -> dict[str, Any]:
+def collect(alias: str, processor_id: str | None, stale_seconds: float | None) -> dict[str, Any]:
     """The numbers, JSON-ready."""
-    from celery_grousset.managers import _db_now
+    from celery_grousset import journal
     from celery_grousset.models import Outcome, Status
 
-    now = _db_now(alias)
+    now = journal.now(alias)
     qs = Outcome.objects.using(alias).all()
     if processor_id is not None:
         qs = qs.filter(processor_id=processor_id)
@@ -70,8 +66,11 @@ def collect(alias: str, processor_id: str | None, stale_seconds: float) -> dict[
         )
         .order_by("-n_entries", "task_name")[:TOP_TASKS]
     )
-    cutoff = now - timedelta(seconds=stale_seconds)
-    stale = qs.filter(status=Status.IN_FLIGHT, started_at__lt=cutoff).count()
+    if stale_seconds is None:
+        stale = qs.filter(journal.stale(now)).count()
+    else:
+        cutoff = now - timedelta(seconds=stale_seconds)
+        stale = qs.filter(status=Status.IN_FLIGHT, started_at__lt=cutoff).count()
     return {
         "database": alias,
         "processor_id": processor_id,
@@ -83,7 +82,7 @@ def collect(alias: str, processor_id: str | None, stale_seconds: float) -> dict[
         "entries_taken_over": int(totals["n_taken_over"] or 0),
         "stale_claims": stale,
         "stale_after_seconds": stale_seconds,
-        "expired": qs.filter(expires_on__lte=now).exclude(status=Status.IN_FLIGHT).count(),
+        "expired": journal.expired(alias, now, processor_id).count(),
         "by_task": [
             {
                 "task_name": t["task_name"],
@@ -108,8 +107,8 @@ class Command(BaseCommand):
             type=float,
             default=None,
             metavar="SECONDS",
-            help="An in-flight claim older than this is stale (default: GROUSSET "
-            '["MAX_PROCESSING_TIME"] if set, else 3600).',
+            help="Count in-flight claims older than this as stale (default: each claim's "
+            "own deadline, started_at + its task's max_processing_time).",
         )
         parser.add_argument("--processor-id", default=None, help="Only this processor's entries.")
         parser.add_argument("--json", action="store_true", help="Print JSON.")
@@ -138,8 +137,13 @@ class Command(BaseCommand):
             f"  deliveries   {data['deliveries']} ({data['duplicates']} duplicates skipped "
             "or waited)",
             f"  takeovers    {data['takeovers']} (on {data['entries_taken_over']} entries)",
-            f"  stale claims {data['stale_claims']} (in flight for more than "
-            f"{human_seconds(data['stale_after_seconds'])})",
+            f"  stale claims {data['stale_claims']} ("
+            + (
+                "past their own max_processing_time"
+                if data["stale_after_seconds"] is None
+                else f"in flight for more than {human_seconds(data['stale_after_seconds'])}"
+            )
+            + ")",
             f"  expired      {data['expired']} (grousset_purge deletes them)",
         ]
         if data["by_task"]:

@@ -1,0 +1,99 @@
+"""Binding a call's arguments to its signature, by name, with defaults applied: the one
+binding the guard fingerprints and renders (redacted) from (docs/how-it-works.md)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+
+from celery_grousset.exceptions import FingerprintError
+
+_EMPTY = inspect.Parameter.empty
+_VAR_POSITIONAL = inspect.Parameter.VAR_POSITIONAL
+_VAR_KEYWORD = inspect.Parameter.VAR_KEYWORD
+_KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
+_POSITIONAL_ONLY = inspect.Parameter.POSITIONAL_ONLY
+
+
+def _fast_bind(
+    signature: inspect.Signature, args: Sequence[object], kwargs: Mapping[str, object]
+) -> dict[str, object] | None:
+    """Bind the common case (no ``*args``/``**kwargs``, no error) fast; None: use inspect."""
+    parameters = signature.parameters
+    positional = len(args)
+    if positional > len(parameters):
+        return None
+    bound: dict[str, object] = {}
+    from_kwargs = 0
+    for index, (name, parameter) in enumerate(parameters.items()):
+        kind = parameter.kind
+        if kind is _VAR_POSITIONAL or kind is _VAR_KEYWORD:
+            return None
+        if index < positional:
+            if kind is _KEYWORD_ONLY or name in kwargs:
+                return None
+            bound[name] = args[index]
+        elif kind is not _POSITIONAL_ONLY and name in kwargs:
+            bound[name] = kwargs[name]
+            from_kwargs += 1
+        elif parameter.default is not _EMPTY:
+            bound[name] = parameter.default
+        else:
+            return None
+    return bound if from_kwargs == len(kwargs) else None
+
+
+def bind_arguments(
+    signature: inspect.Signature | None, args: Sequence[object], kwargs: Mapping[str, object]
+) -> dict[str, object]:
+    """Bind ``args``/``kwargs`` to ``signature`` by name, with defaults applied.
+
+    ``f(1)``, ``f(x=1)`` and ``f()`` (``x`` defaulting to 1) bind the same. Pass the
+    run function's signature *without* a leading ``self`` (``inspect.signature(
+    task.run)`` of a bound task already omits it). ``*args`` binds to a list under
+    its name, ``**kwargs`` to a dict; without a signature the result is
+    ``{"args": list(args), "kwargs": dict(kwargs)}``. Raises FingerprintError.
+    """
+    if signature is None:
+        return {"args": list(args), "kwargs": dict(kwargs)}
+    bound = _fast_bind(signature, args, kwargs)
+    if bound is not None:
+        return bound
+    params = signature.parameters.values()
+    try:
+        arguments = signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        bare = [p.replace(default=_EMPTY, annotation=_EMPTY) for p in params]
+        names = str(signature.replace(parameters=bare, return_annotation=_EMPTY))
+        raise FingerprintError(
+            f"the arguments do not match the parameters {names}: {exc}"
+        ) from None
+    arguments.apply_defaults()
+    result: dict[str, object] = {}
+    for name, value in arguments.arguments.items():
+        kind = signature.parameters[name].kind
+        is_var = kind is _VAR_POSITIONAL or kind is _VAR_KEYWORD
+        result[name] = (list if kind is _VAR_POSITIONAL else dict)(value) if is_var else value
+    return result
+
+
+def validate_key_names(
+    signature: inspect.Signature | None, key: Sequence[str] | Callable[..., object] | None
+) -> None:
+    """Check up front that a ``key=`` sequence only names parameters of ``signature``.
+
+    A ``str`` counts as one name; callables and None pass. Without a signature the
+    names are ``args`` and ``kwargs``. Raises FingerprintError (unknown or no name).
+    """
+    if key is None or callable(key):
+        return
+    names = (key,) if isinstance(key, str) else tuple(key)
+    if not names:
+        raise FingerprintError("grousset_key= names no argument; name at least one")
+    valid = ("args", "kwargs") if signature is None else tuple(signature.parameters)
+    unknown = ", ".join(repr(name) for name in names if name not in valid)
+    if unknown:
+        raise FingerprintError(
+            f"grousset_key= names unknown argument(s) {unknown}; "
+            f"valid names are: {', '.join(valid) or '(none)'}"
+        )

@@ -1,0 +1,144 @@
+"""The owner's side of the guarded flow: run the effect, then write the fenced outcome
+(docs/how-it-works.md, "Completion"). A completion that finds the claim taken over
+writes nothing: the attempt was fenced out."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from celery_grousset import events, memo
+from celery_grousset.claim import ENC_NONE, ClaimRequest, Status
+from celery_grousset.exceptions import FencedOut, StoreUnavailable
+from celery_grousset.faults import fault
+from celery_grousset.options import Options
+from celery_grousset.store import ClaimResult, Completion, Store
+
+#: pauses between attempts of a completion write that found the store unavailable
+COMPLETION_RETRY_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
+
+
+def run_owned(
+    store: Store,
+    opts: Options,
+    req: ClaimRequest,
+    res: ClaimResult,
+    fn: Callable[[], Any],
+    serializer: str,
+) -> Any:
+    """Run the effect of an owned claim and write its fenced outcome."""
+    fault("after_claim")
+    if opts.transactional:
+        return _run_transactional(store, opts, req, res, fn, serializer)
+    try:
+        value = fn()
+    except BaseException as exc:
+        fail(store, opts, req, exc)
+        raise
+    fault("after_effect")
+    completion = _completed(opts, value, serializer)
+    if not finish_retrying(store, req, completion):
+        events.fenced(req, res.fence)
+        raise FencedOut(
+            f"{req.task_name}: this attempt (fence {res.fence}) lost its claim on "
+            f"{req.fingerprint[:16]}… before completing; its result was discarded."
+        )
+    fault("after_complete")
+    return value
+
+
+def _completed(opts: Options, value: Any, serializer: str) -> Completion:
+    result, enc, error = memo.encode(
+        value, serializer=serializer, memoize=opts.memoize, max_bytes=opts.max_result_bytes
+    )
+    return Completion(Status.COMPLETED.value, result, enc, error)
+
+
+def _run_transactional(
+    store: Store,
+    opts: Options,
+    req: ClaimRequest,
+    res: ClaimResult,
+    fn: Callable[[], Any],
+    serializer: str,
+) -> Any:
+    """The effect and the completion in ONE transaction on the journal's database: a
+    fenced-out attempt rolls its effect back."""
+    from django.db import transaction
+
+    try:
+        with transaction.atomic(using=store.alias):
+            value = fn()
+            fault("after_effect")
+            if not store.finish_in_transaction(req, _completed(opts, value, serializer)):
+                events.fenced(req, res.fence)
+                raise FencedOut(
+                    f"{req.task_name}: this attempt (fence {res.fence}) lost its claim on "
+                    f"{req.fingerprint[:16]}…; its transaction was rolled back."
+                )
+    except FencedOut:
+        raise
+    except BaseException as exc:
+        fail(store, opts, req, exc)
+        raise
+    fault("after_complete")
+    return value
+
+
+def control_flow(exc: BaseException) -> bool:
+    """Celery's Retry / Ignore / Reject and non-Exception exits never memoize."""
+    if not isinstance(exc, Exception):
+        return True
+    from celery.exceptions import Ignore, Reject, Retry
+
+    return isinstance(exc, (Retry, Ignore, Reject))
+
+
+def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> None:
+    """Record a failed attempt: release the claim, or memoize the error. Never raises
+    (the caller re-raises the task's own exception)."""
+    try:
+        if opts.on_failure == "memoize" and not control_flow(exc):
+            result, enc, error = memo.encode_exception(exc)
+            completion = Completion(Status.FAILED.value, result, enc, error)
+        else:
+            completion = Completion(Status.FAILED.value, None, ENC_NONE, memo.error_summary(exc))
+    except Exception:  # an exception that cannot describe itself: release the claim
+        completion = Completion(Status.FAILED.value, None, ENC_NONE, memo.error_summary(None))
+    try:
+        if not store.finish(req.processor_id, req.fingerprint, req.token, completion):
+            events.fenced(req, 0)
+    except StoreUnavailable as store_exc:
+        # The claim stays in flight; it turns stale at its stale_at.
+        events.store_error(req, "fail", store_exc)
+
+
+def finish_retrying(store: Store, req: ClaimRequest, completion: Completion) -> bool:
+    """Write the completion; when the store is briefly unavailable (a restart, a lost
+    connection) try again while the claim is still ours. Re-sending with the same token is
+    idempotent. Gives up (raises StoreUnavailable) within half of max_processing_time: the
+    claim then stays in flight and a later delivery takes it over."""
+    deadline = time.monotonic() + req.max_processing_time / 2
+    interrupted = False
+    for delay in (*COMPLETION_RETRY_DELAYS, None):
+        try:
+            return store.finish(req.processor_id, req.fingerprint, req.token, completion)
+        except StoreUnavailable as exc:
+            events.store_error(req, "complete", exc)
+            if delay is None or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+        except Exception as exc:
+            # Interrupted while waiting for the answer (e.g. SoftTimeLimitExceeded): the
+            # write may or may not have committed. Drop the connection and send it again
+            # once on a fresh one; the same token makes the re-send idempotent.
+            if interrupted:
+                raise
+            interrupted = True
+            events.store_error(req, "complete (outcome unknown, re-sent)", exc)
+            try:
+                store.close()
+            except Exception:  # the connection is in an unknown state
+                store.discard()
+    raise AssertionError("unreachable")  # pragma: no cover

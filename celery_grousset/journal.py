@@ -1,0 +1,177 @@
+"""Operators' verbs on the outcome journal, shared by the admin, the management
+commands, the metrics and Celery's revoke handler (docs/operations.md).
+
+"Stale" has one definition here, the claim's own (:data:`celery_grousset.claim.STALE`):
+an in-flight row past the ``stale_at`` its holder's claim wrote. No tool guesses a
+task's ``max_processing_time`` from settings.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db.models import Q
+
+from celery_grousset import memo
+from celery_grousset.claim import ENC_NONE, Status
+from celery_grousset.store import get_store
+
+if TYPE_CHECKING:
+    from celery_grousset.models import Outcome
+
+#: shortest fingerprint prefix the commands accept
+MIN_PREFIX = 8
+
+_HEX = re.compile(r"^[0-9a-f]{1,64}$")
+_NEXT_HEX = {c: n for c, n in zip("0123456789abcde", "123456789abcdef", strict=True)}
+
+
+def now(alias: str) -> datetime:
+    """The journal database's clock."""
+    return get_store(alias).now()
+
+
+# -- stale claims ---------------------------------------------------------------------------
+
+
+def stale(at: datetime) -> Q:
+    """Rows whose claim is stale at ``at``: in flight, past their own ``stale_at``."""
+    return Q(status=Status.IN_FLIGHT.value, stale_at__lte=at)
+
+
+def is_stale(rec: Outcome, at: datetime) -> bool:
+    return rec.status == Status.IN_FLIGHT and rec.stale_at <= at
+
+
+# -- finding rows ---------------------------------------------------------------------------
+
+
+def fingerprint_prefix(prefix: str) -> Q:
+    """Fingerprints that start with the hex ``prefix``, as a range the b-tree index answers
+    under any collation (``LIKE 'ab%'`` alone needs a C collation or a pattern index)."""
+    head, match = prefix.rstrip("f"), Q(fingerprint__gte=prefix, fingerprint__startswith=prefix)
+    return match & Q(fingerprint__lt=head[:-1] + _NEXT_HEX[head[-1]]) if head else match
+
+
+def lookup(needle: str, min_prefix: int = MIN_PREFIX) -> Q:
+    """A task id (exact), a fingerprint, or a fingerprint prefix of ``min_prefix`` or more
+    hex characters."""
+    query = Q(task_id=needle)
+    fp = needle.strip().lower()
+    if _HEX.match(fp) and len(fp) >= min_prefix:
+        query |= Q(fingerprint=fp) if len(fp) == 64 else fingerprint_prefix(fp)
+    return query
+
+
+def find(
+    alias: str, needle: str, processor_id: str | None = None, limit: int = 50
+) -> list[Outcome]:
+    """Journal entries matching ``needle`` (see :func:`lookup`), newest first."""
+    from celery_grousset.models import Outcome
+
+    qs = Outcome.objects.using(alias).filter(lookup(needle))
+    if processor_id is not None:
+        qs = qs.filter(processor_id=processor_id)
+    return list(qs.order_by("-started_at", "processor_id")[:limit])
+
+
+# -- what an entry holds --------------------------------------------------------------------
+
+
+def memo_value(rec: Outcome, at: datetime) -> tuple[bool, Any]:
+    """``(True, value)`` as a duplicate would get it, or ``(False, why there is none)``."""
+    if rec.status == Status.IN_FLIGHT:
+        if is_stale(rec, at):
+            return False, "no outcome yet: the claim is stale (its holder died or is stuck)"
+        return False, "no outcome yet: the claim is in flight"
+    if rec.status == Status.FAILED and rec.result_encoding == ENC_NONE:
+        return False, "released: the last attempt failed and nothing is memoized"
+    raw = bytes(rec.result) if rec.result is not None else None
+    try:
+        return True, memo.decode(raw, rec.result_encoding, rec.error, rec.fingerprint)
+    except Exception as exc:  # what a duplicate would raise is the answer
+        return False, f"{type(exc).__name__}: {exc}"
+
+
+# -- release and forget ---------------------------------------------------------------------
+
+
+def release_plan(rec: Outcome, at: datetime) -> tuple[bool, str]:
+    """Whether *release stale claims* frees this row, and why."""
+    if rec.status != Status.IN_FLIGHT:
+        return False, f"not in flight ({rec.status})"
+    if not is_stale(rec, at):
+        return False, f"fresh: its claim turns stale at {rec.stale_at:%Y-%m-%d %H:%M:%S}"
+    return True, f"stale since {rec.stale_at:%Y-%m-%d %H:%M:%S}"
+
+
+def release(rec: Outcome, alias: str, *, token: str | None = None) -> bool:
+    """Free an in-flight claim (marked failed; the next delivery runs). With ``token``,
+    only if that attempt still holds it."""
+    return get_store(alias).release(rec.processor_id, rec.fingerprint, token)
+
+
+def forget_plan(rec: Outcome, at: datetime) -> tuple[bool, str]:
+    """Whether *forget* ends the retention window of this row, and why."""
+    if rec.status == Status.IN_FLIGHT:
+        return False, "in flight: release it first"
+    if rec.expires_on <= at:
+        return False, "already expired: the next delivery runs again"
+    if rec.status == Status.FAILED and rec.result_encoding == ENC_NONE:
+        return False, "failed and released: the next delivery runs again"
+    return True, f"{rec.status}, remembered until {rec.expires_on:%Y-%m-%d %H:%M:%S}"
+
+
+def forget(rec: Outcome, alias: str) -> datetime | None:
+    """End the retention window now (the row and its fence stay: the next claim gets
+    fence + 1). None: the row changed meanwhile (claimed again) and was left alone."""
+    from celery_grousset.models import Outcome
+
+    at = now(alias)
+    done = (
+        Outcome.objects.using(alias)
+        .filter(pk=rec.pk, fence=rec.fence, expires_on__gt=at)
+        .exclude(status=Status.IN_FLIGHT.value)
+        .update(expires_on=at)
+    )
+    return at if done else None
+
+
+def release_held_by(alias: str, task_id: str) -> list[tuple[str, str]]:
+    """Release the in-flight claims a delivery holds (a terminated revoke), each with the
+    token seen, so a claim taken over since stays. ``[(processor_id, fingerprint)]``."""
+    from celery_grousset.models import Outcome
+
+    store = get_store(alias)
+    held = Outcome.objects.using(alias).filter(task_id=task_id, status=Status.IN_FLIGHT.value)
+    released = []
+    for processor_id, fp, token in held.values_list("processor_id", "fingerprint", "claim_token"):
+        if store.release(processor_id, fp, token):
+            released.append((processor_id, fp))
+    return released
+
+
+def purge_expired(
+    alias: str,
+    *,
+    batch_size: int = 10_000,
+    before: datetime | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Delete expired, settled rows in batches (never an in-flight or unexpired one)."""
+    return get_store(alias).purge_expired(batch_size=batch_size, before=before, progress=progress)
+
+
+def expired(alias: str, at: datetime | None = None, processor_id: str | None = None) -> Any:
+    """The rows :func:`purge_expired` would delete now (a queryset: counts, dry runs);
+    ``at`` is capped at the database clock, as the purge caps it."""
+    from celery_grousset.models import Outcome
+
+    cutoff = now(alias) if at is None else min(at, now(alias))
+    qs = Outcome.objects.using(alias).filter(expires_on__lte=cutoff)
+    if processor_id is not None:
+        qs = qs.filter(processor_id=processor_id)
+    return qs.exclude(status=Status.IN_FLIGHT.value)

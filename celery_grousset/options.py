@@ -1,0 +1,73 @@
+"""A guarded call's options, resolved once: per call > task > worker flag >
+``settings.GROUSSET`` > built-in default (docs/configuration.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from celery_grousset.conf import check_choice, grousset_settings, seconds
+
+#: the options a task, a worker flag or protect() may set (GROUSSET keys in upper case)
+NAMES = (
+    "max_processing_time",
+    "expires_after",
+    "processor_id",
+    "on_in_flight",
+    "transactional",
+    "memoize",
+    "on_failure",
+    "max_result_bytes",
+    "max_takeovers",
+    "database",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Resolved guard options (docs/configuration.md)."""
+
+    max_processing_time: float
+    processor_id: str
+    expires_after: float = 7 * 24 * 3600.0
+    on_in_flight: str = "retry"
+    transactional: bool = False
+    memoize: bool = True
+    on_failure: str = "release"
+    max_result_bytes: int = 256 * 1024
+    max_takeovers: int = 3
+    database: str = "default"
+
+    @classmethod
+    def resolve(cls, where: str, explicit: dict[str, Any], default_processor: str) -> Options:
+        """Merge ``explicit`` (per call / task; None = unset) over GROUSSET and defaults."""
+        s = grousset_settings
+
+        def pick(name: str) -> Any:
+            value = explicit.get(name)
+            return value if value is not None else getattr(s, name.upper())
+
+        mpt = seconds(pick("max_processing_time"), name="max_processing_time")
+        if mpt is None:
+            raise ImproperlyConfigured(
+                f"celery-grousset: {where} has no max_processing_time. It has no default on "
+                "purpose (how long may an attempt hold the claim before another worker takes "
+                "it over?). Set it on the task (@app.task(base=GroussetTask, "
+                "max_processing_time=60)), pass it to protect(), start the worker with "
+                "--grousset-max-processing-time, or set GROUSSET['MAX_PROCESSING_TIME'] in "
+                "Django settings."
+            )
+        return cls(
+            max_processing_time=mpt,
+            processor_id=str(pick("processor_id") or default_processor),
+            expires_after=seconds(pick("expires_after"), name="expires_after") or 0.0,
+            on_in_flight=check_choice("ON_IN_FLIGHT", pick("on_in_flight")),
+            transactional=bool(pick("transactional")),
+            memoize=bool(pick("memoize")),
+            on_failure=check_choice("ON_FAILURE", pick("on_failure")),
+            max_result_bytes=int(pick("max_result_bytes")),
+            max_takeovers=int(pick("max_takeovers")),
+            database=str(pick("database")),
+        )

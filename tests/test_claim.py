@@ -1,0 +1,122 @@
+"""The claim's decision table, row by row, in its two forms: the Python ``decide()`` the
+locking stores call and the SQL ``CASE`` the PostgreSQL statement evaluates. Both are
+fed the same rows; they must give the same decision, and the one each row names."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from celery_grousset.claim import (
+    ENC_EXCEPTION,
+    ENC_GAVE_UP,
+    RULES,
+    WRITES,
+    ClaimRequest,
+    Kind,
+    Prev,
+    Write,
+    decide,
+    decision_sql,
+)
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+LATER, EARLIER = NOW + timedelta(seconds=30), NOW - timedelta(seconds=30)
+REQ = ClaimRequest(
+    processor_id="p", fingerprint="f" * 64, task_name="t", task_id="id", token="mine",
+    worker="w", args_repr="", max_processing_time=60.0, expires_after=3600.0, max_takeovers=3,
+)  # fmt: skip
+
+
+def prev(**over: Any) -> Prev:
+    values: dict[str, Any] = dict(
+        status="in_flight", stale_at=LATER, expires_on=NOW + timedelta(hours=1),
+        result_encoding="", takeovers=0, claim_token="theirs",
+    )  # fmt: skip
+    values.update(over)
+    return Prev(**values)
+
+
+#: (case, the row found, the decision it must give)
+CASES: list[tuple[str, Prev, Kind]] = [
+    ("own claim re-sent", prev(claim_token="mine"), Kind.RESUMED),
+    ("own claim re-sent, even when stale", prev(claim_token="mine", stale_at=EARLIER),
+     Kind.RESUMED),
+    ("fresh claim of another attempt", prev(), Kind.IN_FLIGHT),
+    ("stale claim", prev(stale_at=EARLIER), Kind.TAKEOVER),
+    ("stale claim at the very deadline", prev(stale_at=NOW), Kind.TAKEOVER),
+    ("stale, max_takeovers reached", prev(stale_at=EARLIER, takeovers=3), Kind.GAVE_UP),
+    ("fresh, max_takeovers reached", prev(takeovers=3), Kind.IN_FLIGHT),
+    ("in flight past expires_on, fresh", prev(expires_on=EARLIER), Kind.IN_FLIGHT),
+    ("completed", prev(status="completed", result_encoding="application/json"),
+     Kind.COMPLETED),
+    ("completed, expired", prev(status="completed", expires_on=EARLIER), Kind.EXPIRED),
+    ("released failure", prev(status="failed"), Kind.RECLAIM),
+    ("released failure, expired", prev(status="failed", expires_on=EARLIER), Kind.EXPIRED),
+    ("memoized failure", prev(status="failed", result_encoding=ENC_EXCEPTION), Kind.FAILED),
+    ("given up", prev(status="failed", result_encoding=ENC_GAVE_UP), Kind.FAILED),
+    ("given up, expired", prev(status="failed", result_encoding=ENC_GAVE_UP,
+                               expires_on=EARLIER), Kind.EXPIRED),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "row", "kind"), CASES, ids=[c[0] for c in CASES])
+def test_decide(case: str, row: Prev, kind: Kind) -> None:
+    # Given a row / When the Python table decides / Then it names the expected decision
+    assert decide(row, NOW, REQ) is kind
+
+
+def test_no_row_is_a_new_claim() -> None:
+    assert decide(None, NOW, REQ) is Kind.NEW
+
+
+def test_every_rule_is_exercised_and_every_decision_has_a_write() -> None:
+    # The cases cover every rule of the table (a rule nobody reaches is a dead copy)
+    reached = {decide(row, NOW, REQ) for _, row, _ in CASES}
+    assert {kind for _, kind in RULES} <= reached
+    # And every decision a store can return says what it writes, and whether it owns
+    assert set(WRITES) == set(Kind) - {Kind.BYPASSED}
+    owning = {k for k in WRITES if k.owned}
+    assert owning == {Kind.NEW, Kind.EXPIRED, Kind.RECLAIM, Kind.TAKEOVER, Kind.RESUMED}
+    assert all(WRITES[k] in (Write.INSERT, Write.CLAIM, Write.CLAIM_RESET, Write.NOTHING)
+               for k in owning)  # fmt: skip
+
+
+def test_codes_round_trip() -> None:
+    for kind in Kind:
+        assert Kind.from_code(kind.code) is kind
+    assert len({kind.code for kind in Kind}) == len(Kind)
+
+
+def test_sql_form_decides_every_row_as_the_python_form(pg_cursor: Any) -> None:
+    # Given the CASE generated from the same rules, evaluated by PostgreSQL on each row
+    sql = (
+        "SELECT " + decision_sql("%(now)s::timestamptz") + " FROM (SELECT %(status)s::text "
+        "AS status, %(tok_row)s::text AS claim_token, %(stale_at)s::timestamptz AS stale_at, "
+        "%(expires_on)s::timestamptz AS expires_on, %(enc)s::text AS result_encoding, "
+        "%(takeovers)s::int AS takeovers) AS o"
+    )
+    for case, row, kind in CASES:
+        params = {
+            "now": NOW, "status": row.status, "tok_row": row.claim_token,
+            "stale_at": row.stale_at, "expires_on": row.expires_on,
+            "enc": row.result_encoding, "takeovers": row.takeovers,
+            "tok": REQ.token, "maxt": REQ.max_takeovers,
+        }  # fmt: skip
+        pg_cursor.execute(sql, params)
+        (code,) = pg_cursor.fetchone()
+        # Then both forms agree, and agree with the case
+        assert Kind.from_code(code) is decide(row, NOW, REQ) is kind, case
+
+
+@pytest.fixture
+def pg_cursor() -> Any:
+    from tests import services
+
+    services.require_database("postgresql")
+    from django.db import connections
+
+    with connections["postgresql"].cursor() as cur:
+        yield cur
