@@ -16,24 +16,30 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 from django.db.models import Count, Q, Sum
 
-from celery_grousset.management import add_database_argument, human_seconds, journal_alias
+from celery_grousset.management import (
+    MAX_DURATION_DAYS,
+    add_database_argument,
+    argparse_type,
+    duration_option,
+    human_seconds,
+    journal_alias,
+)
 
 TOP_TASKS = 20
 DEFAULT_STALE_AFTER = 3600.0
 
 
-def stale_after(explicit: float | str | None) -> float:
+def _stale_after(value: object) -> timedelta | None:
+    return duration_option(value, option="--stale-after", positive=True)
+
+
+def stale_after(explicit: object) -> float:
     """``--stale-after`` > ``GROUSSET["MAX_PROCESSING_TIME"]`` > one hour."""
     from celery_grousset.conf import grousset_settings, seconds
 
-    if explicit is not None:
-        try:
-            value = float(explicit)
-        except ValueError:
-            raise CommandError(f"--stale-after must be seconds, got {explicit!r}") from None
-        if value <= 0:
-            raise CommandError("--stale-after must be positive")
-        return value
+    value = _stale_after(explicit)
+    if value is not None:
+        return value.total_seconds()
     mpt = seconds(grousset_settings.MAX_PROCESSING_TIME, name="MAX_PROCESSING_TIME")
     return mpt if mpt is not None else DEFAULT_STALE_AFTER
 
@@ -105,10 +111,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--stale-after",
-            type=float,
+            type=argparse_type(_stale_after),
             default=None,
-            metavar="SECONDS",
-            help="An in-flight claim older than this is stale (default: GROUSSET "
+            metavar="DURATION",
+            help="An in-flight claim older than this is stale: seconds or 30m, 12h, 7d "
+            f"(above 0, at most {MAX_DURATION_DAYS}d; default: GROUSSET"
             '["MAX_PROCESSING_TIME"] if set, else 3600).',
         )
         parser.add_argument("--processor-id", default=None, help="Only this processor's entries.")
@@ -116,9 +123,10 @@ class Command(BaseCommand):
         add_database_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        stale_seconds = stale_after(options["stale_after"])  # checked before any query
         alias = journal_alias(options["database"])
         try:
-            data = collect(alias, options["processor_id"], stale_after(options["stale_after"]))
+            data = collect(alias, options["processor_id"], stale_seconds)
         except DatabaseError as exc:
             raise CommandError(f"could not read the journal on {alias!r}: {exc}") from exc
         if options["json"]:
