@@ -361,7 +361,9 @@ def _unknown_key(key: object) -> Problem:
         else f"The settings are {', '.join(SETTINGS)} (docs/configuration.md)."
     )
     return Problem(
-        key, f"settings.GROUSSET has an unknown key {shown}.", hint[0].upper() + hint[1:],
+        key,
+        f"unknown GROUSSET setting {shown} (a key of settings.GROUSSET).",
+        hint[0].upper() + hint[1:],
         ID_UNKNOWN_KEY,
     )
 
