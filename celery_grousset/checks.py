@@ -4,19 +4,31 @@
 ``celery_grousset.E001``    a guarded task has no ``max_processing_time``
 ``celery_grousset.E002``    a guarded task's hard ``time_limit`` ≥ ``max_processing_time``
 ``celery_grousset.E003``    ``GROUSSET["DATABASE"]`` is unknown or not a supported engine
-``celery_grousset.E004``    ``settings.GROUSSET`` is invalid (unknown key, bad value)
+``celery_grousset.E004``    ``settings.GROUSSET`` is not a dict
+``celery_grousset.E010``    a ``GROUSSET`` value has the wrong type or is out of range
+``celery_grousset.E011``    ``GROUSSET`` has an unknown key (the closest valid key is named)
+``celery_grousset.E012``    ``USE_TZ = False`` with a ``TIME_ZONE`` other than UTC
+``celery_grousset.E013``    a guarded task's option has the wrong type or is out of range
+``celery_grousset.E014``    a check could not run (an unexpected error; the message has it)
 ``celery_grousset.W001``    Redis/SQS ``visibility_timeout`` < a task's ``max_processing_time``
 ``celery_grousset.W002``    ``acks_late`` is off on a guarded task
 ``celery_grousset.W003``    ``reject_on_worker_lost`` is off on a guarded task
 ``celery_grousset.W004``    the MySQL journal runs at REPEATABLE READ
 ``celery_grousset.W005``    the SQLite journal is not in WAL mode (``check --database``)
+``celery_grousset.W006``    ``CLAIM_COMMIT = "async"`` on a journal that is not PostgreSQL
+``celery_grousset.W007``    the journal database could not be inspected (``check --database``)
 ==========================  ===========================================================
+
+No check function raises: a configuration error becomes the message above, and any
+other exception becomes ``E014`` (``manage.py check`` never ends in a traceback). When
+``GROUSSET`` itself is invalid only its errors are reported: the other checks read it.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.core import checks
@@ -47,8 +59,73 @@ def guarded_tasks() -> Iterator[tuple[Any, Any]]:
 
 _running = threading.local()
 
+_Check = Callable[..., list[checks.CheckMessage]]
+
+#: TIME_ZONE values under which naive datetimes are UTC.
+_UTC_NAMES = frozenset(
+    {"UTC", "Etc/UTC", "UCT", "Etc/UCT", "Universal", "Etc/Universal", "Zulu", "Etc/Zulu",
+     "GMT", "Etc/GMT", "GMT0", "Etc/GMT0", "GMT+0", "Etc/GMT+0", "GMT-0", "Etc/GMT-0",
+     "Greenwich", "Etc/Greenwich"}
+)  # fmt: skip
+
+
+def _never_raises(check: _Check) -> _Check:
+    """A check that reports its own failure as ``E014`` instead of raising."""
+
+    @functools.wraps(check)
+    def wrapper(*args: Any, **kwargs: Any) -> list[checks.CheckMessage]:
+        try:
+            return check(*args, **kwargs)
+        except Exception as exc:
+            return [
+                checks.Error(
+                    f"The celery-grousset check {check.__name__} could not run: "
+                    f"{type(exc).__qualname__}: {exc}",
+                    hint="Fix the cause above and run `manage.py check` again; if it is not "
+                    "a configuration problem, please report it.",
+                    id="celery_grousset.E014",
+                )
+            ]
+
+    return wrapper
+
+
+def settings_messages() -> list[checks.CheckMessage]:
+    """``settings.GROUSSET`` checked value by value (E004, E010, E011)."""
+    from django.conf import settings
+
+    from celery_grousset.conf import validate
+
+    _, problems = validate(getattr(settings, "GROUSSET", None))
+    return [
+        checks.Error(p.message, hint=p.hint, obj=f"GROUSSET[{p.setting!r}]", id=p.id)
+        if p.setting != "GROUSSET"
+        else checks.Error(p.message, hint=p.hint, id=p.id)
+        for p in problems
+    ]
+
+
+def time_zone_messages() -> list[checks.CheckMessage]:
+    """``USE_TZ = False`` with naive times that are not UTC (E012)."""
+    from django.conf import settings
+
+    if settings.USE_TZ or settings.TIME_ZONE in _UTC_NAMES:
+        return []
+    return [
+        checks.Error(
+            f"USE_TZ is False and TIME_ZONE is {settings.TIME_ZONE!r}: the journal compares "
+            "times read from the database clock, which Django then handles as naive local "
+            "times, so records expire early or late by the UTC offset (an unexpired record "
+            "can be purged and its effect run twice).",
+            hint="Set USE_TZ = True (Django's default since 5.0); or, if you must keep naive "
+            "datetimes, TIME_ZONE = 'UTC'.",
+            id="celery_grousset.E012",
+        )
+    ]
+
 
 @checks.register("celery_grousset")
+@_never_raises
 def check_tasks(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     # Celery's Django fixup runs the system checks whenever an app imports its task
     # modules (import_modules signal), which guarded_tasks() does: do not re-enter.
@@ -62,17 +139,26 @@ def check_tasks(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
 
 
 def _check_tasks() -> list[checks.CheckMessage]:
-    from celery_grousset.conf import grousset_settings
+    from celery_grousset.conf import GroussetSettingsError, grousset_settings
 
-    errors: list[checks.CheckMessage] = []
-    try:
-        grousset_settings.reload()
-        grousset_settings.DATABASE  # noqa: B018 - validates the whole dict
-    except ImproperlyConfigured as exc:
-        return [checks.Error(str(exc), hint="Fix settings.GROUSSET.", id="celery_grousset.E004")]
+    grousset_settings.reload()
+    errors = settings_messages()
+    if errors:  # every other check reads GROUSSET: report only this
+        return errors
+    errors.extend(time_zone_messages())
     for app, task in guarded_tasks():
         try:
             opts = task.grousset_options()
+        except GroussetSettingsError as exc:  # a task option with a bad type or range
+            errors.append(
+                checks.Error(
+                    f"Task {task.name!r}: " + "; ".join(p.message for p in exc.problems),
+                    hint=" ".join(p.hint for p in exc.problems),
+                    obj=task.name,
+                    id="celery_grousset.E013",
+                )
+            )
+            continue
         except ImproperlyConfigured as exc:
             errors.append(
                 checks.Error(
@@ -81,6 +167,17 @@ def _check_tasks() -> list[checks.CheckMessage]:
                     "GROUSSET['MAX_PROCESSING_TIME'] in settings.",
                     obj=task.name,
                     id="celery_grousset.E001",
+                )
+            )
+            continue
+        except Exception as exc:  # e.g. int("abc") for an integer option
+            errors.append(
+                checks.Error(
+                    f"Task {task.name!r}: its options cannot be resolved: "
+                    f"{type(exc).__qualname__}: {exc}",
+                    hint="Give each option the type docs/configuration.md lists.",
+                    obj=task.name,
+                    id="celery_grousset.E013",
                 )
             )
             continue
@@ -197,22 +294,38 @@ def _check_database() -> list[checks.CheckMessage]:
 
 
 @checks.register(checks.Tags.database)
+@_never_raises
 def check_sqlite_wal(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    from django.db import connections
+    from django.db import DatabaseError, connections
 
-    from celery_grousset.conf import grousset_settings
+    from celery_grousset.conf import GroussetSettingsError, grousset_settings
 
-    alias = grousset_settings.DATABASE
-    if not databases or alias not in databases or alias not in connections.settings:
+    if not databases:
+        return []
+    try:
+        alias = grousset_settings.DATABASE
+    except GroussetSettingsError:  # reported by check_tasks (E004/E010/E011)
+        return []
+    if alias not in databases or alias not in connections.settings:
         return []
     conn = connections[alias]
     if conn.vendor != "sqlite":
         return []
-    with conn.cursor() as cur:
-        cur.execute("PRAGMA journal_mode")
-        mode = str(cur.fetchone()[0]).lower()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("PRAGMA journal_mode")
+            mode = str(cur.fetchone()[0]).lower()
+    except DatabaseError as exc:
+        return [
+            checks.Warning(
+                f"The journal database {alias!r} could not be inspected: {exc}",
+                hint="Check that the database in settings.DATABASES can be opened by this "
+                "process (path, permissions, server up).",
+                id="celery_grousset.W007",
+            )
+        ]
     if mode != "wal":
         return [
             checks.Warning(

@@ -14,22 +14,35 @@ must not leak secrets, must fit a column, and must never make the guard fail, so
 * never raises: a value whose ``__repr__`` fails renders as
   ``<unrepresentable TypeName>``.
 
-A name is sensitive when, case-insensitively and ignoring ``_``, ``-``, ``.`` and
-spaces, it contains a redact key: ``user_password``, ``X-Api-Key``, ``clientSecret``
-and ``cardnumber`` all are. Redact keys shorter than 5 characters (``auth``,
-``pan``, ``ssn``, ``card``...) must instead match a whole word (words are split at
-those separators and at camelCase humps), so ``company`` and ``discard`` are shown
-while ``auth_header``, ``cardPan`` and ``user ssn`` are redacted.
+A name is sensitive when one of its parts, or a run of adjacent parts, is a redact
+key. Names are split into lower-case parts at ``_``, ``-``, ``.``, spaces and any
+other non-alphanumeric character, at camelCase humps, after acronyms and between
+letters and digits: ``accessKey`` is ``access key``, ``PINCode`` is ``pin code``,
+``X-Api-Key`` is ``x api key``. Redact keys are split the same way.
+
+* A key of one part shorter than 5 characters (``key``, ``pin``, ``pwd``, ``otp``,
+  ``jwt``, ``dsn``, ``auth``, ``pan``, ``ssn``...) must be a whole part (a plural
+  ``s`` is allowed): ``stripe_key``, ``userPIN`` and ``sentry_dsn`` are redacted, while
+  ``keyboard_layout``, ``pinned``, ``spinner``, ``company`` and ``hotpot`` are shown.
+* Any other key (``password``, ``secret``, ``cookie``, ``session_id``, ``api_key``) is
+  looked for with the parts joined, so ``userPassword``, ``cardnumber``,
+  ``SESSIONID`` and ``XApiKey`` are redacted too.
+
+:func:`redact_text` also removes secret *values* from any text, whatever name they
+have: the credentials of an ``Authorization`` header or a ``Bearer`` token, the
+password of a URL (``postgres://user:***@host``), a JWT, and the value of a
+``name=value`` or ``'name': value`` pair whose name is sensitive. ``safe_repr``
+applies it to every string it renders and to the producer's reprs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from functools import lru_cache
 
-__all__ = ["DEFAULT_REDACT_KEYS", "REDACTED", "is_sensitive", "safe_repr"]
+__all__ = ["DEFAULT_REDACT_KEYS", "REDACTED", "is_sensitive", "redact_text", "safe_repr"]
 
 DEFAULT_REDACT_KEYS: frozenset[str] = frozenset(
     {
@@ -53,6 +66,25 @@ DEFAULT_REDACT_KEYS: frozenset[str] = frozenset(
         "refresh_token",
         "client_secret",
         "credentials",
+        "credential",
+        # issue 16: common secret names the list used to miss
+        "pwd",
+        "pass",
+        "passphrase",
+        "passcode",
+        "key",  # a whole part: stripe_key, encryption_key, accessKey (not keyboard)
+        "cookie",
+        "session_id",
+        "sessionid",
+        "sessid",
+        "session_key",
+        "session_token",
+        "jwt",
+        "otp",
+        "totp",
+        "pin",
+        "bearer",
+        "dsn",
     }
 )
 """Argument and mapping key names whose values are never shown."""
@@ -61,28 +93,30 @@ REDACTED = "'***'"
 """What a redacted value renders as."""
 
 _MAX_DEPTH = 20
-_WHOLE_WORD_BELOW = 5  # redact keys shorter than this must match a whole word
-_CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
-_SEPARATORS = str.maketrans({"-": "_", ".": "_", " ": "_"})
+_WHOLE_WORD_BELOW = 5  # one-part redact keys shorter than this must match a whole part
+# Parts: an acronym (not the capital that starts the next word), a capitalised or
+# lower-case word, or a run of digits. Everything else separates parts.
+_PARTS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 
 _Rules = tuple[tuple[str, ...], frozenset[str]]
 
 
-def _normalise(name: str) -> str:
-    return _CAMEL_BOUNDARY.sub("_", name).lower().translate(_SEPARATORS)
+def _parts(name: str) -> list[str]:
+    return [part.lower() for part in _PARTS.findall(name)]
 
 
 @lru_cache(maxsize=32)
 def _compile_rules(redact_keys: frozenset[str]) -> _Rules:
-    """Split redact keys into substring patterns and whole-word patterns."""
-    substrings: list[str] = []
+    """Split redact keys into joined-parts patterns and whole-part patterns."""
+    substrings: set[str] = set()
     words: set[str] = set()
     for key in redact_keys:
-        normalised = _normalise(str(key)).strip("_")
-        if len(normalised) >= _WHOLE_WORD_BELOW or "_" in normalised:
-            substrings.append(normalised.replace("_", ""))  # separators are ignored
-        elif normalised:
-            words.add(normalised)
+        parts = _parts(str(key))
+        joined = "".join(parts)
+        if len(parts) == 1 and len(joined) < _WHOLE_WORD_BELOW:
+            words.add(joined)
+        elif joined:
+            substrings.add(joined)
     return tuple(sorted(substrings)), frozenset(words)
 
 
@@ -97,12 +131,14 @@ def _matches(name: object, rules: _Rules) -> bool:
         name = name.decode("latin-1")
     if not isinstance(name, str):
         return False
-    normalised = _normalise(name)
+    parts = _parts(name)
     substrings, words = rules
-    squashed = normalised.replace("_", "")
+    squashed = "".join(parts)
     if any(pattern in squashed for pattern in substrings):
         return True
-    return bool(words) and not words.isdisjoint(normalised.split("_"))
+    if not words:
+        return False
+    return any(part in words or (part[-1:] == "s" and part[:-1] in words) for part in parts)
 
 
 def is_sensitive(name: str, redact_keys: Collection[str] = DEFAULT_REDACT_KEYS) -> bool:
@@ -136,7 +172,9 @@ class _Renderer:
 
     def render(self, value: object, depth: int = 0) -> str:
         """Render one value; containers recurse, everything else uses its repr."""
-        if isinstance(value, (str, int, float, bytes, type(None))):
+        if isinstance(value, str):
+            return _plain_repr(_redact_text(value, self.rules))
+        if isinstance(value, (int, float, bytes, type(None))):
             return _plain_repr(value)
         if depth >= _MAX_DEPTH:
             return "…"
@@ -209,22 +247,31 @@ def safe_repr(
 ) -> str:
     """Render a task's arguments as redacted text of at most ``max_length`` characters.
 
-    * ``argsrepr``/``kwargsrepr`` (Celery's, set by the producer) are used verbatim
-      when given, as ``args=<argsrepr>, kwargs=<kwargsrepr>``; a missing half is
-      rendered from the values, redacted.
+    * ``argsrepr``/``kwargsrepr`` (Celery's, set by the producer) are used when
+      given, as ``args=<argsrepr>, kwargs=<kwargsrepr>``, through :func:`redact_text`;
+      a missing half is rendered from the values, redacted.
     * Otherwise, with ``bound`` (arguments bound to the signature by name) the text
       is ``name=value, ...``, so a positional ``password`` is redacted too; without
       it, call-like ``value, ..., name=value``.
 
-    Values under sensitive names (see :func:`is_sensitive`) render as ``'***'``.
-    Never raises.
+    Values under sensitive names (see :func:`is_sensitive`) render as ``'***'``;
+    strings go through :func:`redact_text`. Never raises.
     """
     try:
-        renderer = _Renderer(_rules_for(redact_keys))
+        rules = _rules_for(redact_keys)
+        renderer = _Renderer(rules)
         if argsrepr is not None or kwargsrepr is not None:
-            shown_args = argsrepr if argsrepr is not None else renderer.render(tuple(args))
-            shown_kwargs = kwargsrepr if kwargsrepr is not None else renderer.render(dict(kwargs))
-            text = f"args={_as_text(shown_args)}, kwargs={_as_text(shown_kwargs)}"
+            shown_args = (
+                _redact_text(_as_text(argsrepr), rules)
+                if argsrepr is not None
+                else renderer.render(tuple(args))
+            )
+            shown_kwargs = (
+                _redact_text(_as_text(kwargsrepr), rules)
+                if kwargsrepr is not None
+                else renderer.render(dict(kwargs))
+            )
+            text = f"args={shown_args}, kwargs={shown_kwargs}"
         elif bound is not None:
             text = ", ".join(f"{name}={renderer.named(name, v, 0)}" for name, v in bound.items())
         else:
@@ -238,3 +285,84 @@ def safe_repr(
 
 def _as_text(value: object) -> str:
     return value if isinstance(value, str) else _plain_repr(value)
+
+
+# -- secret values in free text ------------------------------------------------------------
+
+_TEXT_REDACTED = "***"
+_TOKEN = r"[A-Za-z0-9\-._~+/]+=*"  # RFC 6750 b64token
+_SCHEMES = r"basic|bearer|digest|negotiate|ntlm|token|aws4-hmac-sha256"
+_QUOTED = r"'(?:[^'\\\n]|\\.){0,4096}'|\"(?:[^\"\\\n]|\\.){0,4096}\""
+
+# One pass, leftmost match first; every repetition is bounded or starts at a literal
+# that the previous match consumed, so the scan stays linear on any input.
+_SECRETS = re.compile(
+    # an Authorization header (its scheme kept)
+    rf"(?P<header>(?<![A-Za-z0-9_-])(?:proxy-)?authorization[\"']?\s{{0,8}}[:=]\s{{0,8}}[\"']?)"
+    rf"(?:(?P<scheme>(?:{_SCHEMES}))(?P<gap>\s{{1,8}}))?(?P<credentials>[^\s\"',;&]+)"
+    # a bearer token anywhere
+    rf"|(?P<bearer>(?<![A-Za-z0-9_-])bearer\s{{1,8}})(?P<bearer_token>{_TOKEN})"
+    # the password of a URL: scheme://user:password@host
+    r"|(?P<url>[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s:/?#@]{0,256}:)(?P<password>[^\s/?#]{0,512})(?=@)"
+    # a JWT: header.payload.signature, base64url, the header a JSON object
+    r"|(?<![A-Za-z0-9_-])(?P<jwt>eyJ[A-Za-z0-9_-]{2,8192}\.[A-Za-z0-9_-]{2,65536}\.[A-Za-z0-9_-]{0,8192})"
+    # 'name': value / "name": value (reprs, JSON)
+    rf"|(?P<qname>(?P<q>['\"])(?P<qkey>[A-Za-z0-9_.\- ]{{1,64}})(?P=q)\s{{0,8}}:\s{{0,8}})"
+    rf"(?P<qvalue>{_QUOTED}|[^\s,}}\]]{{1,4096}})"
+    # name=value (libpq DSNs, query strings, keyword reprs)
+    r"|(?P<kname>(?<![A-Za-z0-9_.\-])(?P<key>[A-Za-z_][A-Za-z0-9_.\-]{0,63})\s{0,8}=\s{0,8})"
+    rf"(?P<kvalue>{_QUOTED}|[^\s&,;)\]}}'\"]{{1,4096}})",
+    re.IGNORECASE,
+)
+
+
+def _redact_text(text: str, rules: _Rules) -> str:
+    try:
+        return _SECRETS.sub(_replacer(rules), text)
+    except Exception:  # never fail the caller; when in doubt, show nothing
+        return _TEXT_REDACTED if text else text
+
+
+def _masked(value: str) -> str:
+    """``***``, in the quotes of ``value`` if it is quoted."""
+    quote = value[:1]
+    return f"{quote}{_TEXT_REDACTED}{quote}" if quote in ("'", '"') else _TEXT_REDACTED
+
+
+def _replacer(rules: _Rules) -> Callable[[re.Match[str]], str]:
+    def replace(match: re.Match[str]) -> str:
+        if match.group("header") is not None:
+            scheme = (match.group("scheme") or "") + (match.group("gap") or "")
+            return match.group("header") + scheme + _TEXT_REDACTED
+        if match.group("bearer") is not None:
+            return match.group("bearer") + _TEXT_REDACTED
+        if match.group("url") is not None:
+            return match.group("url") + _TEXT_REDACTED
+        if match.group("jwt") is not None:
+            return _TEXT_REDACTED
+        if match.group("qname") is not None:
+            if _matches(match.group("qkey"), rules):
+                return match.group("qname") + _masked(match.group("qvalue"))
+            return match.group(0)
+        if match.group("kname") is not None and _matches(match.group("key"), rules):
+            return match.group("kname") + _masked(match.group("kvalue"))
+        return match.group(0)
+
+    return replace
+
+
+def redact_text(text: str, redact_keys: Collection[str] = DEFAULT_REDACT_KEYS) -> str:
+    """``text`` with secret values replaced by ``***``; never raises.
+
+    Removed: the credentials of an ``Authorization`` header (``Authorization: Basic
+    ***``) and any ``Bearer`` token; the password of a URL or DSN
+    (``postgres://user:***@host/db``); JWTs; the value of a ``name=value`` or
+    ``'name': value`` pair whose name is sensitive (:func:`is_sensitive` with
+    ``redact_keys``), as in ``password=*** host=db`` or ``{'pin': '***'}``. Everything
+    else is kept as it is. Meant for exception text and other free-form strings.
+    """
+    try:
+        rules = _rules_for(redact_keys)
+    except Exception:
+        rules = _rules_for(DEFAULT_REDACT_KEYS)
+    return _redact_text(text, rules)

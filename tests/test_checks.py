@@ -186,18 +186,115 @@ def test_test_settings_are_silent() -> None:
     assert ids(None) == set()
 
 
-@pytest.mark.parametrize(
-    "grousset",
-    [{"NOT_A_SETTING": 1}, {"ON_IN_FLIGHT": "sometimes"}, {"CLAIM_COMMIT": "sometimes"}],
-)
-def test_invalid_grousset_setting_is_E004(grousset: dict[str, Any]) -> None:
-    # Given an unknown key / a bad value in settings.GROUSSET
-    with override_settings(GROUSSET=grousset):
+def test_grousset_not_a_dict_is_E004() -> None:
+    # Given settings.GROUSSET that is not a dict
+    with override_settings(GROUSSET=["DATABASE", "default"]):
         # When the checks run
         messages = checks.run_checks(tags=[TAG])
-    # Then it is the one error reported, naming the problem
+    # Then it is the one error reported
     assert [m.id for m in messages] == ["celery_grousset.E004"]
-    assert next(iter(grousset)) in messages[0].msg or "sometimes" in messages[0].msg
+    assert "must be a dict" in messages[0].msg
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("ON_IN_FLIGHT", "sometimes"),
+        ("CLAIM_COMMIT", "sometimes"),
+        ("EXPIRES_AFTER", None),
+        ("EXPIRES_AFTER", -1),
+        ("BYPASS", "false"),
+        ("REDACT_KEYS", "pin_code"),
+        ("MAX_RESULT_BYTES", "256KB"),
+        ("MAX_PROCESSING_TIME", "abc"),
+        ("MAX_PROCESSING_TIME", -60),
+        ("STORE_TIMEOUT", "x"),
+        ("STORE_TIMEOUT", 0),
+    ],
+)
+def test_invalid_grousset_value_is_E010(name: str, value: object) -> None:
+    # Given a bad value in settings.GROUSSET
+    with override_settings(GROUSSET={name: value}):
+        # When the checks run (the database check too: it reads GROUSSET["DATABASE"])
+        messages = checks.run_checks(tags=[TAG])
+        db_messages = checks.run_checks(databases=["default"], tags=[checks.Tags.database])
+    # Then it is the one error reported, under its own id, naming the setting and the fix
+    assert [m.id for m in messages] == ["celery_grousset.E010"], [m.msg for m in messages]
+    assert name in messages[0].msg and messages[0].hint
+    # And the database check does not crash (it leaves the report to E010)
+    assert not [m for m in db_messages if (m.id or "").startswith(TAG)]
+
+
+def test_unknown_grousset_key_is_E011_naming_the_closest_key() -> None:
+    # Given a misspelt key
+    with override_settings(GROUSSET={"MAX_PROCESING_TIME": 60}):
+        # When the checks run
+        messages = checks.run_checks(tags=[TAG])
+        db_messages = checks.run_checks(databases=["default"], tags=[checks.Tags.database])
+    # Then it is an error under its own id that names the key that was meant
+    assert [m.id for m in messages] == ["celery_grousset.E011"]
+    assert "'MAX_PROCESING_TIME'" in messages[0].msg
+    assert "MAX_PROCESSING_TIME" in (messages[0].hint or "")
+    # And the database check does not crash on it (it used to raise)
+    assert not [m for m in db_messages if (m.id or "").startswith(TAG)]
+
+
+@pytest.mark.parametrize("time_zone", ["Asia/Tokyo", "America/New_York", "Europe/London", None])
+def test_naive_local_datetimes_are_E012(time_zone: str | None) -> None:
+    # Given USE_TZ = False with a time zone other than UTC
+    with override_settings(USE_TZ=False, TIME_ZONE=time_zone):
+        # When the checks run
+        messages = [m for m in checks.run_checks(tags=[TAG]) if m.id == "celery_grousset.E012"]
+    # Then it is an error that says why and how to fix it
+    assert len(messages) == 1
+    assert "USE_TZ" in messages[0].msg and "expir" in messages[0].msg
+    assert "USE_TZ = True" in (messages[0].hint or "")
+
+
+@pytest.mark.parametrize(
+    ("use_tz", "time_zone"), [(False, "UTC"), (True, "Asia/Tokyo"), (True, "UTC")]
+)
+def test_aware_or_utc_datetimes_are_not_E012(use_tz: bool, time_zone: str) -> None:
+    with override_settings(USE_TZ=use_tz, TIME_ZONE=time_zone):
+        assert "celery_grousset.E012" not in ids(None)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"expires_after": -1},
+        {"expires_after": "7d"},
+        {"on_in_flight": "sometimes"},
+        {"on_failure": "forget"},
+        {"max_processing_time": float("nan")},
+        {"max_processing_time": "abc"},
+        {"max_processing_time": 10**12},
+    ],
+)
+def test_invalid_task_option_is_E013_not_E001(
+    make_app: Callable[..., Celery], options: dict[str, Any]
+) -> None:
+    # Given a guarded task with a bad option (max_processing_time set, or bad itself)
+    name = guarded(make_app(), **{"max_processing_time": 60, **options})
+    # When the checks run / Then it is reported as an invalid option, not a missing one
+    messages = [m for m in checks.run_checks(tags=[TAG]) if m.obj == name]
+    assert [m.id for m in messages] == ["celery_grousset.E013"], [m.msg for m in messages]
+    assert next(iter(options)) in messages[0].msg
+
+
+def test_unreadable_sqlite_journal_is_W007_not_a_crash(tmp_path: Path) -> None:
+    # Given a SQLite journal whose file cannot be opened
+    path = tmp_path / "missing-dir" / "journal.sqlite3"
+    with (
+        database("unreadable", ENGINE="django.db.backends.sqlite3", NAME=str(path)),
+        override_settings(GROUSSET={"DATABASE": "unreadable"}),
+    ):
+        # When the database checks run on it
+        messages = checks.run_checks(databases=["unreadable"], tags=[checks.Tags.database])
+    # Then a warning says the journal could not be inspected (no traceback)
+    found = [m for m in messages if (m.id or "").startswith(TAG)]
+    assert [m.id for m in found] == ["celery_grousset.W007"]
+    assert "unreadable" in found[0].msg
 
 
 def test_unknown_or_unsupported_journal_database_is_E003() -> None:
@@ -306,3 +403,38 @@ def test_manage_py_check_reports_every_misconfiguration() -> None:
         ("?", "W004"),
     ]:
         assert f"{obj}: (celery_grousset.{check_id})" in out, out
+
+
+def manage_py_check(grousset: dict[str, Any], *extra: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GROUSSET_CHECKS_GROUSSET": repr(grousset)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return subprocess.run(
+        [sys.executable, "-m", "django", "check", "--settings", "tests.checks_settings", *extra],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("grousset", "check_id", "needle"),
+    [
+        ({"MAX_PROCESING_TIME": 60}, "E011", "MAX_PROCESSING_TIME"),
+        ({"MAX_RESULT_BYTES": "256KB"}, "E010", "MAX_RESULT_BYTES"),
+        ({"STORE_TIMEOUT": "x"}, "E010", "STORE_TIMEOUT"),
+    ],
+)
+def test_manage_py_check_reports_bad_settings_without_a_traceback(
+    grousset: dict[str, Any], check_id: str, needle: str
+) -> None:
+    # Given a bad GROUSSET / When a plain `manage.py check` runs (and one with --database)
+    for extra in ((), ("--database", "default")):
+        proc = manage_py_check({"DATABASE": "default", **grousset}, *extra)
+        out = proc.stdout + proc.stderr
+        # Then it exits 1 with the error under its id, naming the setting; no traceback
+        assert proc.returncode == 1, out
+        assert "Traceback" not in out, out
+        assert f"(celery_grousset.{check_id})" in out and needle in out, out

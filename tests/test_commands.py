@@ -27,6 +27,7 @@ from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.journal import now as _db_now
 from celery_grousset.models import Outcome
 from celery_grousset.store.base import Completion, Store
+from tests import services
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -391,3 +392,82 @@ def test_stats_numbers(store: Store, alias: str, processor: str) -> None:
     text = run("grousset_stats", processor_id=processor, database=alias)
     assert "entries      6 (in_flight 3, completed 2, failed 1)" in text
     assert "deliveries   10 (4 duplicates" in text and "stale claims 1" in text
+
+
+# -- argument validation (issue 16, defect 12) --------------------------------------------
+
+
+@pytest.fixture
+def migrated_default() -> str:
+    """The SQLite journal, migrated: a refused argument must not be mistaken for a
+    missing table."""
+    services.require_database("default")
+    return "default"
+
+
+@pytest.mark.parametrize(
+    ("argv", "options", "option"),
+    [
+        (["--older-than", "999999d"], {}, "--older-than"),
+        (["--older-than", "99999999999d"], {}, "--older-than"),
+        (["--older-than", "9" * 400], {}, "--older-than"),
+        ([], {"older_than": "99999999999d"}, "--older-than"),
+        ([], {"older_than": -5}, "--older-than"),
+        ([], {"older_than": float("nan")}, "--older-than"),
+        ([], {"older_than": float("inf")}, "--older-than"),
+        ([], {"older_than": timedelta(days=-1)}, "--older-than"),
+        (["--batch-size", "0"], {}, "--batch-size"),
+        (["--batch-size", "-3"], {}, "--batch-size"),
+        (["--outbox-only", "--batch-size", "0"], {}, "--batch-size"),
+        (["--outbox-only"], {"batch_size": 0}, "--batch-size"),
+        (["--outbox-only", "--dry-run"], {"batch_size": -1}, "--batch-size"),
+        (["--batch-size", "10000000000"], {}, "--batch-size"),
+    ],
+)
+def test_purge_refuses_bad_arguments_with_what_is_allowed(
+    migrated_default: str, argv: list[str], options: dict[str, Any], option: str
+) -> None:
+    # Given an out-of-range argument, on the command line or through call_command
+    # When the purge runs / Then it is a CommandError naming the option and the range
+    with pytest.raises(CommandError) as info:
+        run("grousset_purge", *argv, database=migrated_default, **options)
+    message = str(info.value)
+    assert option in message and "must be" in message, message
+
+
+@pytest.mark.parametrize(
+    ("argv", "options"),
+    [
+        (["--stale-after", "nan"], {}),
+        (["--stale-after", "inf"], {}),
+        (["--stale-after", "-1"], {}),
+        (["--stale-after", "0"], {}),
+        (["--stale-after", "1e400"], {}),
+        (["--stale-after", "soon"], {}),
+        ([], {"stale_after": float("nan")}),
+        ([], {"stale_after": "inf"}),
+        ([], {"stale_after": 10**12}),
+    ],
+)
+def test_stats_refuses_bad_stale_after_with_what_is_allowed(
+    migrated_default: str, argv: list[str], options: dict[str, Any]
+) -> None:
+    with pytest.raises(CommandError) as info:
+        run("grousset_stats", *argv, database=migrated_default, **options)
+    message = str(info.value)
+    assert "--stale-after" in message and "must be" in message, message
+
+
+def test_good_arguments_still_work(migrated_default: str) -> None:
+    # Given arguments at the edges of what is allowed / Then they are accepted
+    assert "would purge" in run(
+        "grousset_purge", "--older-than", "36500d", "--dry-run", database=migrated_default
+    )
+    assert "would purge" in run(
+        "grousset_purge", "--older-than", "0", "--dry-run", "--batch-size", "1",
+        database=migrated_default,
+    )  # fmt: skip
+    assert "stale claims" in run(
+        "grousset_stats", "--stale-after", "0.5", database=migrated_default
+    )
+    assert "stale claims" in run("grousset_stats", stale_after="2h", database=migrated_default)

@@ -134,14 +134,14 @@ def test_dataclass_and_namedtuple_fields_are_redacted_by_name() -> None:
     assert text.endswith("Login(user='bob', password='***'), Key(name='k', api_key='***')")
 
 
-def test_producer_reprs_are_used_verbatim_never_the_raw_values() -> None:
+def test_producer_reprs_are_used_never_the_raw_values() -> None:
     # Given raw values with a secret, and the reprs the producer chose to show
     args = (SECRET,)
     kwargs = {"token": SECRET}
     # When rendered with Celery's argsrepr/kwargsrepr
     text = safe_repr(args, kwargs, argsrepr="('<hidden>',)", kwargsrepr="{'token': '<hidden>'}")
-    # Then exactly those reprs are used
-    assert text == "args=('<hidden>',), kwargs={'token': '<hidden>'}"
+    # Then those reprs are used (through redact_text: a sensitive name's value is masked)
+    assert text == "args=('<hidden>',), kwargs={'token': '***'}"
     assert SECRET not in text
 
 
@@ -257,3 +257,165 @@ def test_shared_sub_structures_are_not_mistaken_for_cycles() -> None:
     text = safe_repr(([shared, shared],), {})
     # Then both occurrences are rendered (and redacted)
     assert text == "[{'password': '***'}, {'password': '***'}]"
+
+
+# -- names by normalised parts, and values that look like secrets (issue 16, defect 13) ----
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "pwd",
+        "db_pwd",
+        "passphrase",
+        "stripe_key",
+        "encryption_key",
+        "accessKey",
+        "AWS_SECRET_ACCESS_KEY",
+        "key",
+        "keys",
+        "cookie",
+        "Set-Cookie",
+        "cookies",
+        "session_id",
+        "sessionId",
+        "SESSIONID",
+        "jwt",
+        "id_jwt",
+        "otp",
+        "otp_code",
+        "totp",
+        "pin",
+        "PIN",
+        "pin_code",
+        "PINCode",
+        "userPIN",
+        "pin2",
+        "bearer",
+        "bearer_token",
+        "dsn",
+        "sentry_dsn",
+        "DATABASE_DSN",
+        "x-auth-token",
+        "credential",
+    ],
+)
+def test_more_sensitive_names(name: str) -> None:
+    # Given a common secret name that the built-in list used to miss
+    # When it is checked / Then it is sensitive and its value is masked
+    assert is_sensitive(name), name
+    assert SECRET not in safe_repr((), {name: SECRET})
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "pinned",
+        "spinner",
+        "keyboard_layout",
+        "keyboard",
+        "monkey",
+        "turnkey_solution",
+        "pinnacle",
+        "hotpot",
+        "cookbook",
+        "session_count",
+        "dsnake",
+        "opinion",
+        "bearing",
+        "company",
+        "order_id",
+    ],
+)
+def test_harmless_names_that_contain_sensitive_words_are_shown(name: str) -> None:
+    # Given a name in which a short sensitive word is only part of a longer word
+    # When it is checked / Then it is shown: short words must be a whole name part
+    assert not is_sensitive(name), name
+    assert "ACME" in safe_repr((), {name: "ACME"})
+
+
+JWT = (
+    "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9."
+    "eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4ifQ."
+    "SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # bearer tokens and Authorization headers
+        ("Authorization: Bearer abc.def-123", "Authorization: Bearer ***"),
+        ("authorization=Basic dXNlcjpwYXNz", "authorization=Basic ***"),
+        ("Authorization: Basic dXNlcjpwYXNz extra", "Authorization: Basic *** extra"),
+        ("Authorization: abcdef123456", "Authorization: ***"),
+        ("401 for bearer eyJ0eXAi.x.y now", "401 for bearer *** now"),
+        ("Proxy-Authorization: Digest abc", "Proxy-Authorization: Digest ***"),
+        # URLs and DSNs with a password
+        ("postgres://user:pass@host:5432/db", "postgres://user:***@host:5432/db"),
+        ("could not connect to redis://:s3cret@cache:6379/0!", "could not connect to redis://:***@cache:6379/0!"),
+        ("amqp://guest:p@ss@rabbit//", "amqp://guest:***@rabbit//"),
+        ("mysql+pymysql://root:hunter2@db/x?charset=utf8", "mysql+pymysql://root:***@db/x?charset=utf8"),
+        ("https://example.com/path?x=1", "https://example.com/path?x=1"),
+        ("https://user@example.com/", "https://user@example.com/"),
+        # JWTs
+        (f"token {JWT} rejected", "token *** rejected"),
+        (JWT, "***"),
+        # name=value pairs whose name is sensitive (libpq DSNs, query strings, reprs)
+        ("host=db password=hunter2 user=bob", "host=db password=*** user=bob"),
+        ("https://api.test/v1?api_key=abc123&page=2", "https://api.test/v1?api_key=***&page=2"),
+        (
+            "failed for {'user': 'bob', 'password': 'hunter2'}",
+            "failed for {'user': 'bob', 'password': '***'}",
+        ),
+        ('{"pin": 1234, "n": 1}', '{"pin": ***, "n": 1}'),
+        # harmless text is untouched
+        ("KeyError: 'token'", "KeyError: 'token'"),
+        ("ValueError: order 42 is not open", "ValueError: order 42 is not open"),
+        ("celery_grousset.conf.seconds failed", "celery_grousset.conf.seconds failed"),
+        ("version 1.2.3", "version 1.2.3"),
+        ("", ""),
+    ],
+)
+def test_redact_text(text: str, expected: str) -> None:
+    from celery_grousset import redact
+
+    # Given text that may carry a secret value / When redacted
+    # Then the secret is gone, everything else is kept
+    assert redact.redact_text(text) == expected
+
+
+def test_string_arguments_that_look_like_secrets_are_redacted() -> None:
+    # Given arguments under harmless names whose values carry secrets
+    args = ("postgres://app:hunter2@db/prod", f"Bearer {JWT}")
+    # When rendered
+    text = safe_repr(args, {"header": f"Authorization: Basic {SECRET}"})
+    # Then none of the secrets is shown
+    assert SECRET not in text and JWT not in text and "hunter2" not in text
+    assert "postgres://app:***@db/prod" in text
+
+
+def test_producer_reprs_are_redacted_too() -> None:
+    text = safe_repr((), {}, argsrepr="('postgres://a:hunter2@db/x',)", kwargsrepr="{}")
+    assert "hunter2" not in text
+
+
+def test_redact_text_is_linear_on_pathological_input() -> None:
+    import time
+
+    from celery_grousset import redact
+
+    # Given long inputs made of what the patterns look for, without an end
+    samples = [
+        "a." * 100_000,
+        "a=" * 100_000,
+        "x://" + "u:" * 100_000,
+        "eyJ" + "a" * 200_000,
+        "bearer " * 50_000,
+        "'password': " * 30_000,
+    ]
+    for sample in samples:
+        t0 = time.perf_counter()
+        redact.redact_text(sample)
+        # Then each is redacted in well under a second
+        assert time.perf_counter() - t0 < 1.0, sample[:20]

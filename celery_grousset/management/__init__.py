@@ -2,12 +2,21 @@
 
 Every command reads the journal on ``GROUSSET["DATABASE"]`` unless ``--database``
 names another alias; times come from the database clock.
+
+Arguments are checked here, once for every command, whether they come from the
+command line (argparse ``type=``) or from ``call_command`` keyword arguments (which
+bypass argparse): a duration is finite, at most :data:`MAX_DURATION_DAYS` days and
+not negative (:func:`duration_option`); a count is a whole number within its range
+(:func:`count_option`). Anything else is a :class:`CommandError` that says what is
+allowed, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import re
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -18,32 +27,99 @@ from celery_grousset.journal import MIN_PREFIX as MIN_PREFIX
 if TYPE_CHECKING:
     from celery_grousset.models import Outcome
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
+#: longest duration a command accepts (100 years; the settings' limit too)
+MAX_DURATION_DAYS = 36500
+#: largest --batch-size (rows deleted per transaction)
+MAX_BATCH_SIZE = 1_000_000
+
+
+class _Refused(ValueError):
+    """An argument outside what is allowed (the message says what is)."""
+
+
+def _duration_seconds(value: object, *, positive: bool) -> float:
+    """The one duration rule: ``value`` in seconds, or :class:`_Refused`."""
+    allowed = (
+        f"{'above 0' if positive else '0 or more'} and at most {MAX_DURATION_DAYS}d "
+        "(100 years): seconds, or a number followed by s, m, h, d or w (30m, 12h, 7d)"
+    )
+    number: float
+    if isinstance(value, timedelta):
+        number = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+    elif isinstance(value, str):
+        match = _DURATION.match(value)
+        if match is None:
+            raise _Refused(f"must be a duration {allowed}; got {value!r}, an invalid duration")
+        try:
+            number = float(match.group(1)) * _UNITS[match.group(2).lower()]
+        except OverflowError:
+            number = math.inf
+    else:
+        raise _Refused(f"must be a duration {allowed}; got {value!r}")
+    if not math.isfinite(number) or number < 0 or number > MAX_DURATION_DAYS * 86400:
+        raise _Refused(f"must be a duration {allowed}; got {value!r}")
+    if positive and number == 0:
+        raise _Refused(f"must be a duration {allowed}; got {value!r}")
+    return number
+
+
+def duration_option(
+    value: object, *, option: str, positive: bool = False
+) -> timedelta | None:
+    """An option's duration (``None`` stays ``None``), or a :class:`CommandError`."""
+    if value is None:
+        return None
+    try:
+        return timedelta(seconds=_duration_seconds(value, positive=positive))
+    except _Refused as exc:
+        raise CommandError(f"{option} {exc}") from None
+
+
+def count_option(value: object, *, option: str, low: int = 1, high: int = MAX_BATCH_SIZE) -> int:
+    """An option's whole number within ``low``..``high``, or a :class:`CommandError`."""
+    number: object = value
+    if isinstance(value, str):
+        try:
+            number = int(value.strip())
+        except ValueError:
+            number = None
+    if isinstance(number, bool) or not isinstance(number, int) or not low <= number <= high:
+        raise CommandError(f"{option} must be a whole number from {low} to {high}; got {value!r}")
+    return number
+
+
+def argparse_type(check: Callable[[object], object]) -> Callable[[str], object]:
+    """An argparse ``type=`` that applies ``check`` (errors become usage errors)."""
+
+    def convert(text: str) -> object:
+        try:
+            return check(text)
+        except CommandError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
 
 def parse_duration(text: str) -> timedelta:
-    """``"7d"``, ``"12h"``, ``"30m"``, ``"45s"``, ``"2w"`` or plain seconds."""
-    match = _DURATION.match(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(
-            f"invalid duration {text!r}: use seconds or a number followed by s, m, h, d or w "
-            "(for example 7d, 12h, 30m)"
-        )
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2).lower()])
-
-
-def as_duration(value: object) -> timedelta | None:
-    """An option value as a timedelta (``call_command`` kwargs bypass argparse types)."""
-    if value is None or isinstance(value, timedelta):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return timedelta(seconds=value)
+    """``"7d"``, ``"12h"``, ``"30m"``, ``"45s"``, ``"2w"`` or plain seconds (0 to 100 years)."""
     try:
-        return parse_duration(str(value))
-    except argparse.ArgumentTypeError as exc:
-        raise CommandError(str(exc)) from exc
+        return timedelta(seconds=_duration_seconds(text, positive=False))
+    except _Refused as exc:
+        raise argparse.ArgumentTypeError(f"invalid duration: {exc}") from None
+
+
+def as_duration(value: object, *, option: str = "--older-than") -> timedelta | None:
+    """An option value as a timedelta (``call_command`` kwargs bypass argparse types)."""
+    return duration_option(value, option=option)
 
 
 def add_database_argument(parser: CommandParser) -> None:

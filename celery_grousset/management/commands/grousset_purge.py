@@ -20,11 +20,22 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from celery_grousset.management import (
+    MAX_BATCH_SIZE,
+    MAX_DURATION_DAYS,
     add_database_argument,
-    as_duration,
+    argparse_type,
+    count_option,
+    duration_option,
     journal_alias,
-    parse_duration,
 )
+
+
+def _older_than(value: object) -> object:
+    return duration_option(value, option="--older-than")
+
+
+def _batch_size(value: object) -> int:
+    return count_option(value, option="--batch-size")
 
 
 class Command(BaseCommand):
@@ -37,9 +48,9 @@ class Command(BaseCommand):
         add_database_argument(parser)
         parser.add_argument(
             "--batch-size",
-            type=int,
+            type=argparse_type(_batch_size),
             default=10_000,
-            help="Rows deleted per transaction (default 10000).",
+            help=f"Rows deleted per transaction: 1 to {MAX_BATCH_SIZE} (default 10000).",
         )
         parser.add_argument(
             "--dry-run",
@@ -48,10 +59,11 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--older-than",
-            type=parse_duration,
+            type=argparse_type(_older_than),
             default=None,
             metavar="DURATION",
-            help="Only rows that expired at least this long ago: seconds or 30m, 12h, 7d, 2w.",
+            help="Only rows that expired at least this long ago: seconds or 30m, 12h, 7d, 2w "
+            f"(0 to {MAX_DURATION_DAYS}d).",
         )
         which = parser.add_mutually_exclusive_group()
         which.add_argument(
@@ -64,6 +76,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # call_command() keyword arguments bypass argparse: check them here too.
+        options["batch_size"] = _batch_size(options["batch_size"])
+        options["older_than"] = _older_than(options["older_than"])
         if not options.get("outbox_only"):
             self._purge_journal(**options)
         if not options.get("no_outbox"):
@@ -74,13 +89,11 @@ class Command(BaseCommand):
 
         alias = journal_alias(options["database"])
         batch_size = int(options["batch_size"])
-        if batch_size < 1:
-            raise CommandError("--batch-size must be at least 1")
         verbosity = int(options["verbosity"])
         t0 = time.monotonic()
         try:
             now = journal.now(alias)
-            older_than = as_duration(options["older_than"])
+            older_than = options["older_than"]
             before = now - older_than if older_than else now
             if options["dry_run"]:
                 count = journal.expired(alias, before).count()
@@ -120,7 +133,7 @@ class Command(BaseCommand):
         shown = verbosity > 1 or options.get("outbox_only")
         retention = seconds(grousset_settings.EXPIRES_AFTER, name="EXPIRES_AFTER") or 0.0
         try:
-            older_than = as_duration(options["older_than"]) or timedelta(0)
+            older_than = options["older_than"] or timedelta(0)
             cutoff = journal.now(alias) - older_than - timedelta(seconds=retention)
             if options["dry_run"]:
                 count = outbox.sent_before_count(using=alias, before=cutoff)
@@ -128,7 +141,7 @@ class Command(BaseCommand):
                     self.stdout.write(f"would purge {count} sent outbox messages (dry run)")
                 return
             count = outbox.purge_sent(
-                using=alias, before=cutoff, batch_size=max(1, int(options["batch_size"]))
+                using=alias, before=cutoff, batch_size=int(options["batch_size"])
             )
         except DatabaseError as exc:
             raise CommandError(f"outbox purge failed on {alias!r}: {exc}") from exc

@@ -16,22 +16,26 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 from django.db.models import Count, Q, Sum
 
-from celery_grousset.management import add_database_argument, human_seconds, journal_alias
+from celery_grousset.management import (
+    MAX_DURATION_DAYS,
+    add_database_argument,
+    argparse_type,
+    duration_option,
+    human_seconds,
+    journal_alias,
+)
 
 TOP_TASKS = 20
 
 
-def stale_after(explicit: float | str | None) -> float | None:
+def _stale_after(value: object) -> timedelta | None:
+    return duration_option(value, option="--stale-after", positive=True)
+
+
+def stale_after(explicit: object) -> float | None:
     """``--stale-after`` seconds; None: each claim's own deadline (its ``stale_at``)."""
-    if explicit is not None:
-        try:
-            value = float(explicit)
-        except ValueError:
-            raise CommandError(f"--stale-after must be seconds, got {explicit!r}") from None
-        if value <= 0:
-            raise CommandError("--stale-after must be positive")
-        return value
-    return None
+    value = _stale_after(explicit)
+    return value.total_seconds() if value is not None else None
 
 
 def collect(alias: str, processor_id: str | None, stale_seconds: float | None) -> dict[str, Any]:
@@ -104,20 +108,22 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--stale-after",
-            type=float,
+            type=argparse_type(_stale_after),
             default=None,
-            metavar="SECONDS",
-            help="Count in-flight claims older than this as stale (default: each claim's "
-            "own deadline, started_at + its task's max_processing_time).",
+            metavar="DURATION",
+            help="Count in-flight claims older than this as stale: seconds or 30m, 12h, 7d "
+            f"(above 0, at most {MAX_DURATION_DAYS}d; default: each claim's own deadline, "
+            "started_at + its task's max_processing_time).",
         )
         parser.add_argument("--processor-id", default=None, help="Only this processor's entries.")
         parser.add_argument("--json", action="store_true", help="Print JSON.")
         add_database_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        stale_seconds = stale_after(options["stale_after"])  # checked before any query
         alias = journal_alias(options["database"])
         try:
-            data = collect(alias, options["processor_id"], stale_after(options["stale_after"]))
+            data = collect(alias, options["processor_id"], stale_seconds)
         except DatabaseError as exc:
             raise CommandError(f"could not read the journal on {alias!r}: {exc}") from exc
         if options["json"]:
