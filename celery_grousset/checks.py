@@ -138,8 +138,105 @@ def check_tasks(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
         _running.active = False
 
 
+def _task_options(task: Any) -> tuple[Any, list[checks.CheckMessage]]:
+    """The task's resolved options, or the check errors that say why they cannot be."""
+    from celery_grousset.conf import GroussetSettingsError
+
+    errors: list[checks.CheckMessage] = []
+    try:
+        opts = task.grousset_options()
+    except GroussetSettingsError as exc:  # a task option with a bad type or range
+        errors.append(
+            checks.Error(
+                f"Task {task.name!r}: " + "; ".join(p.message for p in exc.problems),
+                hint=" ".join(p.hint for p in exc.problems),
+                obj=task.name,
+                id="celery_grousset.E013",
+            )
+        )
+        return None, errors
+    except ImproperlyConfigured as exc:
+        errors.append(
+            checks.Error(
+                str(exc).replace("celery-grousset: ", "", 1),
+                hint="Set max_processing_time=<seconds> on the task decorator, or "
+                "GROUSSET['MAX_PROCESSING_TIME'] in settings.",
+                obj=task.name,
+                id="celery_grousset.E001",
+            )
+        )
+        return None, errors
+    except Exception as exc:  # e.g. int("abc") for an integer option
+        errors.append(
+            checks.Error(
+                f"Task {task.name!r}: its options cannot be resolved: "
+                f"{type(exc).__qualname__}: {exc}",
+                hint="Give each option the type docs/configuration.md lists.",
+                obj=task.name,
+                id="celery_grousset.E013",
+            )
+        )
+        return None, errors
+    return opts, errors
+
+
+def _task_conflicts(app: Any, task: Any, opts: Any) -> list[checks.CheckMessage]:
+    """A guarded task's settings that fight its max_processing_time."""
+    errors: list[checks.CheckMessage] = []
+    mpt = opts.max_processing_time
+    hard = task.time_limit if task.time_limit is not None else app.conf.task_time_limit
+    if hard is not None and hard >= mpt:
+        errors.append(
+            checks.Error(
+                f"Task {task.name!r}: hard time_limit {hard}s is not below "
+                f"max_processing_time {mpt:g}s, so a live attempt can be taken over.",
+                hint=f"Raise max_processing_time above {hard}s or lower time_limit.",
+                obj=task.name,
+                id="celery_grousset.E002",
+            )
+        )
+    vt = _visibility_timeout(app)
+    if vt is not None and vt < mpt:
+        errors.append(
+            checks.Warning(
+                f"Task {task.name!r}: the broker's visibility_timeout ({vt:g}s) is shorter "
+                "than "
+                f"max_processing_time ({mpt:g}s): the broker will redeliver running tasks "
+                "(they wait as in-flight duplicates instead of running twice).",
+                hint="Set CELERY_BROKER_TRANSPORT_OPTIONS = {'visibility_timeout': N} with N "
+                "above every max_processing_time.",
+                obj=task.name,
+                id="celery_grousset.W001",
+            )
+        )
+    if not task.acks_late:
+        errors.append(
+            checks.Warning(
+                f"Task {task.name!r} acknowledges its message before it runs (acks_late off): "
+                "a worker that dies mid-task loses the message, and the claim is taken over "
+                "only if another delivery arrives.",
+                hint="Set acks_late=True on the task or CELERY_TASK_ACKS_LATE = True.",
+                obj=task.name,
+                id="celery_grousset.W002",
+            )
+        )
+    if task.acks_late and not task.reject_on_worker_lost:
+        errors.append(
+            checks.Warning(
+                f"Task {task.name!r}: reject_on_worker_lost is off, so a killed worker child's "
+                "message is acknowledged as failed instead of redelivered.",
+                hint="Set reject_on_worker_lost=True or "
+                "CELERY_TASK_REJECT_ON_WORKER_LOST = True.",
+                obj=task.name,
+                id="celery_grousset.W003",
+            )
+        )
+    errors.extend(_check_database())
+    return errors
+
+
 def _check_tasks() -> list[checks.CheckMessage]:
-    from celery_grousset.conf import GroussetSettingsError, grousset_settings
+    from celery_grousset.conf import grousset_settings
 
     grousset_settings.reload()
     errors = settings_messages()
@@ -147,89 +244,10 @@ def _check_tasks() -> list[checks.CheckMessage]:
         return errors
     errors.extend(time_zone_messages())
     for app, task in guarded_tasks():
-        try:
-            opts = task.grousset_options()
-        except GroussetSettingsError as exc:  # a task option with a bad type or range
-            errors.append(
-                checks.Error(
-                    f"Task {task.name!r}: " + "; ".join(p.message for p in exc.problems),
-                    hint=" ".join(p.hint for p in exc.problems),
-                    obj=task.name,
-                    id="celery_grousset.E013",
-                )
-            )
-            continue
-        except ImproperlyConfigured as exc:
-            errors.append(
-                checks.Error(
-                    str(exc).replace("celery-grousset: ", "", 1),
-                    hint="Set max_processing_time=<seconds> on the task decorator, or "
-                    "GROUSSET['MAX_PROCESSING_TIME'] in settings.",
-                    obj=task.name,
-                    id="celery_grousset.E001",
-                )
-            )
-            continue
-        except Exception as exc:  # e.g. int("abc") for an integer option
-            errors.append(
-                checks.Error(
-                    f"Task {task.name!r}: its options cannot be resolved: "
-                    f"{type(exc).__qualname__}: {exc}",
-                    hint="Give each option the type docs/configuration.md lists.",
-                    obj=task.name,
-                    id="celery_grousset.E013",
-                )
-            )
-            continue
-        mpt = opts.max_processing_time
-        hard = task.time_limit if task.time_limit is not None else app.conf.task_time_limit
-        if hard is not None and hard >= mpt:
-            errors.append(
-                checks.Error(
-                    f"Task {task.name!r}: hard time_limit {hard}s is not below "
-                    f"max_processing_time {mpt:g}s, so a live attempt can be taken over.",
-                    hint=f"Raise max_processing_time above {hard}s or lower time_limit.",
-                    obj=task.name,
-                    id="celery_grousset.E002",
-                )
-            )
-        vt = _visibility_timeout(app)
-        if vt is not None and vt < mpt:
-            errors.append(
-                checks.Warning(
-                    f"Task {task.name!r}: the broker's visibility_timeout ({vt:g}s) is shorter "
-                    "than "
-                    f"max_processing_time ({mpt:g}s): the broker will redeliver running tasks "
-                    "(they wait as in-flight duplicates instead of running twice).",
-                    hint="Set CELERY_BROKER_TRANSPORT_OPTIONS = {'visibility_timeout': N} with N "
-                    "above every max_processing_time.",
-                    obj=task.name,
-                    id="celery_grousset.W001",
-                )
-            )
-        if not task.acks_late:
-            errors.append(
-                checks.Warning(
-                    f"Task {task.name!r} acknowledges its message before it runs (acks_late off): "
-                    "a worker that dies mid-task loses the message, and the claim is taken over "
-                    "only if another delivery arrives.",
-                    hint="Set acks_late=True on the task or CELERY_TASK_ACKS_LATE = True.",
-                    obj=task.name,
-                    id="celery_grousset.W002",
-                )
-            )
-        if task.acks_late and not task.reject_on_worker_lost:
-            errors.append(
-                checks.Warning(
-                    f"Task {task.name!r}: reject_on_worker_lost is off, so a killed worker child's "
-                    "message is acknowledged as failed instead of redelivered.",
-                    hint="Set reject_on_worker_lost=True or "
-                    "CELERY_TASK_REJECT_ON_WORKER_LOST = True.",
-                    obj=task.name,
-                    id="celery_grousset.W003",
-                )
-            )
-    errors.extend(_check_database())
+        opts, problems = _task_options(task)
+        errors.extend(problems)
+        if opts is not None:
+            errors.extend(_task_conflicts(app, task, opts))
     return errors
 
 

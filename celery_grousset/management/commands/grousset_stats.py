@@ -70,11 +70,10 @@ def collect(alias: str, processor_id: str | None, stale_seconds: float | None) -
         )
         .order_by("-n_entries", "task_name")[:TOP_TASKS]
     )
-    if stale_seconds is None:
-        stale = qs.filter(journal.stale(now)).count()
-    else:
-        cutoff = now - timedelta(seconds=stale_seconds)
-        stale = qs.filter(status=Status.IN_FLIGHT, started_at__lt=cutoff).count()
+    stale = qs.filter(
+        journal.stale(now) if stale_seconds is None else
+        Q(status=Status.IN_FLIGHT, started_at__lt=now - timedelta(seconds=stale_seconds))
+    ).count()
     return {
         "database": alias,
         "processor_id": processor_id,

@@ -1,0 +1,222 @@
+"""The value rules of the ``GROUSSET`` settings: each setting's type and range, and the
+error that names a refused value and its fix (docs/configuration.md)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.core.exceptions import ImproperlyConfigured
+
+from celery_grousset.exceptions import GroussetError
+
+#: The longest duration any setting or task option accepts: 100 years. Longer ones
+#: would put ``expires_on`` (claim time + duration) past the dates databases hold.
+MAX_DURATION = 36500 * 86400.0
+
+#: Ids of the system checks that report settings problems (see checks.py).
+ID_NOT_A_DICT = "celery_grousset.E004"
+ID_BAD_VALUE = "celery_grousset.E010"
+ID_UNKNOWN_KEY = "celery_grousset.E011"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with ``settings.GROUSSET``: which setting, what, and the fix."""
+
+    setting: str
+    message: str
+    hint: str
+    id: str = ID_BAD_VALUE
+
+    def __str__(self) -> str:
+        return f"{self.message} {self.hint}"
+
+
+class GroussetSettingsError(GroussetError, ImproperlyConfigured):
+    """``settings.GROUSSET`` (or a task option) has a value celery-grousset refuses.
+
+    ``problems`` lists each one (:class:`Problem`: the setting, the message, the fix);
+    the text names every setting concerned.
+    """
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = list(problems)
+        self.setting = self.problems[0].setting if self.problems else ""
+        text = "; ".join(str(p) for p in self.problems)
+        super().__init__(f"celery-grousset: {text}")
+
+
+def _fail(name: str, message: str, hint: str, id: str = ID_BAD_VALUE) -> GroussetSettingsError:
+    return GroussetSettingsError([Problem(name, message, hint, id)])
+
+
+def _shown(value: object) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _duration_text(limit: float) -> str:
+    return f"{limit / 86400:g} days" if limit >= 86400 else f"{limit:g} s"
+
+
+def seconds(value: object, *, name: str, maximum: float = MAX_DURATION) -> float | None:
+    """Return ``value`` (seconds as int/float, or a timedelta) as float seconds.
+
+    ``None`` stays ``None`` (unset). Anything else must be a finite duration above
+    zero and at most ``maximum`` seconds (100 years unless said otherwise); otherwise
+    :class:`GroussetSettingsError` (an ``ImproperlyConfigured``) names ``name``.
+    """
+    if value is None:
+        return None
+    number: float
+    if isinstance(value, timedelta):
+        number = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond float range
+            number = math.inf
+    else:
+        raise _fail(
+            name,
+            f"{name} must be a number of seconds (int or float) or a timedelta, "
+            f"got {_shown(value)} ({type(value).__name__}).",
+            f"Write e.g. {name}=60 or {name}=timedelta(minutes=1).",
+        )
+    if not math.isfinite(number) or number <= 0 or number > maximum:
+        raise _fail(
+            name,
+            f"{name} must be a duration above 0 and at most {_duration_text(maximum)}, "
+            f"got {_shown(value)}.",
+            f"Give a positive, finite duration of at most {maximum:g} seconds.",
+        )
+    return number
+
+
+def check_choice(name: str, value: object) -> str:
+    """Validate an option with a fixed set of values; return it."""
+    choices = _CHOICES[name]
+    if not isinstance(value, str) or value not in choices:
+        shown = " or ".join(repr(c) for c in choices)
+        raise _fail(
+            name,
+            f"{name.lower()} ({name}) must be one of {shown}, got {_shown(value)}.",
+            f"Use {shown} (lower case, a str).",
+        )
+    return value
+
+
+# -- validators: each returns the value as it reads back, or raises GroussetSettingsError ----
+
+
+def _duration(name: str, value: object) -> float:
+    if value is None:
+        raise _fail(
+            name,
+            f"{name} must be a number of seconds or a timedelta, got None.",
+            f"Remove {name} to use the default, or give a duration "
+            "(e.g. 3600 or timedelta(hours=1)).",
+        )
+    result = seconds(value, name=name)
+    assert result is not None
+    return result
+
+
+def _optional_duration(name: str, value: object) -> float | None:
+    return seconds(value, name=name)
+
+
+def _expires_after(name: str, value: object) -> float:
+    if value is None:
+        raise _fail(
+            name,
+            "EXPIRES_AFTER must be a number of seconds or a timedelta, got None (None would "
+            "expire every record at once and turn deduplication off).",
+            "Remove EXPIRES_AFTER for the default (7 days), or give the retention window, "
+            "e.g. timedelta(days=30); at most 100 years.",
+        )
+    return _duration(name, value)
+
+
+def _store_timeout(name: str, value: object) -> float:
+    if value is None:
+        return _duration(name, value)
+    result = seconds(value, name=name, maximum=86400.0)
+    assert result is not None
+    return result
+
+
+def _integer(low: int, high: int) -> Callable[[str, object], int]:
+    def check(name: str, value: object) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise _fail(
+                name,
+                f"{name} must be an int from {low} to {high}, got {_shown(value)}.",
+                f"Write a plain integer from {low} to {high}.",
+            )
+        return int(value)
+
+    return check
+
+
+def _boolean(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(
+            name,
+            f"{name} must be True or False (a bool), got {_shown(value)}.",
+            "Strings and numbers are refused (\"false\" would be true): write True or False.",
+        )
+    return value
+
+
+def _choice(name: str, value: object) -> str:
+    return check_choice(name, value)
+
+
+def _text(max_length: int, *, optional: bool) -> Callable[[str, object], str | None]:
+    def check(name: str, value: object) -> str | None:
+        if value is None and optional:
+            return None
+        if not isinstance(value, str) or not 1 <= len(value) <= max_length:
+            kind = "None or a" if optional else "a"
+            raise _fail(
+                name,
+                f"{name} must be {kind} non-empty str of at most {max_length} characters, "
+                f"got {_shown(value)}.",
+                f"Write e.g. {name}={'billing' if optional else 'default'!r}.",
+            )
+        return value
+
+    return check
+
+
+def _redact_keys(name: str, value: object) -> tuple[str, ...]:
+    if isinstance(value, str):
+        raise _fail(
+            name,
+            f"{name} must be a list, tuple or set of names, got the str {_shown(value)} "
+            "(a str would be read letter by letter).",
+            f"Write {name}=({value!r},) or [{value!r}].",
+        )
+    if not isinstance(value, (list, tuple, set, frozenset)) or not all(
+        isinstance(key, str) and key.strip() for key in value
+    ):
+        raise _fail(
+            name,
+            f"{name} must be a list, tuple or set of non-empty str names, got {_shown(value)}.",
+            f"Write e.g. {name}=(\"pin_code\", \"mother_maiden_name\").",
+        )
+    return tuple(sorted(value)) if isinstance(value, (set, frozenset)) else tuple(value)
+
+
+_CHOICES = {
+    "ON_IN_FLIGHT": ("retry", "wait"),
+    "ON_FAILURE": ("release", "memoize"),
+    "CLAIM_COMMIT": ("durable", "async"),
+}
