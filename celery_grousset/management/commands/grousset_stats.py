@@ -9,7 +9,7 @@ their own ``stale_at``, i.e. older than their task's ``max_processing_time``; or
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -36,6 +36,13 @@ def stale_after(explicit: object) -> float | None:
     """``--stale-after`` seconds; None: each claim's own deadline (its ``stale_at``)."""
     value = _stale_after(explicit)
     return value.total_seconds() if value is not None else None
+
+
+def _stale(own_deadline: Q, now: datetime, stale_seconds: float | None) -> Q:
+    """Stale by each claim's own deadline, or (``--stale-after``) by age."""
+    if stale_seconds is None:
+        return own_deadline
+    return Q(status="in_flight", started_at__lt=now - timedelta(seconds=stale_seconds))
 
 
 def collect(alias: str, processor_id: str | None, stale_seconds: float | None) -> dict[str, Any]:
@@ -70,10 +77,6 @@ def collect(alias: str, processor_id: str | None, stale_seconds: float | None) -
         )
         .order_by("-n_entries", "task_name")[:TOP_TASKS]
     )
-    stale = qs.filter(
-        journal.stale(now) if stale_seconds is None else
-        Q(status=Status.IN_FLIGHT, started_at__lt=now - timedelta(seconds=stale_seconds))
-    ).count()
     return {
         "database": alias,
         "processor_id": processor_id,
@@ -83,7 +86,7 @@ def collect(alias: str, processor_id: str | None, stale_seconds: float | None) -
         "duplicates": deliveries - entries,
         "takeovers": int(totals["n_takeovers"] or 0),
         "entries_taken_over": int(totals["n_taken_over"] or 0),
-        "stale_claims": stale,
+        "stale_claims": qs.filter(_stale(journal.stale(now), now, stale_seconds)).count(),
         "stale_after_seconds": stale_seconds,
         "expired": journal.expired(alias, now, processor_id).count(),
         "by_task": [
