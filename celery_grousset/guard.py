@@ -207,7 +207,10 @@ def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> 
     else:
         completion = Completion(Status.FAILED.value, None, ENC_NONE, memo.error_summary(exc))
     try:
-        if not store.finish(req.processor_id, req.fingerprint, req.token, completion):
+        t0 = time.perf_counter()
+        done = store.finish(req.processor_id, req.fingerprint, req.token, completion)
+        events.finished(req, "failed" if done else "fenced_out", time.perf_counter() - t0)
+        if not done:
             events.fenced(req, 0)
     except StoreUnavailable as store_exc:
         # The claim stays in flight; it turns stale after max_processing_time.
@@ -269,7 +272,9 @@ def run_owned(
     result, enc, error = memo.encode(
         value, serializer=serializer, memoize=opts.memoize, max_bytes=opts.max_result_bytes
     )
+    t0 = time.perf_counter()
     done = finish_retrying(store, req, Completion(Status.COMPLETED.value, result, enc, error))
+    events.finished(req, "completed" if done else "fenced_out", time.perf_counter() - t0)
     if not done:
         events.fenced(req, res.fence)
         raise FencedOut(
@@ -299,6 +304,7 @@ def _run_transactional(
             result, enc, error = memo.encode(
                 value, serializer=serializer, memoize=opts.memoize, max_bytes=opts.max_result_bytes
             )
+            t0 = time.perf_counter()
             done = (
                 Outcome.objects.using(opts.database)
                 .filter(
@@ -316,6 +322,7 @@ def _run_transactional(
                 )
             )
             if not done:
+                events.finished(req, "fenced_out", time.perf_counter() - t0)
                 events.fenced(req, res.fence)
                 raise FencedOut(
                     f"{req.task_name}: this attempt (fence {res.fence}) lost its claim on "
@@ -326,6 +333,7 @@ def _run_transactional(
     except BaseException as exc:
         fail(store, opts, req, exc)
         raise
+    events.finished(req, "completed", time.perf_counter() - t0)  # the update and its commit
     fault("after_complete")
     return value
 
