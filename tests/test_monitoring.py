@@ -1,11 +1,14 @@
 """The shipped monitoring assets (celery_grousset/contrib/monitoring/): the Prometheus
 alert rules pass ``promtool check rules`` and fire when they should (``promtool test
 rules`` on synthetic series), and the Grafana dashboard and the rules only name metrics,
-labels and outcome values that the package exports."""
+labels and outcome values that the package exports. And the log records carry their
+fields as ``extra=`` for JSON formatters."""
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import re
 import shutil
 import subprocess
@@ -271,3 +274,85 @@ def test_dashboard_is_a_grafana_model() -> None:
         assert panel["targets"] and all(t["expr"].strip() for t in panel["targets"])
         ref_ids = [t["refId"] for t in panel["targets"]]
         assert len(ref_ids) == len(set(ref_ids)), panel["title"]
+
+
+# -- structured logs ---------------------------------------------------------------------
+
+
+class JsonFormatter(logging.Formatter):
+    """What a JSON log formatter does: selected record attributes as one JSON object."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        keep = {k: v for k, v in record.__dict__.items()
+                if k.startswith("grousset") or k in ("levelname", "name")}  # fmt: skip
+        return json.dumps({"message": record.getMessage(), **keep}, default=str)
+
+
+@pytest.fixture
+def json_log() -> Iterator[io.StringIO]:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("celery_grousset")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield stream
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def test_log_fields_travel_as_extra_for_json_formatters(
+    json_log: io.StringIO, processor: str
+) -> None:
+    from celery_grousset import protect
+    from celery_grousset.models import Outcome
+
+    services.require_database("default")
+    opts = {"processor_id": processor, "database": "default", "max_processing_time": 60}
+    # Given a JSON formatter on the celery_grousset logger
+    # When protect() runs a key, then gets a duplicate of it
+    assert protect("json-log", lambda: 7, **opts) == 7
+    assert protect("json-log", lambda: 8, **opts) == 7
+    rec = Outcome.objects.using("default").get(processor_id=processor)
+    lines = [json.loads(line) for line in json_log.getvalue().splitlines()]
+    duplicates = [line for line in lines if line["message"].startswith("grousset.duplicate")]
+    # Then the duplicate's record carries its fields as a dict and as attributes,
+    # with their own types (an int stays an int), besides the key=value message
+    assert len(duplicates) == 1
+    line = duplicates[0]
+    fields = line["grousset"]
+    assert fields["event"] == line["grousset_event"] == "grousset.duplicate_skipped"
+    assert fields["fingerprint"] == line["grousset_fingerprint"] == rec.fingerprint
+    assert fields["processor"] == line["grousset_processor"] == processor
+    assert fields["task"] == "protect" and fields["deliveries"] == 2
+    assert fields["original_task_id"] == rec.task_id
+    assert fields["completed_at"] == rec.completed_at.isoformat()
+    assert "delivery" not in fields  # a None field is left out, as in the message
+    assert f"fingerprint={rec.fingerprint} task=protect" in line["message"]
+    assert "deliveries=2" in line["message"]
+
+
+class Unprintable:
+    def __str__(self) -> str:
+        raise AssertionError("a field was formatted for a disabled level")
+
+    def __format__(self, spec: str) -> str:
+        return str(self)
+
+
+def test_a_disabled_level_builds_nothing(json_log: io.StringIO, processor: str) -> None:
+    from celery_grousset import events, guard
+
+    # Given INFO disabled on the logger, and a field that cannot be formatted
+    logging.getLogger("celery_grousset").setLevel(logging.WARNING)
+    opts = guard.Options(max_processing_time=60, processor_id=processor)
+    req = guard.request(opts, "f" * 64, "t", "id", "")
+    # When an INFO event is logged / Then nothing was formatted, nothing written
+    events._log(logging.INFO, "grousset.in_flight", req, holder=Unprintable())
+    assert json_log.getvalue() == ""
+    # And at an enabled level the same call does format it
+    with pytest.raises(AssertionError, match="formatted"):
+        events._log(logging.ERROR, "grousset.in_flight", req, holder=Unprintable())
