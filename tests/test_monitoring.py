@@ -12,6 +12,7 @@ import logging
 import re
 import shutil
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -356,3 +357,42 @@ def test_a_disabled_level_builds_nothing(json_log: io.StringIO, processor: str) 
     # And at an enabled level the same call does format it
     with pytest.raises(AssertionError, match="formatted"):
         events._log(logging.ERROR, "grousset.in_flight", req, holder=Unprintable())
+
+
+# -- the purge beat task -------------------------------------------------------------------
+
+
+def test_beat_purge_also_drops_old_sent_outbox_rows(alias: str) -> None:
+    from datetime import timedelta
+
+    from django.db import transaction
+
+    from celery_grousset import outbox
+    from celery_grousset.managers import _db_now
+    from celery_grousset.models import OutboxMessage
+    from celery_grousset.tasks import purge_expired
+    from tests.tasks import effect
+
+    queue = f"purge-{uuid.uuid4().hex[:8]}"  # rows are written, never published
+    with transaction.atomic(using=alias):
+        made = {name: outbox.enqueue(effect, (name,), using=alias, queue=queue)
+                for name in ("old_sent", "new_sent", "old_dead", "pending")}  # fmt: skip
+    rows = OutboxMessage.objects.using(alias)
+    now = _db_now(alias)
+    # Given sent rows 8 days old and 1 day old (retention: 7 days), an old dead row and
+    # a pending row
+    rows.filter(pk=made["old_sent"].pk).update(status="sent", sent_at=now - timedelta(days=8))
+    rows.filter(pk=made["new_sent"].pk).update(status="sent", sent_at=now - timedelta(days=1))
+    rows.filter(pk=made["old_dead"].pk).update(status="dead", sent_at=now - timedelta(days=30))
+    ids = [row.pk for row in made.values()]
+    try:
+        # When the periodic task runs with outbox=False / Then the outbox is left alone
+        purge_expired.apply(kwargs={"database": alias, "outbox": False}).get()
+        assert rows.filter(pk__in=ids).count() == 4
+        # When it runs as beat schedules it
+        purge_expired.apply(kwargs={"database": alias, "batch_size": 1}).get()
+        # Then only the sent row older than the retention window is gone
+        left = sorted(args[0] for args in rows.filter(pk__in=ids).values_list("args", flat=True))
+        assert left == ["new_sent", "old_dead", "pending"]
+    finally:
+        rows.filter(pk__in=ids).delete()
