@@ -332,16 +332,51 @@ def test_settings_and_beat_samples() -> None:
     assert beat["grousset-purge"]["task"] in current_app.tasks
 
 
-def test_site_builds_strict(tmp_path: Path) -> None:
-    # Given the docs / When mkdocs builds them in strict mode (as `make docs` does)
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The docs built by mkdocs in strict mode (as `make docs` does)."""
+    site = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    # Then no warning aborted it, and every page was written
     assert done.returncode == 0, done.stderr[-3000:]
-    site = tmp_path / "site"
+    return site
+
+
+def test_site_builds_strict(built_site: Path) -> None:
+    # Given the docs / When mkdocs builds them in strict mode (the fixture)
+    # Then no warning aborted it, and every page was written
     for page in pages():
-        built = site / page.relative_to(DOCS).with_suffix("") / "index.html"
+        built = built_site / page.relative_to(DOCS).with_suffix("") / "index.html"
         assert page.name == "index.md" or built.exists(), f"{page.name} was not built"
+
+
+def test_api_reference_is_generated_from_the_docstrings(built_site: Path) -> None:
+    import celery_grousset.exceptions as exceptions_module
+    from celery_grousset import exceptions, protect, signals
+    from celery_grousset.fingerprint import fingerprint
+    from celery_grousset.task import GroussetTask
+
+    # Given the built API page as text
+    html = (built_site / "api" / "index.html").read_text()
+    text = " ".join(re.sub(r"<[^>]+>", " ", html).split())
+    # Then the public entry points are there, each with the first line of its docstring
+    public = [GroussetTask, protect, fingerprint]
+    errors = [obj for obj in vars(exceptions_module).values()
+              if isinstance(obj, type) and issubclass(obj, exceptions.GroussetError)]  # fmt: skip
+    for obj in (*public, *errors):
+        first = " ".join((obj.__doc__ or "").strip().splitlines()[0].split())
+        first = re.sub(r":\w+:`~?([^`]+)`", r"\1", first).replace("``", "")
+        assert obj.__name__ in text, obj
+        assert first and first.split("(")[0][:40] in text, f"{obj.__name__}: {first!r}"
+    assert len(errors) >= 7
+    # And every signal, with the arguments its receivers get (from its #: comment)
+    for name, value in vars(signals).items():
+        if type(value).__name__ == "Signal":
+            assert f"{name} module-attribute" in text or name in text, name
+    assert "original_task_id" in text and "takeovers" in text
+    # And the options of the task class are documented, with no raw Sphinx roles left
+    assert "max_processing_time" in text and "Required: no default" in text
+    assert ":class:" not in text and ":func:" not in text and ":mod:" not in text
