@@ -37,6 +37,10 @@ DOCS = ROOT / "docs"
 SNIPPETS = DOCS / "snippets"
 INCLUDE = re.compile(r'^\s*-{1,}8<-{1,}\s+"([^"]+)"\s*$', re.MULTILINE)
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
+#: a sample written out in a page (readable as plain Markdown), and the file it copies
+INLINED = re.compile(r"^<!-- snippet: (\S+) -->\n```(\w*)[^\n]*\n(.*?)^```\s*$",
+                     re.MULTILINE | re.DOTALL)  # fmt: skip
+REGION_MARKER = re.compile(r"^\s*# -+8<-+ \[(start|end):\w+\]\s*$")
 #: samples of other libraries: compiled, not imported (they are not dependencies)
 COMPILE_ONLY = {"migrating_before_once.py", "migrating_before_singleton.py"}
 #: a settings fragment, executed over a minimal settings namespace
@@ -147,12 +151,24 @@ def test_every_include_resolves_to_a_file_and_region() -> None:
     assert seen >= 15
 
 
+def snippet_text(target: str) -> str:
+    """What ``--8<-- "path[:region]"`` puts in a page (region markers left out)."""
+    path, _, region = target.partition(":")
+    text = (ROOT / path).read_text()
+    if region:
+        start, end = f"[start:{region}]", f"[end:{region}]"
+        text = text[text.index(start):text.index(end)].split("\n", 1)[1].rsplit("\n", 1)[0]
+    return "\n".join(ln for ln in text.splitlines() if not REGION_MARKER.match(ln)) + "\n"
+
+
 def test_every_python_sample_is_an_included_file() -> None:
     # Given every fenced code block of the docs
     for page in pages():
-        for lang, body in FENCE.findall(page.read_text()):
-            if lang != "python":
-                continue
+        text = page.read_text()
+        inlined = {body for _, lang, body in INLINED.findall(text) if lang == "python"}
+        for lang, body in FENCE.findall(text):
+            if lang != "python" or body in inlined:
+                continue  # written out: test_inlined_samples_equal_their_files holds it
             # Then Python samples are includes of files that this module tests
             lines = [line for line in body.splitlines() if line.strip()]
             assert lines and all(INCLUDE.match(line) for line in lines), (
@@ -160,8 +176,26 @@ def test_every_python_sample_is_an_included_file() -> None:
             )
 
 
+def test_inlined_samples_equal_their_files() -> None:
+    seen = 0
+    for page in pages():
+        for target, _, body in INLINED.findall(page.read_text()):
+            # Given a sample written out in a page under <!-- snippet: path[:region] -->
+            # Then it is, character for character, that file (region) this module tests
+            assert body == snippet_text(target), (
+                f"{page.name}: the block under <!-- snippet: {target} --> differs from the "
+                f"file; copy the file's text into the page:\n{snippet_text(target)}"
+            )
+            seen += 1
+    # And Getting started reads as plain Markdown: its samples are written out
+    text = (DOCS / "getting-started.md").read_text()
+    assert not INCLUDE.findall(text) and len(INLINED.findall(text)) == 8
+    assert seen >= 8
+
+
 def test_every_snippet_is_used_by_a_page() -> None:
     used = {t.partition(":")[0] for p in pages() for t in INCLUDE.findall(p.read_text())}
+    used |= {t.partition(":")[0] for p in pages() for t, _, _ in INLINED.findall(p.read_text())}
     for path in SNIPPETS.glob("**/*.py"):
         if not path.read_text().strip():
             continue  # an empty package marker
