@@ -414,3 +414,22 @@ def test_api_reference_is_generated_from_the_docstrings(built_site: Path) -> Non
     # And the options of the task class are documented, with no raw Sphinx roles left
     assert "max_processing_time" in text and "Required: no default" in text
     assert ":class:" not in text and ":func:" not in text and ":mod:" not in text
+
+
+def test_whole_worker_loss_is_explained_with_the_recommended_timeout() -> None:
+    namespace: dict[str, Any] = {"INSTALLED_APPS": []}
+    exec(compile((SNIPPETS / "settings.py").read_text(), "settings.py", "exec"), namespace)
+    timeout = namespace["CELERY_BROKER_TRANSPORT_OPTIONS"]["visibility_timeout"]
+    # Given the recommended Redis visibility_timeout / Then both pages state that value,
+    # say the claim stays in flight until then, and name the three ways out
+    for page in ("guarantee.md", "operations.md"):
+        text = " ".join((DOCS / page).read_text().split())
+        assert "whole worker" in text and f"{timeout} s" in text, page
+        for remedy in ("grousset_release", "visibility_timeout", "RabbitMQ"):
+            assert remedy in text, f"{page} does not mention {remedy}"
+    operations = " ".join((DOCS / "operations.md").read_text().split())
+    assert "## A whole worker killed (Redis `visibility_timeout`)" in (
+        DOCS / "operations.md"
+    ).read_text()
+    assert "manage.py grousset_release <fingerprint>" in operations
+    assert "celery_grousset.W001" in operations
