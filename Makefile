@@ -93,3 +93,12 @@ clean: ## remove the venv, caches, site/ and .demo/
 		site .demo build dist tests/artifacts bench/.work .venv-compat-*
 	find . -path ./.git -prune -o \( -name __pycache__ -o -name '*.egg-info' \) \
 		-prune -exec rm -rf {} +
+
+# -- the package as users get it ---------------------------------------------------------
+
+# --all: every python3.10 ... 3.13 on this machine (the classifiers' versions).
+WHEEL_SMOKE_ARGS ?= --all
+
+.PHONY: wheel-smoke
+wheel-smoke: venv ## build sdist+wheel, twine check, smoke-test the wheel in clean venvs
+	BUILD_PYTHON=$(BIN)/python scripts/wheel-smoke.sh $(WHEEL_SMOKE_ARGS)

@@ -38,7 +38,10 @@ def run_owned(
         raise
     fault("after_effect")
     completion = _completed(opts, value, serializer)
-    if not finish_retrying(store, req, completion):
+    t0 = time.perf_counter()
+    done = finish_retrying(store, req, completion)
+    events.finished(req, "completed" if done else "fenced_out", time.perf_counter() - t0)
+    if not done:
         events.fenced(req, res.fence)
         raise FencedOut(
             f"{req.task_name}: this attempt (fence {res.fence}) lost its claim on "
@@ -71,7 +74,9 @@ def _run_transactional(
         with transaction.atomic(using=store.alias):
             value = fn()
             fault("after_effect")
+            t0 = time.perf_counter()
             if not store.finish_in_transaction(req, _completed(opts, value, serializer)):
+                events.finished(req, "fenced_out", time.perf_counter() - t0)
                 events.fenced(req, res.fence)
                 raise FencedOut(
                     f"{req.task_name}: this attempt (fence {res.fence}) lost its claim on "
@@ -82,6 +87,7 @@ def _run_transactional(
     except BaseException as exc:
         fail(store, opts, req, exc)
         raise
+    events.finished(req, "completed", time.perf_counter() - t0)  # the update and its commit
     fault("after_complete")
     return value
 
@@ -107,7 +113,10 @@ def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> 
     except Exception:  # an exception that cannot describe itself: release the claim
         completion = Completion(Status.FAILED.value, None, ENC_NONE, memo.error_summary(None))
     try:
-        if not store.finish(req.processor_id, req.fingerprint, req.token, completion):
+        t0 = time.perf_counter()
+        done = store.finish(req.processor_id, req.fingerprint, req.token, completion)
+        events.finished(req, "failed" if done else "fenced_out", time.perf_counter() - t0)
+        if not done:
             events.fenced(req, 0)
     except StoreUnavailable as store_exc:
         # The claim stays in flight; it turns stale at its stale_at.

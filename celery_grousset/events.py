@@ -24,17 +24,26 @@ def _fields(**values: Any) -> str:
 
 
 def _log(level: int, event: str, req: ClaimRequest, **extra: Any) -> None:
-    """One structured line: ``event``, the call's identity, then ``extra``. The fields
-    are built only when ``level`` is enabled (duplicates are a hot path)."""
+    """One structured line: ``event``, the call's identity, then ``extra``.
+
+    The fields are in the message (``key=value``) and on the record, for JSON
+    formatters: ``record.grousset`` is a dict of them (with ``event``) and each is also
+    an attribute ``record.grousset_<field>``. Nothing is built unless ``level`` is
+    enabled (duplicates are a hot path)."""
     if logger.isEnabledFor(level):
-        fields = _fields(
-            fingerprint=req.fingerprint,
-            task=req.task_name,
-            task_id=req.task_id,
-            processor=req.processor_id,
+        values = {
+            "fingerprint": req.fingerprint,
+            "task": req.task_name,
+            "task_id": req.task_id,
+            "processor": req.processor_id,
             **extra,
-        )
-        logger.log(level, "%s %s", event, fields)
+        }
+        values = {k: v for k, v in values.items() if v is not None}
+        fields = " ".join(f"{k}={v}" for k, v in values.items())
+        record_extra = {f"grousset_{k}": v for k, v in values.items()}
+        record_extra["grousset_event"] = event
+        record_extra["grousset"] = {"event": event, **values}
+        logger.log(level, "%s %s", event, fields, extra=record_extra)
 
 
 def claimed(req: ClaimRequest, res: ClaimResult, seconds: float) -> None:
@@ -141,3 +150,10 @@ def bypassed(task_name: str, task_id: str) -> None:
             note="GROUSSET BYPASS is on: this task ran UNGUARDED (no dedup, no journal)",
         ),
     )
+
+
+def finished(req: ClaimRequest, outcome: str, seconds: float) -> None:
+    """An owned attempt's completion write ended: ``outcome`` is ``completed``,
+    ``failed`` or ``fenced_out``; ``seconds`` is how long the write took."""
+    if recorder is not None:
+        recorder.finished(req.task_name, outcome, seconds)

@@ -9,7 +9,14 @@ metric                                     type       labels
 ``grousset_duplicate_detections_total``    counter    ``task``
 ``grousset_outcome_commit_errors_total``   counter    ``task``
 ``grousset_store_seconds``                 histogram  ``operation`` (``claim``)
+``grousset_completions_total``             counter    ``task``, ``outcome``: completed,
+                                                      failed, fenced_out
+``grousset_completion_seconds``            histogram  ``task``
 =========================================  =========  ====================================
+
+:data:`GAUGES` names the journal gauges (in-flight and stale claims, oldest in-flight
+age, outbox pending / dead) that the shipped dashboard and alert rules
+(``celery_grousset/contrib/monitoring/``) use.
 
 Nothing happens at import time: ``prometheus_client`` is imported when metrics are
 enabled. :func:`enable` makes the guard report to a :class:`Recorder` in this
@@ -59,6 +66,19 @@ OUTCOMES = {
 DUPLICATES = frozenset({"duplicate", "failed_replayed"})
 #: claim latency buckets (seconds): a claim is a single round trip, usually < 5 ms
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+#: what a completion write (of an owned attempt) did: the ``outcome`` label of
+#: ``grousset_completions_total``
+COMPLETION_OUTCOMES = ("completed", "failed", "fenced_out")
+#: Gauges of the journal and the outbox, read by cheap bounded queries. Their collector
+#: comes with the journal-operations work; the names are fixed here so the shipped
+#: dashboard and alert rules (contrib/monitoring/) can be checked against them.
+GAUGES = (
+    "grousset_in_flight_claims",
+    "grousset_stale_claims",
+    "grousset_oldest_in_flight_seconds",
+    "grousset_outbox_pending",
+    "grousset_outbox_dead",
+)
 
 
 def client() -> ModuleType:
@@ -116,6 +136,30 @@ class Recorder:
             buckets=BUCKETS,
             **kw,
         )
+        self.completions = pc.Counter(
+            "grousset_completions",
+            "Owned attempts by how their completion write ended: completed, failed, "
+            "fenced_out.",
+            ["task", "outcome"],
+            **kw,
+        )
+        self.completion_seconds = pc.Histogram(
+            "grousset_completion_seconds",
+            "Time spent writing an attempt's outcome to the journal.",
+            ["task"],
+            buckets=BUCKETS,
+            **kw,
+        )
+
+    def collectors(self) -> tuple[Any, ...]:
+        return (
+            self.claims,
+            self.duplicates,
+            self.commit_errors,
+            self.store_seconds,
+            self.completions,
+            self.completion_seconds,
+        )
 
     def claim(self, task: str, outcome: str, seconds: float) -> None:
         try:
@@ -133,6 +177,13 @@ class Recorder:
         except Exception:
             logger.debug("celery-grousset: could not record a fence-out", exc_info=True)
 
+    def finished(self, task: str, outcome: str, seconds: float) -> None:
+        try:
+            self.completions.labels(task=task, outcome=outcome).inc()
+            self.completion_seconds.labels(task=task).observe(seconds)
+        except Exception:
+            logger.debug("celery-grousset: could not record a completion", exc_info=True)
+
     def commit_error(self, task: str) -> None:
         try:
             self.commit_errors.labels(task=task).inc()
@@ -140,7 +191,7 @@ class Recorder:
             logger.debug("celery-grousset: could not record a commit error", exc_info=True)
 
     def unregister(self) -> None:
-        for collector in (self.claims, self.duplicates, self.commit_errors, self.store_seconds):
+        for collector in self.collectors():
             with contextlib.suppress(KeyError):
                 self.registry.unregister(collector)
 

@@ -17,15 +17,41 @@ logger = logging.getLogger("celery_grousset")
 
 
 @shared_task(name="celery_grousset.purge_expired", ignore_result=False)
-def purge_expired(batch_size: int = 10_000, database: str | None = None) -> int:
-    """Delete expired journal entries in batches (as ``manage.py grousset_purge``).
+def purge_expired(
+    batch_size: int = 10_000, database: str | None = None, outbox: bool = True
+) -> int:
+    """Delete expired journal entries in batches, and (``outbox=True``) outbox rows sent
+    longer ago than the retention window (``GROUSSET["EXPIRES_AFTER"]``), as
+    ``manage.py grousset_purge`` does.
 
-    Never an unexpired or in-flight entry. Returns how many rows were deleted.
+    Never an unexpired or in-flight entry, never a pending or dead outbox row. Returns how
+    many journal entries were deleted; the log line ``grousset.purged`` has both counts.
     """
     from celery_grousset import journal
     from celery_grousset.conf import grousset_settings
 
     alias = database or str(grousset_settings.DATABASE)
     count = journal.purge_expired(alias, batch_size=batch_size)
-    logger.info("grousset.purged count=%d database=%s", count, alias)
+    sent = purge_sent_outbox(alias, batch_size) if outbox else 0
+    fields = {"count": count, "outbox": sent, "database": alias}
+    logger.info(
+        "grousset.purged count=%d outbox=%d database=%s",
+        count,
+        sent,
+        alias,
+        extra={"grousset": {"event": "grousset.purged", **fields}},
+    )
     return count
+
+
+def purge_sent_outbox(alias: str, batch_size: int = 10_000) -> int:
+    """Sent outbox rows older than the retention window (``grousset_purge``'s cutoff
+    without ``--older-than``), deleted by :func:`celery_grousset.outbox.purge_sent`."""
+    from datetime import timedelta
+
+    from celery_grousset import journal, outbox
+    from celery_grousset.conf import grousset_settings, seconds
+
+    retention = seconds(grousset_settings.EXPIRES_AFTER, name="EXPIRES_AFTER") or 0.0
+    cutoff = journal.now(alias) - timedelta(seconds=retention)
+    return outbox.purge_sent(using=alias, before=cutoff, batch_size=max(1, batch_size))

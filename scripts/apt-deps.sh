@@ -6,10 +6,13 @@
 #   fonts-liberation                       -> readable text in browser screenshots
 #                                             (chromium only recommends it, and we
 #                                             install without recommends)
+#   prometheus                             -> promtool: checks and unit-tests the shipped
+#                                             alert rules (tests/test_monitoring.py)
 # No-op (and no apt-get update) when everything is present.
 set -euo pipefail
 
-PACKAGES=(default-libmysqlclient-dev pkg-config chromium chromium-driver faketime fonts-liberation)
+PACKAGES=(default-libmysqlclient-dev pkg-config chromium chromium-driver faketime fonts-liberation
+          prometheus)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

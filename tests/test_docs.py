@@ -37,6 +37,10 @@ DOCS = ROOT / "docs"
 SNIPPETS = DOCS / "snippets"
 INCLUDE = re.compile(r'^\s*-{1,}8<-{1,}\s+"([^"]+)"\s*$', re.MULTILINE)
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
+#: a sample written out in a page (readable as plain Markdown), and the file it copies
+INLINED = re.compile(r"^<!-- snippet: (\S+) -->\n```(\w*)[^\n]*\n(.*?)^```\s*$",
+                     re.MULTILINE | re.DOTALL)  # fmt: skip
+REGION_MARKER = re.compile(r"^\s*# -+8<-+ \[(start|end):\w+\]\s*$")
 #: samples of other libraries: compiled, not imported (they are not dependencies)
 COMPILE_ONLY = {"migrating_before_once.py", "migrating_before_singleton.py"}
 #: a settings fragment, executed over a minimal settings namespace
@@ -147,12 +151,24 @@ def test_every_include_resolves_to_a_file_and_region() -> None:
     assert seen >= 15
 
 
+def snippet_text(target: str) -> str:
+    """What ``--8<-- "path[:region]"`` puts in a page (region markers left out)."""
+    path, _, region = target.partition(":")
+    text = (ROOT / path).read_text()
+    if region:
+        start, end = f"[start:{region}]", f"[end:{region}]"
+        text = text[text.index(start):text.index(end)].split("\n", 1)[1].rsplit("\n", 1)[0]
+    return "\n".join(ln for ln in text.splitlines() if not REGION_MARKER.match(ln)) + "\n"
+
+
 def test_every_python_sample_is_an_included_file() -> None:
     # Given every fenced code block of the docs
     for page in pages():
-        for lang, body in FENCE.findall(page.read_text()):
-            if lang != "python":
-                continue
+        text = page.read_text()
+        inlined = {body for _, lang, body in INLINED.findall(text) if lang == "python"}
+        for lang, body in FENCE.findall(text):
+            if lang != "python" or body in inlined:
+                continue  # written out: test_inlined_samples_equal_their_files holds it
             # Then Python samples are includes of files that this module tests
             lines = [line for line in body.splitlines() if line.strip()]
             assert lines and all(INCLUDE.match(line) for line in lines), (
@@ -160,8 +176,26 @@ def test_every_python_sample_is_an_included_file() -> None:
             )
 
 
+def test_inlined_samples_equal_their_files() -> None:
+    seen = 0
+    for page in pages():
+        for target, _, body in INLINED.findall(page.read_text()):
+            # Given a sample written out in a page under <!-- snippet: path[:region] -->
+            # Then it is, character for character, that file (region) this module tests
+            assert body == snippet_text(target), (
+                f"{page.name}: the block under <!-- snippet: {target} --> differs from the "
+                f"file; copy the file's text into the page:\n{snippet_text(target)}"
+            )
+            seen += 1
+    # And Getting started reads as plain Markdown: its samples are written out
+    text = (DOCS / "getting-started.md").read_text()
+    assert not INCLUDE.findall(text) and len(INLINED.findall(text)) == 8
+    assert seen >= 8
+
+
 def test_every_snippet_is_used_by_a_page() -> None:
     used = {t.partition(":")[0] for p in pages() for t in INCLUDE.findall(p.read_text())}
+    used |= {t.partition(":")[0] for p in pages() for t, _, _ in INLINED.findall(p.read_text())}
     for path in SNIPPETS.glob("**/*.py"):
         if not path.read_text().strip():
             continue  # an empty package marker
@@ -332,16 +366,70 @@ def test_settings_and_beat_samples() -> None:
     assert beat["grousset-purge"]["task"] in current_app.tasks
 
 
-def test_site_builds_strict(tmp_path: Path) -> None:
-    # Given the docs / When mkdocs builds them in strict mode (as `make docs` does)
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The docs built by mkdocs in strict mode (as `make docs` does)."""
+    site = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    # Then no warning aborted it, and every page was written
     assert done.returncode == 0, done.stderr[-3000:]
-    site = tmp_path / "site"
+    return site
+
+
+def test_site_builds_strict(built_site: Path) -> None:
+    # Given the docs / When mkdocs builds them in strict mode (the fixture)
+    # Then no warning aborted it, and every page was written
     for page in pages():
-        built = site / page.relative_to(DOCS).with_suffix("") / "index.html"
+        built = built_site / page.relative_to(DOCS).with_suffix("") / "index.html"
         assert page.name == "index.md" or built.exists(), f"{page.name} was not built"
+
+
+def test_api_reference_is_generated_from_the_docstrings(built_site: Path) -> None:
+    import celery_grousset.exceptions as exceptions_module
+    from celery_grousset import exceptions, protect, signals
+    from celery_grousset.fingerprint import fingerprint
+    from celery_grousset.task import GroussetTask
+
+    # Given the built API page as text
+    html = (built_site / "api" / "index.html").read_text()
+    text = " ".join(re.sub(r"<[^>]+>", " ", html).split())
+    # Then the public entry points are there, each with the first line of its docstring
+    public = [GroussetTask, protect, fingerprint]
+    errors = [obj for obj in vars(exceptions_module).values()
+              if isinstance(obj, type) and issubclass(obj, exceptions.GroussetError)]  # fmt: skip
+    for obj in (*public, *errors):
+        first = " ".join((obj.__doc__ or "").strip().splitlines()[0].split())
+        first = re.sub(r":\w+:`~?([^`]+)`", r"\1", first).replace("``", "")
+        assert obj.__name__ in text, obj
+        assert first and first.split("(")[0][:40] in text, f"{obj.__name__}: {first!r}"
+    assert len(errors) >= 7
+    # And every signal, with the arguments its receivers get (from its #: comment)
+    for name, value in vars(signals).items():
+        if type(value).__name__ == "Signal":
+            assert f"{name} module-attribute" in text or name in text, name
+    assert "original_task_id" in text and "takeovers" in text
+    # And the options of the task class are documented, with no raw Sphinx roles left
+    assert "max_processing_time" in text and "Required: no default" in text
+    assert ":class:" not in text and ":func:" not in text and ":mod:" not in text
+
+
+def test_whole_worker_loss_is_explained_with_the_recommended_timeout() -> None:
+    namespace: dict[str, Any] = {"INSTALLED_APPS": []}
+    exec(compile((SNIPPETS / "settings.py").read_text(), "settings.py", "exec"), namespace)
+    timeout = namespace["CELERY_BROKER_TRANSPORT_OPTIONS"]["visibility_timeout"]
+    # Given the recommended Redis visibility_timeout / Then both pages state that value,
+    # say the claim stays in flight until then, and name the three ways out
+    for page in ("guarantee.md", "operations.md"):
+        text = " ".join((DOCS / page).read_text().split())
+        assert "whole worker" in text and f"{timeout} s" in text, page
+        for remedy in ("grousset_release", "visibility_timeout", "RabbitMQ"):
+            assert remedy in text, f"{page} does not mention {remedy}"
+    operations = " ".join((DOCS / "operations.md").read_text().split())
+    assert "## A whole worker killed (Redis `visibility_timeout`)" in (
+        DOCS / "operations.md"
+    ).read_text()
+    assert "manage.py grousset_release <fingerprint>" in operations
+    assert "celery_grousset.W001" in operations

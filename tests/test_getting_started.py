@@ -2,8 +2,9 @@
 
 The test reads the pages, not a copy of them: it runs their shell commands in
 order (``django-admin startproject``, ``manage.py startapp / migrate /
-makemigrations / check``), writes every included sample to the file the page
-names (``settings.py`` regions are appended to ``mysite/settings.py``), runs the
+makemigrations / check``), writes every sample (included, or written out in the
+page under a ``<!-- snippet: path -->`` comment) to the file the page names
+(``settings.py`` regions are appended to ``mysite/settings.py``), runs the
 page's interactive session in ``manage.py shell``, and finally runs the testing
 page's pytest sample with pytest-django. A change to the docs that breaks the
 path breaks this test.
@@ -28,6 +29,9 @@ DOCS = ROOT / "docs"
 BIN = Path(sys.executable).parent
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 INCLUDE = re.compile(r'^\s*-{1,}8<-{1,}\s+"([^"]+)"\s*$', re.MULTILINE)
+#: a Python block written out in the page, with the snippet file it copies named above it
+INLINED = re.compile(r"^<!-- snippet: (\S+) -->\n```python[^\n]*\n(.*?)^```\s*$",
+                     re.MULTILINE | re.DOTALL)  # fmt: skip
 MARKER = re.compile(r"^\s*# -+8<-+ \[(start|end):\w+\]\s*$")
 
 
@@ -91,8 +95,10 @@ class Project:
         else:
             raise AssertionError(f"unexpected command in the docs: {line}")
 
-    def include(self, target: str) -> None:
-        text = included(target)
+    def include(self, target: str, text: str | None = None) -> None:
+        """Write a sample to the project: the page's own text of it when the page shows
+        it inline (``text``), else what the include puts in the page."""
+        text = included(target) if text is None else text
         dest = destination(target.partition(":")[0])
         if dest is None:
             with open(self.path / "mysite" / "settings.py", "a") as fh:
@@ -118,14 +124,19 @@ class Project:
 
 def follow(project: Project, page: str) -> list[list[str]]:
     sessions = []
+    inlined = {body: target for target, body in INLINED.findall((DOCS / page).read_text())}
     for lang, body in blocks(page):
         if lang == "bash":
             for line in body.splitlines():
                 if line.strip() and not line.lstrip().startswith("#"):
                     project.shell_line(line.strip())
         elif lang == "python":
-            for target in INCLUDE.findall(body):
+            targets = INCLUDE.findall(body)
+            assert targets or body in inlined, f"{page}: a Python block of no snippet:\n{body}"
+            for target in targets:
                 project.include(target)
+            if not targets:
+                project.include(inlined[body], body)
         elif lang == "ini":
             first = body.splitlines()[0]
             assert first == "[pytest]"

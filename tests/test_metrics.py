@@ -47,6 +47,8 @@ def test_recorder_maps_claim_outcomes_to_labels() -> None:
         rec.claim("t", kind, 0.002)
     rec.fenced_out("t")
     rec.commit_error("t")
+    for outcome in ("completed", "completed", "failed", "fenced_out"):
+        rec.finished("t", outcome, 0.003)
 
     def value(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(name, labels)  # type: ignore[no-any-return]
@@ -66,6 +68,62 @@ def test_recorder_maps_claim_outcomes_to_labels() -> None:
     assert value("grousset_duplicate_detections_total", task="t") == 2
     assert value("grousset_outcome_commit_errors_total", task="t") == 1
     assert value("grousset_store_seconds_count", operation="claim") == 8
+    # And completion writes are counted by outcome and timed per task
+    assert value("grousset_completions_total", task="t", outcome="completed") == 2
+    assert value("grousset_completions_total", task="t", outcome="failed") == 1
+    assert value("grousset_completions_total", task="t", outcome="fenced_out") == 1
+    assert value("grousset_completion_seconds_count", task="t") == 4
+    assert value("grousset_completion_seconds_bucket", task="t", le="0.005") == 4
+
+
+def test_completions_are_counted_and_timed_through_protect(processor: str) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from celery_grousset import events, protect
+    from celery_grousset.exceptions import FencedOut
+    from celery_grousset.metrics import Recorder
+
+    services.require_database("default")
+    registry = CollectorRegistry()
+    previous, events.recorder = events.recorder, Recorder(registry)
+    opts = {"processor_id": processor, "database": "default"}
+
+    def zombie() -> str:
+        # stalls past max_processing_time: a second caller takes the claim over and
+        # completes; this attempt's own completion write is then refused
+        time.sleep(0.4)
+        assert protect("zombie", lambda: "taker", max_processing_time=0.2, **opts) == "taker"
+        return "zombie"
+
+    def boom() -> None:
+        raise ValueError("boom")
+
+    try:
+        # Given a recorder, when protect() completes two calls (one transactional) and
+        # answers a duplicate, one attempt fails, and one zombie attempt is fenced out
+        assert protect("ok", lambda: 1, max_processing_time=60, **opts) == 1
+        assert protect("ok", lambda: 2, max_processing_time=60, **opts) == 1
+        assert protect("tx", lambda: 3, max_processing_time=60, transactional=True, **opts) == 3
+        with pytest.raises(ValueError, match="boom"):
+            protect("bad", boom, max_processing_time=60, **opts)
+        with pytest.raises(FencedOut):
+            protect("zombie", zombie, max_processing_time=0.2, **opts)
+    finally:
+        events.recorder = previous
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)  # type: ignore[no-any-return]
+
+    # Then each owned attempt's completion write is counted by how it ended
+    # (completed: ok, tx and the taker; the duplicate wrote nothing) and timed
+    assert value("grousset_completions_total", task="protect", outcome="completed") == 3
+    assert value("grousset_completions_total", task="protect", outcome="failed") == 1
+    assert value("grousset_completions_total", task="protect", outcome="fenced_out") == 1
+    assert value("grousset_completion_seconds_count", task="protect") == 5
+    total = value("grousset_completion_seconds_sum", task="protect")
+    assert total is not None and 0 < total < 5
+    # And the fence-out is also a claims outcome, as before
+    assert value("grousset_claims_total", task="protect", outcome="fenced_out") == 1
 
 
 def test_missing_extra_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
