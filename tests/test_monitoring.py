@@ -368,7 +368,7 @@ def test_beat_purge_also_drops_old_sent_outbox_rows(alias: str) -> None:
     from django.db import transaction
 
     from celery_grousset import outbox
-    from celery_grousset.managers import _db_now
+    from celery_grousset.journal import now as _db_now
     from celery_grousset.models import OutboxMessage
     from celery_grousset.tasks import purge_expired
     from tests.tasks import effect
