@@ -1,4 +1,4 @@
-"""Run ``Outcome.objects.using(alias).purge_expired(batch_size=…)`` in a fresh process
+"""Run ``journal.purge_expired(alias, batch_size=…)`` in a fresh process
 and print JSON: rows deleted, seconds, RSS before and peak.
 
 The peak is ``VmHWM`` from /proc/self/status (this process image's high-water
@@ -34,13 +34,11 @@ def main(alias: str, batch_size: int) -> None:
     import django
 
     django.setup()
-    from celery_grousset.managers import OutcomeQuerySet
-    from celery_grousset.models import Outcome
+    from celery_grousset import journal
 
     before = rss_mb()
     t0 = time.perf_counter()
-    journal: OutcomeQuerySet = Outcome.objects.using(alias)  # type: ignore[assignment]
-    deleted = journal.purge_expired(batch_size=batch_size)
+    deleted = journal.purge_expired(alias, batch_size=batch_size)
     seconds = time.perf_counter() - t0
     peak = peak_rss_mb()
     print(json.dumps({"deleted": deleted, "seconds": seconds, "rss_before_mb": before,

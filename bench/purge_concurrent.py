@@ -47,7 +47,6 @@ def main(argv: list[str] | None = None) -> int:
     from django.db import connections
 
     from celery_grousset.claim import ClaimRequest
-    from celery_grousset.models import Outcome
     from celery_grousset.store import Completion, get_store
 
     call_command("migrate", database="postgresql", verbosity=0, interactive=False)
@@ -86,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     thread.start()
     time.sleep(0.5)
     started = time.perf_counter()
-    deleted = Outcome.objects.using("postgresql").purge_expired(
-        batch_size=args.batch_size, progress=progress
+    from celery_grousset import journal
+
+    deleted = journal.purge_expired(
+        "postgresql", batch_size=args.batch_size, progress=progress
     )
     elapsed = time.perf_counter() - started
     done.set()

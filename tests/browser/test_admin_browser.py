@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.db.models import F
 
 from celery_grousset.claim import ClaimRequest
 from celery_grousset.models import Outcome
@@ -85,6 +86,10 @@ def put(processor: str, task: str, status: str, memo: bytes = b"") -> Outcome:
     ))  # fmt: skip
     if status != "in_flight":
         store.finish(processor, fp, token, Completion(status, memo, "application/json;utf-8"))
+    else:  # stuck: its holder died; the claim is past its own deadline
+        Outcome.objects.using("default").filter(processor_id=processor, fingerprint=fp).update(
+            stale_at=F("started_at")
+        )
     return Outcome.objects.using("default").get(processor_id=processor, fingerprint=fp)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import tests.chaos_tasks as ct
+from celery_grousset import journal
 from tests.chaos.conftest import ALIASES, need
 from tests.chaos.harness import (
     ARTIFACTS,
@@ -154,7 +155,6 @@ def test_03_claim_inside_callers_transaction(pg: str, tally: Any) -> None:
 
 
 def test_24_purge_loop_during_duplicates(broker: str, pg: str, queue: str, tally: Any) -> None:
-    from celery_grousset.models import Outcome
 
     t = tally("24 purge looping during 200 duplicates", "postgresql")
     stop = threading.Event()
@@ -164,7 +164,7 @@ def test_24_purge_loop_during_duplicates(broker: str, pg: str, queue: str, tally
         from django.db import connections
 
         while not stop.is_set():
-            purged.append(Outcome.objects.db_manager(pg).purge_expired(batch_size=50))
+            purged.append(journal.purge_expired(pg, batch_size=50))
             time.sleep(0.02)
         connections[pg].close()
 
@@ -176,7 +176,7 @@ def test_24_purge_loop_during_duplicates(broker: str, pg: str, queue: str, tally
         # (expires_after=1 s, database clock: wait until they are expired, so that the
         # purge has rows to delete however fast the duplicates are processed)
         deadline = time.monotonic() + 30
-        while Outcome.objects.db_manager(pg).expired().count() < 20:
+        while journal.expired(pg).count() < 20:
             assert time.monotonic() < deadline, "the brief records never expired"
             time.sleep(0.05)
         looper = threading.Thread(target=purge_loop, daemon=True)
