@@ -60,6 +60,22 @@ def load(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _commit() -> str:
+    """The commit the suite ran on (``-dirty`` with uncommitted changes in the package)."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+        return done.stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--", "celery_grousset", "tests")
+    return f"{head}-dirty" if dirty else head
+
+
 def render(rows: list[dict[str, Any]], runs: int) -> str:
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
@@ -68,7 +84,8 @@ def render(rows: list[dict[str, Any]], runs: int) -> str:
         "# Chaos report",
         "",
         f"Generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} by "
-        f"`python -m tests.chaos` ({runs} run(s) requested). Counts are sums over the runs; "
+        f"`python -m tests.chaos` on commit `{_commit()}` ({runs} run(s) requested). "
+        "Counts are sums over the runs; "
         "*max dup* is the largest number of extra effects of one call in any run.",
         "",
         "| scenario | backend | runs | passed | deliveries | effects | takeovers | fence-outs "
