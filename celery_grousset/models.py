@@ -8,6 +8,7 @@ used for reading, purging and the admin.
 
 from __future__ import annotations
 
+import uuid
 from typing import ClassVar
 
 from django.db import models
@@ -99,6 +100,13 @@ class OutboxMessage(models.Model):
     arguments until the message is sent, as the broker would."""
 
     id = models.BigAutoField(primary_key=True)
+    message_id = models.UUIDField(
+        default=uuid.uuid4,
+        unique=True,
+        editable=False,
+        help_text="Random, written with the row: the default idempotency key is "
+        "outbox:<message_id> (ids restart at 1 in every database).",
+    )
     task_name = models.CharField(max_length=255)
     task_id = models.CharField(max_length=255, help_text="Celery task id it is published with.")
     args = models.JSONField(default=list, blank=True)

@@ -13,7 +13,9 @@ Several relays may run at once: a locked row is skipped, so no row is published
 twice in normal operation. A relay killed between the publish and the commit of
 "sent" leaves its rows pending; another relay publishes them again, and the
 consumer's claim absorbs the copy, because every message carries the idempotency
-key ``outbox:<id>`` (or the caller's own ``idempotency_key``).
+key ``outbox:<message_id>`` (or the caller's own ``idempotency_key``): a random UUID
+written with the row, so that message 1 of one database (or producer service) is
+never taken for message 1 of another.
 
 Unlike the journal, the outbox holds the task's arguments (JSON) until the row is
 sent, as a broker would; "sent" drops them.
@@ -98,8 +100,9 @@ def enqueue(
     ``options`` are ``apply_async``'s (``queue``, ``countdown``, ``eta``, ``priority``,
     ``idempotency_key``…); ``args``/``kwargs`` must be JSON-serializable. ``using``:
     the database of the caller's transaction (default ``GROUSSET["DATABASE"]``). The
-    row's ``task_id`` is the Celery task id the message will carry. Its ``created_at``
-    and ``available_at`` are set by the database clock (``None`` on the returned
+    row's ``task_id`` is the Celery task id the message will carry; its random
+    ``message_id`` makes the default idempotency key. Its ``created_at`` and
+    ``available_at`` are set by the database clock (``None`` on the returned
     object until ``refresh_from_db()``).
     """
     alias = _alias(using)
@@ -121,14 +124,14 @@ def enqueue(
 
 
 def publish(app: Any, row: OutboxMessage) -> Any:
-    """Publish one outbox row (its ``task_id``; idempotency key ``outbox:<id>``)."""
+    """Publish one outbox row (its ``task_id``; idempotency key ``outbox:<message_id>``)."""
     from celery_grousset.task import KEY_HEADER, REPR_HEADER, GroussetTaskMixin
 
     options = dict(row.options or {})
     for name in ("eta", "expires"):
         if isinstance(options.get(name), str):
             options[name] = datetime.fromisoformat(options[name])
-    key = options.pop("idempotency_key", None) or f"outbox:{row.id}"
+    key = options.pop("idempotency_key", None) or default_key(row)
     task = app.tasks.get(row.task_name)
     if isinstance(task, GroussetTaskMixin):
         return task.apply_async(
@@ -140,6 +143,11 @@ def publish(app: Any, row: OutboxMessage) -> Any:
     return app.send_task(
         row.task_name, row.args, row.kwargs, task_id=row.task_id, headers=headers, **options
     )
+
+
+def default_key(row: OutboxMessage) -> str:
+    """``outbox:<message_id>`` (hex): unique across databases and services."""
+    return f"outbox:{uuid.UUID(str(row.message_id)).hex}"
 
 
 def _broker_down(exc: BaseException) -> bool:

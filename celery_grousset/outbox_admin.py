@@ -1,14 +1,19 @@
 """The transactional outbox in the Django admin, read from ``GROUSSET["DATABASE"]``.
 
 One list with a status filter (pending / sent / dead), read-only, newest first.
-Arguments are shown redacted (a pending or dead row still holds them; a sent row
-no longer does). One action, behind the ``requeue_outboxmessage`` permission:
-*Requeue* puts dead rows back to pending with their attempts reset, for the next
-relay pass.
+Arguments are shown redacted as the journal's ``args_repr`` is (a pending or dead row
+still holds them; a sent row no longer does): bound by name to the task's signature
+when the task is registered in Celery's current app, so a positional ``password`` is
+redacted too. The options are shown with the value under every sensitive name
+(``Authorization`` and other headers included) redacted. One action, behind the
+``requeue_outboxmessage`` permission: *Requeue* puts dead rows back to pending with
+their attempts reset, for the next relay pass.
 """
 
 from __future__ import annotations
 
+import inspect
+import json
 from typing import Any
 
 from django.contrib import admin, messages
@@ -19,9 +24,13 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from celery_grousset.admin_base import ReadOnlyAdmin
+from celery_grousset.binding import bind_arguments
 from celery_grousset.conf import grousset_settings
+from celery_grousset.guard import redacted
 from celery_grousset.models import OutboxMessage, OutboxStatus
-from celery_grousset.redact import DEFAULT_REDACT_KEYS, safe_repr
+from celery_grousset.redact import DEFAULT_REDACT_KEYS, is_sensitive, redact_text
+
+_MAX_DEPTH = 20
 
 _BADGE = {OutboxStatus.PENDING: ("#92400e", "#fde68a"), OutboxStatus.SENT: ("#166534", "#dcfce7"),
           OutboxStatus.DEAD: ("#991b1b", "#fee2e2")}  # fmt: skip
@@ -39,18 +48,54 @@ class OutboxStatusFilter(admin.SimpleListFilter):
         return queryset.filter(status=value) if value in OutboxStatus.values else queryset
 
 
+def _redact_keys() -> frozenset[str]:
+    extra = grousset_settings.REDACT_KEYS
+    return DEFAULT_REDACT_KEYS | frozenset(extra) if extra else DEFAULT_REDACT_KEYS
+
+
+def _bound(task_name: str, args: list[Any], kwargs: dict[str, Any]) -> dict[str, object] | None:
+    """The arguments bound by name to the task's signature, or None when the task is not
+    registered in Celery's current app or the arguments do not fit it."""
+    from celery import current_app
+
+    try:
+        task = current_app.tasks.get(task_name)
+        if task is None:
+            return None
+        return bind_arguments(inspect.signature(task.run), args, kwargs)
+    except Exception:  # display only: fall back to the unbound rendering
+        return None
+
+
 def arguments_text(obj: OutboxMessage) -> str:
-    """The row's arguments, redacted like the journal's ``args_repr``."""
+    """The row's arguments, redacted like the journal's ``args_repr`` (bound by name)."""
     if obj.status == OutboxStatus.SENT:
         return "(dropped when the message was sent)"
-    extra = grousset_settings.REDACT_KEYS
-    keys = DEFAULT_REDACT_KEYS | frozenset(extra) if extra else DEFAULT_REDACT_KEYS
-    return safe_repr(
-        list(obj.args or []),
-        dict(obj.kwargs or {}),
-        redact_keys=keys,
-        max_length=int(grousset_settings.ARGS_REPR_MAX_LENGTH),
-    )
+    args, kwargs = list(obj.args or []), dict(obj.kwargs or {})
+    return redacted(args, kwargs, _bound(obj.task_name, args, kwargs))
+
+
+def _shown(value: Any, keys: frozenset[str], depth: int = 0) -> Any:
+    """``value`` with the value under every sensitive name replaced by ``***`` and secret
+    values (bearer tokens, URL passwords…) removed from every string."""
+    if depth >= _MAX_DEPTH:
+        return "…"
+    if isinstance(value, dict):
+        return {
+            str(name): "***" if is_sensitive(str(name), keys) else _shown(item, keys, depth + 1)
+            for name, item in value.items()
+        }
+    if isinstance(value, list):
+        return [_shown(item, keys, depth + 1) for item in value]
+    if isinstance(value, str):
+        return redact_text(value, keys)
+    return value
+
+
+def options_text(obj: OutboxMessage) -> str:
+    """The row's ``apply_async`` options as JSON, headers included, redacted by name."""
+    shown = _shown(obj.options if isinstance(obj.options, dict) else {}, _redact_keys())
+    return json.dumps(shown, ensure_ascii=False, sort_keys=True, default=str)
 
 
 @admin.register(OutboxMessage)
@@ -67,8 +112,8 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
     show_full_result_count = False
     list_per_page = 50
     actions = ("requeue",)
-    readonly_fields = ("id", "status_badge", "task_name", "task_id", "arguments", "options",
-                       "attempts", "last_error", "created_at", "available_at",
+    readonly_fields = ("id", "message_id", "status_badge", "task_name", "task_id", "arguments",
+                       "options_shown", "attempts", "last_error", "created_at", "available_at",
                        "sent_at")  # fmt: skip
     fields = readonly_fields
 
@@ -92,6 +137,10 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
     @admin.display(description=_("arguments"))
     def arguments(self, obj: OutboxMessage) -> str:
         return arguments_text(obj)
+
+    @admin.display(description=_("options"))
+    def options_shown(self, obj: OutboxMessage) -> str:
+        return options_text(obj)
 
     @admin.action(description=_("Requeue (publish again)"), permissions=["requeue"])
     def requeue(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:

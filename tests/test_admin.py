@@ -407,3 +407,41 @@ def test_nul_bytes_never_reach_postgresql(pg: str, params: dict[str, str]) -> No
     resp = client_for(make_user(superuser=True)).get(URL, params)
     # Then PostgreSQL (which rejects NUL in text) is never sent one: the page answers
     assert resp.status_code == 200
+
+
+# -- the outbox admin ------------------------------------------------------------------------
+
+OUTBOX_URL = "/admin/celery_grousset/outboxmessage/"
+
+
+def test_outbox_detail_redacts_positional_secrets_and_option_headers(journal: str) -> None:
+    from celery_grousset import outbox
+    from celery_grousset.models import OutboxMessage
+    from tests.tasks import login
+
+    # Given a pending message of a registered task whose password is passed positionally,
+    # with an Authorization header, and one of a task this app does not know
+    queue = f"adm-{uuid.uuid4().hex[:8]}"
+    known = outbox.enqueue(
+        login, ("alice-7f2c", "Tr0ub4dor-pw-61"), using=journal, queue=queue,
+        headers={"Authorization": "Token tk-9b1e77aa", "X-Request-Id": "req-5d0c"},
+    )  # fmt: skip
+    unknown = outbox.enqueue(
+        "elsewhere.login", ("bob-3e1a",), {"password": "Hunter2-pw-88"}, using=journal,
+        queue=queue,
+    )  # fmt: skip
+    client = client_for(make_user(superuser=True))
+    try:
+        # When their detail pages are opened
+        pages = [client.get(f"{OUTBOX_URL}{row.pk}/change/") for row in (known, unknown)]
+        html = [page.content.decode() for page in pages]
+        # Then the positional password (bound by name to login's signature) and the header's
+        # credentials are not shown; the other values are
+        assert [page.status_code for page in pages] == [200, 200]
+        assert "Tr0ub4dor-pw-61" not in html[0] and "tk-9b1e77aa" not in html[0]
+        assert "password=&#x27;***&#x27;" in html[0] and "alice-7f2c" in html[0]
+        assert "req-5d0c" in html[0] and queue in html[0]
+        # ... and an unregistered task's arguments are redacted by keyword, unbound
+        assert "Hunter2-pw-88" not in html[1] and "bob-3e1a" in html[1]
+    finally:
+        OutboxMessage.objects.using(journal).filter(pk__in=[known.pk, unknown.pk]).delete()

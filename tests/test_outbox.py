@@ -101,7 +101,8 @@ def test_only_committed_messages_are_published_once_each(alias: str, queue: str)
     rows = {r.task_id: r for r in mine}
     assert {m["id"] for m in got} == set(rows)
     keys = {m["args"][0]: m[KEY_HEADER] for m in got}
-    assert keys["a"] == f"outbox:{first.id}" and keys["c"] == "k"
+    assert keys["a"] == f"outbox:{first.message_id.hex}" and keys["c"] == "k"
+    assert len({m[KEY_HEADER] for m in got}) == 3
     # ... and the rows are sent, their arguments dropped
     assert all(r.status == "sent" and r.sent_at and r.args == [] and r.attempts == 1
                for r in rows.values())  # fmt: skip
@@ -170,6 +171,119 @@ def test_admin_requeues_dead_rows_and_purge_drops_old_sent_rows(queue: str) -> N
     assert not rows.filter(pk=sent.pk).exists()
     assert rows.filter(pk__in=[dead.pk, pending.pk]).count() == 2
     rows.filter(pk__in=[dead.pk, pending.pk]).delete()
+
+
+def _one_id(rows: list[tuple[str, OutboxMessage]]) -> int:
+    """Give every row the same id, unused in each of their databases (as message 1 of
+    two producer services would be)."""
+    same = 1 + max(
+        OutboxMessage.objects.using(db).aggregate(m=Max("id"))["m"] or 0 for db, _ in rows
+    )
+    for db, row in rows:
+        OutboxMessage.objects.using(db).filter(pk=row.pk).update(id=same)
+        row.id = same
+    return same
+
+
+def test_same_id_in_two_databases_gives_two_keys_and_two_effects(queue: str) -> None:
+    from tests.tasks import effect
+
+    dbs = ("default", "postgresql")
+    for db in dbs:
+        services.require_database(db)
+    prefix = f"xdb-{uuid.uuid4().hex[:8]}-"
+    # Given two outbox databases (two producer services), each holding a message with the
+    # same row id for the same guarded task, with different arguments
+    rows = [(db, outbox.enqueue(effect, (f"{prefix}{db}",), using=db, queue=queue)) for db in dbs]
+    same = _one_id(rows)
+    try:
+        # When each database's relay publishes its row, and one consumer (one journal,
+        # GROUSSET["DATABASE"]) runs both messages
+        for db in dbs:
+            relay(db)
+        got = messages(queue)
+        results = [
+            effect.apply(m["args"], m["kwargs"], task_id=m["id"],
+                         headers={KEY_HEADER: m[KEY_HEADER]}).get()
+            for m in sorted(got, key=lambda m: m["args"][0])
+        ]  # fmt: skip
+        # Then both effects ran, once each: neither message was answered with the other's
+        # memo, because the two messages carry different keys
+        assert len(got) == 2
+        assert effect_counts("default", prefix) == {f"{prefix}{db}": 1 for db in dbs}
+        assert sorted(r["key"] for r in results) == sorted(f"{prefix}{db}" for db in dbs)
+        assert len({m[KEY_HEADER] for m in got}) == 2, (same, got)
+    finally:
+        for db, row in rows:
+            OutboxMessage.objects.using(db).filter(pk=row.pk).delete()
+
+
+_MIGRATE = """
+import json, sys, django
+django.setup()
+from django.core.management import call_command
+from django.db import connections
+from django.db.migrations.executor import MigrationExecutor
+from django.utils import timezone
+from tests import services
+
+alias = sys.argv[1]
+engine = connections.settings[alias]["ENGINE"]
+recreate = (services._recreate_postgresql if "postgresql" in engine else
+            services._recreate_mysql if "mysql" in engine else services._recreate_sqlite)
+recreate(connections.settings[alias])
+call_command("migrate", "celery_grousset", "0003", database=alias, verbosity=0)
+state = MigrationExecutor(connections[alias]).loader.project_state(
+    ("celery_grousset", "0003_outcome_stale_at"))
+Old = state.apps.get_model("celery_grousset", "OutboxMessage")
+now = timezone.now()
+Old.objects.using(alias).bulk_create(
+    [Old(task_name="t", task_id=str(i), created_at=now, available_at=now) for i in range(2500)])
+call_command("migrate", "celery_grousset", database=alias, verbosity=0)
+from celery_grousset.models import OutboxMessage
+ids = list(OutboxMessage.objects.using(alias).values_list("message_id", flat=True))
+print(json.dumps({"rows": len(ids), "distinct": len({i for i in ids if i is not None})}))
+"""
+
+
+def test_migration_gives_existing_rows_distinct_message_ids(alias: str, tmp_path: Path) -> None:
+    # Given a database of its own for each backend, migrated to 0003, with 2,500 outbox rows
+    # (more than one backfill batch)
+    name = f"grousset_mig_{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT),
+           "GROUSSET_TEST_PG_NAME": name, "GROUSSET_TEST_MYSQL_NAME": name,
+           "GROUSSET_TEST_SQLITE": str(tmp_path / "mig.sqlite3")}  # fmt: skip
+    # When 0004 runs
+    run = subprocess.run([sys.executable, "-c", _MIGRATE, alias], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    try:
+        # Then every row has a message id of its own
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert json.loads(run.stdout.strip().splitlines()[-1]) == {"rows": 2500, "distinct": 2500}
+    finally:
+        _drop(alias, name)
+
+
+def _drop(alias: str, name: str) -> None:
+    """Drop the scratch database ``name`` on ``alias``'s server (SQLite: a tmp file)."""
+    from django.db import connections
+
+    settings = connections.settings[alias]
+    if "postgresql" in settings["ENGINE"]:
+        import psycopg
+
+        with psycopg.connect(host=settings["HOST"], port=int(settings["PORT"]),
+                             user=settings["USER"], dbname="postgres", autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # fmt: skip
+    elif "mysql" in settings["ENGINE"]:
+        import MySQLdb
+
+        conn = MySQLdb.connect(host=settings["HOST"], port=int(settings["PORT"]), user="root",
+                               passwd="")  # fmt: skip
+        try:
+            conn.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
+        finally:
+            conn.close()
 
 
 # -- end to end: real workers, real relays --------------------------------------------------
