@@ -1,10 +1,13 @@
-"""Exceptions raised by celery-grousset.
+"""Exceptions raised by celery-grousset (public API: ``celery_grousset.exceptions``).
 
 Every exception is a :class:`GroussetError`, so ``except GroussetError`` catches
-anything this package raises on purpose.
+anything this package raises on purpose. A configuration error is also Django's
+``ImproperlyConfigured``; a bad argument is also a ``ValueError`` / ``TypeError``.
 """
 
 from __future__ import annotations
+
+from django.core.exceptions import ImproperlyConfigured
 
 
 class GroussetError(Exception):
@@ -52,3 +55,13 @@ class GaveUp(GroussetError):
     This usually means the task kills its worker (memory limit, segfault). The
     message is not requeued again; release the record to allow another attempt.
     """
+
+
+class ConfigurationError(GroussetError, ImproperlyConfigured):
+    """The package is configured in a way it cannot work with (a missing
+    ``max_processing_time``, a journal database it has no store for, an unknown alias).
+    The message names what to set and where."""
+
+
+class InvalidArgument(GroussetError, ValueError, TypeError):
+    """An argument of a package function is out of range or of the wrong type."""

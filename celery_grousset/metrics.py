@@ -43,9 +43,8 @@ import tempfile
 from types import ModuleType
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
-
 from celery_grousset import events
+from celery_grousset.exceptions import ConfigurationError
 
 logger = logging.getLogger("celery_grousset")
 
@@ -86,7 +85,7 @@ def client() -> ModuleType:
     try:
         import prometheus_client
     except ImportError as exc:
-        raise ImproperlyConfigured(
+        raise ConfigurationError(
             "celery-grousset metrics need prometheus-client: "
             "pip install celery-grousset[prometheus]"
         ) from exc

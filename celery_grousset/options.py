@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
-
 from celery_grousset.conf import check_choice, grousset_settings, seconds
+from celery_grousset.exceptions import ConfigurationError
 
 #: the options a task, a worker flag or protect() may set (GROUSSET keys in upper case)
 NAMES = (
@@ -51,7 +50,7 @@ class Options:
 
         mpt = seconds(pick("max_processing_time"), name="max_processing_time")
         if mpt is None:
-            raise ImproperlyConfigured(
+            raise ConfigurationError(
                 f"celery-grousset: {where} has no max_processing_time. It has no default on "
                 "purpose (how long may an attempt hold the claim before another worker takes "
                 "it over?). Set it on the task (@app.task(base=GroussetTask, "

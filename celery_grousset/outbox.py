@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, transaction
 
+from celery_grousset.exceptions import InvalidArgument
 from celery_grousset.models import OutboxMessage, OutboxStatus
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ def _jsonable_options(options: dict[str, Any]) -> dict[str, Any]:
 
     refused = [name for name in _REFUSED if name in options]
     if refused:
-        raise TypeError(f"outbox.enqueue: the option(s) {refused} cannot be stored")
+        raise InvalidArgument(f"outbox.enqueue: the option(s) {refused} cannot be stored")
     out = dict(options)
     countdown = out.pop("countdown", None)
     if countdown is not None:
@@ -83,7 +84,7 @@ def _jsonable_options(options: dict[str, Any]) -> dict[str, Any]:
     try:
         json.dumps(out)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"outbox.enqueue: options must be JSON-serializable ({exc})") from exc
+        raise InvalidArgument(f"outbox.enqueue: options must be JSON-serializable ({exc})") from exc
     return out
 
 
@@ -190,7 +191,7 @@ class Relay:
         fault: Callable[[str], None] | None = None,
     ) -> None:
         if batch_size < 1 or max_attempts < 1:
-            raise ValueError("batch_size and max_attempts must be at least 1")
+            raise InvalidArgument("batch_size and max_attempts must be at least 1")
         self.app = app
         self.alias = _alias(using)
         self.batch_size = batch_size

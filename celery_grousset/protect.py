@@ -15,7 +15,12 @@ from typing import Any, NoReturn, TypeVar
 
 from celery_grousset import guard
 from celery_grousset.claim import ClaimRequest
-from celery_grousset.exceptions import ClaimInFlight, FingerprintError, StoreUnavailable
+from celery_grousset.exceptions import (
+    ClaimInFlight,
+    FingerprintError,
+    InvalidArgument,
+    StoreUnavailable,
+)
 from celery_grousset.memo import clean_text
 from celery_grousset.options import Options
 from celery_grousset.store import ClaimResult
@@ -84,7 +89,9 @@ def protect(
             "identifies the operation, e.g. f'import:{day}'."
         )
     if on_in_flight not in ("wait", "raise"):
-        raise ValueError(f"protect(on_in_flight=…) must be 'wait' or 'raise', got {on_in_flight!r}")
+        raise InvalidArgument(
+            f"protect(on_in_flight=…) must be 'wait' or 'raise', got {on_in_flight!r}"
+        )
     opts = Options.resolve(
         "protect()",
         {

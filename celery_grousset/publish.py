@@ -33,6 +33,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from celery_grousset.claim import ClaimRequest, Kind, Prev, decide
+from celery_grousset.exceptions import InvalidArgument
 
 if TYPE_CHECKING:
     from celery_grousset.task import GroussetTaskMixin
@@ -115,7 +116,7 @@ def as_call(task: GroussetTaskMixin, item: Any) -> Call:
         args, kwargs = tuple(item[0] or ()), dict(item[1] or {})
         key = item[2] if len(item) == 3 else None
     else:
-        raise TypeError(
+        raise InvalidArgument(
             f"{task.name}.publish_unique: each call is (args, kwargs), (args, kwargs, "
             f"idempotency_key) or an idempotency key (str), got {type(item).__name__}"
         )
@@ -176,9 +177,9 @@ def plan(
 ) -> Iterator[list[Call]]:
     """Yield, chunk by chunk, the calls to publish; count the skipped ones in ``report``."""
     if chunk_size < 1:
-        raise ValueError("chunk_size must be at least 1")
+        raise InvalidArgument("chunk_size must be at least 1")
     if window < 0:
-        raise ValueError("window must be 0 or more")
+        raise InvalidArgument("window must be 0 or more")
     opts = task.grousset_options()
     seen = _Window(window)
     for raw in _chunks(calls, chunk_size):

@@ -8,9 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.core.exceptions import ImproperlyConfigured
-
-from celery_grousset.exceptions import GroussetError
+from celery_grousset.exceptions import ConfigurationError
 
 #: The longest duration any setting or task option accepts: 100 years. Longer ones
 #: would put ``expires_on`` (claim time + duration) past the dates databases hold.
@@ -35,7 +33,7 @@ class Problem:
         return f"{self.message} {self.hint}"
 
 
-class GroussetSettingsError(GroussetError, ImproperlyConfigured):
+class GroussetSettingsError(ConfigurationError):
     """``settings.GROUSSET`` (or a task option) has a value celery-grousset refuses.
 
     ``problems`` lists each one (:class:`Problem`: the setting, the message, the fix);

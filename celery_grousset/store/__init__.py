@@ -16,7 +16,7 @@ __all__ = ["ClaimResult", "Completion", "Store", "get_store", "reset_stores", "s
 
 
 def store_class(engine: str) -> type[Store]:
-    """The claim store for a Django database ``ENGINE`` (ImproperlyConfigured if none)."""
+    """The claim store for a Django database ``ENGINE`` (ConfigurationError if none)."""
     if "postgresql" in engine or "postgis" in engine:
         from celery_grousset.store.postgresql import PostgresStore
 
@@ -29,9 +29,9 @@ def store_class(engine: str) -> type[Store]:
         from celery_grousset.store.mysql import MySQLStore
 
         return MySQLStore
-    from django.core.exceptions import ImproperlyConfigured
+    from celery_grousset.exceptions import ConfigurationError
 
-    raise ImproperlyConfigured(
+    raise ConfigurationError(
         f"celery-grousset has no claim store for the database engine {engine!r}; "
         "supported: PostgreSQL, SQLite, MySQL/MariaDB. Point GROUSSET['DATABASE'] "
         "at a database alias using one of them."
@@ -62,15 +62,15 @@ def get_store(alias: str | None = None) -> Store:
 
 
 def _new_store(alias: str) -> Store:
-    from django.core.exceptions import ImproperlyConfigured
     from django.db import connections
 
     from celery_grousset.conf import grousset_settings
+    from celery_grousset.exceptions import ConfigurationError
 
     try:
         settings_dict = connections.settings[alias]
     except Exception as exc:
-        raise ImproperlyConfigured(
+        raise ConfigurationError(
             f"celery-grousset: GROUSSET['DATABASE'] is {alias!r}, which is not "
             f"in settings.DATABASES ({sorted(connections.settings)})."
         ) from exc

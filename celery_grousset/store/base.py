@@ -32,6 +32,7 @@ from datetime import timezone as dt_timezone
 from typing import Any
 
 from celery_grousset.claim import ENC_NONE, ClaimRequest, Kind, Status
+from celery_grousset.exceptions import InvalidArgument
 
 #: the error text of a released claim
 RELEASED = "released: the claim was given up (revoked, retried or by an operator)"
@@ -208,7 +209,7 @@ class Store(abc.ABC):
         from celery_grousset.models import Outcome
 
         if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
+            raise InvalidArgument("batch_size must be at least 1")
         now = self.now()
         cutoff = min(before, now) if before is not None else now
         batch = (
@@ -270,7 +271,7 @@ class Store(abc.ABC):
         from celery_grousset.models import Outcome
 
         if column not in ("task_name", "processor_id"):
-            raise ValueError(f"not an indexed filter column: {column!r}")
+            raise InvalidArgument(f"not an indexed filter column: {column!r}")
         qs = Outcome.objects.using(self.alias).order_by(column).values_list(column, flat=True)
         return [str(v) for v in qs.distinct()[:limit]]
 

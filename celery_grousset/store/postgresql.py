@@ -31,7 +31,7 @@ from celery_grousset.claim import (
     decision_sql,
     gave_up_message,
 )
-from celery_grousset.exceptions import StoreUnavailable
+from celery_grousset.exceptions import InvalidArgument, StoreUnavailable
 from celery_grousset.store.base import RELEASED, ClaimResult, Completion, Store
 
 T = TypeVar("T")
@@ -324,7 +324,7 @@ class PostgresStore(Store):
         from django.db import connections
 
         if column not in ("task_name", "processor_id"):
-            raise ValueError(f"not an indexed filter column: {column!r}")
+            raise InvalidArgument(f"not an indexed filter column: {column!r}")
         with connections[self.alias].cursor() as cur:
             cur.execute(DISTINCT_SQL.format(col=column), [limit])
             return [str(row[0]) for row in cur.fetchall()]
