@@ -16,7 +16,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
@@ -67,7 +67,11 @@ class Attempt:
 
 class Caller(Protocol):
     """How one kind of caller differs: its options, its in-flight policy, what happens
-    when the claim must wait or the store is down, and how its body runs."""
+    when the claim must wait or the store is down, and how its body runs.
+
+    One hook is optional: ``accept`` (the serializers a duplicate's memo may be decoded
+    with; without it, only the call's own ``serializer``).
+    """
 
     def options(self) -> Options: ...
 
@@ -101,7 +105,7 @@ def guarded(caller: Caller, call: Call) -> Any:
     except StoreUnavailable as exc:
         caller.store_unavailable(exc)
     if not res.owned:
-        return answer(req, res, call.delivery)
+        return answer(req, res, call.delivery, accept_of(caller, call))
     attempt = Attempt(
         fingerprint=fp,
         fence=res.fence,
@@ -214,11 +218,26 @@ def claim(store: Store, reqs: Sequence[ClaimRequest]) -> list[ClaimResult]:
     return results
 
 
-def answer(req: ClaimRequest, res: ClaimResult, delivery: str = "") -> Any:
-    """The value (or error) a non-owning delivery returns: the memo."""
+def answer(
+    req: ClaimRequest,
+    res: ClaimResult,
+    delivery: str = "",
+    accept: Collection[str] = memo.DEFAULT_ACCEPT,
+) -> Any:
+    """The value (or error) a non-owning delivery returns: the memo, decoded only with a
+    serializer in ``accept``."""
     if res.kind is Kind.COMPLETED:
         events.duplicate(req, res, delivery)
-    return memo.decode(res.result, res.result_encoding, res.error, req.fingerprint)
+    return memo.decode(
+        res.result, res.result_encoding, res.error, req.fingerprint, accept=accept
+    )
+
+
+def accept_of(caller: Caller, call: Call) -> Collection[str]:
+    """What the caller decodes memos with: its ``accept`` (a task: its app's
+    accept_content), else only the call's own serializer (``protect()``)."""
+    accept = getattr(caller, "accept", None)
+    return (call.serializer,) if accept is None else accept
 
 
 def wait_until_settled(store: Store, req: ClaimRequest, res: ClaimResult) -> ClaimResult:

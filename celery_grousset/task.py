@@ -18,7 +18,7 @@ from celery import Task
 from celery.exceptions import Reject, Retry
 from celery.signals import task_revoked
 
-from celery_grousset import events, guard
+from celery_grousset import events, guard, memo
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.conf import grousset_settings, on_reload
 from celery_grousset.exceptions import FingerprintError, StoreUnavailable
@@ -299,6 +299,7 @@ class _TaskCaller:
     calls wait, or raise."""
 
     __slots__ = ("body", "local", "request", "task")
+    accept = property(lambda c: memo.app_accept(c.task.app))  # memos: what the app accepts
 
     def __init__(self, task: GroussetTaskMixin, request: Any, body: Callable[[], Any]) -> None:
         self.task, self.request, self.body = task, request, body

@@ -1,0 +1,254 @@
+"""Memos are data, never code: a memo is decoded only with a serializer the caller accepts
+(a task: its app's accept_content; protect(): its own serializer), a memoized failure is
+rebuilt without importing anything a row names, the admin and grousset_inspect only
+display. Real databases."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.test import override_settings
+
+from celery_grousset import GroussetTask, memo, protect
+from celery_grousset.claim import ENC_EXCEPTION, ClaimRequest
+from celery_grousset.exceptions import MemoizedFailure, MemoNotAccepted, ResultNotStored
+from celery_grousset.fingerprint import fingerprint
+from celery_grousset.models import Outcome
+from celery_grousset.protect import PROTECT_NAME
+from celery_grousset.store import get_store
+from celery_grousset.store.base import Completion
+from tests import services
+from tests.celeryapp import app
+
+PICKLE = "application/x-python-serialize;binary"
+
+
+class _Plant:
+    """Unpickling it runs ``os.mkdir(path)``: the directory existing is proof code ran."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> Any:
+        return (os.mkdir, (self.path,))
+
+
+@pytest.fixture
+def marker(tmp_path: Path) -> Path:
+    return tmp_path / "code-ran"
+
+
+@pytest.fixture
+def planted_module(
+    tmp_path: Path, marker: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """An importable module whose import creates ``marker`` (a row names it)."""
+    name = f"grousset_planted_{uuid.uuid4().hex[:10]}"
+    (tmp_path / f"{name}.py").write_text(f"import os\nos.mkdir({str(marker)!r})\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def journal(alias: str) -> Iterator[str]:
+    with override_settings(GROUSSET={"DATABASE": alias}):
+        yield alias
+
+
+@pytest.fixture
+def temp_task() -> Iterator[Any]:
+    made: list[str] = []
+
+    def make(fn: Any, **options: Any) -> Any:
+        name = f"tests.temp.{fn.__name__}.{uuid.uuid4().hex[:6]}"
+        made.append(name)
+        return app.task(base=GroussetTask, bind=True, name=name, **options)(fn)
+
+    yield make
+    for name in made:
+        app.tasks.pop(name, None)
+
+
+def plant(
+    alias: str, processor: str, fp: str, result: bytes, encoding: str, status: str = "completed"
+) -> None:
+    """A settled journal row with this memo, written through the real store."""
+    store, token = get_store(alias), uuid.uuid4().hex
+    store.claim(ClaimRequest(
+        processor_id=processor, fingerprint=fp, task_name="tests.planted", task_id="t-1",
+        token=token, worker="w:1", args_repr="()", max_processing_time=60.0,
+        expires_after=3600.0, max_takeovers=3,
+    ))  # fmt: skip
+    assert store.finish(processor, fp, token, Completion(status, result, encoding, ""))
+
+
+def exception_memo(module: str, qualname: str, message: str = "card declined") -> bytes:
+    return json.dumps(
+        {"exc_module": module, "exc_type": qualname, "exc_message": message}
+    ).encode()
+
+
+# -- defect 5: a planted pickle memo never runs -------------------------------------------
+
+
+def test_protect_never_unpickles_a_planted_memo(
+    alias: str, processor: str, marker: Path
+) -> None:
+    # Given a pickle memo planted on the row of protect("report")
+    key, ran = "report", []
+    fp = fingerprint(PROTECT_NAME, idempotency_key=key)
+    plant(alias, processor, fp, pickle.dumps(_Plant(str(marker))), PICKLE)
+    # When protect() (JSON, its default serializer) finds it
+    with pytest.raises(MemoNotAccepted, match="x-python-serialize") as err:
+        protect(key, lambda: ran.append(1), processor_id=processor,
+                max_processing_time=30, database=alias)  # fmt: skip
+    # Then nothing was unpickled, the effect did not run again, and the error says why
+    assert not marker.exists() and ran == []
+    assert err.value.content_type == "application/x-python-serialize"
+    assert "accept" in str(err.value)
+
+
+def test_json_task_never_unpickles_a_planted_memo(
+    journal: str, temp_task: Any, marker: Path
+) -> None:
+    ran: list[str] = []
+
+    def send(self: Any, order: str) -> str:
+        ran.append(order)
+        return f"sent {order}"
+
+    task = temp_task(send, max_processing_time=30)  # the app accepts JSON only
+    # Given a pickle memo planted on the row of send("o-1")
+    fp, processor = task.grousset_fingerprint(("o-1",), {}), task.grousset_options().processor_id
+    plant(journal, processor, fp, pickle.dumps(_Plant(str(marker))), PICKLE)
+    # When the task is called eagerly
+    result = task.apply(("o-1",))
+    # Then the memo is refused, undecoded, and the body did not run
+    assert isinstance(result.result, MemoNotAccepted)
+    assert not marker.exists() and ran == []
+
+
+def test_grousset_inspect_only_displays(alias: str, processor: str, marker: Path) -> None:
+    # Given a pickle memo planted in the journal
+    fp = uuid.uuid4().hex + uuid.uuid4().hex
+    payload = pickle.dumps(_Plant(str(marker)))
+    plant(alias, processor, fp, payload, PICKLE)
+    # When grousset_inspect shows the row, as text and as JSON
+    text, data = io.StringIO(), io.StringIO()
+    call_command("grousset_inspect", fp, "--database", alias, stdout=text)
+    call_command("grousset_inspect", fp, "--database", alias, "--json", stdout=data)
+    # Then nothing was unpickled; what is stored is shown: its content type and size
+    assert not marker.exists()
+    assert "application/x-python-serialize" in text.getvalue()
+    assert f"({len(payload)} bytes)" in text.getvalue()
+    story = json.loads(data.getvalue())
+    assert story["memo"] is None and story["memo_bytes"] == len(payload)
+    assert story["result_encoding"] == PICKLE
+
+
+def test_admin_detail_page_never_unpickles_nor_imports(
+    processor: str, marker: Path, planted_module: str
+) -> None:
+    from tests.test_admin import URL, client_for, journal_on, make_user
+
+    services.require_database("default")
+    with journal_on("default"):
+        # Given a planted pickle memo, and a memoized failure naming a planted module
+        pickled, failed = (uuid.uuid4().hex * 2 for _ in range(2))
+        plant("default", processor, pickled, pickle.dumps(_Plant(str(marker))), PICKLE)
+        plant("default", processor, failed, exception_memo(planted_module, "Declined"),
+              ENC_EXCEPTION, status="failed")  # fmt: skip
+        client = client_for(make_user(superuser=True))
+        for fp in (pickled, failed):
+            pk = Outcome.objects.using("default").get(fingerprint=fp).pk
+            # When the detail page is opened
+            resp = client.get(f"{URL}{pk}/change/")
+            assert resp.status_code == 200
+            html = resp.content.decode()
+            # Then it shows what is stored, and no code ran
+            assert not marker.exists() and planted_module not in sys.modules
+            if fp == pickled:
+                assert "application/x-python-serialize memo (" in html
+            else:
+                assert f"{planted_module}.Declined: card declined" in html
+
+
+def test_a_memoized_failure_never_imports_the_module_it_names(
+    alias: str, processor: str, marker: Path, planted_module: str
+) -> None:
+    # Given a memoized failure naming a planted module, on protect("pay")'s row
+    fp = fingerprint(PROTECT_NAME, idempotency_key="pay")
+    plant(alias, processor, fp, exception_memo(planted_module, "Declined"), ENC_EXCEPTION,
+          status="failed")  # fmt: skip
+    # When protect() replays it
+    with pytest.raises(MemoizedFailure) as err:
+        protect("pay", lambda: None, processor_id=processor, max_processing_time=30,
+                database=alias)  # fmt: skip
+    # Then it was not imported; the error carries the stored type name and message
+    assert not marker.exists() and planted_module not in sys.modules
+    assert err.value.exc_type == f"{planted_module}.Declined"
+    assert err.value.exc_message == "card declined"
+
+
+@pytest.mark.parametrize(
+    ("module", "qualname", "expected"),
+    [
+        ("builtins", "ValueError", ValueError),
+        ("builtins", "KeyError", KeyError),
+        ("celery_grousset.exceptions", "ResultNotStored", ResultNotStored),
+        ("os", "system", MemoizedFailure),
+        ("subprocess", "getoutput", MemoizedFailure),
+        ("builtins", "__import__", MemoizedFailure),
+        ("builtins", "SystemExit", MemoizedFailure),
+        ("builtins", "eval", MemoizedFailure),
+        ("celery_grousset.exceptions", "annotations", MemoizedFailure),
+        ("os.path", "join", MemoizedFailure),
+        ("django.core.exceptions", "ImproperlyConfigured", MemoizedFailure),
+    ],
+)
+def test_rebuilt_exceptions_are_builtin_or_the_packages_own(
+    module: str, qualname: str, expected: type[BaseException]
+) -> None:
+    # Given a stored failure naming a class (or a function, or a module path)
+    before = set(sys.modules)
+    exc = memo.rebuild_exception(exception_memo(module, qualname), "stored error")
+    # Then only builtin exceptions and the package's own come back as themselves;
+    # anything else is a MemoizedFailure naming it, and nothing was imported
+    assert type(exc) is expected
+    assert set(sys.modules) == before
+    if expected is MemoizedFailure:
+        assert qualname in str(exc) and "card declined" in str(exc)
+
+
+def test_an_app_that_accepts_pickle_still_gets_its_pickled_memo(
+    journal: str, temp_task: Any, alias: str, processor: str
+) -> None:
+    def load(self: Any, n: int) -> dict[str, Any]:
+        return {"n": n, "when": {1, 2}}  # a set: only pickle keeps it
+
+    task = temp_task(load, max_processing_time=30, serializer="pickle")
+    saved = app.conf.accept_content
+    app.conf.accept_content = ["json", "pickle"]
+    try:
+        # Given an app that accepts pickle / When a pickle task runs twice
+        first, second = task.apply((3,)).get(), task.apply((3,)).get()
+    finally:
+        app.conf.accept_content = saved
+    # Then the duplicate got the memo, decoded with pickle
+    assert first == second == {"n": 3, "when": {1, 2}}
+    # And protect(serializer="pickle") accepts its own serializer
+    key = f"p-{uuid.uuid4().hex[:6]}"
+    values = [protect(key, lambda: {"s": {1}}, serializer="pickle", processor_id=processor,
+                      max_processing_time=30, database=alias) for _ in range(2)]  # fmt: skip
+    assert values == [{"s": {1}}, {"s": {1}}]
