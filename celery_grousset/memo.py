@@ -11,7 +11,7 @@ A memo is decoded only with a serializer the caller accepts (:func:`decode`'s
 ``accept``), never by the content type the row names alone: a row is data, and a
 pickled memo planted in the journal must not run code. A memoized failure is
 re-created only as a builtin exception or one of this package's own; no module is
-imported by a name read from a row.
+imported by a name read from a row. Every error text stored is redacted.
 """
 
 from __future__ import annotations
@@ -40,8 +40,11 @@ from celery_grousset.exceptions import (
     MemoNotAccepted,
     ResultNotStored,
 )
+from celery_grousset.redact import DEFAULT_REDACT_KEYS, redact_text
 
 ERROR_MAX = 2000
+#: text longer than this is cut before it is redacted (redaction is linear, but bounded)
+_REDACT_MAX = 64 * 1024
 #: what ``protect()`` and memo readers that name nothing accept
 DEFAULT_ACCEPT = ("json",)
 
@@ -56,19 +59,35 @@ def clean_text(text: str, limit: int = ERROR_MAX) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def redacted_text(text: str, limit: int = ERROR_MAX) -> str:
+    """:func:`clean_text` of ``text`` with secret values (passwords in DSNs, bearer tokens,
+    ``password=…``) removed by :func:`celery_grousset.redact.redact_text`, with the
+    ``GROUSSET["REDACT_KEYS"]`` too. Never raises."""
+    keys: Collection[str] = DEFAULT_REDACT_KEYS
+    try:
+        from celery_grousset.conf import grousset_settings
+
+        extra = grousset_settings.REDACT_KEYS
+        if extra:
+            keys = DEFAULT_REDACT_KEYS | frozenset(extra)
+    except Exception:  # settings that cannot be read: the default keys still apply
+        pass
+    return clean_text(redact_text(text[:_REDACT_MAX], keys), limit)
+
+
 def error_summary(exc: BaseException | None) -> str:
-    """``Type: message`` of an exception; never raises (a ``__str__`` may)."""
+    """``Type: message`` of an exception, redacted; never raises (a ``__str__`` may)."""
     if exc is None:
         return "an exception that could not be recorded"
     try:
         text = f"{type(exc).__name__}: {exc}"
     except Exception:
         text = f"{type(exc).__name__}: <str() of the exception raised>"
-    return clean_text(text)
+    return redacted_text(text)
 
 
 def _not_stored(why: str) -> tuple[None, str, str]:
-    return None, ENC_NOT_STORED, clean_text(f"result not stored: {why}")
+    return None, ENC_NOT_STORED, redacted_text(f"result not stored: {why}")
 
 
 def encode(
@@ -93,7 +112,7 @@ def encode_exception(exc: BaseException) -> tuple[bytes, str, str]:
     payload = {
         "exc_type": cls.__qualname__,
         "exc_module": cls.__module__,
-        "exc_message": clean_text(str(exc)),
+        "exc_message": redacted_text(str(exc)),
     }
     return json.dumps(payload).encode(), ENC_EXCEPTION, error_summary(exc)
 

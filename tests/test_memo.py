@@ -1,7 +1,7 @@
 """Memos are data, never code: a memo is decoded only with a serializer the caller accepts
 (a task: its app's accept_content; protect(): its own serializer), a memoized failure is
 rebuilt without importing anything a row names, the admin and grousset_inspect only
-display. Real databases."""
+display, and stored error text is redacted. Real databases."""
 
 from __future__ import annotations
 
@@ -252,3 +252,43 @@ def test_an_app_that_accepts_pickle_still_gets_its_pickled_memo(
     values = [protect(key, lambda: {"s": {1}}, serializer="pickle", processor_id=processor,
                       max_processing_time=30, database=alias) for _ in range(2)]  # fmt: skip
     assert values == [{"s": {1}}, {"s": {1}}]
+
+
+# -- defect 13 (second half): stored error text is redacted --------------------------------
+
+
+@pytest.mark.parametrize("on_failure", ["release", "memoize"])
+def test_stored_error_text_is_redacted(journal: str, temp_task: Any, on_failure: str) -> None:
+    def leak(self: Any) -> None:
+        raise ValueError(
+            "dsn postgres://u:s3cret@h/db failed; Authorization: Bearer abc.def.ghi"
+        )
+
+    task = temp_task(leak, max_processing_time=30, on_failure=on_failure)
+    # When the task fails
+    first = task.apply()
+    assert isinstance(first.result, ValueError)
+    # Then what the journal stores holds neither the password nor the token
+    rec = Outcome.objects.using(journal).get(task_name=task.name)
+    stored = rec.error + (bytes(rec.result).decode() if rec.result is not None else "")
+    assert rec.error.startswith("ValueError: dsn postgres://u:")
+    assert "s3cret" not in stored and "abc.def.ghi" not in stored
+    if on_failure == "memoize":  # and a duplicate replays the redacted message
+        replay = task.apply().result
+        assert isinstance(replay, ValueError) and "s3cret" not in str(replay)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="redact.redact_text: in 'token=Bearer <token>' the name=value rule masks only the "
+    "word 'Bearer' and leaves the token (redact.py is outside this change)",
+)
+def test_stored_error_text_is_redacted_for_a_bearer_value(journal: str, temp_task: Any) -> None:
+    def leak(self: Any) -> None:
+        raise ValueError("dsn postgres://u:s3cret@h/db token=Bearer abc.def.ghi")
+
+    task = temp_task(leak, max_processing_time=30)
+    task.apply()
+    error = Outcome.objects.using(journal).get(task_name=task.name).error
+    assert "s3cret" not in error
+    assert "abc.def.ghi" not in error
