@@ -10,7 +10,7 @@ from typing import Any
 
 from celery_grousset import events, memo
 from celery_grousset.claim import ENC_NONE, ClaimRequest, Status
-from celery_grousset.exceptions import FencedOut, StoreUnavailable
+from celery_grousset.exceptions import FencedOut, PoisonDelivery, StoreUnavailable
 from celery_grousset.faults import fault
 from celery_grousset.options import Options
 from celery_grousset.store import ClaimResult, Completion, Store
@@ -118,7 +118,7 @@ def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> 
         events.finished(req, "failed" if done else "fenced_out", time.perf_counter() - t0)
         if not done:
             events.fenced(req, 0)
-    except StoreUnavailable as store_exc:
+    except (StoreUnavailable, PoisonDelivery) as store_exc:
         # The claim stays in flight; it turns stale at its stale_at.
         events.store_error(req, "fail", store_exc)
 
@@ -138,6 +138,8 @@ def finish_retrying(store: Store, req: ClaimRequest, completion: Completion) -> 
             if delay is None or time.monotonic() + delay > deadline:
                 raise
             time.sleep(delay)
+        except PoisonDelivery:  # refused for its data: sending it again cannot help
+            raise
         except Exception as exc:
             # Interrupted while waiting for the answer (e.g. SoftTimeLimitExceeded): the
             # write may or may not have committed. Drop the connection and send it again
@@ -151,3 +153,4 @@ def finish_retrying(store: Store, req: ClaimRequest, completion: Completion) -> 
             except Exception:  # the connection is in an unknown state
                 store.discard()
     raise AssertionError("unreachable")  # pragma: no cover
+

@@ -94,3 +94,14 @@ class MemoizedFailure(GroussetError):
         super().__init__(message)
         self.exc_type = exc_type
         self.exc_message = exc_message
+
+
+class PoisonDelivery(GroussetError):
+    """A call the journal can never record: its task id, task name or processor id is too
+    long or holds a NUL, or the database refused its data (a data error).
+
+    Permanent, never "store unavailable": retrying cannot help. A task rejects the
+    delivery without requeue (``Reject(requeue=False)``: the broker drops it or
+    dead-letters it); ``protect()``, eager and direct calls raise it. The effect did not
+    run.
+    """

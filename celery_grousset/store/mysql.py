@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from celery_grousset.claim import ClaimRequest
 from celery_grousset.exceptions import StoreUnavailable
+from celery_grousset.store.base import data_error
 from celery_grousset.store.locking import COLS, TABLE, LockingStore
 
 T = TypeVar("T")
@@ -97,6 +98,8 @@ class MySQLStore(LockingStore):
                 code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
                 if code in _RETRY:
                     continue
+                if isinstance(exc, MySQLdb.DataError):
+                    raise data_error(self.alias, exc) from exc
                 if code in _TIMEOUT:
                     raise StoreUnavailable(
                         f"the journal database {self.alias!r} did not answer within "
