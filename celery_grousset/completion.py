@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery_grousset import events, memo
-from celery_grousset.claim import ENC_NONE, ClaimRequest, Status
+from celery_grousset.claim import ENC_NONE, ENC_NOT_STORED, ClaimRequest, Status
 from celery_grousset.exceptions import FencedOut, PoisonDelivery, StoreUnavailable
 from celery_grousset.faults import fault
 from celery_grousset.options import Options
@@ -132,7 +132,7 @@ def finish_retrying(store: Store, req: ClaimRequest, completion: Completion) -> 
     interrupted = False
     for delay in (*COMPLETION_RETRY_DELAYS, None):
         try:
-            return store.finish(req.processor_id, req.fingerprint, req.token, completion)
+            return _finish(store, req, completion)
         except StoreUnavailable as exc:
             events.store_error(req, "complete", exc)
             if delay is None or time.monotonic() + delay > deadline:
@@ -154,3 +154,17 @@ def finish_retrying(store: Store, req: ClaimRequest, completion: Completion) -> 
                 store.discard()
     raise AssertionError("unreachable")  # pragma: no cover
 
+
+def _finish(store: Store, req: ClaimRequest, completion: Completion) -> bool:
+    """One completion write. When the database refuses the memo itself (a data error,
+    e.g. over MariaDB's max_allowed_packet) the same write would fail forever: the outcome
+    is recorded without it ("result not stored"), and the effect is never run again."""
+    try:
+        return store.finish(req.processor_id, req.fingerprint, req.token, completion)
+    except PoisonDelivery as exc:
+        if completion.result is None:
+            raise
+        events.store_error(req, "complete (memo refused: stored as not stored)", exc)
+        why = memo.redacted_text(f"result not stored: the journal refused it: {exc}")
+    unstored = Completion(completion.status, None, ENC_NOT_STORED, why)
+    return store.finish(req.processor_id, req.fingerprint, req.token, unstored)

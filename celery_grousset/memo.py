@@ -43,6 +43,8 @@ from celery_grousset.exceptions import (
 from celery_grousset.redact import DEFAULT_REDACT_KEYS, redact_text
 
 ERROR_MAX = 2000
+#: the longest ``result_encoding`` the journal column holds
+ENCODING_MAX = 64
 #: text longer than this is cut before it is redacted (redaction is linear, but bounded)
 _REDACT_MAX = 64 * 1024
 #: what ``protect()`` and memo readers that name nothing accept
@@ -103,7 +105,10 @@ def encode(
     raw = data.encode(content_encoding or "utf-8") if isinstance(data, str) else bytes(data)
     if len(raw) > max_bytes:
         return _not_stored(f"{len(raw)} bytes encoded is over max_result_bytes={max_bytes}")
-    return raw, f"{content_type};{content_encoding}", ""
+    encoding = f"{content_type};{content_encoding}"
+    if len(encoding) > ENCODING_MAX:
+        return _not_stored(f"its content type is too long to record ({encoding[:80]!r})")
+    return raw, encoding, ""
 
 
 def encode_exception(exc: BaseException) -> tuple[bytes, str, str]:

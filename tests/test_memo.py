@@ -1,7 +1,8 @@
 """Memos are data, never code: a memo is decoded only with a serializer the caller accepts
 (a task: its app's accept_content; protect(): its own serializer), a memoized failure is
 rebuilt without importing anything a row names, the admin and grousset_inspect only
-display, and stored error text is redacted. Real databases."""
+display, stored error text is redacted, and on MariaDB a memo over max_allowed_packet is
+recorded as "result not stored" instead of failing every completion. Real databases."""
 
 from __future__ import annotations
 
@@ -20,12 +21,18 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from celery_grousset import GroussetTask, memo, protect
-from celery_grousset.claim import ENC_EXCEPTION, ClaimRequest
-from celery_grousset.exceptions import MemoizedFailure, MemoNotAccepted, ResultNotStored
+from celery_grousset.claim import ENC_EXCEPTION, ENC_NOT_STORED, ClaimRequest, Kind
+from celery_grousset.completion import finish_retrying
+from celery_grousset.exceptions import (
+    MemoizedFailure,
+    MemoNotAccepted,
+    ResultNotStored,
+    StoreUnavailable,
+)
 from celery_grousset.fingerprint import fingerprint
 from celery_grousset.models import Outcome
 from celery_grousset.protect import PROTECT_NAME
-from celery_grousset.store import get_store
+from celery_grousset.store import get_store, reset_stores
 from celery_grousset.store.base import Completion
 from tests import services
 from tests.celeryapp import app
@@ -292,3 +299,113 @@ def test_stored_error_text_is_redacted_for_a_bearer_value(journal: str, temp_tas
     error = Outcome.objects.using(journal).get(task_name=task.name).error
     assert "s3cret" not in error
     assert "abc.def.ghi" not in error
+
+
+# -- defect 10: MariaDB's max_allowed_packet ------------------------------------------------
+
+
+@pytest.fixture
+def packet_limit() -> Iterator[int]:
+    """MariaDB's max_allowed_packet for new connections (lowered to 1 MiB when huge)."""
+    import MySQLdb
+    from django.db import connections
+
+    services.require_database("mysql")
+    settings = connections.settings["mysql"]
+    root = MySQLdb.connect(host=str(settings["HOST"]), port=int(str(settings["PORT"])),
+                           user="root", passwd="")  # fmt: skip
+    cur = root.cursor()
+    cur.execute("SELECT @@global.max_allowed_packet")
+    original = int(cur.fetchone()[0])
+    lowered = original >= 64 * 1024 * 1024
+    if lowered:
+        cur.execute("SET GLOBAL max_allowed_packet = 1048576")
+    reset_stores()  # the store's next connection reads the limit
+    try:
+        yield 1048576 if lowered else original
+    finally:
+        if lowered:
+            cur.execute(f"SET GLOBAL max_allowed_packet = {original}")
+        root.close()
+        reset_stores()
+
+
+@pytest.mark.parametrize("transactional", [False, True])
+def test_memo_over_max_allowed_packet_is_not_stored(
+    packet_limit: int, processor: str, transactional: bool
+) -> None:
+    runs: list[int] = []
+
+    def export() -> str:
+        runs.append(1)
+        return "x" * (packet_limit + 1024)
+
+    def call() -> Any:
+        return protect("export", export, processor_id=processor, max_processing_time=4,
+                       max_result_bytes=4 * packet_limit, transactional=transactional,
+                       database="mysql")  # fmt: skip
+
+    # Given a memo larger than the server's max_allowed_packet (max_result_bytes raised)
+    # When the call runs: it returns its value, and the outcome is recorded without it
+    assert len(call()) == packet_limit + 1024
+    rec = Outcome.objects.using("mysql").get(processor_id=processor)
+    assert (rec.status, rec.result_encoding, rec.result) == ("completed", ENC_NOT_STORED, None)
+    assert "max_allowed_packet" in rec.error
+    # And a duplicate is told the result was not stored; the effect ran once
+    with pytest.raises(ResultNotStored, match="max_allowed_packet"):
+        call()
+    assert runs == [1]
+
+
+def test_memo_just_under_max_allowed_packet_is_stored_and_read_back(
+    packet_limit: int, processor: str
+) -> None:
+    from celery_grousset.store.mysql import PACKET_MARGIN
+
+    store = get_store("mysql")
+    fits = b"y" * (packet_limit - PACKET_MARGIN - 4096)
+    quoted = b'"' * (packet_limit // 2)  # each quote is escaped: twice the bytes on the wire
+    for raw, stored in ((fits, True), (quoted, False)):
+        fp, token = uuid.uuid4().hex * 2, uuid.uuid4().hex
+        request = ClaimRequest(
+            processor_id=processor, fingerprint=fp, task_name="tests.big", task_id="t-big",
+            token=token, worker="w:1", args_repr="()", max_processing_time=60.0,
+            expires_after=3600.0, max_takeovers=3,
+        )  # fmt: skip
+        store.claim(request)
+        assert store.finish(processor, fp, token, Completion("completed", raw, "x/y;binary"))
+        again = store.claim(ClaimRequest(**{**_fields(request), "token": uuid.uuid4().hex}))
+        assert again.kind is Kind.COMPLETED
+        assert (again.result == raw) is stored
+        assert (again.result_encoding == ENC_NOT_STORED) is not stored
+
+
+def _fields(req: ClaimRequest) -> dict[str, Any]:
+    return {f: getattr(req, f) for f in ClaimRequest.__dataclass_fields__}
+
+
+# -- a memo the database refuses for its data ------------------------------------------------
+
+
+def test_a_memo_the_database_refuses_is_recorded_as_not_stored(
+    alias: str, processor: str
+) -> None:
+    if alias == "default":
+        pytest.skip("SQLite does not enforce column lengths")
+    store, fp, token = get_store(alias), uuid.uuid4().hex * 2, uuid.uuid4().hex
+    request = ClaimRequest(
+        processor_id=processor, fingerprint=fp, task_name="tests.odd", task_id="t-odd",
+        token=token, worker="w:1", args_repr="()", max_processing_time=2.0,
+        expires_after=3600.0, max_takeovers=3,
+    )  # fmt: skip
+    store.claim(request)
+    # Given a completion whose result_encoding the column cannot hold (a data error)
+    refused = Completion("completed", b"1", "x" * 100 + ";utf-8")
+    # When it is written / Then it lands as "result not stored", never StoreUnavailable
+    try:
+        assert finish_retrying(store, request, refused)
+    except StoreUnavailable as exc:  # the old behaviour: retried as an outage
+        pytest.fail(f"a data error was treated as an outage: {exc}")
+    rec = Outcome.objects.using(alias).get(processor_id=processor, fingerprint=fp)
+    assert (rec.status, rec.result_encoding) == ("completed", ENC_NOT_STORED)
+    assert rec.error.startswith("result not stored: the journal refused it")
