@@ -50,11 +50,9 @@ _BADGE = {Status.IN_FLIGHT: ("#92400e", "#fde68a"), Status.COMPLETED: ("#166534"
 
 
 def memo_text(obj: Outcome, now: datetime) -> tuple[bool, str]:
-    """``(ok, text)``: the memo pretty-printed, or why duplicates get no value."""
-    content_type = obj.result_encoding.partition(";")[0]
-    if obj.status != Status.IN_FLIGHT and content_type in UNSAFE_CONTENT_TYPES:
-        size = len(obj.result or b"")
-        return False, f"{content_type} memo ({size} bytes): not decoded in the admin"
+    """``(ok, text)``: a JSON memo pretty-printed, or what is stored instead (its content
+    type and size; a failure's stored type and message). Display only: nothing but JSON is
+    decoded and nothing is imported (:func:`celery_grousset.journal.memo_value`)."""
     ok, value = journal.memo_value(obj, now)
     if not ok:
         return False, str(value)

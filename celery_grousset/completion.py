@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 from celery_grousset import events, memo
-from celery_grousset.claim import ENC_NONE, ClaimRequest, Status
-from celery_grousset.exceptions import FencedOut, StoreUnavailable
+from celery_grousset.claim import ENC_NONE, ENC_NOT_STORED, ClaimRequest, Status
+from celery_grousset.exceptions import FencedOut, PoisonDelivery, StoreUnavailable
 from celery_grousset.faults import fault
 from celery_grousset.options import Options
 from celery_grousset.store import ClaimResult, Completion, Store
@@ -118,7 +118,7 @@ def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> 
         events.finished(req, "failed" if done else "fenced_out", time.perf_counter() - t0)
         if not done:
             events.fenced(req, 0)
-    except StoreUnavailable as store_exc:
+    except (StoreUnavailable, PoisonDelivery) as store_exc:
         # The claim stays in flight; it turns stale at its stale_at.
         events.store_error(req, "fail", store_exc)
 
@@ -132,12 +132,14 @@ def finish_retrying(store: Store, req: ClaimRequest, completion: Completion) -> 
     interrupted = False
     for delay in (*COMPLETION_RETRY_DELAYS, None):
         try:
-            return store.finish(req.processor_id, req.fingerprint, req.token, completion)
+            return _finish(store, req, completion)
         except StoreUnavailable as exc:
             events.store_error(req, "complete", exc)
             if delay is None or time.monotonic() + delay > deadline:
                 raise
             time.sleep(delay)
+        except PoisonDelivery:  # refused for its data: sending it again cannot help
+            raise
         except Exception as exc:
             # Interrupted while waiting for the answer (e.g. SoftTimeLimitExceeded): the
             # write may or may not have committed. Drop the connection and send it again
@@ -151,3 +153,18 @@ def finish_retrying(store: Store, req: ClaimRequest, completion: Completion) -> 
             except Exception:  # the connection is in an unknown state
                 store.discard()
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _finish(store: Store, req: ClaimRequest, completion: Completion) -> bool:
+    """One completion write. When the database refuses the memo itself (a data error,
+    e.g. over MariaDB's max_allowed_packet) the same write would fail forever: the outcome
+    is recorded without it ("result not stored"), and the effect is never run again."""
+    try:
+        return store.finish(req.processor_id, req.fingerprint, req.token, completion)
+    except PoisonDelivery as exc:
+        if completion.result is None:
+            raise
+        events.store_error(req, "complete (memo refused: stored as not stored)", exc)
+        why = memo.redacted_text(f"result not stored: the journal refused it: {exc}")
+    unstored = Completion(completion.status, None, ENC_NOT_STORED, why)
+    return store.finish(req.processor_id, req.fingerprint, req.token, unstored)

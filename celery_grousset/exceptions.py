@@ -65,3 +65,43 @@ class ConfigurationError(GroussetError, ImproperlyConfigured):
 
 class InvalidArgument(GroussetError, ValueError, TypeError):
     """An argument of a package function is out of range or of the wrong type."""
+
+
+class MemoNotAccepted(GroussetError):
+    """A memo's content type is not one this caller accepts; it was not decoded.
+
+    A task decodes memos only with its Celery app's ``result_accept_content`` (or
+    ``accept_content``), ``protect()`` only with its own ``serializer`` (JSON by default):
+    a pickled memo is never unpickled where pickle is not accepted. The effect is not run
+    again because of this; duplicates raise this error until the record expires or is
+    forgotten.
+    """
+
+    def __init__(self, message: str, *, content_type: str = "") -> None:
+        super().__init__(message)
+        self.content_type = content_type
+
+
+class MemoizedFailure(GroussetError):
+    """A memoized failure whose exception class is not rebuilt from the journal.
+
+    Only builtin exceptions and this package's own are re-created for duplicates; no
+    module is ever imported by a name read from a journal row. ``exc_type`` is the stored
+    ``module.QualName`` of the original exception, ``exc_message`` its (redacted) text.
+    """
+
+    def __init__(self, message: str, *, exc_type: str = "", exc_message: str = "") -> None:
+        super().__init__(message)
+        self.exc_type = exc_type
+        self.exc_message = exc_message
+
+
+class PoisonDelivery(GroussetError):
+    """A call the journal can never record: its task id, task name or processor id is too
+    long or holds a NUL, or the database refused its data (a data error).
+
+    Permanent, never "store unavailable": retrying cannot help. A task rejects the
+    delivery without requeue (``Reject(requeue=False)``: the broker drops it or
+    dead-letters it); ``protect()``, eager and direct calls raise it. The effect did not
+    run.
+    """

@@ -11,12 +11,14 @@ waits or raises; a task binds ``self.grousset`` around its body) enters through 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
@@ -24,12 +26,12 @@ from celery_grousset import events, memo
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.completion import fail, run_owned
 from celery_grousset.conf import grousset_settings
-from celery_grousset.exceptions import FingerprintError, StoreUnavailable
+from celery_grousset.exceptions import FingerprintError, PoisonDelivery, StoreUnavailable
 from celery_grousset.faults import fault
 from celery_grousset.fingerprint import bind_arguments, fingerprint_bound
 from celery_grousset.options import Options
 from celery_grousset.redact import DEFAULT_REDACT_KEYS, safe_repr
-from celery_grousset.store import ClaimResult, Store, get_store
+from celery_grousset.store import ClaimResult, Store, check_claimable, get_store
 
 __all__ = [
     "Attempt", "Call", "Caller", "Options", "fail", "fault", "guarded", "run_owned", "worker_id"
@@ -67,7 +69,12 @@ class Attempt:
 
 class Caller(Protocol):
     """How one kind of caller differs: its options, its in-flight policy, what happens
-    when the claim must wait or the store is down, and how its body runs."""
+    when the claim must wait or the store is down, and how its body runs.
+
+    Two hooks are optional: ``accept`` (the serializers a duplicate's memo may be decoded
+    with; without it, only the call's own ``serializer``) and ``poison(exc)`` (a call the
+    journal can never record: a task rejects its delivery; without it, it is raised).
+    """
 
     def options(self) -> Options: ...
 
@@ -91,6 +98,7 @@ def guarded(caller: Caller, call: Call) -> Any:
     store = get_store(opts.database)
     req = request(opts, fp, call.name, call.task_id, args_repr)
     try:
+        check_claimable(req)  # a poison delivery never reaches the database
         [res] = claim(store, [req])
         if res.kind is Kind.IN_FLIGHT:
             policy = caller.in_flight_policy(opts)
@@ -100,8 +108,10 @@ def guarded(caller: Caller, call: Call) -> Any:
             res = wait_until_settled(store, req, res)
     except StoreUnavailable as exc:
         caller.store_unavailable(exc)
+    except PoisonDelivery as exc:
+        poisoned(caller, req, exc)
     if not res.owned:
-        return answer(req, res, call.delivery)
+        return answer(req, res, call.delivery, accept_of(caller, call))
     attempt = Attempt(
         fingerprint=fp,
         fence=res.fence,
@@ -214,11 +224,43 @@ def claim(store: Store, reqs: Sequence[ClaimRequest]) -> list[ClaimResult]:
     return results
 
 
-def answer(req: ClaimRequest, res: ClaimResult, delivery: str = "") -> Any:
-    """The value (or error) a non-owning delivery returns: the memo."""
+def answer(
+    req: ClaimRequest,
+    res: ClaimResult,
+    delivery: str = "",
+    accept: Collection[str] = memo.DEFAULT_ACCEPT,
+) -> Any:
+    """The value (or error) a non-owning delivery returns: the memo, decoded only with a
+    serializer in ``accept``."""
     if res.kind is Kind.COMPLETED:
         events.duplicate(req, res, delivery)
-    return memo.decode(res.result, res.result_encoding, res.error, req.fingerprint)
+    return memo.decode(
+        res.result, res.result_encoding, res.error, req.fingerprint, accept=accept
+    )
+
+
+def accept_of(caller: Caller, call: Call) -> Collection[str]:
+    """What the caller decodes memos with: its ``accept`` (a task: its app's
+    accept_content), else only the call's own serializer (``protect()``)."""
+    accept = getattr(caller, "accept", None)
+    return (call.serializer,) if accept is None else accept
+
+
+def poisoned(caller: Caller, req: ClaimRequest, exc: PoisonDelivery) -> NoReturn:
+    """A call the journal can never record: say so once, loudly; then the caller's
+    ``poison(exc)`` hook (a task rejects the delivery without requeue), else raise."""
+    def shown(value: str) -> str:  # bounded, no NUL: safe in a log line
+        return memo.clean_text(repr(value), 100)
+
+    safe = dataclasses.replace(req, task_id=shown(req.task_id),
+                               task_name=shown(req.task_name),
+                               processor_id=shown(req.processor_id))  # fmt: skip
+    events._log(logging.ERROR, "grousset.poison_delivery", safe, reason=str(exc),
+                action="not retried")  # fmt: skip
+    hook = getattr(caller, "poison", None)
+    if callable(hook):
+        hook(exc)
+    raise exc
 
 
 def wait_until_settled(store: Store, req: ClaimRequest, res: ClaimResult) -> ClaimResult:

@@ -81,8 +81,16 @@ def find(
 # -- what an entry holds --------------------------------------------------------------------
 
 
+#: the only memos the admin and the commands decode (display only: never pickle)
+SHOWN_CONTENT_TYPES = ("application/json",)
+
+
 def memo_value(rec: Outcome, at: datetime) -> tuple[bool, Any]:
-    """``(True, value)`` as a duplicate would get it, or ``(False, why there is none)``."""
+    """``(True, value)`` of a JSON memo, or ``(False, what is stored instead)``.
+
+    For display (the admin, ``grousset_inspect``): only JSON is decoded, a memoized
+    failure is described by its stored type name and message (nothing is imported), and
+    any other memo is shown as its content type and size, never decoded."""
     if rec.status == Status.IN_FLIGHT:
         if is_stale(rec, at):
             return False, "no outcome yet: the claim is stale (its holder died or is stuck)"
@@ -90,10 +98,21 @@ def memo_value(rec: Outcome, at: datetime) -> tuple[bool, Any]:
     if rec.status == Status.FAILED and rec.result_encoding == ENC_NONE:
         return False, "released: the last attempt failed and nothing is memoized"
     raw = bytes(rec.result) if rec.result is not None else None
+    content_type = rec.result_encoding.partition(";")[0]
+    stored = raw is not None and "/" in content_type and not content_type.startswith("grousset/")
+    if stored and content_type not in SHOWN_CONTENT_TYPES:
+        size = len(raw or b"")
+        return False, (
+            f"{content_type} memo ({size} bytes): not decoded in the admin or by the "
+            "commands (they show JSON memos only)"
+        )
     try:
-        return True, memo.decode(raw, rec.result_encoding, rec.error, rec.fingerprint)
+        value = memo.decode(
+            raw, rec.result_encoding, rec.error, rec.fingerprint, accept=SHOWN_CONTENT_TYPES
+        )
     except Exception as exc:  # what a duplicate would raise is the answer
         return False, f"{type(exc).__name__}: {exc}"
+    return True, value
 
 
 # -- release and forget ---------------------------------------------------------------------

@@ -6,16 +6,26 @@ content type and encoding. A value that cannot be stored (not serializable,
 larger than ``max_result_bytes``) is never a reason to re-run the effect: the
 record completes with the marker :data:`ENC_NOT_STORED` and duplicates raise
 :class:`~celery_grousset.exceptions.ResultNotStored`.
+
+A memo is decoded only with a serializer the caller accepts (:func:`decode`'s
+``accept``), never by the content type the row names alone: a row is data, and a
+pickled memo planted in the journal must not run code. A memoized failure is
+re-created only as a builtin exception or one of this package's own; no module is
+imported by a name read from a row. Every error text stored is redacted.
 """
 
 from __future__ import annotations
 
-import importlib
+import builtins
+import contextlib
 import json
+from collections.abc import Collection
+from functools import lru_cache
 from typing import Any
 
 from kombu.serialization import dumps, loads
 
+from celery_grousset import exceptions
 from celery_grousset.claim import (
     ENC_EXCEPTION,
     ENC_GAVE_UP,
@@ -23,9 +33,22 @@ from celery_grousset.claim import (
     ENC_NOT_MEMOIZED,
     ENC_NOT_STORED,
 )
-from celery_grousset.exceptions import GaveUp, GroussetError, ResultNotStored
+from celery_grousset.exceptions import (
+    GaveUp,
+    GroussetError,
+    MemoizedFailure,
+    MemoNotAccepted,
+    ResultNotStored,
+)
+from celery_grousset.redact import DEFAULT_REDACT_KEYS, redact_text
 
 ERROR_MAX = 2000
+#: the longest ``result_encoding`` the journal column holds
+ENCODING_MAX = 64
+#: text longer than this is cut before it is redacted (redaction is linear, but bounded)
+_REDACT_MAX = 64 * 1024
+#: what ``protect()`` and memo readers that name nothing accept
+DEFAULT_ACCEPT = ("json",)
 
 
 def clean_text(text: str, limit: int = ERROR_MAX) -> str:
@@ -38,15 +61,35 @@ def clean_text(text: str, limit: int = ERROR_MAX) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def redacted_text(text: str, limit: int = ERROR_MAX) -> str:
+    """:func:`clean_text` of ``text`` with secret values (passwords in DSNs, bearer tokens,
+    ``password=…``) removed by :func:`celery_grousset.redact.redact_text`, with the
+    ``GROUSSET["REDACT_KEYS"]`` too. Never raises."""
+    keys: Collection[str] = DEFAULT_REDACT_KEYS
+    try:
+        from celery_grousset.conf import grousset_settings
+
+        extra = grousset_settings.REDACT_KEYS
+        if extra:
+            keys = DEFAULT_REDACT_KEYS | frozenset(extra)
+    except Exception:  # settings that cannot be read: the default keys still apply
+        pass
+    return clean_text(redact_text(text[:_REDACT_MAX], keys), limit)
+
+
 def error_summary(exc: BaseException | None) -> str:
-    """``Type: message`` of an exception; never raises (a ``__str__`` may)."""
+    """``Type: message`` of an exception, redacted; never raises (a ``__str__`` may)."""
     if exc is None:
         return "an exception that could not be recorded"
     try:
         text = f"{type(exc).__name__}: {exc}"
     except Exception:
         text = f"{type(exc).__name__}: <str() of the exception raised>"
-    return clean_text(text)
+    return redacted_text(text)
+
+
+def _not_stored(why: str) -> tuple[None, str, str]:
+    return None, ENC_NOT_STORED, redacted_text(f"result not stored: {why}")
 
 
 def encode(
@@ -58,21 +101,14 @@ def encode(
     try:
         content_type, content_encoding, data = dumps(value, serializer=serializer)
     except Exception as exc:
-        return (
-            None,
-            ENC_NOT_STORED,
-            clean_text(
-                f"result not stored: {serializer} cannot encode {type(value).__name__}: {exc}"
-            ),
-        )
+        return _not_stored(f"{serializer} cannot encode {type(value).__name__}: {exc}")
     raw = data.encode(content_encoding or "utf-8") if isinstance(data, str) else bytes(data)
     if len(raw) > max_bytes:
-        return (
-            None,
-            ENC_NOT_STORED,
-            (f"result not stored: {len(raw)} bytes encoded is over max_result_bytes={max_bytes}"),
-        )
-    return raw, f"{content_type};{content_encoding}", ""
+        return _not_stored(f"{len(raw)} bytes encoded is over max_result_bytes={max_bytes}")
+    encoding = f"{content_type};{content_encoding}"
+    if len(encoding) > ENCODING_MAX:
+        return _not_stored(f"its content type is too long to record ({encoding[:80]!r})")
+    return raw, encoding, ""
 
 
 def encode_exception(exc: BaseException) -> tuple[bytes, str, str]:
@@ -81,13 +117,48 @@ def encode_exception(exc: BaseException) -> tuple[bytes, str, str]:
     payload = {
         "exc_type": cls.__qualname__,
         "exc_module": cls.__module__,
-        "exc_message": clean_text(str(exc)),
+        "exc_message": redacted_text(str(exc)),
     }
     return json.dumps(payload).encode(), ENC_EXCEPTION, error_summary(exc)
 
 
-def decode(result: bytes | None, encoding: str, error: str, fingerprint: str) -> Any:
-    """The memoized value, or raise what the record says duplicates must see."""
+@lru_cache(maxsize=64)
+def _content_types(accept: frozenset[str]) -> frozenset[str]:
+    from kombu.serialization import prepare_accept_content
+
+    types: set[str] = set()
+    for item in accept:  # a serializer not installed here has nothing to decode with
+        with contextlib.suppress(Exception):
+            types |= prepare_accept_content([item]) or set()
+    return frozenset(types)
+
+
+def app_accept(app: Any) -> Collection[str]:
+    """What a Celery app accepts for stored results, as its result backend decides:
+    ``result_accept_content``, else ``accept_content`` (Celery's default: JSON only)."""
+    conf = app.conf
+    accept: Collection[str] = conf.result_accept_content or conf.accept_content
+    return accept or DEFAULT_ACCEPT
+
+
+def accepted(accept: Collection[str]) -> frozenset[str]:
+    """The content types of ``accept``: serializer names (``"json"``) or content types
+    (``"application/json"``), as Celery's ``accept_content`` takes them."""
+    return _content_types(frozenset(str(a) for a in accept))
+
+
+def decode(
+    result: bytes | None,
+    encoding: str,
+    error: str,
+    fingerprint: str,
+    *,
+    accept: Collection[str] = DEFAULT_ACCEPT,
+) -> Any:
+    """The memoized value, or raise what the record says duplicates must see.
+
+    Only content types in ``accept`` are decoded (a task passes its app's
+    ``accept_content``); any other raises :class:`MemoNotAccepted`, undecoded."""
     if encoding == ENC_NOT_MEMOIZED:
         return None
     if encoding == ENC_NOT_STORED:
@@ -102,19 +173,48 @@ def decode(result: bytes | None, encoding: str, error: str, fingerprint: str) ->
     if encoding == ENC_NONE or result is None:
         raise ResultNotStored(f"no memo stored for {fingerprint[:16]}…")
     content_type, _, content_encoding = encoding.partition(";")
-    return loads(result, content_type, content_encoding or "utf-8", accept={content_type})
+    allowed = accepted(accept)
+    if content_type not in allowed:
+        raise MemoNotAccepted(
+            f"the memo of {fingerprint[:16]}… is {content_type!r} ({len(result)} bytes), which "
+            f"this caller does not accept ({', '.join(sorted(allowed)) or 'nothing'}): it was "
+            "not decoded, and the effect will not run again. A task accepts its Celery app's "
+            "result_accept_content (else accept_content); protect() its own serializer.",
+            content_type=content_type,
+        )
+    return loads(result, content_type, content_encoding or "utf-8", accept=allowed)
 
 
 def rebuild_exception(result: bytes | None, error: str) -> BaseException:
-    """Re-create a memoized exception when its class is importable, else GroussetError."""
+    """The exception a memoized failure replays: a builtin exception or one of this
+    package's own, re-created from its stored message; anything else is a
+    :class:`MemoizedFailure` naming the stored type. Never imports a module."""
     try:
         payload = json.loads(result or b"{}")
-        module = importlib.import_module(payload["exc_module"])
-        cls: Any = module
-        for part in payload["exc_type"].split("."):
-            cls = getattr(cls, part)
-        if isinstance(cls, type) and issubclass(cls, Exception):
-            return cls(payload["exc_message"])  # type: ignore[no-any-return,unused-ignore]
+        module, qualname = str(payload["exc_module"]), str(payload["exc_type"])
+        message = str(payload.get("exc_message", ""))
     except Exception:
-        pass
-    return GroussetError(f"memoized failure: {error}")
+        return MemoizedFailure(f"memoized failure: {error}")
+    cls = _known_exception(module, qualname)
+    if cls is not None:
+        try:
+            return cls(message)
+        except Exception:  # a constructor that needs more than a message
+            pass
+    name = qualname if module == "builtins" else f"{module}.{qualname}"
+    return MemoizedFailure(
+        f"memoized failure: {name}: {message}", exc_type=name, exc_message=message
+    )
+
+
+def _known_exception(module: str, qualname: str) -> type[Exception] | None:
+    """The class of a stored exception, looked up by name only among the builtins and
+    :mod:`celery_grousset.exceptions` (a plain dict lookup: no import, no attribute walk)."""
+    if module == "builtins":
+        namespace, base = vars(builtins), Exception
+    elif module == exceptions.__name__:
+        namespace, base = vars(exceptions), GroussetError
+    else:
+        return None
+    cls = namespace.get(qualname)
+    return cls if isinstance(cls, type) and issubclass(cls, base) else None

@@ -18,10 +18,10 @@ from celery import Task
 from celery.exceptions import Reject, Retry
 from celery.signals import task_revoked
 
-from celery_grousset import events, guard
+from celery_grousset import events, guard, memo
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.conf import grousset_settings, on_reload
-from celery_grousset.exceptions import FingerprintError, StoreUnavailable
+from celery_grousset.exceptions import FingerprintError, PoisonDelivery, StoreUnavailable
 from celery_grousset.fingerprint import validate_key_names
 from celery_grousset.options import NAMES as _OPTION_NAMES
 from celery_grousset.options import Options
@@ -294,11 +294,9 @@ class GroussetTaskMixin:
 
 
 class _TaskCaller:
-    """The guarded flow's hooks for one delivery (see :class:`guard.Caller`): a fresh
-    claim held elsewhere or a store outage re-queues the delivery; eager and direct
-    calls wait, or raise."""
-
+    """One delivery's hooks (:class:`guard.Caller`); eager and direct calls wait or raise."""
     __slots__ = ("body", "local", "request", "task")
+    accept = property(lambda c: memo.app_accept(c.task.app))  # memos: what the app accepts
 
     def __init__(self, task: GroussetTaskMixin, request: Any, body: Callable[[], Any]) -> None:
         self.task, self.request, self.body = task, request, body
@@ -320,6 +318,9 @@ class _TaskCaller:
 
     def run(self, attempt: guard.Attempt) -> Any:
         return self.task._with_attempt(attempt, self.body)
+
+    def poison(self, exc: PoisonDelivery) -> NoReturn:
+        raise exc if self.local else Reject(exc, requeue=False)
 
 
 def _header(request: Any, name: str) -> Any:

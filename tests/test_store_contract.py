@@ -265,3 +265,38 @@ def test_times_come_from_the_database_clock(
     # Then started_at lies between two readings of that clock
     started = row(alias, processor, fp).started_at
     assert before - timedelta(milliseconds=5) <= started <= after + timedelta(milliseconds=5)
+
+
+def test_an_overlong_task_id_is_a_permanent_error(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    from celery_grousset.exceptions import PoisonDelivery, StoreUnavailable
+
+    # Given a claim whose task id is longer than the journal's column (255)
+    poison = req(processor, fp, task_id="t" * 300)
+    # When it is sent to the store / Then the store says the data is refused for good:
+    # PoisonDelivery, never StoreUnavailable (which would re-queue it forever)
+    with pytest.raises(PoisonDelivery) as err:
+        store.claim(poison)
+    assert not isinstance(err.value, StoreUnavailable)
+    assert not Outcome.objects.using(alias).filter(processor_id=processor).exists()
+    # And the store's connection is still good: the next claim goes through
+    assert store.claim(req(processor, fp)).kind is Kind.NEW
+
+
+def test_a_completion_the_database_refuses_is_a_permanent_error(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    from celery_grousset.exceptions import PoisonDelivery
+
+    if alias == "default":
+        pytest.skip("SQLite does not enforce column lengths")
+    first = req(processor, fp)
+    store.claim(first)
+    # Given a completion whose result_encoding is longer than its column (64)
+    refused = Completion("completed", b"1", "x" * 100)
+    # When it is written / Then the driver's data error is the permanent error
+    with pytest.raises(PoisonDelivery, match="refused the data"):
+        store.finish(processor, fp, first.token, refused)
+    # And a completion that fits still lands on the same connection
+    assert store.finish(processor, fp, first.token, completed(b"7"))

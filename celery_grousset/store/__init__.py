@@ -10,9 +10,17 @@ import contextlib
 import os
 import threading
 
-from celery_grousset.store.base import ClaimResult, Completion, Store
+from celery_grousset.store.base import ClaimResult, Completion, Store, check_claimable
 
-__all__ = ["ClaimResult", "Completion", "Store", "get_store", "reset_stores", "store_class"]
+__all__ = [
+    "ClaimResult",
+    "Completion",
+    "Store",
+    "check_claimable",
+    "get_store",
+    "reset_stores",
+    "store_class",
+]
 
 
 def store_class(engine: str) -> type[Store]:

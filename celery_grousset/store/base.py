@@ -32,10 +32,42 @@ from datetime import timezone as dt_timezone
 from typing import Any
 
 from celery_grousset.claim import ENC_NONE, ClaimRequest, Kind, Status
-from celery_grousset.exceptions import InvalidArgument
+from celery_grousset.exceptions import InvalidArgument, PoisonDelivery
 
 #: the error text of a released claim
 RELEASED = "released: the claim was given up (revoked, retried or by an operator)"
+#: the longest value each identifying column of a claim holds (the model's max_length)
+ID_LIMITS = {"task_id": 255, "task_name": 255, "processor_id": 128}
+
+
+def check_claimable(req: ClaimRequest) -> None:
+    """Raise :class:`PoisonDelivery` for a claim the journal can never store: a task id,
+    task name or processor id over its column's length, with a NUL, or not UTF-8.
+    Checked before the claim is sent: such a delivery is permanent, not an outage."""
+    for field, limit in ID_LIMITS.items():
+        value = getattr(req, field)
+        if len(value) <= limit and "\x00" not in value and value.isascii():
+            continue  # the common case: short and plain
+        if len(value) > limit:
+            why = f"{len(value)} characters, the journal holds at most {limit}"
+        elif "\x00" in value:
+            why = "it contains a NUL character"
+        else:
+            try:
+                value.encode("utf-8")
+                continue
+            except UnicodeEncodeError:
+                why = "it is not valid Unicode (a lone surrogate)"
+        raise PoisonDelivery(
+            f"the {field.replace('_', ' ')} {value[:40]!r}… cannot be stored in the journal "
+            f"({why}): this call can never be claimed, so it is refused, not retried"
+        )
+
+
+def data_error(alias: str, exc: BaseException) -> PoisonDelivery:
+    """The permanent error of a statement the database refused for its data (too long,
+    NUL, wrong encoding): retrying cannot help, so it is never StoreUnavailable."""
+    return PoisonDelivery(f"journal database {alias!r} refused the data of this call: {exc}")
 
 
 @dataclass(frozen=True, slots=True)

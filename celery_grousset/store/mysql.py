@@ -13,8 +13,9 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
-from celery_grousset.claim import ClaimRequest
+from celery_grousset.claim import ENC_NOT_STORED, ClaimRequest
 from celery_grousset.exceptions import StoreUnavailable
+from celery_grousset.store.base import Completion, data_error
 from celery_grousset.store.locking import COLS, TABLE, LockingStore
 
 T = TypeVar("T")
@@ -22,6 +23,11 @@ T = TypeVar("T")
 _RETRY = {1213, 1062, 1020}  # deadlock, duplicate key (lost insert race), record changed
 _GONE = {2006, 2013, 2055, 4031}  # server gone / lost connection / idle disconnect
 _TIMEOUT = {1205, 1969, 3024}  # lock wait timeout, statement time limit (MariaDB, MySQL)
+_TOO_BIG = 1153  # a statement over max_allowed_packet (the server drops the connection)
+#: room for the completion's SQL text, its other parameters and the row read back
+PACKET_MARGIN = 64 * 1024
+#: bytes MySQLdb escapes with a backslash in a string literal (each then takes two)
+_ESCAPED = tuple(bytes([c]) for c in b"\x00\n\r\x1a'\"\\")
 
 _SELECT = (
     f"SELECT {', '.join('o.' + c.strip() for c in COLS.split(','))}, UTC_TIMESTAMP(6) "
@@ -32,6 +38,8 @@ _SELECT = (
 
 class MySQLStore(LockingStore):
     vendor = "mysql"
+    #: the server's max_allowed_packet, read when the private connection opens
+    max_packet: int | None = None
 
     def _connect(self) -> Any:
         import MySQLdb
@@ -46,6 +54,8 @@ class MySQLStore(LockingStore):
             cur = conn.cursor()
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
             cur.execute(f"SET SESSION innodb_lock_wait_timeout = {secs}, time_zone = '+00:00'")
+            cur.execute("SELECT @@max_allowed_packet")  # once per connection
+            self.max_packet = int(cur.fetchone()[0])
             conn.commit()
         except MySQLdb.Error as exc:
             raise StoreUnavailable(
@@ -97,6 +107,10 @@ class MySQLStore(LockingStore):
                 code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
                 if code in _RETRY:
                     continue
+                if isinstance(exc, MySQLdb.DataError) or code == _TOO_BIG:
+                    if code == _TOO_BIG:
+                        self.discard()  # the server has closed the connection
+                    raise data_error(self.alias, exc) from exc
                 if code in _TIMEOUT:
                     raise StoreUnavailable(
                         f"the journal database {self.alias!r} did not answer within "
@@ -116,6 +130,38 @@ class MySQLStore(LockingStore):
             f"journal database {self.alias!r}: the claim transaction kept conflicting "
             f"({self.attempts} attempts)"
         )
+
+    # -- completions that fit in one packet ---------------------------------------------
+
+    def finish(
+        self, processor_id: str, fingerprint: str, token: str, completion: Completion
+    ) -> bool:
+        return super().finish(processor_id, fingerprint, token, self.fitted(completion))
+
+    def finish_in_transaction(self, req: ClaimRequest, completion: Completion) -> bool:
+        return super().finish_in_transaction(req, self.fitted(completion))
+
+    def fitted(self, completion: Completion) -> Completion:
+        """``completion``, or — when its memo would make the statement larger than the
+        server's ``max_allowed_packet`` (the server refuses it, every time) — the same
+        completion with "result not stored": never a reason to run the effect again."""
+        raw = completion.result
+        if raw is None or completion.status != "completed":
+            return completion
+        if self.max_packet is None:
+            self._guard(self._cursor)  # connect: reads max_allowed_packet
+        limit = int(self.max_packet or 0)
+        size = len(raw) + len(completion.error.encode()) * 2 + PACKET_MARGIN
+        if size + len(raw) > limit:  # might not fit: count the escapes exactly
+            size += sum(map(raw.count, _ESCAPED))
+        if size <= limit:
+            return completion
+        return Completion(
+            completion.status, None, ENC_NOT_STORED,
+            f"result not stored: {len(raw)} bytes encoded would not fit in the server's "
+            f"max_allowed_packet ({limit} bytes, with a {PACKET_MARGIN}-byte margin); raise "
+            "max_allowed_packet on the server or return less",
+        )  # fmt: skip
 
     clock_sql = "SELECT UTC_TIMESTAMP(6)"
 

@@ -32,7 +32,7 @@ from celery_grousset.claim import (
     gave_up_message,
 )
 from celery_grousset.exceptions import InvalidArgument, StoreUnavailable
-from celery_grousset.store.base import RELEASED, ClaimResult, Completion, Store
+from celery_grousset.store.base import RELEASED, ClaimResult, Completion, Store, data_error
 
 T = TypeVar("T")
 
@@ -205,6 +205,8 @@ class PostgresStore(Store):
             conn = self._connect()
         try:
             return op(conn)
+        except psycopg.DataError as exc:  # too long, a NUL…: permanent, not an outage
+            raise data_error(self.alias, exc) from exc
         except (errors.QueryCanceled, errors.LockNotAvailable) as exc:
             raise StoreUnavailable(
                 f"the journal database {self.alias!r} did not answer within "
@@ -227,6 +229,8 @@ class PostgresStore(Store):
         conn = self._connect()
         try:
             return op(conn)
+        except psycopg.DataError as exc:
+            raise data_error(self.alias, exc) from exc
         except psycopg.Error as exc:
             if conn.broken:
                 self.discard()

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from celery_grousset.claim import ClaimRequest
 from celery_grousset.exceptions import StoreUnavailable
+from celery_grousset.store.base import ClaimResult, check_claimable, data_error
 from celery_grousset.store.locking import COLS, TABLE, LockingStore
 
 T = TypeVar("T")
@@ -76,9 +77,16 @@ class SQLiteStore(LockingStore):
         parsed = datetime.fromisoformat(str(value))
         return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
+    def claim(self, req: ClaimRequest) -> ClaimResult:
+        # SQLite does not enforce the columns' lengths: the store enforces the journal's.
+        check_claimable(req)
+        return super().claim(req)
+
     def _guard(self, fn: Callable[[], T]) -> T:
         try:
             return fn()
+        except sqlite3.DataError as exc:  # permanent: the data, not the database
+            raise data_error(self.alias, exc) from exc
         except sqlite3.OperationalError as exc:
             text = str(exc)
             if "locked" in text or "busy" in text:

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 
 def decode_memo(rec: Outcome, now: datetime) -> tuple[Any, str | None]:
-    """``(value, None)`` or ``(None, why there is no value)``."""
+    """``(value, None)`` or ``(None, why there is no value)``. Display only: JSON memos are
+    decoded, any other is described by its content type and size, nothing is imported."""
     from celery_grousset import journal
 
     ok, value = journal.memo_value(rec, now)
@@ -64,6 +65,7 @@ def story(rec: Outcome, now: datetime) -> dict[str, Any]:
         "args_repr": rec.args_repr,
         "error": rec.error or None,
         "result_encoding": rec.result_encoding,
+        "memo_bytes": len(rec.result) if rec.result is not None else None,
         "memo": value,
         "memo_error": memo_error,
     }
