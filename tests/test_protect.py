@@ -9,10 +9,12 @@ import queue
 import time
 import uuid
 from collections import Counter
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.db.models import F
 
 from celery_grousset import protect
 from celery_grousset.exceptions import ClaimInFlight, FingerprintError, StoreUnavailable
@@ -84,12 +86,21 @@ def test_in_flight_raises_or_waits(alias: str, processor: str) -> None:
             on_in_flight="raise",
         )
     assert 50 < err.value.retry_in <= 60
-    # And with a stale claim (max_processing_time 0.2 s) the waiting caller takes over
-    value = protect(
-        "busy", lambda: "mine", max_processing_time=0.2, processor_id=processor, database=alias
+    # And a waiting caller waits for the holder's own deadline (its stale_at, whatever the
+    # caller's max_processing_time), then takes over: age the claim to 0.3 s before it
+    Outcome.objects.using(alias).filter(processor_id=processor).update(
+        started_at=F("started_at") - timedelta(seconds=59.7),
+        stale_at=F("stale_at") - timedelta(seconds=59.7),
     )
+    t0 = time.monotonic()
+    value = protect(
+        "busy", lambda: "mine", max_processing_time=60, processor_id=processor, database=alias
+    )
+    waited = time.monotonic() - t0
     assert value == "mine"
-    assert Outcome.objects.using(alias).get(processor_id=processor).takeovers == 1
+    assert 0.1 < waited < 5, f"waited {waited:.2f} s for a claim stale in 0.3 s"
+    rec = Outcome.objects.using(alias).get(processor_id=processor)
+    assert (rec.status, rec.takeovers, rec.fence) == ("completed", 1, 2)
 
 
 def test_failure_releases_then_reruns(alias: str, processor: str) -> None:

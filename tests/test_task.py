@@ -66,9 +66,17 @@ def test_positional_and_keyword_calls_are_the_same(journal: str) -> None:
     from tests.tasks import effect
 
     key = f"bind-{uuid.uuid4().hex[:8]}"
-    effect.apply((key,))
-    effect.apply(kwargs={"key": key, "sleep": 0.0})
+    first = effect.apply((key,))
+    second = effect.apply(kwargs={"key": key, "sleep": 0.0})
+    # Then the keyword call is a duplicate that succeeded with the positional call's memo
+    assert first.successful(), first.result
+    assert second.successful(), second.result
+    assert second.get() == first.get() and first.get()["key"] == key
     assert ledger(journal, key) == 1
+    fp = effect.grousset_fingerprint((key,), {})
+    assert effect.grousset_fingerprint((), {"key": key, "sleep": 0.0}) == fp
+    rec = Outcome.objects.using(journal).get(fingerprint=fp)
+    assert (rec.status, rec.deliveries, rec.task_id) == ("completed", 2, first.id)
 
 
 def test_grousset_key_selects_arguments(journal: str) -> None:
@@ -173,13 +181,43 @@ def test_failure_releases_by_default(journal: str, temp_task: Any) -> None:
     assert rec.status == "completed" and rec.fence == 2
 
 
-def test_transactional_effect_commits_with_completion(journal: str) -> None:
+def test_transactional_effect_commits_with_completion(
+    journal: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import DatabaseError, connections
+
+    from celery_grousset.store import get_store
     from tests.tasks import booking
 
     key = f"txn-{uuid.uuid4().hex[:8]}"
-    assert booking.apply((key,)).get()["fence"] == 1
-    assert booking.apply((key,)).get()["fence"] == 1
+    fp = booking.grousset_fingerprint((key,), {})
+    conn = connections[journal]
+    real_commit, commits = conn.commit, []
+
+    def commit_fails_once() -> None:
+        commits.append(1)
+        if len(commits) == 1:
+            raise DatabaseError("simulated: the transaction's COMMIT failed")
+        real_commit()
+
+    # Given the first attempt's transaction fails at COMMIT (connection lost, serialization
+    # failure): Django rolls back whatever the transaction holds
+    monkeypatch.setattr(conn, "commit", commit_fails_once)
+    with override_settings(GROUSSET={"DATABASE": journal, "STORE_TIMEOUT": 2}):
+        failed = booking.apply((key,))
+        # Then neither the effect nor the completion exists: the claim was released
+        assert isinstance(failed.result, DatabaseError), failed.result
+        assert commits == [1], "the body and its completion did not run in a transaction"
+        assert ledger(journal, key) == 0
+        rec = Outcome.objects.using(journal).get(fingerprint=fp)
+        assert (rec.status, rec.result_encoding, rec.fence) == ("failed", "", 1)
+        # And the next delivery runs it again: effect and completion commit together, once
+        assert booking.apply((key,)).get()["fence"] == 2
+        assert booking.apply((key,)).get()["fence"] == 2
     assert ledger(journal, key) == 1
+    rec = Outcome.objects.using(journal).get(fingerprint=fp)
+    assert (rec.status, rec.deliveries) == ("completed", 3)  # failed, re-run, duplicate
+    assert get_store(journal).holder(rec.processor_id, fp) == ("completed", 2)
 
 
 def test_self_grousset_exposes_the_claim(journal: str, temp_task: Any) -> None:

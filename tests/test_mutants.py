@@ -1,0 +1,676 @@
+"""Regressions the suite used to miss (issue 16, "Tests that cannot fail, and regressions
+the suite misses"): each test here fails on one line of the package mutated, and runs
+fast (no worker process) on every backend the line concerns.
+
+Every wait in this file is bounded (events, joins, a claim's own ``max_processing_time``),
+so a regression shows as a failure, never as a hang.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connections, transaction
+from django.db.models import F
+from django.dispatch import Signal
+from django.test import override_settings
+
+from celery_grousset import GroussetTask, journal, memo, protect, signals
+from celery_grousset.claim import ClaimRequest, Kind
+from celery_grousset.exceptions import FencedOut, StoreUnavailable
+from celery_grousset.fingerprint import fingerprint
+from celery_grousset.models import Outcome
+from celery_grousset.protect import PROTECT_NAME
+from celery_grousset.store import Store, store_class
+from celery_grousset.store.base import RELEASED, Completion
+from tests import services
+from tests.celeryapp import app
+from tests.ledger.models import Effect
+
+#: bound of every join / event wait in this file (seconds)
+BOUND = 15.0
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def journal_db(alias: str) -> Iterator[str]:
+    """Point the guard (and the test tasks' ledger) at ``alias``."""
+    with override_settings(GROUSSET={"DATABASE": alias}):
+        yield alias
+
+
+@pytest.fixture
+def temp_task() -> Iterator[Callable[..., Any]]:
+    """Register throw-away GroussetTasks on the test app; unregister them afterwards."""
+    made: list[str] = []
+
+    def make(fn: Any, **options: Any) -> Any:
+        name = f"tests.mut.{fn.__name__}.{uuid.uuid4().hex[:6]}"
+        made.append(name)
+        return app.task(base=GroussetTask, bind=True, name=name, **options)(fn)
+
+    yield make
+    for name in made:
+        app.tasks.pop(name, None)
+
+
+@pytest.fixture
+def scratch_queue() -> Iterator[str]:
+    """A broker queue nobody consumes (Redis at GROUSSET_TEST_BROKER); deleted afterwards."""
+    services.require_redis()
+    name = f"grousset-mut-scratch-{uuid.uuid4().hex[:10]}"
+    yield name
+    with app.connection_for_write() as conn:
+        conn.default_channel.queue_delete(name)
+
+
+def take_message(queue: str) -> Any:
+    """The one message published to ``queue`` (acknowledged: the queue is left empty)."""
+    with app.connection_for_read() as conn, conn.SimpleQueue(queue) as q:
+        message = q.get(timeout=5)
+        message.ack()
+        with pytest.raises(q.Empty):
+            q.get(timeout=0.2)  # and only one
+        return message
+
+
+@pytest.fixture
+def other_store(alias: str) -> Iterator[Store]:
+    """A second store on ``alias``: another worker's private connection."""
+    settings = connections.settings[alias]
+    other = store_class(settings["ENGINE"])(alias, settings, 5.0)
+    yield other
+    other.close()
+
+
+def claim_request(
+    processor: str, fp: str, task_name: str = PROTECT_NAME, **over: Any
+) -> ClaimRequest:
+    values: dict[str, Any] = dict(
+        processor_id=processor,
+        fingerprint=fp,
+        task_name=task_name,
+        task_id=f"other-{uuid.uuid4().hex[:8]}",
+        token=uuid.uuid4().hex,
+        worker="other:1",
+        args_repr="",
+        max_processing_time=60.0,
+        expires_after=3600.0,
+        max_takeovers=3,
+    )
+    values.update(over)
+    return ClaimRequest(**values)
+
+
+def age(alias: str, processor: str, fp: str, seconds: float) -> None:
+    """Move a claim back in time (its started_at and its stale_at)."""
+    Outcome.objects.using(alias).filter(processor_id=processor, fingerprint=fp).update(
+        started_at=F("started_at") - timedelta(seconds=seconds),
+        stale_at=F("stale_at") - timedelta(seconds=seconds),
+    )
+
+
+def row(alias: str, processor: str, fp: str) -> Outcome:
+    return Outcome.objects.using(alias).get(processor_id=processor, fingerprint=fp)
+
+
+def ledger(alias: str, key: str) -> int:
+    return Effect.objects.using(alias).filter(key=key).count()
+
+
+def json_memo(value: Any) -> Completion:
+    result, enc, error = memo.encode(value, serializer="json", memoize=True, max_bytes=1 << 18)
+    return Completion("completed", result, enc, error)
+
+
+def in_thread(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on another thread (its own Django connections) and return its value."""
+    out: list[Any] = []
+    errors: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()  # this thread's connections only
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    t.join(BOUND)
+    assert not t.is_alive(), f"the other thread did not finish in {BOUND:g} s"
+    if errors:
+        raise errors[0]
+    return out[0]
+
+
+@contextmanager
+def received(signal: Signal) -> Iterator[list[dict[str, Any]]]:
+    """The sends of a Django signal while the block runs."""
+    got: list[dict[str, Any]] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        kwargs.pop("signal", None)
+        got.append({"sender": sender, **kwargs})
+
+    signal.connect(receiver, weak=False)
+    try:
+        yield got
+    finally:
+        signal.disconnect(receiver)
+
+
+def one_line(caplog: pytest.LogCaptureFixture, event: str) -> logging.LogRecord:
+    """The one log record of ``event`` (the logger is ``celery_grousset``)."""
+    found = [
+        r
+        for r in caplog.records
+        if r.name == "celery_grousset" and r.getMessage().startswith(event + " ")
+    ]
+    assert len(found) == 1, f"{len(found)} {event} log lines: {caplog.messages}"
+    return found[0]
+
+
+# -- transactional mode: the effect and the completion are one transaction -----------------
+
+
+def test_transactional_fenced_out_attempt_rolls_its_effect_back(
+    journal_db: str, temp_task: Any, other_store: Store
+) -> None:
+    alias = journal_db
+    key = f"zombie-{uuid.uuid4().hex[:8]}"
+    taker: list[ClaimRequest] = []
+
+    def stalled(self: Any, k: str) -> str:
+        # While this attempt stalls, another delivery takes its claim over (and is still
+        # running when this one tries to complete)
+        g = self.grousset
+        taker.append(claim_request(g.processor_id, g.fingerprint, self.name))
+
+        def take_over() -> Kind:
+            age(alias, g.processor_id, g.fingerprint, 120)
+            return other_store.claim(taker[0]).kind
+
+        assert in_thread(take_over) is Kind.TAKEOVER
+        Effect.objects.using(alias).create(key=k, value="zombie")  # the zombie's write
+        return "zombie's result"
+
+    task = temp_task(stalled, max_processing_time=30, transactional=True)
+    with received(signals.fenced_out) as fenced:
+        result = task.apply((key,))
+    # Then the zombie is fenced out and its write rolled back with its completion
+    assert isinstance(result.result, FencedOut), result.result
+    assert ledger(alias, key) == 0, "the fenced-out attempt's write was committed"
+    rec = row(alias, taker[0].processor_id, taker[0].fingerprint)
+    assert (rec.status, rec.claim_token, rec.fence) == ("in_flight", taker[0].token, 2)
+    assert [(f["sender"], f["fence"]) for f in fenced] == [(task.name, 1)]
+    # And the taker, still holding the claim, completes
+    assert other_store.finish(rec.processor_id, rec.fingerprint, taker[0].token, json_memo(1))
+
+
+def test_transactional_completion_is_fenced_while_the_taker_holds_the_claim(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    # Given a zombie's claim, taken over by a delivery that is still running
+    zombie = claim_request(processor, fp, "tests.booking")
+    assert store.claim(zombie).kind is Kind.NEW
+    age(alias, processor, fp, 120)
+    taker = claim_request(processor, fp, "tests.booking")
+    assert store.claim(taker).kind is Kind.TAKEOVER
+    # When the zombie completes in its transaction (transactional=True)
+    with transaction.atomic(using=alias):
+        done = store.finish_in_transaction(zombie, json_memo("zombie"))
+    # Then nothing lands: the claim is the taker's, still in flight
+    assert done is False
+    rec = row(alias, processor, fp)
+    assert (rec.status, rec.claim_token, rec.result) == ("in_flight", taker.token, None)
+    # And the taker's own transactional completion lands, once
+    with transaction.atomic(using=alias):
+        assert store.finish_in_transaction(taker, json_memo("taker"))
+    with transaction.atomic(using=alias):
+        assert not store.finish_in_transaction(zombie, json_memo("zombie"))
+    assert bytes(row(alias, processor, fp).result) == b'"taker"'
+
+
+# -- the wait policy answers with the memo --------------------------------------------------
+
+
+def hold_then_complete(
+    other: Store, req: ClaimRequest, value: Any, after: float = 0.2
+) -> Callable[[], None]:
+    """Hold ``req``'s claim on another connection; complete it with ``value`` after
+    ``after`` seconds, on another thread. Returns ``join`` (raises what the thread raised)."""
+    assert other.claim(req).kind is Kind.NEW
+    errors: list[BaseException] = []
+
+    def complete() -> None:
+        try:
+            threading.Event().wait(after)
+            assert other.finish(req.processor_id, req.fingerprint, req.token, json_memo(value))
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=complete, daemon=True)
+    t.start()
+
+    def join() -> None:
+        t.join(BOUND)
+        assert not t.is_alive(), f"the holder did not complete in {BOUND:g} s"
+        if errors:
+            raise errors[0]
+
+    return join
+
+
+def test_protect_waiting_caller_gets_the_memo(
+    alias: str, processor: str, other_store: Store
+) -> None:
+    key = f"wait-{uuid.uuid4().hex[:8]}"
+    holder = claim_request(
+        processor,
+        fingerprint(PROTECT_NAME, idempotency_key=key),
+        max_processing_time=5.0,  # a wait that never notices the memo ends in 5 s
+    )
+    join = hold_then_complete(other_store, holder, {"rows": 42})
+    value = protect(
+        key, lambda: pytest.fail("must not run"), max_processing_time=5,
+        processor_id=processor, database=alias,
+    )  # fmt: skip
+    join()
+    assert value == {"rows": 42}
+    assert row(alias, processor, holder.fingerprint).task_id == holder.task_id
+
+
+@pytest.mark.parametrize("how", ["eager", "worker"])
+def test_task_waiting_delivery_gets_the_memo(
+    journal_db: str, temp_task: Any, other_store: Store, scratch_queue: str, how: str
+) -> None:
+    ran: list[int] = []
+
+    def waits(self: Any, k: str) -> str:
+        ran.append(1)
+        return "second run"
+
+    task = temp_task(waits, max_processing_time=5, on_in_flight="wait")
+    key = f"wait-{uuid.uuid4().hex[:8]}"
+    fp = task.grousset_fingerprint((key,), {})
+    holder = claim_request(
+        task.grousset_options().processor_id, fp, task.name, max_processing_time=5.0
+    )
+    # Given another worker holding the call's claim, completing it 0.2 s later
+    join = hold_then_complete(other_store, holder, {"first": True})
+    # When a delivery of the same call arrives (eagerly, or as a worker runs it)
+    if how == "eager":
+        value = task.apply((key,)).get()
+    else:
+        task.push_request(
+            id=f"w-{uuid.uuid4().hex[:8]}", args=[key], kwargs={}, called_directly=False,
+            is_eager=False, delivery_info={"exchange": "", "routing_key": scratch_queue},
+        )  # fmt: skip
+        try:
+            value = task(key)
+        finally:
+            task.pop_request()
+    join()
+    # Then it waited and returns the holder's memo; the body did not run again
+    assert value == {"first": True}
+    assert ran == []
+
+
+# -- a re-queued in-flight delivery keeps its retries ---------------------------------------
+
+
+def test_in_flight_requeue_does_not_use_up_max_retries(
+    journal_db: str, temp_task: Any, other_store: Store, scratch_queue: str
+) -> None:
+    from celery.exceptions import Retry
+
+    ran: list[int] = []
+
+    def busy(self: Any, k: str) -> None:
+        ran.append(1)
+
+    task = temp_task(busy, max_processing_time=30, max_retries=3)
+    key = f"requeue-{uuid.uuid4().hex[:8]}"
+    fp = task.grousset_fingerprint((key,), {})
+    assert other_store.claim(
+        claim_request(task.grousset_options().processor_id, fp, task.name)
+    ).owned
+    task_id = f"d-{uuid.uuid4().hex[:8]}"
+    # Given a delivery that has used up all its max_retries, finding a fresh claim
+    task.push_request(
+        id=task_id, args=[key], kwargs={}, retries=3, called_directly=False, is_eager=False,
+        headers={}, delivery_info={"exchange": "", "routing_key": scratch_queue},
+    )  # fmt: skip
+    try:
+        with pytest.raises(Retry) as err:
+            task(key)
+    finally:
+        task.pop_request()
+    # Then it is re-published with the same retries (not one more), not failed with
+    # MaxRetriesExceededError, and the body did not run
+    assert ran == []
+    assert err.value.sig.options["retries"] == 3
+    message = take_message(scratch_queue)
+    assert message.headers["id"] == task_id
+    assert message.headers["retries"] == 3
+    assert message.headers["grousset_requeues"] == 1
+
+
+# -- Celery's revoke with terminate releases the claim -------------------------------------
+
+
+def test_task_revoked_signal_releases_a_terminated_claim(
+    journal_db: str, temp_task: Any, other_store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    from celery.app.task import Context
+    from celery.signals import task_revoked
+
+    alias = journal_db
+    runs: list[int] = []
+
+    def long(self: Any, k: str) -> str:
+        runs.append(1)
+        return f"ran {k}"
+
+    task = temp_task(long, max_processing_time=30)
+    key = f"revoke-{uuid.uuid4().hex[:8]}"
+    processor = task.grousset_options().processor_id
+    fp = task.grousset_fingerprint((key,), {})
+    running = claim_request(processor, fp, task.name)
+    assert other_store.claim(running).kind is Kind.NEW
+    request = Context(id=running.task_id)
+    # When it is revoked without terminate: the task keeps running, its claim stays
+    task_revoked.send(sender=task, request=request, terminated=False, signum=None, expired=False)
+    assert row(alias, processor, fp).status == "in_flight"
+    # When it is revoked with terminate=True
+    with caplog.at_level(logging.WARNING, logger="celery_grousset"):
+        task_revoked.send(sender=task, request=request, terminated=True, signum=15, expired=False)
+    # Then its claim is released at once, and the next delivery runs without waiting
+    rec = row(alias, processor, fp)
+    assert (rec.status, rec.error, rec.result_encoding) == ("failed", RELEASED, "")
+    line = one_line(caplog, "grousset.released_revoked")
+    assert f"fingerprint={fp}" in line.getMessage()
+    assert f"task_id={running.task_id}" in line.getMessage()
+    assert task.apply((key,)).get() == f"ran {key}" and runs == [1]
+    assert row(alias, processor, fp).fence == 2
+
+
+def test_task_revoked_signal_leaves_a_claim_taken_over_since(
+    journal_db: str, temp_task: Any, other_store: Store
+) -> None:
+    from celery.app.task import Context
+    from celery.signals import task_revoked
+
+    alias = journal_db
+
+    def echo(self: Any, k: str) -> str:
+        return k
+
+    task = temp_task(echo, max_processing_time=30)
+    key = f"revoke-{uuid.uuid4().hex[:8]}"
+    processor = task.grousset_options().processor_id
+    fp = task.grousset_fingerprint((key,), {})
+    dead = claim_request(processor, fp, task.name)
+    assert other_store.claim(dead).owned
+    age(alias, processor, fp, 120)
+    taker = claim_request(processor, fp, task.name)
+    assert other_store.claim(taker).kind is Kind.TAKEOVER
+    # When the dead delivery's revoke (terminated) arrives late
+    task_revoked.send(
+        sender=task, request=Context(id=dead.task_id), terminated=True, signum=9, expired=False
+    )
+    # Then the taker keeps its claim
+    rec = row(alias, processor, fp)
+    assert (rec.status, rec.claim_token) == ("in_flight", taker.token)
+
+
+# -- operators' signals and log lines -------------------------------------------------------
+
+
+def test_duplicate_is_logged_and_signalled(
+    alias: str, processor: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    opts: dict[str, Any] = {"max_processing_time": 60, "processor_id": processor}
+    assert protect("dup", lambda: 7, database=alias, **opts) == 7
+    with (
+        received(signals.duplicate_skipped) as got,
+        caplog.at_level(logging.INFO, logger="celery_grousset"),
+    ):
+        assert protect("dup", lambda: 8, database=alias, **opts) == 7
+    rec = Outcome.objects.using(alias).get(processor_id=processor)
+    assert got == [
+        {
+            "sender": PROTECT_NAME,
+            "fingerprint": rec.fingerprint,
+            "task_id": "",
+            "processor_id": processor,
+            "original_task_id": rec.task_id,
+            "completed_at": rec.completed_at,
+            "deliveries": 2,
+        }
+    ]
+    line = one_line(caplog, "grousset.duplicate_skipped")
+    assert line.levelno == logging.INFO
+    assert f"fingerprint={rec.fingerprint} task=protect" in line.getMessage()
+    assert f"processor={processor}" in line.getMessage()
+    assert "deliveries=2" in line.getMessage()
+
+
+def test_task_duplicate_is_signalled_with_both_task_ids(
+    journal_db: str, temp_task: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    def value(self: Any, k: str) -> str:
+        return f"v-{k}"
+
+    task = temp_task(value, max_processing_time=30)
+    first = task.apply(("a",), task_id=f"first-{uuid.uuid4().hex[:6]}")
+    with (
+        received(signals.duplicate_skipped) as got,
+        caplog.at_level(logging.INFO, logger="celery_grousset"),
+    ):
+        second = task.apply(("a",), task_id=f"second-{uuid.uuid4().hex[:6]}")
+    assert first.get() == second.get() == "v-a"
+    assert [(g["sender"], g["task_id"], g["original_task_id"], g["deliveries"]) for g in got] == [
+        (task.name, second.id, first.id, 2)
+    ]
+    line = one_line(caplog, "grousset.duplicate_skipped")
+    assert f"task_id={second.id}" in line.getMessage()
+    assert f"original_task_id={first.id}" in line.getMessage()
+
+
+def test_takeover_is_logged_and_signalled(
+    alias: str, processor: str, other_store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    fp = fingerprint(PROTECT_NAME, idempotency_key="dead")
+    # Given a claim whose holder died, past its max_processing_time
+    assert other_store.claim(claim_request(processor, fp)).owned
+    age(alias, processor, fp, 120)
+    # When protect() is called for its key
+    with (
+        received(signals.claim_taken_over) as got,
+        caplog.at_level(logging.INFO, logger="celery_grousset"),
+    ):
+        value = protect(
+            "dead", lambda: "mine", max_processing_time=60, processor_id=processor,
+            database=alias,
+        )  # fmt: skip
+    # Then it took the claim over, and said so
+    assert value == "mine"
+    assert got == [
+        {
+            "sender": PROTECT_NAME,
+            "fingerprint": fp,
+            "task_id": "",
+            "processor_id": processor,
+            "fence": 2,
+            "takeovers": 1,
+        }
+    ]
+    line = one_line(caplog, "grousset.claim_taken_over")
+    assert line.levelno == logging.WARNING
+    assert f"fingerprint={fp}" in line.getMessage() and "fence=2" in line.getMessage()
+    assert "takeovers=1" in line.getMessage()
+
+
+def test_fenced_out_is_logged_and_signalled(
+    alias: str, processor: str, other_store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    fp = fingerprint(PROTECT_NAME, idempotency_key="zombie")
+    taker = claim_request(processor, fp)
+
+    def stalls() -> str:
+        # taken over while it runs
+        age(alias, processor, fp, 120)
+        assert other_store.claim(taker).kind is Kind.TAKEOVER
+        return "late"
+
+    with (
+        received(signals.fenced_out) as got,
+        caplog.at_level(logging.INFO, logger="celery_grousset"),
+        pytest.raises(FencedOut),
+    ):
+        protect("zombie", stalls, max_processing_time=60, processor_id=processor, database=alias)
+    assert got == [
+        {
+            "sender": PROTECT_NAME,
+            "fingerprint": fp,
+            "task_id": "",
+            "processor_id": processor,
+            "fence": 1,
+        }
+    ]
+    line = one_line(caplog, "grousset.fenced_out")
+    assert line.levelno == logging.ERROR
+    assert f"fingerprint={fp}" in line.getMessage() and "fence=1" in line.getMessage()
+    rec = row(alias, processor, fp)
+    assert (rec.status, rec.claim_token) == ("in_flight", taker.token)
+
+
+# -- purge: a future ``before`` is capped at the database clock -----------------------------
+
+
+def test_purge_and_dry_run_cap_a_future_before_at_the_database_clock(
+    store: Store, alias: str, processor: str
+) -> None:
+    fps = {name: uuid.uuid4().hex * 2 for name in ("expired", "fresh")}
+    for name, fp in fps.items():
+        r = claim_request(processor, fp, expires_after=3600.0)
+        assert store.claim(r).owned
+        assert store.finish(processor, fp, r.token, json_memo(name))
+    Outcome.objects.using(alias).filter(processor_id=processor, fingerprint=fps["expired"]).update(
+        expires_on=F("expires_on") - timedelta(seconds=3601)
+    )
+    future = journal.now(alias) + timedelta(hours=2)  # after the fresh row's expiry
+    # The dry run counts what the purge would delete: not the unexpired row
+    would = set(
+        journal.expired(alias, at=future, processor_id=processor).values_list(
+            "fingerprint", flat=True
+        )
+    )
+    assert would == {fps["expired"]}
+    # When purged with that `before` / Then the unexpired row survives
+    journal.purge_expired(alias, before=future)
+    left = set(
+        Outcome.objects.using(alias)
+        .filter(processor_id=processor)
+        .values_list("fingerprint", flat=True)
+    )
+    assert left == {fps["fresh"]}
+    # And its duplicates still get the memo
+    res = store.claim(claim_request(processor, fps["fresh"]))
+    assert res.kind is Kind.COMPLETED and res.result == b'"fresh"'
+
+
+# -- SQLite: the claim's read-decide-write holds the write lock from the start --------------
+
+
+def test_sqlite_claims_racing_on_two_connections_are_serialised(processor: str, fp: str) -> None:
+    from celery_grousset.store.sqlite import SQLiteStore
+
+    services.require_database("default")
+    settings = connections.settings["default"]
+    first, second = (SQLiteStore("default", settings, timeout=5.0) for _ in range(2))
+    first_writes, second_begins, second_writes = (threading.Event() for _ in range(3))
+
+    def trace_first(sql: str) -> None:
+        if sql.startswith("INSERT INTO celery_grousset_outcome"):
+            # The first claim has read the key (absent) and is about to insert: let the
+            # second claim begin, and read the key too if its BEGIN lets it.
+            first_writes.set()
+            second_begins.wait(BOUND)
+            second_writes.wait(0.3)
+
+    def trace_second(sql: str) -> None:
+        if sql.startswith("BEGIN"):
+            second_begins.set()
+        elif sql.startswith("INSERT INTO celery_grousset_outcome"):
+            second_writes.set()
+
+    results: dict[str, Any] = {}
+
+    def claim(name: str, store: SQLiteStore) -> None:
+        try:
+            results[name] = store.claim(claim_request(processor, fp)).kind
+        except StoreUnavailable as exc:
+            results[name] = exc
+
+    try:
+        for store, trace in ((first, trace_first), (second, trace_second)):
+            store._cursor()
+            store._conn.set_trace_callback(trace)
+        a = threading.Thread(target=claim, args=("first", first), daemon=True)
+        a.start()
+        assert first_writes.wait(BOUND)
+        b = threading.Thread(target=claim, args=("second", second), daemon=True)
+        b.start()
+        a.join(BOUND)
+        b.join(BOUND)
+        assert not a.is_alive() and not b.is_alive()
+    finally:
+        first.close()
+        second.close()
+    # Then the second claim waited for the first one's write lock and saw its claim:
+    # one owner, and no "database is locked"
+    assert results == {"first": Kind.NEW, "second": Kind.IN_FLIGHT}
+    assert not second_writes.is_set()
+
+
+# -- the task's REDACT_KEYS reach what the journal stores -----------------------------------
+
+
+def test_task_args_repr_honours_redact_keys(alias: str, temp_task: Any, scratch_queue: str) -> None:
+    def wear(self: Any, favourite_colour: str, size: int) -> int:
+        return size
+
+    task = temp_task(wear, max_processing_time=30)
+
+    def stored(*args: Any, **kwargs: Any) -> str:
+        assert task.apply(args, kwargs).successful()
+        return row(alias, task.grousset_options().processor_id,
+                   task.grousset_fingerprint(args, kwargs)).args_repr  # fmt: skip
+
+    # Given a name the default redaction does not cover (the test would prove nothing)
+    with override_settings(GROUSSET={"DATABASE": alias}):
+        assert "teal-0c2" in stored("teal-0c2", 41)
+    # When REDACT_KEYS names it
+    with override_settings(GROUSSET={"DATABASE": alias, "REDACT_KEYS": ["favourite_colour"]}):
+        # Then neither a positional nor a keyword value is stored
+        positional = stored("ultramarine-7f3", 42)
+        keyword = stored(favourite_colour="crimson-9a1", size=43)
+        # nor published in the message's argsrepr
+        task.apply_async(("ochre-5d4", 44), queue=scratch_queue)
+        argsrepr = take_message(scratch_queue).headers["argsrepr"]
+    assert "ultramarine" not in positional and "42" in positional and "***" in positional
+    assert "crimson" not in keyword and "43" in keyword and "***" in keyword
+    assert "ochre" not in argsrepr and "44" in argsrepr
