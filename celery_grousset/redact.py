@@ -311,7 +311,8 @@ _SECRETS = re.compile(
     rf"(?P<qvalue>{_QUOTED}|[^\s,}}\]]{{1,4096}})"
     # name=value (libpq DSNs, query strings, keyword reprs)
     r"|(?P<kname>(?<![A-Za-z0-9_.\-])(?P<key>[A-Za-z_][A-Za-z0-9_.\-]{0,63})\s{0,8}=\s{0,8})"
-    rf"(?P<kvalue>{_QUOTED}|[^\s&,;)\]}}'\"]{{1,4096}})",
+    # (the value may start with an auth scheme: token=Bearer <token>)
+    rf"(?P<kvalue>{_QUOTED}|(?:(?:{_SCHEMES})\s{{1,8}})?[^\s&,;)\]}}'\"]{{1,4096}})",
     re.IGNORECASE,
 )
 

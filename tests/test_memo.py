@@ -285,11 +285,6 @@ def test_stored_error_text_is_redacted(journal: str, temp_task: Any, on_failure:
         assert isinstance(replay, ValueError) and "s3cret" not in str(replay)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="redact.redact_text: in 'token=Bearer <token>' the name=value rule masks only the "
-    "word 'Bearer' and leaves the token (redact.py is outside this change)",
-)
 def test_stored_error_text_is_redacted_for_a_bearer_value(journal: str, temp_task: Any) -> None:
     def leak(self: Any) -> None:
         raise ValueError("dsn postgres://u:s3cret@h/db token=Bearer abc.def.ghi")

@@ -205,6 +205,7 @@ def test_closed_port_fails_closed() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_eight_processes_race_on_500_keys(alias: str, processor: str) -> None:
     # Given 8 OS processes behind a barrier, each calling protect() on the same 500 keys
     ctx = mp.get_context("spawn")

@@ -37,6 +37,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         item.add_marker(pytest.mark.chaos)
         item.add_marker(pytest.mark.slow)
+        item.add_marker(pytest.mark.timeout(900))  # scenarios with workers and kills
         if not FULL and item.get_closest_marker("quick") is None:
             item.add_marker(skip)
 
