@@ -137,6 +137,9 @@ class ClaimRequest:
     max_processing_time: float
     expires_after: float
     max_takeovers: int
+    #: BLAKE3 of all the bound arguments of a keyed call ('' for a plain call, or when
+    #: payload validation is off): written by every claim that takes the row
+    payload_hash: str = ""
 
 
 @dataclass(frozen=True, slots=True)

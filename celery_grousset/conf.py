@@ -35,6 +35,7 @@ from celery_grousset.settings_values import (
     _shown,
     _store_timeout,
     _text,
+    check_bool,
     check_choice,
     seconds,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "GroussetSettingsError",
     "Problem",
     "Setting",
+    "check_bool",
     "check_choice",
     "grousset_settings",
     "on_reload",
@@ -98,6 +100,10 @@ SETTINGS: dict[str, Setting] = {
         Setting("MEMOIZE", True, _boolean, "a bool"),
         # When the body raises: "release" (next delivery runs again) or "memoize" (replay).
         Setting("ON_FAILURE", "release", _choice, '"release" or "memoize"'),
+        # A keyed call (idempotency_key, grousset_key) whose arguments differ from those of
+        # the call that holds the key's record raises PayloadMismatch instead of getting
+        # that call's memo. False: the key covers varying arguments.
+        Setting("VALIDATE_PAYLOAD", True, _boolean, "a bool"),
         # Larger encoded results are not memoized (the effect is never re-run for it).
         Setting("MAX_RESULT_BYTES", 256 * 1024, _integer(0, 2**30), "an int from 0 to 2**30"),
         # Takeovers of one record before it is marked failed (a task that kills its worker).

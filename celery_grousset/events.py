@@ -157,3 +157,16 @@ def finished(req: ClaimRequest, outcome: str, seconds: float) -> None:
     ``failed`` or ``fenced_out``; ``seconds`` is how long the write took."""
     if recorder is not None:
         recorder.finished(req.task_name, outcome, seconds)
+
+
+def payload_mismatch(req: ClaimRequest, res: ClaimResult) -> None:
+    """A keyed call came with other arguments than the record's: refused, not run."""
+    _log(
+        logging.ERROR,
+        "grousset.payload_mismatch",
+        req,
+        kind=res.kind.value,
+        original_task_id=res.task_id,
+        stored_payload=res.payload_hash[:16],
+        given_payload=req.payload_hash[:16],
+    )

@@ -105,3 +105,28 @@ class PoisonDelivery(GroussetError):
     dead-letters it); ``protect()``, eager and direct calls raise it. The effect did not
     run.
     """
+
+
+class PayloadMismatch(GroussetError):
+    """A key (``idempotency_key`` or ``grousset_key``) came with other arguments than the
+    call that holds its record: the record's answer belongs to that other call, so it is
+    not returned, and this call did not run.
+
+    ``fingerprint`` is the key's fingerprint; ``stored_hash`` and ``given_hash`` the
+    payload hashes (BLAKE3 of all the bound arguments) of the record and of this call.
+    Give each operation its own key, or turn ``validate_payload`` off for a task whose key
+    is meant to cover varying arguments (docs/configuration.md).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        fingerprint: str = "",
+        stored_hash: str = "",
+        given_hash: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.fingerprint = fingerprint
+        self.stored_hash = stored_hash
+        self.given_hash = given_hash

@@ -331,3 +331,11 @@ def fingerprint_bound(
         names = (key,) if isinstance(key, str) else key
         _encode_arguments({item: bound[item] for item in names}, out)
     return blake3(out).hexdigest()
+
+
+def payload_hash(name: str, bound: Mapping[str, object]) -> str:
+    """The payload hash of a keyed call: BLAKE3 of the canonical encoding of ALL its bound
+    arguments (the fingerprint the call would have without ``key=`` or an idempotency
+    key). Stored beside the key, it tells a reuse of the key with other arguments.
+    Raises FingerprintError."""
+    return fingerprint_bound(name, bound)

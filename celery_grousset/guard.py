@@ -26,9 +26,14 @@ from celery_grousset import events, memo
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.completion import fail, run_owned
 from celery_grousset.conf import grousset_settings
-from celery_grousset.exceptions import FingerprintError, PoisonDelivery, StoreUnavailable
+from celery_grousset.exceptions import (
+    FingerprintError,
+    PayloadMismatch,
+    PoisonDelivery,
+    StoreUnavailable,
+)
 from celery_grousset.faults import fault
-from celery_grousset.fingerprint import bind_arguments, fingerprint_bound
+from celery_grousset.fingerprint import bind_arguments, fingerprint_bound, payload_hash
 from celery_grousset.options import Options
 from celery_grousset.redact import DEFAULT_REDACT_KEYS, safe_repr
 from celery_grousset.store import ClaimResult, Store, check_claimable, get_store
@@ -94,13 +99,14 @@ class Caller(Protocol):
 def guarded(caller: Caller, call: Call) -> Any:
     """Run ``call`` at most once per key: the whole guarded flow."""
     opts = caller.options()
-    fp, args_repr = identify(call)
+    fp, args_repr, payload = identity(call, opts.validate_payload)
     store = get_store(opts.database)
-    req = request(opts, fp, call.name, call.task_id, args_repr)
+    req = request(opts, fp, call.name, call.task_id, args_repr, payload_hash=payload)
     try:
         check_claimable(req)  # a poison delivery never reaches the database
         [res] = claim(store, [req])
         if res.kind is Kind.IN_FLIGHT:
+            check_payload(req, res)  # held for other arguments: refused, never waited for
             policy = caller.in_flight_policy(opts)
             events.in_flight(req, res, policy)
             if policy != "wait":
@@ -111,6 +117,7 @@ def guarded(caller: Caller, call: Call) -> Any:
     except PoisonDelivery as exc:
         poisoned(caller, req, exc)
     if not res.owned:
+        check_payload(req, res)
         return answer(req, res, call.delivery, accept_of(caller, call))
     attempt = Attempt(
         fingerprint=fp,
@@ -126,10 +133,54 @@ def guarded(caller: Caller, call: Call) -> Any:
 
 def identify(call: Call) -> tuple[str, str]:
     """The call's fingerprint and its redacted repr, from ONE binding of its arguments."""
+    fp, args_repr, _ = identity(call, payload=False)
+    return fp, args_repr
+
+
+def identity(call: Call, payload: bool = True) -> tuple[str, str, str]:
+    """The call's fingerprint, its redacted repr and (``payload``: validation on) its
+    payload hash, all from ONE binding of its arguments."""
     fp, bound = _fingerprint(call)
+    ph = _payload_hash(call, bound) if payload else ""
     if call.args_repr is not None:
-        return fp, call.args_repr
-    return fp, redacted(call.args, call.kwargs, bound if call.signature is not None else None)
+        return fp, call.args_repr, ph
+    shown = redacted(call.args, call.kwargs, bound if call.signature is not None else None)
+    return fp, shown, ph
+
+
+def _payload_hash(call: Call, bound: Mapping[str, object] | None) -> str:
+    """The hash of ALL the bound arguments of a call whose key names fewer of them
+    (``idempotency_key``, ``grousset_key``). '' when there is nothing to tell apart: a
+    plain call (its fingerprint covers every argument), a call that gave the guard no
+    arguments (``protect()``), arguments without a canonical encoding."""
+    if call.idempotency_key is None and call.key is None:
+        return ""
+    if bound is None or (call.signature is None and not call.args and not call.kwargs):
+        return ""
+    try:
+        return payload_hash(call.name, bound)
+    except FingerprintError:
+        return ""
+
+
+def check_payload(req: ClaimRequest, res: ClaimResult) -> None:
+    """Raise :class:`PayloadMismatch` when the record of this key was claimed by a call
+    with other arguments (both hashes known and different): its answer is not this
+    call's. Logged as ``grousset.payload_mismatch``."""
+    if not req.payload_hash or not res.payload_hash or req.payload_hash == res.payload_hash:
+        return
+    events.payload_mismatch(req, res)
+    raise PayloadMismatch(
+        f"{req.task_name}: the key of this call (fingerprint {req.fingerprint[:16]}…) was "
+        f"used before with other arguments (its record is {res.status}, claimed by "
+        f"task id {res.task_id or '-'}). Its answer belongs to that call, so it is not "
+        "returned, and this call did not run. Give each operation its own "
+        "idempotency_key / grousset_key; if the key is meant to cover varying arguments, "
+        "set validate_payload=False on the task (or GROUSSET['VALIDATE_PAYLOAD'] = False).",
+        fingerprint=req.fingerprint,
+        stored_hash=res.payload_hash,
+        given_hash=req.payload_hash,
+    )
 
 
 def fingerprint_of(call: Call) -> str:
@@ -189,6 +240,7 @@ def request(
     task_id: str,
     args_repr: str,
     token: str | None = None,
+    payload_hash: str = "",
 ) -> ClaimRequest:
     return ClaimRequest(
         processor_id=opts.processor_id,
@@ -201,6 +253,7 @@ def request(
         max_processing_time=opts.max_processing_time,
         expires_after=opts.expires_after,
         max_takeovers=opts.max_takeovers,
+        payload_hash=payload_hash,
     )
 
 

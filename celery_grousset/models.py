@@ -55,6 +55,15 @@ class Outcome(models.Model):
     error = models.TextField(blank=True, default="")
     worker = models.CharField(max_length=255, blank=True, default="")
     args_repr = models.TextField(blank=True, default="")
+    payload_hash = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        help_text="BLAKE3 of all the arguments of a keyed call (idempotency_key, "
+        "grousset_key), written by the claim that took the row: a call with the same key "
+        "and other arguments is refused (PayloadMismatch). Empty: a plain call, or not "
+        "validated.",
+    )
 
     objects: ClassVar[OutcomeManager] = OutcomeManager()
 

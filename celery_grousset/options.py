@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from celery_grousset.conf import check_choice, grousset_settings, seconds
+from celery_grousset.conf import check_bool, check_choice, grousset_settings, seconds
 from celery_grousset.exceptions import ConfigurationError
 
 #: the options a task, a worker flag or protect() may set (GROUSSET keys in upper case)
@@ -18,6 +18,7 @@ NAMES = (
     "transactional",
     "memoize",
     "on_failure",
+    "validate_payload",
     "max_result_bytes",
     "max_takeovers",
     "database",
@@ -35,6 +36,8 @@ class Options:
     transactional: bool = False
     memoize: bool = True
     on_failure: str = "release"
+    #: refuse a keyed call whose arguments differ from the record's (PayloadMismatch)
+    validate_payload: bool = True
     max_result_bytes: int = 256 * 1024
     max_takeovers: int = 3
     database: str = "default"
@@ -66,6 +69,7 @@ class Options:
             transactional=bool(pick("transactional")),
             memoize=bool(pick("memoize")),
             on_failure=check_choice("ON_FAILURE", pick("on_failure")),
+            validate_payload=check_bool("validate_payload", pick("validate_payload")),
             max_result_bytes=int(pick("max_result_bytes")),
             max_takeovers=int(pick("max_takeovers")),
             database=str(pick("database")),

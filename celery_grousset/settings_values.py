@@ -173,6 +173,11 @@ def _boolean(name: str, value: object) -> bool:
     return value
 
 
+def check_bool(name: str, value: object) -> bool:
+    """Validate a True/False option (a real ``bool``: ``"false"`` would be true); return it."""
+    return _boolean(name, value)
+
+
 def _choice(name: str, value: object) -> str:
     return check_choice(name, value)
 

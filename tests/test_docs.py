@@ -27,6 +27,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from celery_grousset.conf import DEFAULTS
+from celery_grousset.exceptions import PayloadMismatch
 from celery_grousset.models import Outcome
 from tests import services
 
@@ -313,9 +314,12 @@ def test_payment_sample_survives_the_remaining_window(
 ) -> None:
     sample = load_snippet("payments")
     order = uuid.uuid4().int % 10**9
-    # Given a charge, and a duplicate delivery with another amount (keyed on order_id)
+    # Given a charge, and a duplicate delivery (keyed on order_id); another amount for the
+    # same order is refused, never answered with this charge
     first = sample.charge.apply((order, 1000)).get()
-    assert sample.charge.apply((order, 2500)).get() == first
+    assert sample.charge.apply((order, 1000)).get() == first
+    with pytest.raises(PayloadMismatch):
+        sample.charge.apply((order, 2500)).get()
     calls = sample.provider.calls
     # When the body runs again anyway (as after a crash past the completion: here the
     # record is made to expire, so the next delivery claims it anew)
@@ -344,10 +348,12 @@ def test_base_class_sample(journal_db: str) -> None:
 def test_migrating_sample(journal_db: str) -> None:
     sample = load_snippet("migrating_after")
     order = uuid.uuid4().int % 10**9
-    # Given the migrated task keyed on order_id / When called twice with other emails
+    # Given the migrated task keyed on order_id / When called twice, then with another email
     first = sample.send_receipt.apply((order, "a@example.com")).get()
-    second = sample.send_receipt.apply((order, "b@example.com")).get()
-    # Then one mail, one message id
+    second = sample.send_receipt.apply((order, "a@example.com")).get()
+    with pytest.raises(PayloadMismatch):
+        sample.send_receipt.apply((order, "b@example.com")).get()
+    # Then one mail, one message id; the other email is refused, not answered with it
     assert second == first
     assert [o for o, _ in sample.SENT].count(order) == 1
 

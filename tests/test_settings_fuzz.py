@@ -38,7 +38,7 @@ CHOICES = {
     "ON_FAILURE": ("release", "memoize"),
     "CLAIM_COMMIT": ("durable", "async"),
 }
-BOOLS = {"TRANSACTIONAL", "MEMOIZE", "BYPASS"}
+BOOLS = {"TRANSACTIONAL", "MEMOIZE", "VALIDATE_PAYLOAD", "BYPASS"}
 INTS = {
     "MAX_RESULT_BYTES": (0, 2**30),
     "MAX_TAKEOVERS": (0, 2**31 - 1),

@@ -300,3 +300,65 @@ def test_a_completion_the_database_refuses_is_a_permanent_error(
         store.finish(processor, fp, first.token, refused)
     # And a completion that fits still lands on the same connection
     assert store.finish(processor, fp, first.token, completed(b"7"))
+
+
+# -- the payload hash beside the key (same key, different payload) -----------------------
+
+A, B, C, D = ("a" * 64, "b" * 64, "c" * 64, "d" * 64)
+
+
+def test_claim_returns_the_rows_payload_hash(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    # Given a new claim with a payload hash / Then it is written and returned
+    first = req(processor, fp, payload_hash=A)
+    res = store.claim(first)
+    assert res.kind is Kind.NEW and res.payload_hash == A
+    assert row(alias, processor, fp).payload_hash == A
+    # When calls with another payload find it in flight, re-sent, or completed
+    assert store.claim(req(processor, fp, payload_hash=B)).payload_hash == A
+    assert store.claim(first).kind is Kind.RESUMED
+    assert store.finish(processor, fp, first.token, completed())
+    dup = store.claim(req(processor, fp, payload_hash=B))
+    # Then each gets the row's hash (not its own), and the row keeps it
+    assert dup.kind is Kind.COMPLETED and dup.payload_hash == A
+    assert row(alias, processor, fp).payload_hash == A
+
+
+def test_a_claim_that_takes_the_row_replaces_its_payload_hash(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    # Given a stale claim with payload A / When it is taken over with B
+    store.claim(req(processor, fp, payload_hash=A))
+    age(alias, processor, fp, 61)
+    taker = req(processor, fp, payload_hash=B)
+    res = store.claim(taker)
+    assert res.kind is Kind.TAKEOVER and res.payload_hash == B
+    assert row(alias, processor, fp).payload_hash == B
+    # And a released failure reclaimed with C
+    assert store.finish(processor, fp, taker.token, Completion("failed", None, "", "E: x"))
+    again = req(processor, fp, payload_hash=C)
+    res = store.claim(again)
+    assert res.kind is Kind.RECLAIM and res.payload_hash == C
+    # And an expired record claimed anew with D (or with none: '' is written)
+    assert store.finish(processor, fp, again.token, completed())
+    age(alias, processor, fp, 3601, "expires_on")
+    res = store.claim(req(processor, fp, payload_hash=D))
+    assert res.kind is Kind.EXPIRED and res.payload_hash == D
+    assert row(alias, processor, fp).payload_hash == D
+    age(alias, processor, fp, 61)
+    res = store.claim(req(processor, fp))
+    assert res.kind is Kind.TAKEOVER and res.payload_hash == ""
+    assert row(alias, processor, fp).payload_hash == ""
+
+
+def test_a_give_up_keeps_the_rows_payload_hash(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    # Given a claim with payload A taken over until max_takeovers (0) is reached
+    store.claim(req(processor, fp, payload_hash=A, max_takeovers=0))
+    age(alias, processor, fp, 61)
+    # When another payload's claim gives up / Then the row's hash is returned and kept
+    res = store.claim(req(processor, fp, payload_hash=B, max_takeovers=0))
+    assert res.kind is Kind.GAVE_UP and res.payload_hash == A
+    assert row(alias, processor, fp).payload_hash == A

@@ -87,6 +87,8 @@ class ClaimResult:
     completed_at: datetime | None
     #: seconds (database clock) until an in-flight claim turns stale; 0 otherwise
     retry_in: float
+    #: the row's payload hash: the caller's own when it took the row, else the holder's
+    payload_hash: str = ""
 
     @property
     def owned(self) -> bool:

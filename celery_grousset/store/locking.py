@@ -30,7 +30,7 @@ from celery_grousset.store.base import RELEASED, ClaimResult, Completion, Store
 TABLE = "celery_grousset_outcome"
 COLS = (
     "status, stale_at, expires_on, result_encoding, takeovers, claim_token, fence, "
-    "deliveries, result, error, task_id, started_at, completed_at"
+    "deliveries, result, error, task_id, started_at, completed_at, payload_hash"
 )
 
 
@@ -54,6 +54,7 @@ class Found:
         self.task_id: str = row[10]
         self.started_at = parse(row[11])
         self.completed_at = parse(row[12]) if row[12] is not None else None
+        self.payload_hash: str = row[13]
 
 
 class LockingStore(Store):
@@ -126,9 +127,9 @@ class LockingStore(Store):
         cur.execute(
             f"INSERT INTO {TABLE} (processor_id, fingerprint, task_name, task_id, status, "
             "fence, claim_token, started_at, stale_at, completed_at, expires_on, deliveries, "
-            "takeovers, result, result_encoding, error, worker, args_repr) VALUES "
+            "takeovers, result, result_encoding, error, worker, args_repr, payload_hash) VALUES "
             f"({p}, {p}, {p}, {p}, 'in_flight', 1, {p}, {p}, {p}, NULL, {p}, 1, 0, NULL, '', "
-            f"'', {p}, {p})",
+            f"'', {p}, {p}, {p})",
             (
                 req.processor_id,
                 req.fingerprint,
@@ -138,6 +139,7 @@ class LockingStore(Store):
                 *self._times(req, now),
                 req.worker,
                 req.args_repr,
+                req.payload_hash,
             ),
         )
         return _owned(req, kind, now, fence=1, deliveries=1, takeovers=0, error="")
@@ -159,7 +161,7 @@ class LockingStore(Store):
             f"claim_token = {p}, fence = {p}, status = 'in_flight', task_name = {p}, "
             f"task_id = {p}, worker = {p}, args_repr = {p}, started_at = {p}, stale_at = {p}, "
             f"completed_at = NULL, expires_on = {p}, deliveries = {p}, takeovers = {p}, "
-            f"result = NULL, result_encoding = '', error = {p}",
+            f"result = NULL, result_encoding = '', error = {p}, payload_hash = {p}",
             (
                 req.token,
                 fence,
@@ -171,6 +173,7 @@ class LockingStore(Store):
                 deliveries,
                 takeovers,
                 error,
+                req.payload_hash,
             ),
         )
         return _owned(
@@ -299,7 +302,7 @@ def _owned(
         kind=kind, fence=fence, status=Status.IN_FLIGHT.value, deliveries=deliveries,
         takeovers=takeovers, result=None, result_encoding="", error=error,
         task_id=req.task_id, started_at=now, completed_at=None,
-        retry_in=req.max_processing_time,
+        retry_in=req.max_processing_time, payload_hash=req.payload_hash,
     )
 
 
@@ -311,6 +314,7 @@ def _found(kind: Kind, found: Found, now: datetime, **changed: Any) -> ClaimResu
         result_encoding=found.prev.result_encoding, error=found.error, task_id=found.task_id,
         started_at=found.started_at, completed_at=found.completed_at,
         retry_in=_retry_in(found.prev.stale_at, now) if found.prev.status == "in_flight" else 0.0,
+        payload_hash=found.payload_hash,
     )
     values.update(changed)
     return ClaimResult(**values)

@@ -77,6 +77,7 @@ _SET = {
     "task_id": _if(_CLAIM, "EXCLUDED.task_id", "task_id"),
     "worker": _if(_CLAIM, "EXCLUDED.worker", "worker"),
     "args_repr": _if(_CLAIM, "EXCLUDED.args_repr", "args_repr"),
+    "payload_hash": _if(_CLAIM, "EXCLUDED.payload_hash", "payload_hash"),
     "started_at": _if(_CLAIM, _T, "started_at"),
     "stale_at": _if(_CLAIM, "EXCLUDED.stale_at", "stale_at"),
     "completed_at": f"CASE WHEN {_CLAIM} THEN NULL WHEN {_GIVE_UP} THEN {_T} "
@@ -107,18 +108,18 @@ WITH prev AS MATERIALIZED (
     INSERT INTO celery_grousset_outcome AS o (
         processor_id, fingerprint, task_name, task_id, status, fence, claim_token,
         started_at, stale_at, completed_at, expires_on, deliveries, takeovers, result,
-        result_encoding, error, worker, args_repr)
+        result_encoding, error, worker, args_repr, payload_hash)
     SELECT %(p)s, %(f)s, %(task)s, %(tid)s, 'in_flight', 1, %(tok)s,
         lock_first.t, lock_first.t + make_interval(secs => %(mpt)s), NULL,
         lock_first.t + make_interval(secs => %(exp)s), 1, 0, NULL, '', lock_first.a,
-        %(worker)s, %(args)s
+        %(worker)s, %(args)s, %(ph)s
     FROM (SELECT {_NOW} AS t, coalesce(max(prev.a), '') AS a FROM prev) AS lock_first
     ON CONFLICT (processor_id, fingerprint) DO UPDATE SET
         {", ".join(f"{col} = {expr}" for col, expr in _SET.items())}
     WHERE {_A} <> ''
     RETURNING o.fence, o.status, o.deliveries, o.takeovers, o.result,
         o.result_encoding, o.error, o.task_id, o.started_at, o.completed_at,
-        GREATEST(0, EXTRACT(EPOCH FROM (o.stale_at - {_NOW})))::float8
+        GREATEST(0, EXTRACT(EPOCH FROM (o.stale_at - {_NOW})))::float8, o.payload_hash
 )
 SELECT ins.*, coalesce(prev.a, ''),
     set_config('synchronous_commit', CASE WHEN prev.a IN {codes(Write.COUNT, Write.NOTHING)}
@@ -249,6 +250,7 @@ class PostgresStore(Store):
             "maxt": int(req.max_takeovers),
             "worker": req.worker,
             "args": req.args_repr,
+            "ph": req.payload_hash,
             "async": self.claim_commit == "async",
         }
 
@@ -351,7 +353,7 @@ class PostgresStore(Store):
 
 def _result(row: tuple[Any, ...]) -> ClaimResult:
     (fence, status, deliveries, takeovers, result, enc, error, task_id, started_at,
-     completed_at, retry_in, code, _durability) = row
+     completed_at, retry_in, payload_hash, code, _durability) = row
     return ClaimResult(
         kind=Kind.from_code(code),
         fence=fence,
@@ -365,4 +367,5 @@ def _result(row: tuple[Any, ...]) -> ClaimResult:
         started_at=started_at,
         completed_at=completed_at,
         retry_in=float(retry_in or 0.0),
+        payload_hash=payload_hash,
     )

@@ -1,0 +1,244 @@
+"""Same key, different payload (issue 16, "Also"): a reused ``idempotency_key`` /
+``grousset_key`` with other arguments is refused with ``PayloadMismatch`` — it never
+returns the first call's memo and never runs — unless ``validate_payload`` is off
+(docs/configuration.md, "What identifies a call"). Eager tasks, on every backend."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db.models import F
+from django.test import override_settings
+
+from celery_grousset import GroussetTask
+from celery_grousset.claim import ClaimRequest
+from celery_grousset.exceptions import GroussetError, PayloadMismatch
+from celery_grousset.fingerprint import bind_arguments, payload_hash
+from celery_grousset.models import Outcome
+from celery_grousset.store import get_store
+from tests.celeryapp import app
+from tests.ledger.models import Effect
+from tests.tasks import record
+
+KEY = "order-42"
+
+
+@pytest.fixture
+def journal(alias: str) -> Iterator[str]:
+    with override_settings(GROUSSET={"DATABASE": alias}):
+        yield alias
+
+
+@pytest.fixture
+def make_task() -> Iterator[Any]:
+    """A throw-away ``pay(order_id, amount)`` task on the test app, options as given."""
+    made: list[str] = []
+
+    def make(**options: Any) -> Any:
+        name = f"tests.payload.pay.{uuid.uuid4().hex[:8]}"
+        made.append(name)
+
+        def pay(self: Any, order_id: int, amount: Any, note: str = "") -> str:
+            record(f"{self.name}:{order_id}:{amount}")
+            if options.get("on_failure") == "memoize":
+                raise ValueError(f"declined {amount}")
+            return f"paid {amount} for {order_id}"
+
+        options.setdefault("max_processing_time", 30)
+        return app.task(base=GroussetTask, bind=True, name=name, **options)(pay)
+
+    yield make
+    for name in made:
+        app.tasks.pop(name, None)
+
+
+def keyed(task: Any, amount: Any, key: str = KEY, **kwargs: Any) -> Any:
+    """An eager call with a per-call idempotency key (as apply_async sends it)."""
+    return task.apply(kwargs={"order_id": 42, "amount": amount, **kwargs},
+                      headers={"grousset_key": key})  # fmt: skip
+
+
+def effects(alias: str, task: Any, amount: Any) -> int:
+    return Effect.objects.using(alias).filter(key=f"{task.name}:42:{amount}").count()
+
+
+def row(alias: str, task: Any, key: str | None = KEY, **kwargs: Any) -> Outcome:
+    fp = task.grousset_fingerprint((), {"order_id": 42, **kwargs}, key)
+    return Outcome.objects.using(alias).get(fingerprint=fp, task_name=task.name)
+
+
+def claim_request(task: Any, fp: str, payload: str) -> ClaimRequest:
+    """A claim of ``fp`` by another attempt of ``task``, for the payload hash ``payload``."""
+    return ClaimRequest(
+        task.grousset_options().processor_id, fp, task.name, "other", uuid.uuid4().hex, "w",
+        "", 30.0, 3600.0, 3, payload_hash=payload,
+    )  # fmt: skip
+
+
+def test_same_key_other_payload_is_refused(
+    journal: str, make_task: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    pay = make_task()
+    # Given a call keyed "order-42" for amount 10, completed
+    assert keyed(pay, 10).get() == "paid 10 for 42"
+    # When the same key comes with amount 20
+    with caplog.at_level(logging.INFO, logger="celery_grousset"), pytest.raises(
+        PayloadMismatch
+    ) as err:
+        keyed(pay, 20).get()
+    # Then it is refused: not run, and the first call's memo is not its answer
+    assert isinstance(err.value, GroussetError)
+    assert effects(journal, pay, 10) == 1 and effects(journal, pay, 20) == 0
+    rec = row(journal, pay)
+    text = str(err.value)
+    assert pay.name in text and rec.fingerprint[:16] in text
+    assert "validate_payload" in text and "paid 10" not in text
+    assert err.value.fingerprint == rec.fingerprint
+    # And the record keeps the first call's payload hash and memo
+    assert rec.status == "completed" and rec.deliveries == 2
+    assert rec.payload_hash == err.value.stored_hash != err.value.given_hash
+    # And it was logged as an event of its own
+    [line] = [r for r in caplog.records if getattr(r, "grousset_event", "") ==
+              "grousset.payload_mismatch"]  # fmt: skip
+    assert line.levelno == logging.ERROR and line.grousset_fingerprint == rec.fingerprint
+    # And a third call with the first payload still gets the memo
+    assert keyed(pay, 10).get() == "paid 10 for 42"
+
+
+def test_same_key_same_payload_gets_the_memo(journal: str, make_task: Any) -> None:
+    pay = make_task()
+    # Given a keyed call / When it comes again, positionally bound the same way
+    first = keyed(pay, 10).get()
+    again = pay.apply((42, 10), headers={"grousset_key": KEY}).get()
+    # Then the memo, one effect
+    assert again == first == "paid 10 for 42"
+    assert effects(journal, pay, 10) == 1
+    rec = row(journal, pay)
+    bound = bind_arguments(pay._signature(), (), {"order_id": 42, "amount": 10})
+    assert rec.payload_hash == payload_hash(pay.name, bound) and len(rec.payload_hash) == 64
+
+
+def test_validation_off_by_task_option_returns_the_memo(journal: str, make_task: Any) -> None:
+    # Given a task whose key is meant to cover varying payloads
+    pay = make_task(validate_payload=False)
+    assert pay.grousset_options().validate_payload is False
+    keyed(pay, 10).get()
+    # When the key comes with another amount / Then the memo (documented), one effect
+    assert keyed(pay, 20).get() == "paid 10 for 42"
+    assert effects(journal, pay, 20) == 0
+    assert row(journal, pay).payload_hash == ""  # nothing to compare, nothing stored
+
+
+def test_validation_off_by_setting_and_the_task_option_wins(alias: str, make_task: Any) -> None:
+    loose, strict = make_task(), make_task(validate_payload=True)
+    with override_settings(GROUSSET={"DATABASE": alias, "VALIDATE_PAYLOAD": False}):
+        # Given GROUSSET["VALIDATE_PAYLOAD"] = False
+        keyed(loose, 10).get()
+        keyed(strict, 10).get()
+        # Then a task without the option returns the memo
+        assert keyed(loose, 20).get() == "paid 10 for 42"
+        # And a task with validate_payload=True still refuses
+        with pytest.raises(PayloadMismatch):
+            keyed(strict, 20).get()
+
+
+def test_grousset_key_other_argument_is_refused(journal: str, make_task: Any) -> None:
+    pay = make_task(grousset_key=("order_id",))
+    # Given a charge keyed on order_id only
+    assert pay.apply((42, 10)).get() == "paid 10 for 42"
+    # When the same order comes with another amount, or another note
+    with pytest.raises(PayloadMismatch, match="validate_payload"):
+        pay.apply((42, 20)).get()
+    with pytest.raises(PayloadMismatch):
+        pay.apply((42, 10), {"note": "again"}).get()
+    # Then neither ran; the same call still gets the memo
+    assert effects(journal, pay, 20) == 0 and effects(journal, pay, 10) == 1
+    assert pay.apply(kwargs={"order_id": 42, "amount": 10}).get() == "paid 10 for 42"
+
+
+def test_a_plain_call_stores_no_payload_hash(journal: str, make_task: Any) -> None:
+    pay = make_task()
+    # Given a call without a key: its fingerprint already covers every argument
+    pay.apply((42, 10)).get()
+    # Then no payload hash is stored beside it
+    assert row(journal, pay, None, amount=10).payload_hash == ""
+
+
+def test_an_in_flight_claim_of_another_payload_is_refused_at_once(
+    journal: str, make_task: Any
+) -> None:
+    pay = make_task()
+    fp = pay.grousset_fingerprint((), {"order_id": 42, "amount": 10}, KEY)
+    # Given a fresh claim on the key, held by a call with another payload
+    holder = claim_request(pay, fp, "f" * 64)
+    assert get_store(journal).claim(holder).owned
+    # When this call arrives (eager: it would wait for the holder up to 30 s)
+    with pytest.raises(PayloadMismatch, match="in_flight"):
+        keyed(pay, 10).get()
+    # Then it was refused without waiting, and did not run
+    assert effects(journal, pay, 10) == 0
+
+
+def test_a_memoized_failure_of_another_payload_is_refused(journal: str, make_task: Any) -> None:
+    pay = make_task(on_failure="memoize")
+    # Given a failure memoized for amount 10
+    with pytest.raises(ValueError, match="declined 10"):
+        keyed(pay, 10).get()
+    # When the key comes with amount 20 / Then PayloadMismatch, not the other call's error
+    with pytest.raises(PayloadMismatch):
+        keyed(pay, 20).get()
+    with pytest.raises(ValueError, match="declined 10"):
+        keyed(pay, 10).get()
+    assert effects(journal, pay, 20) == 0
+
+
+def test_a_takeover_writes_its_own_payload_hash(journal: str, make_task: Any) -> None:
+    pay = make_task()
+    fp = pay.grousset_fingerprint((), {"order_id": 42, "amount": 10}, KEY)
+    # Given a dead attempt's stale claim with another payload
+    get_store(journal).claim(claim_request(pay, fp, "f" * 64))
+    Outcome.objects.using(journal).filter(fingerprint=fp).update(
+        started_at=F("started_at") - timedelta(seconds=31),
+        stale_at=F("stale_at") - timedelta(seconds=31),
+    )
+    # When this call takes it over / Then it runs, and the record carries its payload
+    assert keyed(pay, 10).get() == "paid 10 for 42"
+    rec = row(journal, pay)
+    assert rec.takeovers == 1 and rec.payload_hash not in ("", "f" * 64)
+    with pytest.raises(PayloadMismatch):
+        keyed(pay, 20).get()
+
+
+def test_a_record_without_payload_hash_is_not_validated(journal: str, make_task: Any) -> None:
+    pay = make_task()
+    keyed(pay, 10).get()
+    # Given a record written before payload hashes existed (or with validation off)
+    Outcome.objects.using(journal).filter(task_name=pay.name).update(payload_hash="")
+    # When the key comes with another amount / Then nothing to compare: the memo
+    assert keyed(pay, 20).get() == "paid 10 for 42"
+
+
+def test_arguments_that_cannot_be_hashed_are_not_validated(journal: str, make_task: Any) -> None:
+    pay = make_task()
+    # Given a keyed call whose argument has no canonical encoding (the key names the call)
+    assert keyed(pay, {1, 2}).get() == "paid {1, 2} for 42"
+    # Then it ran as before, stored no payload hash, and its duplicates get the memo
+    assert row(journal, pay).payload_hash == ""
+    assert keyed(pay, {3}).get() == "paid {1, 2} for 42"
+
+
+def test_validate_payload_must_be_a_bool(make_task: Any) -> None:
+    from celery_grousset.conf import GroussetSettingsError
+
+    # Given validate_payload="false" (a str: it would read as on) / Then it is refused
+    with pytest.raises(GroussetSettingsError, match="validate_payload"):
+        make_task(validate_payload="false").grousset_options()
+    with override_settings(GROUSSET={"VALIDATE_PAYLOAD": 0}), pytest.raises(
+        GroussetSettingsError, match="VALIDATE_PAYLOAD"
+    ):
+        make_task().grousset_options()
