@@ -11,3 +11,6 @@ class GroussetConfig(AppConfig):
 
     def ready(self) -> None:
         from celery_grousset import checks  # noqa: F401  (registers system checks)
+        from celery_grousset.install import connect
+
+        connect()  # GROUSSET["TASKS"]: guard the tasks it names, as Celery apps register them

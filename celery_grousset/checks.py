@@ -42,7 +42,9 @@ def _apps() -> list[Any]:
 
 
 def guarded_tasks() -> Iterator[tuple[Any, Any]]:
-    """(app, task) for every GroussetTask registered in the active Celery apps."""
+    """(app, task) for every guarded task registered in the active Celery apps: each
+    GroussetTask, and each task ``GROUSSET["TASKS"]`` names."""
+    from celery_grousset.install import install_app
     from celery_grousset.task import GroussetTaskMixin
 
     seen: set[int] = set()
@@ -51,6 +53,7 @@ def guarded_tasks() -> Iterator[tuple[Any, Any]]:
             app.loader.import_default_modules()
         except Exception:
             continue
+        install_app(app)
         for task in list(app.tasks.values()):
             if isinstance(task, GroussetTaskMixin) and id(task) not in seen:
                 seen.add(id(task))

@@ -23,6 +23,7 @@ from celery_grousset.settings_values import (
     ID_NOT_A_DICT,
     ID_UNKNOWN_KEY,
     MAX_DURATION,
+    TASK_OPTIONS,
     GroussetSettingsError,
     Problem,
     _boolean,
@@ -38,12 +39,14 @@ from celery_grousset.settings_values import (
     check_bool,
     check_choice,
     seconds,
+    task_table,
 )
 
 __all__ = [
     "DEFAULTS",
     "MAX_DURATION",
     "SETTINGS",
+    "TASK_OPTIONS",
     "GroussetSettingsError",
     "Problem",
     "Setting",
@@ -67,6 +70,16 @@ class Setting:
 
 
 _INT32 = 2**31 - 1
+
+
+def _task_option(option: str, value: object) -> Any:
+    """A task option in ``GROUSSET["TASKS"]``, checked by its setting's rule
+    (``max_processing_time`` as ``MAX_PROCESSING_TIME`` …)."""
+    name = option.upper()
+    if name in ("ON_IN_FLIGHT", "ON_FAILURE"):
+        return check_choice(name, value)
+    return SETTINGS[name].validate(option, value)
+
 
 #: Every ``GROUSSET`` setting, in the order of docs/configuration.md.
 SETTINGS: dict[str, Setting] = {
@@ -144,6 +157,13 @@ SETTINGS: dict[str, Setting] = {
             60.0,
             _duration,
             "a duration >= STORE_RETRY_BACKOFF and <= 100 years; read back as float seconds",
+        ),
+        # Tasks guarded from settings: task name or fnmatch pattern -> task options.
+        Setting(
+            "TASKS",
+            {},
+            task_table(_task_option),
+            "a dict of task names or patterns to dicts of task options",
         ),
     )
 }

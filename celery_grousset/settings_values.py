@@ -3,8 +3,9 @@ error that names a refused value and its fix (docs/configuration.md)."""
 
 from __future__ import annotations
 
+import difflib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -216,6 +217,100 @@ def _redact_keys(name: str, value: object) -> tuple[str, ...]:
             f"Write e.g. {name}=(\"pin_code\", \"mother_maiden_name\").",
         )
     return tuple(sorted(value)) if isinstance(value, (set, frozenset)) else tuple(value)
+
+
+#: The options a ``GROUSSET["TASKS"]`` entry may set: the task options of
+#: docs/configuration.md (``celery_grousset.options.NAMES`` and ``grousset_key``).
+TASK_OPTIONS = (
+    "max_processing_time",
+    "expires_after",
+    "processor_id",
+    "on_in_flight",
+    "transactional",
+    "memoize",
+    "on_failure",
+    "max_result_bytes",
+    "max_takeovers",
+    "database",
+    "grousset_key",
+)
+
+_TASKS_EXAMPLE = 'TASKS={"shop.tasks.send_receipt": {"max_processing_time": 60}}'
+
+
+def _key_names(name: str, value: object) -> tuple[str, ...] | Callable[..., object]:
+    """``grousset_key``: argument names (not a str) or a callable over the arguments."""
+    if callable(value):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(
+        isinstance(key, str) and key for key in value
+    ):
+        return tuple(value)
+    raise _fail(
+        name,
+        f"grousset_key must be a list or tuple of argument names, or a callable, got "
+        f"{_shown(value)}.",
+        'Write e.g. "grousset_key": ("order_id",).',
+    )
+
+
+def _task_entry(
+    where: str, options: object, option: Callable[[str, object], object]
+) -> tuple[dict[str, object], list[Problem]]:
+    """One entry of ``GROUSSET["TASKS"]``: its options as they read back, and its problems."""
+    if not isinstance(options, Mapping):
+        message = f"{where} must be a dict of task options, got {_shown(options)}."
+        hint = f'Write {where} = {{"max_processing_time": 60, ...}}.'
+        return {}, [Problem("TASKS", message, hint)]
+    entry: dict[str, object] = {}
+    problems: list[Problem] = []
+    for key, value in options.items():
+        try:
+            if not isinstance(key, str) or key not in TASK_OPTIONS:
+                close = difflib.get_close_matches(str(key), TASK_OPTIONS, n=1, cutoff=0.6)
+                meant = f" (did you mean {close[0]!r}?)" if close else ""
+                raise _fail(
+                    "TASKS",
+                    f"{_shown(key)} is not a task option{meant}.",
+                    f"The task options are {', '.join(TASK_OPTIONS)} (docs/configuration.md).",
+                )
+            if value is None:
+                raise _fail("TASKS", f"{key} is None.", "Remove it to leave the option unset.")
+            entry[key] = (_key_names if key == "grousset_key" else option)(key, value)
+        except GroussetSettingsError as exc:
+            problems += [Problem("TASKS", f"{where}: {p.message}", p.hint) for p in exc.problems]
+    return entry, problems
+
+
+def task_table(
+    option: Callable[[str, object], object],
+) -> Callable[[str, object], dict[str, dict[str, object]]]:
+    """The validator of ``GROUSSET["TASKS"]``: a dict of task names or fnmatch patterns to
+    dicts of task options, each checked by ``option(name, value)`` as a task option is."""
+
+    def check(name: str, value: object) -> dict[str, dict[str, object]]:
+        if not isinstance(value, Mapping):
+            raise _fail(
+                name,
+                f"GROUSSET['{name}'] must be a dict of task names or patterns to dicts of task "
+                f"options, got {_shown(value)}.",
+                f"Write e.g. {_TASKS_EXAMPLE}.",
+            )
+        table: dict[str, dict[str, object]] = {}
+        problems: list[Problem] = []
+        for pattern, options in value.items():
+            where = f"GROUSSET['{name}'][{_shown(pattern)}]"
+            if not isinstance(pattern, str) or not pattern.strip():
+                hint = f"Keys are task names or fnmatch patterns: {_TASKS_EXAMPLE}."
+                problems.append(Problem(name, f"{where}: not a task name or pattern.", hint))
+                continue
+            table[pattern], found = _task_entry(where, options, option)
+            problems += found
+        if problems:
+            raise GroussetSettingsError(problems)
+        return table
+
+    return check
 
 
 _CHOICES = {

@@ -80,6 +80,8 @@ def documented(name: str, value: object) -> object:
             return None
         ok = isinstance(value, str) and 1 <= len(value) <= longest
         return value if ok else _REFUSED
+    if name == "TASKS":
+        return documented_tasks(value)
     assert name == "REDACT_KEYS", name
     if not isinstance(value, (list, tuple, set, frozenset)):
         return _REFUSED
@@ -88,7 +90,44 @@ def documented(name: str, value: object) -> object:
     return tuple(sorted(value)) if isinstance(value, (set, frozenset)) else tuple(value)
 
 
+#: the task options a GROUSSET["TASKS"] entry may set ("Guard tasks from settings")
+TASK_OPTIONS = (
+    *("max_processing_time", "expires_after", "processor_id", "on_in_flight", "transactional"),
+    *("memoize", "on_failure", "max_result_bytes", "max_takeovers", "database", "grousset_key"),
+)
+
+
+def documented_tasks(value: object) -> object:
+    """``GROUSSET["TASKS"]``: a dict of non-empty str names or patterns to dicts of task
+    options, each option (never None) accepted as its setting is; ``grousset_key`` a
+    non-empty list or tuple of non-empty str names. Reads back with each option as its
+    setting reads back, ``grousset_key`` as a tuple."""
+    if not isinstance(value, dict):
+        return _REFUSED
+    table: dict[str, dict[str, object]] = {}
+    for pattern, options in value.items():
+        if not isinstance(pattern, str) or not pattern.strip() or not isinstance(options, dict):
+            return _REFUSED
+        entry: dict[str, object] = {}
+        for option, raw in options.items():
+            if option not in TASK_OPTIONS or raw is None:
+                return _REFUSED
+            if option == "grousset_key":
+                ok = isinstance(raw, (list, tuple)) and bool(raw) and all(
+                    isinstance(key, str) and key for key in raw
+                )
+                read: object = tuple(raw) if ok else _REFUSED  # type: ignore[arg-type]
+            else:
+                read = documented(option.upper(), raw)
+            if read is _REFUSED:
+                return _REFUSED
+            entry[option] = read
+        table[pattern] = entry
+    return table
+
+
 names = st.text("abcdefgIKLMNOPRSTU_", min_size=1, max_size=12)
+patterns = names | st.sampled_from(["tests.tasks.*", "*", "shop.tasks.send_receipt", "x.?", " "])
 durations = st.one_of(
     st.integers(min_value=-(10**12), max_value=10**12),
     st.floats(allow_nan=True, allow_infinity=True),
@@ -106,6 +145,9 @@ values = st.one_of(
     st.tuples(names),
     st.frozensets(names, max_size=3),
     st.dictionaries(names, st.integers(), max_size=2),
+    st.dictionaries(
+        patterns, st.dictionaries(st.sampled_from(TASK_OPTIONS), durations, max_size=2), max_size=2
+    ),
 )
 
 
@@ -132,6 +174,15 @@ def valid(name: str) -> st.SearchStrategy[Any]:
         longest, optional = TEXTS[name]
         text = st.text(min_size=1, max_size=min(longest, 20)) | st.just("x" * longest)
         return text | st.none() if optional else text
+    if name == "TASKS":
+        def option(name: str) -> st.SearchStrategy[tuple[str, Any]]:
+            if name == "grousset_key":
+                return st.lists(names, min_size=1, max_size=2).map(lambda v: (name, v))
+            good = valid(name.upper()).filter(lambda v: v is not None)
+            return good.map(lambda v: (name, v))
+
+        entries = st.lists(st.sampled_from(TASK_OPTIONS).flatmap(option), max_size=3).map(dict)
+        return st.dictionaries(patterns.filter(str.strip), entries, max_size=3)
     return st.one_of(st.lists(names, max_size=3), st.tuples(names), st.frozensets(names))
 
 
@@ -230,3 +281,41 @@ def test_a_grousset_that_is_not_a_dict_is_refused(grousset: object) -> None:
         with pytest.raises(ImproperlyConfigured, match="GROUSSET must be a dict"):
             grousset_settings.DATABASE  # noqa: B018
         assert {m.id for m in messages} == {"celery_grousset.E004"}
+
+
+bad_entries = st.dictionaries(
+    patterns,
+    st.one_of(
+        values,
+        st.dictionaries(st.sampled_from([*TASK_OPTIONS, "acks_late", "typo"]), values, max_size=2),
+    ),
+    max_size=2,
+)
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(tasks=st.one_of(valid("TASKS"), valid("TASKS"), bad_entries, values))
+def test_every_tasks_table_works_as_documented_or_is_refused_by_name(tasks: object) -> None:
+    # Given GROUSSET["TASKS"]: what the documentation says it reads back as
+    expected = documented("TASKS", tasks)
+    event("refused" if expected is _REFUSED else "accepted")
+    with override_settings(GROUSSET={"DATABASE": "default", "TASKS": tasks}):
+        # When the check functions run (they guard the test app's matching tasks)
+        messages = run_check_functions()
+        found = {m.id for m in messages}
+        text = " ".join(f"{m.msg} {m.hint or ''} {m.obj or ''}" for m in messages)
+        assert "celery_grousset.E014" not in found, text
+        if expected is not _REFUSED:
+            # Then a valid table reads back as documented and passes the settings checks
+            assert expected == grousset_settings.TASKS
+            assert not found & SETTINGS_IDS, text
+        else:
+            # Then it is refused, naming GROUSSET['TASKS'], at first use and by the checks
+            with pytest.raises(ImproperlyConfigured, match=r"GROUSSET\['TASKS'\]"):
+                grousset_settings.TASKS  # noqa: B018
+            assert found == {"celery_grousset.E010"}, text
+            assert "GROUSSET['TASKS']" in text
