@@ -6,23 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from celery_grousset.conf import check_bool, check_choice, grousset_settings, seconds
+from celery_grousset.conf import TASK_OPTIONS, check_bool, check_choice, grousset_settings, seconds
 from celery_grousset.exceptions import ConfigurationError
 
 #: the options a task, a worker flag or protect() may set (GROUSSET keys in upper case)
-NAMES = (
-    "max_processing_time",
-    "expires_after",
-    "processor_id",
-    "on_in_flight",
-    "transactional",
-    "memoize",
-    "on_failure",
-    "validate_payload",
-    "max_result_bytes",
-    "max_takeovers",
-    "database",
-)
+NAMES = tuple(name for name in TASK_OPTIONS if name != "grousset_key")
 
 
 @dataclass(frozen=True, slots=True)

@@ -229,6 +229,7 @@ TASK_OPTIONS = (
     "transactional",
     "memoize",
     "on_failure",
+    "validate_payload",
     "max_result_bytes",
     "max_takeovers",
     "database",
