@@ -8,6 +8,7 @@ delivery, bypass, eager mode, and the publish-time checks.
 from __future__ import annotations
 
 import inspect
+import random
 import uuid
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
@@ -262,17 +263,22 @@ class GroussetTaskMixin:
 
     @staticmethod
     def _in_flight_countdown(request: Any, retry_in: float) -> float:
-        """Backoff 0.25 s, 0.5 s, 1 s… — never past the moment the claim turns stale
-        (database clock), so a redelivery arrives in time to take over a dead claim."""
+        """Backoff 0.25 s, 0.5 s, 1 s… with jitter (times a random factor in [0.5, 1.0], as
+        Celery jitters its retry backoff), so the duplicates of one call do not all come
+        back at once — but never past the moment the claim turns stale (database clock):
+        a redelivery due later arrives then, in time to take over a dead claim."""
         n = int(_header(request, REQUEUES_HEADER) or 0)
-        return max(0.0, min(0.25 * 2.0**n, retry_in))
+        return max(0.0, min(0.25 * 2.0**n * random.uniform(0.5, 1.0), retry_in))
 
     @staticmethod
     def _store_countdown(request: Any) -> float:
+        """``STORE_RETRY_BACKOFF`` doubled per requeue up to ``STORE_RETRY_BACKOFF_MAX``,
+        times a random factor in [0.5, 1.0]: the deliveries a journal outage bounced do not
+        all come back at the same moment when it ends."""
         n = int(_header(request, REQUEUES_HEADER) or 0)
         base = float(grousset_settings.STORE_RETRY_BACKOFF)
         cap = float(grousset_settings.STORE_RETRY_BACKOFF_MAX)
-        return min(base * 2.0**n, cap)
+        return min(base * 2.0**n, cap) * random.uniform(0.5, 1.0)
 
     def _requeue(self, countdown: float, exc: BaseException | None) -> NoReturn:
         """Send this delivery again after ``countdown`` without using up max_retries."""

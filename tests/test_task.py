@@ -248,3 +248,44 @@ def test_settings_are_validated(journal: str) -> None:
         pytest.raises(ImproperlyConfigured, match="on_in_flight"),
     ):
         grousset_settings.DATABASE  # noqa: B018
+
+
+# -- requeue backoff jitter ----------------------------------------------------------------
+
+
+def _requeued(n: int) -> Any:
+    """A request re-queued ``n`` times (the countdown reads the requeue header)."""
+    from types import SimpleNamespace
+
+    from celery_grousset.task import REQUEUES_HEADER
+
+    return SimpleNamespace(headers={REQUEUES_HEADER: n})
+
+
+def test_in_flight_requeue_countdowns_are_jittered_never_past_the_stale_moment() -> None:
+    countdown = GroussetTask._in_flight_countdown
+    # Given an in-flight duplicate re-queued 3 times (backoff 0.25 s * 2**3 = 2 s) whose
+    # holder's claim turns stale in 60 s
+    # When its next countdown is drawn 500 times
+    drawn = [countdown(_requeued(3), 60.0) for _ in range(500)]
+    # Then the countdowns differ (jitter), each within [0.5, 1.0] * the backoff
+    assert len(set(drawn)) > 400
+    assert all(1.0 <= c <= 2.0 for c in drawn)
+    assert min(drawn) < 1.25 and max(drawn) > 1.75  # spread over the whole range
+    # And none is past the moment the claim turns stale, however long the backoff
+    near = [countdown(_requeued(3), 1.5) for _ in range(500)]
+    assert all(1.0 <= c <= 1.5 for c in near) and len(set(near)) > 100
+    assert {countdown(_requeued(12), 30.0) for _ in range(100)} == {30.0}
+    assert {countdown(_requeued(0), 0.0) for _ in range(100)} == {0.0}
+
+
+def test_store_outage_requeue_countdowns_are_jittered_within_their_cap() -> None:
+    countdown = GroussetTask._store_countdown
+    with override_settings(GROUSSET={"STORE_RETRY_BACKOFF": 1.0, "STORE_RETRY_BACKOFF_MAX": 60.0}):
+        # Given deliveries that found the journal down, re-queued twice (1 s * 2**2 = 4 s)
+        drawn = [countdown(_requeued(2)) for _ in range(500)]
+        # Then their countdowns differ, each within [0.5, 1.0] * the backoff
+        assert len(set(drawn)) > 400 and all(2.0 <= c <= 4.0 for c in drawn)
+        # And past the cap they stay within [0.5, 1.0] * STORE_RETRY_BACKOFF_MAX
+        capped = [countdown(_requeued(20)) for _ in range(500)]
+        assert len(set(capped)) > 400 and all(30.0 <= c <= 60.0 for c in capped)
