@@ -185,11 +185,11 @@ GAUGE_CAP = 10_000
 
 def gauges(alias: str, cap: int = GAUGE_CAP) -> dict[str, float]:
     """The gauges of ``alias``'s journal and outbox (``celery_grousset.metrics.GAUGES``),
-    on the database clock, in three bounded queries: the ``cap`` oldest in-flight claims
-    give the in-flight count, how many of them are :func:`stale` and the oldest claim's
-    age; pending and dead outbox rows are counted up to ``cap`` on the outbox's status
-    index. A caller's open transaction gets a savepoint; a connection this call had to
-    open is closed again (a metrics server thread keeps none)."""
+    on the database clock (read first), then in three bounded queries: the ``cap`` oldest
+    in-flight claims give the in-flight count, how many of them are :func:`stale` and
+    the oldest claim's age; pending and dead outbox rows are counted up to ``cap`` on the
+    outbox's status index. A caller's open transaction gets a savepoint; a connection
+    this call had to open is closed again (a metrics server thread keeps none)."""
     from django.db import connections, transaction
     from django.db.models import Count, Min
 
