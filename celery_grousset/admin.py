@@ -23,8 +23,9 @@ from django.db.models import DurationField, ExpressionWrapper, F, Q, QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext_lazy as _
 
 from celery_grousset import journal
@@ -45,6 +46,13 @@ MAX_ACTION_ROWS = 500
 UNSAFE_CONTENT_TYPES = ("application/x-python-serialize",)
 
 _HEX = re.compile(r"[0-9a-f]{1,64}")
+#: the copy control's glyph: two overlapping sheets, drawn in the text colour (no font needed)
+COPY_ICON = mark_safe(
+    '<svg class="grousset-copy-icon" viewBox="0 0 16 16" width="14" height="14" '
+    'aria-hidden="true" focusable="false" fill="none" stroke="currentColor" '
+    'stroke-width="1.5"><rect x="5.5" y="5.5" width="8" height="9" rx="1.5"/>'
+    '<path d="M10.5 3.5v-1a1 1 0 0 0-1-1h-6a1 1 0 0 0-1 1v8a1 1 0 0 0 1 1h1"/></svg>'
+)
 _BADGE = {Status.IN_FLIGHT: ("#92400e", "#fde68a"), Status.COMPLETED: ("#166534", "#dcfce7"),
           Status.FAILED: ("#991b1b", "#fee2e2")}  # fmt: skip
 
@@ -120,9 +128,9 @@ _Response = TemplateResponse | None
 class OutcomeAdmin(ReadOnlyAdmin):
     """The journal: list, filters, search, a read-only detail page, two actions."""
 
-    list_display = ("status_badge", "task_name", "processor_id", "short_fingerprint",
-                    "deliveries", "takeovers", "started_at", "completed_at", "age")  # fmt: skip
-    list_display_links = ("status_badge", "task_name")
+    list_display = ("status_badge", "task", "processor_id", "short_fingerprint",
+                    "delivery_count", "takeover_count", "started", "completed", "age")  # fmt: skip
+    list_display_links = ("status_badge", "task")
     list_filter = (StatusFilter, TaskNameFilter, ProcessorFilter, StartedFilter)
     search_fields = ("=task_id",)  # the search itself: get_search_results
     search_help_text = _("A fingerprint prefix (hex) or an exact task id.")
@@ -143,6 +151,7 @@ class OutcomeAdmin(ReadOnlyAdmin):
     )
 
     class Media:
+        css = {"all": ("celery_grousset/admin.css",)}
         js = ("celery_grousset/admin.js",)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Outcome]:
@@ -174,19 +183,41 @@ class OutcomeAdmin(ReadOnlyAdmin):
         fg, bg = _BADGE.get(Status(obj.status), ("#374151", "#f3f4f6"))
         return format_html(
             '<span class="grousset-status grousset-status-{}" style="color:{};background:{};'
-            'padding:2px 8px;border-radius:10px;font-weight:600;white-space:nowrap">{}</span>',
+            'padding:2px 6px;border-radius:10px;font-weight:600;white-space:nowrap">{}</span>',
             obj.status, fg, bg, obj.get_status_display(),
         )  # fmt: skip
 
+    @admin.display(description=_("task name"), ordering="task_name")
+    def task(self, obj: Outcome) -> SafeString:
+        """The dotted name, free to wrap after each dot (a long name keeps the list narrow)."""
+        *head, last = obj.task_name.split(".")
+        return format_html("{}{}", format_html_join("", "{}.<wbr>", ((p,) for p in head)), last)
+
     @admin.display(description=_("fingerprint"), ordering="fingerprint")
     def short_fingerprint(self, obj: Outcome) -> SafeString:
-        fp = obj.fingerprint
+        fp, label = obj.fingerprint, _("Copy the full fingerprint")
         return format_html(
-            '<span style="white-space:nowrap"><code class="grousset-fp" title="{}" data-copy="{}">'
-            '{}</code> <button type="button" class="grousset-copy" data-copy="{}" title="{}" '
-            'style="cursor:pointer;font-size:10px;padding:0 3px">copy</button></span>',
-            fp, fp, fp[:12], fp, _("Copy the full fingerprint"),
+            '<span class="grousset-fp-cell"><code class="grousset-fp" title="{}" data-copy="{}">'
+            '{}</code><button type="button" class="grousset-copy" data-copy="{}" title="{}" '
+            'aria-label="{}">{}</button></span>', fp, fp, fp[:12], fp, label, label, COPY_ICON,
         )  # fmt: skip
+
+    # Headers that may hyphenate (a soft hyphen): the numbers below them are short.
+    @admin.display(description=_("deliv\u00aderies"), ordering="deliveries")
+    def delivery_count(self, obj: Outcome) -> int:
+        return obj.deliveries
+
+    @admin.display(description=_("take\u00adovers"), ordering="takeovers")
+    def takeover_count(self, obj: Outcome) -> int:
+        return obj.takeovers
+
+    @admin.display(description=_("started"), ordering="started_at")
+    def started(self, obj: Outcome) -> SafeString | None:
+        return _when(obj.started_at)
+
+    @admin.display(description=_("completed"), ordering="completed_at")
+    def completed(self, obj: Outcome) -> SafeString | None:
+        return _when(obj.completed_at)
 
     @admin.display(description=_("age"), ordering=F("started_at").desc())
     def age(self, obj: Outcome) -> str:
@@ -279,6 +310,17 @@ class OutcomeAdmin(ReadOnlyAdmin):
 
 def _ts(value: datetime) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S %Z").strip()
+
+
+def _when(value: datetime | None) -> SafeString | None:
+    """A time as two short lines, date over time (the current time zone), the full value
+    in the tooltip: the list keeps its width (None: the admin's empty value)."""
+    if value is None:
+        return None
+    local = timezone.localtime(value) if timezone.is_aware(value) else value  # USE_TZ=False
+    html = '<time class="grousset-when" datetime="{}" title="{}">{}<br>{}</time>'
+    return format_html(html, value.isoformat(), _ts(local), f"{local:%Y-%m-%d}",
+                       f"{local:%H:%M:%S}")  # fmt: skip
 
 
 from celery_grousset import outbox_admin  # noqa: E402,F401

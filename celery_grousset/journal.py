@@ -194,3 +194,49 @@ def expired(alias: str, at: datetime | None = None, processor_id: str | None = N
     if processor_id is not None:
         qs = qs.filter(processor_id=processor_id)
     return qs.exclude(status=Status.IN_FLIGHT.value)
+
+
+# -- gauges (celery_grousset.metrics) -------------------------------------------------------
+
+#: where the counts of :func:`gauges` stop: every gauge query is bounded
+GAUGE_CAP = 10_000
+
+
+def gauges(alias: str, cap: int = GAUGE_CAP) -> dict[str, float]:
+    """The gauges of ``alias``'s journal and outbox (``celery_grousset.metrics.GAUGES``),
+    on the database clock (read first), then in three bounded queries: the ``cap`` oldest
+    in-flight claims give the in-flight count, how many of them are :func:`stale` and
+    the oldest claim's age; pending and dead outbox rows are counted up to ``cap`` on the
+    outbox's status index. A caller's open transaction gets a savepoint; a connection
+    this call had to open is closed again (a metrics server thread keeps none)."""
+    from django.db import connections, transaction
+    from django.db.models import Count, Min
+
+    from celery_grousset.models import OutboxMessage, OutboxStatus, Outcome
+
+    conn = connections[alias]
+    opened = conn.connection is None
+    try:
+        with transaction.atomic(using=alias):
+            at = now(alias)
+            in_flight = Outcome.objects.using(alias).filter(status=Status.IN_FLIGHT.value)
+            oldest_first = in_flight.order_by("started_at")[:cap]
+            row = oldest_first.aggregate(
+                claims=Count("pk"), stale=Count("pk", filter=stale(at)), oldest=Min("started_at")
+            )
+            outbox = OutboxMessage.objects.using(alias).order_by()
+            pending = outbox.filter(status=OutboxStatus.PENDING)[:cap].count()
+            dead = outbox.filter(status=OutboxStatus.DEAD)[:cap].count()
+    finally:
+        if opened and not conn.in_atomic_block:
+            conn.close()
+    oldest = row["oldest"]
+    return {
+        "grousset_in_flight_claims": float(row["claims"]),
+        "grousset_stale_claims": float(row["stale"]),
+        "grousset_oldest_in_flight_seconds": (
+            max(0.0, (at - oldest).total_seconds()) if oldest is not None else 0.0
+        ),
+        "grousset_outbox_pending": float(pending),
+        "grousset_outbox_dead": float(dead),
+    }

@@ -14,9 +14,10 @@ metric                                     type       labels
 ``grousset_completion_seconds``            histogram  ``task``
 =========================================  =========  ====================================
 
-:data:`GAUGES` names the journal gauges (in-flight and stale claims, oldest in-flight
-age, outbox pending / dead) that the shipped dashboard and alert rules
-(``celery_grousset/contrib/monitoring/``) use.
+:data:`GAUGES` (in-flight and stale claims, oldest in-flight age, outbox pending / dead;
+label ``database``) are read on scrape by a :class:`JournalCollector` (bounded, cached
+queries) that :func:`enable` registers and a worker's parent serves; the shipped
+dashboard and alert rules (``celery_grousset/contrib/monitoring/``) use them.
 
 Nothing happens at import time: ``prometheus_client`` is imported when metrics are
 enabled. :func:`enable` makes the guard report to a :class:`Recorder` in this
@@ -40,6 +41,9 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -68,16 +72,20 @@ BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 #: what a completion write (of an owned attempt) did: the ``outcome`` label of
 #: ``grousset_completions_total``
 COMPLETION_OUTCOMES = ("completed", "failed", "fenced_out")
-#: Gauges of the journal and the outbox, read by cheap bounded queries. Their collector
-#: comes with the journal-operations work; the names are fixed here so the shipped
-#: dashboard and alert rules (contrib/monitoring/) can be checked against them.
-GAUGES = (
-    "grousset_in_flight_claims",
-    "grousset_stale_claims",
-    "grousset_oldest_in_flight_seconds",
-    "grousset_outbox_pending",
-    "grousset_outbox_dead",
-)
+#: The gauges of the journal and the outbox (:class:`JournalCollector`), label
+#: ``database``: read on scrape by bounded queries, so every process that serves
+#: metrics reports the same journal-wide values (aggregate with ``max``, not ``sum``).
+GAUGE_HELP = {
+    "grousset_in_flight_claims": "Claims held by a running attempt (counted up to a cap).",
+    "grousset_stale_claims": "In-flight claims past their stale_at: holder dead or stuck.",
+    "grousset_oldest_in_flight_seconds": "Age of the oldest in-flight claim (0: none).",
+    "grousset_outbox_pending": "Outbox rows waiting to be published (counted up to a cap).",
+    "grousset_outbox_dead": "Outbox rows that failed max_attempts publishes (up to a cap).",
+}
+GAUGES = tuple(GAUGE_HELP)
+#: seconds a scrape reuses the gauges read by an earlier one (a scrape storm reads the
+#: database once per period and process)
+GAUGE_TTL = 5.0
 
 
 def client() -> ModuleType:
@@ -195,11 +203,99 @@ class Recorder:
                 self.registry.unregister(collector)
 
 
+class JournalCollector:
+    """A prometheus_client collector of the journal gauges (:data:`GAUGES`) of
+    ``databases`` (default: ``GROUSSET["DATABASE"]``). A scrape reads them with
+    :func:`celery_grousset.journal.gauges` (bounded queries: counts stop at ``cap``,
+    default ``journal.GAUGE_CAP``) and reuses them for ``ttl`` seconds; a scrape that
+    comes while another one reads gets the values read last. A database that cannot be
+    read yields no sample and logs one warning (until it can be read again): it never
+    fails the scrape. Registering reads nothing."""
+
+    def __init__(self, databases: Sequence[str] | None = None, *, ttl: float = GAUGE_TTL,
+                 cap: int | None = None) -> None:  # fmt: skip
+        self.databases, self.ttl, self.cap = tuple(databases or ()), ttl, cap
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[float, dict[str, float] | None]] = {}
+        self._failing: set[str] = set()
+
+    def describe(self) -> list[Any]:
+        return list(self._families({}))
+
+    def collect(self) -> Iterator[Any]:
+        if self._lock.acquire(blocking=False):
+            try:
+                read = {alias: self._values(alias) for alias in self._aliases()}
+            finally:
+                self._lock.release()
+        else:  # another scrape is reading them: the values read last
+            read = {alias: values for alias, (_, values) in self._cache.items()}
+        yield from self._families(read)
+
+    def _families(self, read: dict[str, dict[str, float] | None]) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        for name, doc in GAUGE_HELP.items():
+            family = GaugeMetricFamily(name, doc, labels=["database"])
+            for alias, values in read.items():
+                if values is not None:
+                    family.add_metric([alias], values[name])
+            yield family
+
+    def _aliases(self) -> tuple[str, ...]:
+        if self.databases:
+            return self.databases
+        try:
+            from celery_grousset.conf import grousset_settings
+
+            return (str(grousset_settings.DATABASE),)
+        except Exception as exc:  # settings broken: the checks say why
+            self._failed("?", exc)
+            return ()
+
+    def _values(self, alias: str) -> dict[str, float] | None:
+        read_at, values = self._cache.get(alias, (None, None))
+        if read_at is not None and time.monotonic() - read_at < self.ttl:
+            return values
+        try:
+            from celery_grousset import journal
+
+            values = journal.gauges(alias, self.cap or journal.GAUGE_CAP)
+            self._failing.discard(alias)
+        except Exception as exc:  # a scrape never fails on the journal
+            values = None
+            self._failed(alias, exc)
+        self._cache[alias] = (time.monotonic(), values)
+        return values
+
+    def _failed(self, alias: str, exc: BaseException) -> None:
+        level = logging.DEBUG if alias in self._failing else logging.WARNING
+        self._failing.add(alias)
+        logger.log(level, "grousset.gauges_unavailable database=%s error=%s: %s", alias,
+                   type(exc).__name__, exc)  # fmt: skip
+
+
+def register_gauges(
+    registry: Any = None, databases: Sequence[str] | None = None
+) -> JournalCollector | None:
+    """Register a :class:`JournalCollector` on ``registry`` (default: prometheus_client's
+    global registry); None when that registry has the gauges already."""
+    pc = client()
+    collector = JournalCollector(databases)
+    try:
+        (pc.REGISTRY if registry is None else registry).register(collector)
+    except ValueError:  # "Duplicated timeseries": registered before
+        return None
+    return collector
+
+
 _recorder: Recorder | None = None
 
 
-def enable(registry: Any = None, *, fresh: bool = False) -> Recorder:
-    """Report the guard's events to Prometheus in this process (idempotent).
+def enable(registry: Any = None, *, fresh: bool = False, gauges: bool = True) -> Recorder:
+    """Report the guard's events to Prometheus in this process (idempotent), and, with
+    ``gauges``, register the journal gauges (:class:`JournalCollector`) on the same
+    registry: call it in a web process to serve them with its other metrics.
 
     ``registry``: where the metrics register (default: prometheus_client's global
     registry). ``fresh``: drop a recorder inherited from a parent process first.
@@ -210,6 +306,8 @@ def enable(registry: Any = None, *, fresh: bool = False) -> Recorder:
         _recorder = None
     if _recorder is None:
         _recorder = Recorder(registry)
+    if gauges:
+        register_gauges(_recorder.registry)
     events.recorder = _recorder
     return _recorder
 
@@ -223,8 +321,9 @@ def disable() -> None:
 
 
 def _child_init(**kwargs: Any) -> None:
-    """``worker_process_init``: each pool child counts into its own files."""
-    enable(fresh=True)
+    """``worker_process_init``: each pool child counts into its own files (the parent
+    serves the journal gauges)."""
+    enable(fresh=True, gauges=False)
 
 
 def _child_shutdown(pid: int | None = None, **kwargs: Any) -> None:
@@ -273,9 +372,10 @@ class WorkerMetrics:
         from prometheus_client import multiprocess
 
         if in_process:
-            enable()
+            enable(gauges=False)
         registry = pc.CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, path=self.path)  # type: ignore[no-untyped-call]
+        register_gauges(registry)
         served = pc.start_http_server(self.port, addr=self.addr, registry=registry)
         self._server = served[0] if isinstance(served, tuple) else None
         logger.info(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import threading
 import uuid
 from dataclasses import dataclass
@@ -206,8 +207,12 @@ class Relay:
         self.fault: Callable[[str], None] = fault
 
     def delay(self, attempts: int) -> float:
-        """Seconds before the next try after ``attempts`` failed publishes."""
-        return float(min(self.backoff * 2.0 ** max(attempts - 1, 0), self.backoff_max))
+        """Seconds before the next try after ``attempts`` failed publishes: the backoff
+        doubled per attempt up to ``backoff_max``, times a random factor in [0.5, 1.0] (as
+        Celery jitters its retry backoff), so rows that failed together — a broker
+        outage — are not all retried at the same moment."""
+        wait = min(self.backoff * 2.0 ** max(attempts - 1, 0), self.backoff_max)
+        return float(wait * random.uniform(0.5, 1.0))
 
     def run_batch(self) -> RelayStats:
         """Lock up to ``batch_size`` due rows, publish them, mark them; one transaction."""

@@ -8,6 +8,8 @@ delivery, bypass, eager mode, and the publish-time checks.
 from __future__ import annotations
 
 import inspect
+import random
+import sys
 import uuid
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
@@ -18,7 +20,7 @@ from celery import Task
 from celery.exceptions import Reject, Retry
 from celery.signals import task_revoked
 
-from celery_grousset import events, guard, memo
+from celery_grousset import events, guard, memo, publish_check
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.conf import grousset_settings, on_reload
 from celery_grousset.exceptions import FingerprintError, PoisonDelivery, StoreUnavailable
@@ -204,6 +206,7 @@ class GroussetTaskMixin:
         else:
             text = guard.redacted(call.args, call.kwargs, None)
         options["argsrepr"], options["kwargsrepr"] = f"({text})", "{}"
+        publish_check.in_transaction(self, options, sys._getframe(1))
         return super().apply_async(args, kwargs, *a, **options)  # type: ignore[misc]
 
     def publish_unique(self, calls: Any, *, chunk_size: int = 1000, **options: Any) -> Any:
@@ -262,17 +265,18 @@ class GroussetTaskMixin:
 
     @staticmethod
     def _in_flight_countdown(request: Any, retry_in: float) -> float:
-        """Backoff 0.25 s, 0.5 s, 1 s… — never past the moment the claim turns stale
-        (database clock), so a redelivery arrives in time to take over a dead claim."""
+        """Backoff 0.25 s, 0.5 s, 1 s…, jittered (times 0.5 to 1), never past the moment the
+        claim turns stale (database clock): a redelivery arrives in time to take over."""
         n = int(_header(request, REQUEUES_HEADER) or 0)
-        return max(0.0, min(0.25 * 2.0**n, retry_in))
+        return max(0.0, min(0.25 * 2.0**n * random.uniform(0.5, 1.0), retry_in))
 
     @staticmethod
     def _store_countdown(request: Any) -> float:
+        """``STORE_RETRY_BACKOFF`` doubling up to its max, jittered (times 0.5 to 1)."""
         n = int(_header(request, REQUEUES_HEADER) or 0)
         base = float(grousset_settings.STORE_RETRY_BACKOFF)
         cap = float(grousset_settings.STORE_RETRY_BACKOFF_MAX)
-        return min(base * 2.0**n, cap)
+        return min(base * 2.0**n, cap) * random.uniform(0.5, 1.0)
 
     def _requeue(self, countdown: float, exc: BaseException | None) -> NoReturn:
         """Send this delivery again after ``countdown`` without using up max_retries."""
@@ -341,30 +345,25 @@ def _delivery(request: Any) -> str:
 
 
 if TYPE_CHECKING:
-    _Task = Task[Any, Any]
+    from celery.contrib.django.task import DjangoTask
+
+    _Task = DjangoTask[Any, Any]
 else:
-    _Task = Task
+    try:  # Celery >= 5.4 ships a Django task class: delay_on_commit, apply_async_on_commit
+        from celery.contrib.django.task import DjangoTask as _Task
+    except ImportError:  # pragma: no cover - Celery 5.3
+        _Task = Task
 
 
 class GroussetTask(GroussetTaskMixin, _Task):
-    """A Celery task guarded by the outcome journal.
-
-    ``@app.task(base=GroussetTask, bind=True, max_processing_time=60)``
-    """
+    """A Celery task guarded by the outcome journal, and Celery's ``DjangoTask`` (with
+    ``delay_on_commit``) where Celery ships one (5.4+): ``@app.task(base=GroussetTask,
+    bind=True, max_processing_time=60)``."""
 
     abstract = True
 
 
-try:  # Celery >= 5.4 ships a Django task class (delay_on_commit)
-    from celery.contrib.django.task import DjangoTask
-
-    class GroussetDjangoTask(GroussetTaskMixin, DjangoTask):  # type: ignore[type-arg]
-        """:class:`GroussetTask` on Celery's Django task class (``delay_on_commit``)."""
-
-        abstract = True
-
-except ImportError:  # pragma: no cover - Celery 5.3
-    GroussetDjangoTask = GroussetTask  # type: ignore[misc,assignment]
+GroussetDjangoTask = GroussetTask  #: the same class (GroussetTask is a DjangoTask now)
 
 
 @task_revoked.connect(weak=False, dispatch_uid="celery_grousset.release_revoked")

@@ -445,3 +445,35 @@ def test_outbox_detail_redacts_positional_secrets_and_option_headers(journal: st
         assert "Hunter2-pw-88" not in html[1] and "bob-3e1a" in html[1]
     finally:
         OutboxMessage.objects.using(journal).filter(pk__in=[known.pk, unknown.pk]).delete()
+
+
+def test_changelist_columns_stay_narrow_and_the_copy_control_is_a_glyph(
+    journal: str, processor: str
+) -> None:
+    # Given a completed row and one in flight, of a task with a long dotted name
+    done = put(journal, processor, task="shop.billing.tasks.send_invoice_reminder")
+    flying = put(journal, processor, status="in_flight")
+    # When a superuser opens the journal
+    resp = client_for(make_user(superuser=True)).get(URL, {"processor": processor})
+    html = resp.content.decode()
+    assert resp.status_code == 200
+    # Then the copy control is an icon with a label, not the word "copy"
+    assert html.count('<svg class="grousset-copy-icon"') == 2
+    assert 'aria-label="Copy the full fingerprint"' in html and ">copy<" not in html
+    # And the times are two short lines (date over time) with the full value on hover
+    started = done.started_at
+    assert (f'<time class="grousset-when" datetime="{started.isoformat()}" '
+            f'title="{started:%Y-%m-%d %H:%M:%S} UTC">{started:%Y-%m-%d}<br>'
+            f"{started:%H:%M:%S}</time>") in html  # fmt: skip
+    # And a dotted task name may wrap after each dot; the stylesheet sizes the columns
+    assert "shop.<wbr>billing.<wbr>tasks.<wbr>send_invoice_reminder" in html
+    assert "celery_grousset/admin.css" in html
+    # And the compact columns still sort by their fields
+    from celery_grousset.admin import OutcomeAdmin
+
+    for name, field in (("started", "started_at"), ("completed", "completed_at"),
+                        ("delivery_count", "deliveries"), ("takeover_count", "takeovers"),
+                        ("task", "task_name")):  # fmt: skip
+        assert f"sortable column-{name}" in html, name
+        assert getattr(OutcomeAdmin, name).admin_order_field == field
+    assert flying.fingerprint[:12] in html

@@ -3,6 +3,7 @@ worker serving its children's counts (multiprocess mode)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -10,6 +11,8 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -177,6 +180,8 @@ def sample(
 
 @pytest.mark.slow
 def test_worker_serves_metrics_of_its_children() -> None:
+    from celery_grousset.metrics import GAUGES
+
     services.require_database("postgresql")
     broker = services.require_redis()
     queue, port = f"q-{uuid.uuid4().hex[:10]}", free_port()
@@ -208,3 +213,195 @@ def test_worker_serves_metrics_of_its_children() -> None:
     count = sample(samples, "grousset_store_seconds_count", operation="claim")
     assert count is not None and count >= 5
     assert f"celery-grousset metrics on http://0.0.0.0:{port}/metrics" in log
+    # And the parent serves the journal gauges of the worker's database
+    for gauge in GAUGES:
+        value = sample(samples, gauge, database="postgresql")
+        assert value is not None and value >= 0, gauge
+
+
+# -- the journal gauges ------------------------------------------------------------------------
+
+
+def claim_row(alias: str, processor: str, *, aged: timedelta | None = None) -> str:
+    """An in-flight claim through the store; ``aged``: started (and stale) that long ago."""
+    from django.db.models import F
+
+    from celery_grousset.claim import ClaimRequest
+    from celery_grousset.models import Outcome
+    from celery_grousset.store import get_store
+
+    fp = uuid.uuid4().hex + uuid.uuid4().hex
+    get_store(alias).claim(ClaimRequest(
+        processor_id=processor, fingerprint=fp, task_name="tests.gauged", task_id=str(uuid.uuid4()),
+        token=uuid.uuid4().hex, worker="w@host", args_repr="()", max_processing_time=60.0,
+        expires_after=7 * 86400.0, max_takeovers=3,
+    ))  # fmt: skip
+    if aged is not None:
+        Outcome.objects.using(alias).filter(processor_id=processor, fingerprint=fp).update(
+            started_at=F("started_at") - aged, stale_at=F("stale_at") - aged
+        )
+    return fp
+
+
+def gauge_values(registry: object, alias: str) -> dict[str, float]:
+    """Scrape ``registry`` as Prometheus does; the journal gauges of ``alias``."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = generate_latest(registry).decode()  # type: ignore[arg-type]
+    return {s.name: s.value for family in text_string_to_metric_families(text)
+            for s in family.samples if s.labels == {"database": alias}}  # fmt: skip
+
+
+@pytest.fixture
+def outbox_rows(alias: str) -> Iterator[list[int]]:
+    """Outbox rows made by the test (never published), deleted afterwards."""
+    from celery_grousset.models import OutboxMessage
+
+    made: list[int] = []
+    yield made
+    OutboxMessage.objects.using(alias).filter(pk__in=made).delete()
+
+
+def test_journal_gauges_are_scraped_from_real_rows(
+    alias: str, processor: str, outbox_rows: list[int]
+) -> None:
+    from django.db import transaction
+    from prometheus_client import CollectorRegistry
+
+    from celery_grousset import outbox
+    from celery_grousset.claim import ClaimRequest
+    from celery_grousset.metrics import GAUGES, JournalCollector
+    from celery_grousset.models import OutboxMessage
+    from celery_grousset.store import get_store
+    from celery_grousset.store.base import Completion
+    from tests.tasks import effect
+
+    def scrape() -> dict[str, float]:
+        registry = CollectorRegistry()  # a fresh registry and collector: nothing cached
+        registry.register(JournalCollector([alias]))
+        return gauge_values(registry, alias)
+
+    before = scrape()
+    assert set(before) == set(GAUGES)
+    # Given three in-flight claims (one fresh; one stale for 2 h; one started 400 days
+    # ago, older than any other row of the journal) and one completed call
+    claim_row(alias, processor)
+    claim_row(alias, processor, aged=timedelta(hours=2))
+    claim_row(alias, processor, aged=timedelta(days=400))
+    done, token = uuid.uuid4().hex + uuid.uuid4().hex, uuid.uuid4().hex
+    get_store(alias).claim(ClaimRequest(
+        processor_id=processor, fingerprint=done, task_name="tests.gauged", task_id="t-done",
+        token=token, worker="w", args_repr="()", max_processing_time=60.0,
+        expires_after=86400.0, max_takeovers=3,
+    ))  # fmt: skip
+    get_store(alias).finish(processor, done, token, Completion("completed"))
+    # and three outbox rows: two pending, one dead
+    with transaction.atomic(using=alias):
+        rows = [outbox.enqueue(effect, (n,), using=alias, queue="gauges-never-published")
+                for n in ("a", "b", "c")]  # fmt: skip
+    outbox_rows.extend(row.pk for row in rows)
+    OutboxMessage.objects.using(alias).filter(pk=rows[2].pk).update(status="dead")
+    # When a fresh registry with the collector is scraped
+    after = scrape()
+    # Then the gauges count the new in-flight claims, the stale ones among them (each
+    # row's own stale_at), the oldest claim's age on the database clock, and the outbox
+    delta = {name: after[name] - before[name] for name in GAUGES}
+    assert delta["grousset_in_flight_claims"] == 3
+    assert delta["grousset_stale_claims"] == 2
+    assert delta["grousset_outbox_pending"] == 2
+    assert delta["grousset_outbox_dead"] == 1
+    oldest = after["grousset_oldest_in_flight_seconds"]
+    assert 400 * 86400 <= oldest < 400 * 86400 + 3600
+
+
+def test_journal_gauges_are_cached_and_capped(
+    alias: str, processor: str, outbox_rows: list[int]
+) -> None:
+    from django.db import connections, transaction
+    from django.test.utils import CaptureQueriesContext
+    from prometheus_client import CollectorRegistry
+
+    from celery_grousset import outbox
+    from celery_grousset.metrics import JournalCollector
+    from tests.tasks import effect
+
+    for _ in range(3):
+        claim_row(alias, processor)
+    # Given a collector that keeps what it read for 60 s
+    registry = CollectorRegistry()
+    registry.register(JournalCollector([alias], ttl=60))
+    first = gauge_values(registry, alias)
+    # When a row is added and a scrape storm comes
+    with transaction.atomic(using=alias):
+        outbox_rows.append(outbox.enqueue(effect, ("x",), using=alias, queue="gauges-x").pk)
+    with CaptureQueriesContext(connections[alias]) as queries:
+        storm = [gauge_values(registry, alias) for _ in range(20)]
+    # Then the database was not read again: every scrape got the cached values
+    assert len(queries) == 0
+    assert all(values == first for values in storm)
+    # And a collector capped at 2 rows reports at most 2 (the bounded count)
+    capped = CollectorRegistry()
+    capped.register(JournalCollector([alias], ttl=0, cap=2))
+    values = gauge_values(capped, alias)
+    assert values["grousset_in_flight_claims"] == 2
+    assert 1 <= values["grousset_outbox_pending"] <= 2
+
+
+def test_journal_gauges_never_fail_a_scrape(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from django.db import OperationalError
+    from prometheus_client import CollectorRegistry
+
+    from celery_grousset import journal
+    from celery_grousset.metrics import JournalCollector
+
+    services.require_database("default")
+    real = journal.gauges
+
+    def down(alias: str, cap: int) -> dict[str, float]:
+        raise OperationalError("connection to server at 127.0.0.1:5432 failed")
+
+    registry = CollectorRegistry()
+    registry.register(JournalCollector(["default"], ttl=0))
+    # Given a journal database that cannot be read
+    monkeypatch.setattr(journal, "gauges", down)
+    caplog.set_level(logging.DEBUG, logger="celery_grousset")
+    # When it is scraped three times / Then no gauge sample, no exception, one warning
+    for _ in range(3):
+        assert gauge_values(registry, "default") == {}
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "grousset.gauges_unavailable database=default" in warnings[0].getMessage()
+    assert "OperationalError" in warnings[0].getMessage()
+    # When it can be read again / Then the gauges are back
+    monkeypatch.setattr(journal, "gauges", real)
+    assert len(gauge_values(registry, "default")) == 5
+    # And the next outage warns again (once)
+    monkeypatch.setattr(journal, "gauges", down)
+    for _ in range(2):
+        assert gauge_values(registry, "default") == {}
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 2
+
+
+def test_enable_registers_the_gauges_for_a_web_process() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from celery_grousset import metrics
+
+    services.require_database("default")
+    registry = CollectorRegistry()
+    # Given a web process that enables metrics on the registry its metrics view serves
+    rec = metrics.enable(registry, fresh=True)
+    try:
+        # When that registry is scraped / Then the journal gauges of GROUSSET["DATABASE"]
+        # are served with the counters; enabling twice registers them once
+        assert metrics.enable(registry) is rec
+        assert metrics.register_gauges(registry) is None
+        values = gauge_values(registry, "default")
+        assert set(values) == set(metrics.GAUGES)
+    finally:
+        metrics.disable()
+        rec.unregister()
+        metrics._recorder = None

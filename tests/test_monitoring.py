@@ -62,11 +62,11 @@ def dashboard_queries() -> list[str]:
 
 
 def exported() -> dict[str, set[str] | None]:
-    """Every metric (sample) name the package exports -> its label names (None: unknown,
-    the journal gauges)."""
+    """Every metric (sample) name the package exports -> its label names: the recorder's
+    counters and histograms, and the gauges of the journal collector."""
     from prometheus_client import CollectorRegistry
 
-    from celery_grousset.metrics import GAUGES, Recorder
+    from celery_grousset.metrics import GAUGES, JournalCollector, Recorder
 
     rec = Recorder(CollectorRegistry())
     names: dict[str, set[str] | None] = {}
@@ -82,8 +82,10 @@ def exported() -> dict[str, set[str] | None]:
             names[f"{base}_count"] = labels
         else:  # pragma: no cover - a new kind of metric needs a line here
             raise AssertionError(f"{base}: unexpected metric type {kind}")
-    for gauge in GAUGES:
-        names[gauge] = None
+    for family in JournalCollector().describe():  # names only: nothing is read
+        assert family.type == "gauge" and family.name in GAUGES, family.name
+        names[family.name] = {"database"}
+    assert set(GAUGES) <= set(names)
     return names
 
 
@@ -238,6 +240,22 @@ def test_dashboard_and_rules_name_only_exported_metrics() -> None:
     assert {"grousset_duplicate_detections_total", "grousset_stale_claims",
             "grousset_claims_total", "grousset_outcome_commit_errors_total",
             "grousset_outbox_dead"} <= in_rules  # fmt: skip
+
+
+def test_journal_gauges_are_never_summed_across_scrape_targets() -> None:
+    from celery_grousset.metrics import GAUGES
+
+    # Given every process that serves metrics reports the same journal-wide gauges
+    queries = dashboard_queries() + [rule["expr"] for rule in rules()]
+    seen = 0
+    for query in queries:
+        for gauge in GAUGES:
+            for match in re.finditer(rf"\b{gauge}\b", query):
+                # Then each use takes the max per database (or overall), never a sum
+                before = query[: match.start()].rstrip()
+                assert before.endswith(("max by (database) (", "max(")), query
+                seen += 1
+    assert seen >= len(GAUGES)
 
 
 def test_a_query_naming_an_unknown_metric_is_caught() -> None:

@@ -124,9 +124,10 @@ def test_broker_outage_backs_off_then_dead_after_max_attempts(alias: str, queue:
     relay(alias, down, max_attempts=2, backoff=60)
     a.refresh_from_db(using=alias)
     b.refresh_from_db(using=alias)
-    # Then the first row failed once and waits (backoff); the batch stopped before the second
+    # Then the first row failed once and waits (backoff 60 s, jittered: 30 to 60 s); the
+    # batch stopped before the second
     assert a.status == "pending" and a.attempts == 1 and a.last_error
-    assert a.available_at > _db_now(alias) + timedelta(seconds=50)
+    assert a.available_at > _db_now(alias) + timedelta(seconds=25)
     assert b.attempts == 0
     # When it is due again and fails again
     rows.filter(pk=a.pk).update(available_at=_db_now(alias) - timedelta(seconds=1))
@@ -136,6 +137,19 @@ def test_broker_outage_backs_off_then_dead_after_max_attempts(alias: str, queue:
     assert a.status == "dead" and a.attempts == 2 and a.args == ["x"]
     assert "Error" in a.last_error
     rows.filter(pk=b.pk).delete()
+
+
+def test_relay_retry_delays_are_jittered_within_their_bounds() -> None:
+    # Given a relay with a 2 s backoff doubling up to 600 s
+    relay = outbox.Relay(app, backoff=2.0, backoff_max=600.0)
+    for attempts, full in ((1, 2.0), (3, 8.0), (20, 600.0)):
+        # When the delay after ``attempts`` failed publishes is drawn 500 times
+        drawn = [relay.delay(attempts) for _ in range(500)]
+        # Then the rows that failed together are retried at different moments, each
+        # within [0.5, 1.0] * the backoff (capped at backoff_max)
+        assert len(set(drawn)) > 400, attempts
+        assert all(full / 2 <= d <= full for d in drawn), attempts
+        assert min(drawn) < full * 0.6 and max(drawn) > full * 0.9, attempts
 
 
 def test_admin_requeues_dead_rows_and_purge_drops_old_sent_rows(queue: str) -> None:

@@ -292,3 +292,209 @@ def test_settings_are_validated(journal: str) -> None:
         pytest.raises(ImproperlyConfigured, match="on_in_flight"),
     ):
         grousset_settings.DATABASE  # noqa: B018
+
+
+# -- requeue backoff jitter ----------------------------------------------------------------
+
+
+def _requeued(n: int) -> Any:
+    """A request re-queued ``n`` times (the countdown reads the requeue header)."""
+    from types import SimpleNamespace
+
+    from celery_grousset.task import REQUEUES_HEADER
+
+    return SimpleNamespace(headers={REQUEUES_HEADER: n})
+
+
+def test_in_flight_requeue_countdowns_are_jittered_never_past_the_stale_moment() -> None:
+    countdown = GroussetTask._in_flight_countdown
+    # Given an in-flight duplicate re-queued 3 times (backoff 0.25 s * 2**3 = 2 s) whose
+    # holder's claim turns stale in 60 s
+    # When its next countdown is drawn 500 times
+    drawn = [countdown(_requeued(3), 60.0) for _ in range(500)]
+    # Then the countdowns differ (jitter), each within [0.5, 1.0] * the backoff
+    assert len(set(drawn)) > 400
+    assert all(1.0 <= c <= 2.0 for c in drawn)
+    assert min(drawn) < 1.25 and max(drawn) > 1.75  # spread over the whole range
+    # And none is past the moment the claim turns stale, however long the backoff
+    near = [countdown(_requeued(3), 1.5) for _ in range(500)]
+    assert all(1.0 <= c <= 1.5 for c in near) and len(set(near)) > 100
+    assert {countdown(_requeued(12), 30.0) for _ in range(100)} == {30.0}
+    assert {countdown(_requeued(0), 0.0) for _ in range(100)} == {0.0}
+
+
+def test_store_outage_requeue_countdowns_are_jittered_within_their_cap() -> None:
+    countdown = GroussetTask._store_countdown
+    with override_settings(GROUSSET={"STORE_RETRY_BACKOFF": 1.0, "STORE_RETRY_BACKOFF_MAX": 60.0}):
+        # Given deliveries that found the journal down, re-queued twice (1 s * 2**2 = 4 s)
+        drawn = [countdown(_requeued(2)) for _ in range(500)]
+        # Then their countdowns differ, each within [0.5, 1.0] * the backoff
+        assert len(set(drawn)) > 400 and all(2.0 <= c <= 4.0 for c in drawn)
+        # And past the cap they stay within [0.5, 1.0] * STORE_RETRY_BACKOFF_MAX
+        capped = [countdown(_requeued(20)) for _ in range(500)]
+        assert len(set(capped)) > 400 and all(30.0 <= c <= 60.0 for c in capped)
+
+
+# -- one Django base class; publishing inside a transaction -----------------------------------
+
+
+@pytest.fixture
+def default_journal() -> Iterator[str]:
+    """The journal on the ``default`` database (SQLite), whose transactions the test opens."""
+    from tests import services
+
+    services.require_database("default")
+    with override_settings(GROUSSET={"DATABASE": "default"}):
+        yield "default"
+
+
+@pytest.fixture
+def captured(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """What reaches Celery's own ``Task.apply_async`` (nothing goes to a broker)."""
+    from celery.app.task import Task
+
+    sent: list[tuple[Any, ...]] = []
+
+    def publish(self: Any, args: Any = None, kwargs: Any = None, **options: Any) -> None:
+        sent.append((self.name, tuple(args or ()), options))
+
+    monkeypatch.setattr(Task, "apply_async", publish)
+    return sent
+
+
+def test_grousset_task_is_a_django_task_that_publishes_on_commit(
+    default_journal: str, temp_task: Any, captured: list[tuple[Any, ...]]
+) -> None:
+    from celery.contrib.django.task import DjangoTask
+    from django.db import transaction
+
+    from celery_grousset import GroussetDjangoTask
+
+    def greet(self: Any, name: str) -> str:
+        return f"hello {name}"
+
+    # Given a task declared with base=GroussetTask
+    task = temp_task(greet, max_processing_time=60)
+    # Then it is Celery's Django task class (GroussetDjangoTask is the same class)
+    assert isinstance(task, DjangoTask) and GroussetDjangoTask is GroussetTask
+    assert callable(task.delay_on_commit) and callable(task.apply_async_on_commit)
+    # When delay_on_commit() is called inside transaction.atomic()
+    with transaction.atomic(using=default_journal):
+        task.delay_on_commit("ann")
+        task.apply_async_on_commit(("bob",), idempotency_key="greet-bob")
+        # Then nothing is published before the commit
+        assert captured == []
+    # And both are published on commit, through the guard's apply_async
+    assert [(name, args) for name, args, _ in captured] == [(task.name, ("ann",)),
+                                                            (task.name, ("bob",))]  # fmt: skip
+    assert captured[1][2]["headers"]["grousset_key"] == "greet-bob"
+    # And a rollback publishes nothing
+    with pytest.raises(RuntimeError), transaction.atomic(using=default_journal):
+        task.delay_on_commit("cy")
+        raise RuntimeError("rolled back")
+    assert len(captured) == 2
+
+
+def test_delay_on_commit_runs_the_guarded_task_after_the_commit_in_eager_mode(
+    default_journal: str, temp_task: Any
+) -> None:
+    from django.db import transaction
+
+    ran: list[str] = []
+
+    def note(self: Any, key: str) -> str:
+        ran.append(key)
+        return key
+
+    task = temp_task(note, max_processing_time=60)
+    key = f"on-commit-{uuid.uuid4().hex[:8]}"
+    app.conf.task_always_eager = True
+    try:
+        # Given eager mode / When delay_on_commit() is called twice in a transaction
+        with transaction.atomic(using=default_journal):
+            task.delay_on_commit(key)
+            task.delay_on_commit(key)
+            # Then the task has not run before the commit
+            assert ran == []
+    finally:
+        app.conf.task_always_eager = False
+    # And after it, it ran once (the second call was a duplicate answered by the journal)
+    assert ran == [key]
+    fp = task.grousset_fingerprint((key,), {})
+    row = Outcome.objects.using(default_journal).get(fingerprint=fp)
+    assert row.status == "completed" and row.deliveries == 2
+
+
+def test_publishing_inside_a_transaction_warns(
+    default_journal: str, temp_task: Any, captured: list[tuple[Any, ...]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    from django.db import transaction
+
+    def ship(self: Any, order: int) -> int:
+        return order
+
+    task = temp_task(ship, max_processing_time=60)
+    caplog.set_level("WARNING", logger="celery_grousset")
+
+    def warnings() -> list[Any]:
+        return [r for r in caplog.records if getattr(r, "grousset_event", "") ==
+                "grousset.published_in_transaction"]  # fmt: skip
+
+    # Given a guarded task published with delay() and apply_async() inside atomic()
+    with transaction.atomic(using=default_journal):
+        task.delay(1)
+        with transaction.atomic(using=default_journal):  # a savepoint: still inside
+            task.apply_async((2,))
+    # Then each publish logs a WARNING naming the task, the database and the fix
+    found = warnings()
+    assert len(found) == 2 and len(captured) == 2
+    message = found[0].getMessage()
+    assert found[0].levelname == "WARNING"
+    assert f"task={task.name} database={default_journal}" in message
+    assert f"{task.name}.delay_on_commit(...)" in message
+    assert found[0].grousset == {"event": "grousset.published_in_transaction",
+                                 "task": task.name, "database": default_journal}  # fmt: skip
+    caplog.clear()
+    # When it is published outside a transaction, or on commit, or eagerly, or re-published
+    # as a retry of a running delivery / Then no warning
+    task.delay(3)
+    with transaction.atomic(using=default_journal):
+        task.delay_on_commit(4)
+        task.apply_async((5,), retries=1)
+    app.conf.task_always_eager = True
+    try:
+        with transaction.atomic(using=default_journal):
+            task.delay(6)
+    finally:
+        app.conf.task_always_eager = False
+    assert warnings() == []
+    # And the atomic block a Django TestCase wraps each test in does not count
+    outer = transaction.atomic(using=default_journal)
+    outer._from_testcase = True  # type: ignore[attr-defined]
+    with outer:
+        task.delay(7)
+    assert warnings() == []
+
+
+def test_the_outbox_relay_publishing_in_its_batch_transaction_does_not_warn(
+    default_journal: str, captured: list[tuple[Any, ...]], caplog: pytest.LogCaptureFixture
+) -> None:
+    from django.db import transaction
+
+    from celery_grousset import outbox
+    from celery_grousset.models import OutboxMessage
+    from tests.tasks import effect
+
+    caplog.set_level("WARNING", logger="celery_grousset")
+    with transaction.atomic(using=default_journal):
+        row = outbox.enqueue(effect, ("relayed",), using=default_journal, queue="never")
+    try:
+        # Given the relay's publish of a committed row, inside its batch transaction
+        with transaction.atomic(using=default_journal):
+            outbox.publish(app, row)
+        # Then it is published, without the warning
+        assert [name for name, _, _ in captured] == [effect.name]
+        assert "grousset.published_in_transaction" not in caplog.text
+    finally:
+        OutboxMessage.objects.using(default_journal).filter(pk=row.pk).delete()

@@ -101,6 +101,28 @@ def shot(page: object, name: str) -> Path:
     return path
 
 
+def assert_fits(page: object, column: str) -> None:
+    """Every cell of ``column`` (its header too) is fully visible: inside the viewport and
+    inside the results box (which would otherwise scroll it sideways, cut at its edge)."""
+    width = page.viewport_size["width"]  # type: ignore[attr-defined]
+    results = page.locator("#changelist .results").bounding_box()  # type: ignore[attr-defined]
+    right = min(width, results["x"] + results["width"])
+    cells = page.locator(f"#result_list [class*='column-{column}'], "  # type: ignore[attr-defined]
+                         f"#result_list [class*='field-{column}']")  # fmt: skip
+    assert cells.count() >= 4
+    for cell in cells.all():
+        box = cell.bounding_box()
+        assert box is not None and box["width"] > 0, column
+        assert box["x"] >= 0 and box["x"] + box["width"] <= right + 0.5, (column, box, right)
+    # and nothing scrolls sideways: the whole table fits
+    overflow = page.evaluate(  # type: ignore[attr-defined]
+        "[document.querySelector('#changelist .results').scrollWidth"
+        " - document.querySelector('#changelist .results').clientWidth,"
+        " document.documentElement.scrollWidth - window.innerWidth]"
+    )
+    assert overflow[0] <= 0 and overflow[1] <= 0, overflow
+
+
 def test_operator_filters_searches_reads_and_releases(server: str, processor: str) -> None:
     if not os.path.exists(CHROMIUM):
         services.unavailable("Chromium", f"{CHROMIUM} is missing (apt-get install chromium)")
@@ -136,6 +158,15 @@ def test_operator_filters_searches_reads_and_releases(server: str, processor: st
             # Then the three rows are listed with their badges
             assert page.locator("#result_list tbody tr").count() == 3
             assert page.locator(".grousset-status-in_flight").count() == 1
+            # And at 1400 px the row fits the window: the started column is not cut
+            for column in ("started", "completed", "age", "status"):
+                assert_fits(page, column)
+            # And the copy control is a glyph (an icon with a label), not the word "copy"
+            copy = page.locator(f".grousset-copy[data-copy='{receipt.fingerprint}']")
+            assert copy.inner_text().strip() == "" and copy.locator("svg").count() == 1
+            assert copy.get_attribute("aria-label") == "Copy the full fingerprint"
+            icon = copy.locator("svg").bounding_box()
+            assert icon is not None and icon["width"] >= 10 and icon["height"] >= 10
             # And the copy button puts the full fingerprint on the clipboard
             page.click(f".grousset-copy[data-copy='{receipt.fingerprint}']")
             page.wait_for_selector(".grousset-copy[data-copied=yes]", timeout=5000)
