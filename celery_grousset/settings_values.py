@@ -64,6 +64,20 @@ def _duration_text(limit: float) -> str:
     return f"{limit / 86400:g} days" if limit >= 86400 else f"{limit:g} s"
 
 
+def as_seconds(value: object) -> float | None:
+    """A number of seconds or a timedelta as float seconds (infinite beyond the float
+    range); None for any other type. The one reading of a duration value, used by the
+    settings and by the management commands' options."""
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:  # an int beyond float range
+            return math.inf
+    return None
+
+
 def seconds(value: object, *, name: str, maximum: float = MAX_DURATION) -> float | None:
     """Return ``value`` (seconds as int/float, or a timedelta) as float seconds.
 
@@ -73,15 +87,8 @@ def seconds(value: object, *, name: str, maximum: float = MAX_DURATION) -> float
     """
     if value is None:
         return None
-    number: float
-    if isinstance(value, timedelta):
-        number = value.total_seconds()
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        try:
-            number = float(value)
-        except OverflowError:  # an int beyond float range
-            number = math.inf
-    else:
+    number = as_seconds(value)
+    if number is None:
         raise _fail(
             name,
             f"{name} must be a number of seconds (int or float) or a timedelta, "

@@ -275,6 +275,29 @@ def test_postgresql_down_fails_closed_then_runs_once(redis_url: str, pg: str, qu
     assert [effects(pg, k) for k in keys] == [1] * 5
 
 
+def test_a_plain_producers_reprs_never_reach_the_journal(
+    redis_url: str, pg: str, queue: str
+) -> None:
+    from celery import current_app
+
+    from tests.tasks import login
+
+    with workers(queue, 1, database=pg, broker=redis_url):
+        # Given producers that are not GroussetTask: send_task by name, one with its own
+        # argsrepr and Celery's unredacted kwargsrepr, one with a positional secret
+        sent = [
+            current_app.send_task(login.name, ("bob",), {"password": "kw-hunter2"},
+                                  argsrepr="(user)", queue=queue),
+            current_app.send_task(login.name, ("eve", "pos-hunter2"), queue=queue),
+        ]  # fmt: skip
+        assert [r.get(timeout=30) for r in sent] == ["logged in bob", "logged in eve"]
+    # Then the journal holds only the package's own redaction, bound by name
+    for user, password in (("bob", "kw-hunter2"), ("eve", "pos-hunter2")):
+        rec = record_of(pg, login, (user,), {"password": password})
+        assert password not in rec.args_repr and "(user)" not in rec.args_repr
+        assert rec.args_repr == f"user='{user}', password='***'"
+
+
 def test_password_never_stored_or_logged(redis_url: str, pg: str, queue: str) -> None:
     import redis
 

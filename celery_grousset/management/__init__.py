@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from django.core.management.base import CommandError, CommandParser
 
 from celery_grousset.journal import MIN_PREFIX as MIN_PREFIX
+from celery_grousset.settings_values import MAX_DURATION, as_seconds
 
 if TYPE_CHECKING:
     from celery_grousset.models import Outcome
@@ -32,7 +33,7 @@ _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 #: longest duration a command accepts (100 years; the settings' limit too)
-MAX_DURATION_DAYS = 36500
+MAX_DURATION_DAYS = int(MAX_DURATION // 86400)  # the settings' limit: 100 years
 #: largest --batch-size (rows deleted per transaction)
 MAX_BATCH_SIZE = 1_000_000
 
@@ -47,15 +48,8 @@ def _duration_seconds(value: object, *, positive: bool) -> float:
         f"{'above 0' if positive else '0 or more'} and at most {MAX_DURATION_DAYS}d "
         "(100 years): seconds, or a number followed by s, m, h, d or w (30m, 12h, 7d)"
     )
-    number: float
-    if isinstance(value, timedelta):
-        number = value.total_seconds()
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        try:
-            number = float(value)
-        except OverflowError:
-            number = math.inf
-    elif isinstance(value, str):
+    number = as_seconds(value)
+    if number is None and isinstance(value, str):
         match = _DURATION.match(value)
         if match is None:
             raise _Refused(f"must be a duration {allowed}; got {value!r}, an invalid duration")
@@ -63,7 +57,7 @@ def _duration_seconds(value: object, *, positive: bool) -> float:
             number = float(match.group(1)) * _UNITS[match.group(2).lower()]
         except OverflowError:
             number = math.inf
-    else:
+    if number is None:
         raise _Refused(f"must be a duration {allowed}; got {value!r}")
     if not math.isfinite(number) or number < 0 or number > MAX_DURATION_DAYS * 86400:
         raise _Refused(f"must be a duration {allowed}; got {value!r}")
