@@ -53,3 +53,30 @@ def processor() -> str:
 @pytest.fixture
 def fp() -> str:
     return uuid.uuid4().hex + uuid.uuid4().hex
+
+
+@pytest.fixture
+def journal(alias: str) -> Iterator[str]:
+    """Point the guard (and the test tasks' ledger) at ``alias`` (a module may define its
+    own ``journal``, e.g. the admin tests')."""
+    from django.test import override_settings
+
+    with override_settings(GROUSSET={"DATABASE": alias}):
+        yield alias
+
+
+@pytest.fixture
+def temp_task() -> Iterator[object]:
+    """Register throw-away GroussetTasks on the test app; unregister them afterwards."""
+    from celery_grousset import GroussetTask
+
+    made: list[str] = []
+
+    def make(fn: object, **options: object) -> object:
+        name = f"tests.temp.{getattr(fn, '__name__', 'task')}.{uuid.uuid4().hex[:6]}"
+        made.append(name)
+        return celery_app.task(base=GroussetTask, bind=True, name=name, **options)(fn)
+
+    yield make
+    for name in made:
+        celery_app.tasks.pop(name, None)

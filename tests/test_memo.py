@@ -18,9 +18,8 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.test import override_settings
 
-from celery_grousset import GroussetTask, memo, protect
+from celery_grousset import memo, protect
 from celery_grousset.claim import ENC_EXCEPTION, ENC_NOT_STORED, ClaimRequest, Kind
 from celery_grousset.completion import finish_retrying
 from celery_grousset.exceptions import (
@@ -65,26 +64,6 @@ def planted_module(
     monkeypatch.syspath_prepend(str(tmp_path))
     yield name
     sys.modules.pop(name, None)
-
-
-@pytest.fixture
-def journal(alias: str) -> Iterator[str]:
-    with override_settings(GROUSSET={"DATABASE": alias}):
-        yield alias
-
-
-@pytest.fixture
-def temp_task() -> Iterator[Any]:
-    made: list[str] = []
-
-    def make(fn: Any, **options: Any) -> Any:
-        name = f"tests.temp.{fn.__name__}.{uuid.uuid4().hex[:6]}"
-        made.append(name)
-        return app.task(base=GroussetTask, bind=True, name=name, **options)(fn)
-
-    yield make
-    for name in made:
-        app.tasks.pop(name, None)
 
 
 def plant(

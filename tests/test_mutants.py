@@ -22,7 +22,7 @@ from django.db.models import F
 from django.dispatch import Signal
 from django.test import override_settings
 
-from celery_grousset import GroussetTask, journal, memo, protect, signals
+from celery_grousset import journal, memo, protect, signals
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.exceptions import FencedOut, StoreUnavailable
 from celery_grousset.fingerprint import fingerprint
@@ -42,25 +42,9 @@ BOUND = 15.0
 
 
 @pytest.fixture
-def journal_db(alias: str) -> Iterator[str]:
-    """Point the guard (and the test tasks' ledger) at ``alias``."""
-    with override_settings(GROUSSET={"DATABASE": alias}):
-        yield alias
-
-
-@pytest.fixture
-def temp_task() -> Iterator[Callable[..., Any]]:
-    """Register throw-away GroussetTasks on the test app; unregister them afterwards."""
-    made: list[str] = []
-
-    def make(fn: Any, **options: Any) -> Any:
-        name = f"tests.mut.{fn.__name__}.{uuid.uuid4().hex[:6]}"
-        made.append(name)
-        return app.task(base=GroussetTask, bind=True, name=name, **options)(fn)
-
-    yield make
-    for name in made:
-        app.tasks.pop(name, None)
+def journal_db(journal: str) -> str:
+    """The guard pointed at the backend under test (conftest's ``journal``)."""
+    return journal
 
 
 @pytest.fixture

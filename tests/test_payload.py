@@ -29,12 +29,6 @@ KEY = "order-42"
 
 
 @pytest.fixture
-def journal(alias: str) -> Iterator[str]:
-    with override_settings(GROUSSET={"DATABASE": alias}):
-        yield alias
-
-
-@pytest.fixture
 def make_task() -> Iterator[Any]:
     """A throw-away ``pay(order_id, amount)`` task on the test app, options as given."""
     made: list[str] = []

@@ -8,12 +8,10 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from celery.app.task import Context
 from celery.exceptions import Reject
-from django.test import override_settings
 
 from celery_grousset import guard, protect
 from celery_grousset.exceptions import PoisonDelivery, StoreUnavailable
@@ -24,12 +22,6 @@ from tests import services
 from tests.ledger.models import Effect
 
 POISON_IDS = {"over 255 characters": "t" * 300, "a NUL": "task-\x00-id"}
-
-
-@pytest.fixture
-def journal(alias: str) -> Iterator[str]:
-    with override_settings(GROUSSET={"DATABASE": alias}):
-        yield alias
 
 
 def ledger(alias: str, key: str) -> int:

@@ -18,28 +18,6 @@ from tests.celeryapp import app
 from tests.ledger.models import Effect
 
 
-@pytest.fixture
-def journal(alias: str) -> Iterator[str]:
-    """Point the guard (and the test tasks' ledger) at ``alias``."""
-    with override_settings(GROUSSET={"DATABASE": alias}):
-        yield alias
-
-
-@pytest.fixture
-def temp_task() -> Iterator[Any]:
-    """Register throw-away tasks on the test app; unregister them afterwards."""
-    made: list[str] = []
-
-    def make(fn: Any, **options: Any) -> Any:
-        name = f"tests.temp.{fn.__name__}.{uuid.uuid4().hex[:6]}"
-        made.append(name)
-        return app.task(base=GroussetTask, bind=True, name=name, **options)(fn)
-
-    yield make
-    for name in made:
-        app.tasks.pop(name, None)
-
-
 def ledger(alias: str, key: str) -> int:
     return Effect.objects.using(alias).filter(key=key).count()
 
