@@ -76,12 +76,17 @@ def protect(
     max_takeovers: int | None = None,
     database: str | None = None,
     serializer: str = "json",
+    validate_payload: bool | None = None,
     **kwargs: Any,
 ) -> T:
     """Run ``fn(*args, **kwargs)`` at most once for ``key``; return its (memoized) value.
 
     ``processor_id`` defaults to ``GROUSSET["PROCESSOR_ID"]`` or ``"default"``.
     ``max_processing_time`` is required (here or in ``GROUSSET``).
+    ``args``/``kwargs`` given to ``fn`` through ``protect()`` are hashed beside the key:
+    a later call of the same key with other arguments raises
+    :class:`~celery_grousset.exceptions.PayloadMismatch` (``validate_payload=False``
+    turns that off). A closure's captured values are not seen: pass the arguments.
     """
     if not isinstance(key, str) or not key:
         raise FingerprintError(
@@ -104,6 +109,7 @@ def protect(
             "max_result_bytes": max_result_bytes,
             "max_takeovers": max_takeovers,
             "database": database,
+            "validate_payload": validate_payload,
         },
         default_processor="default",
     )
@@ -111,6 +117,8 @@ def protect(
         name=PROTECT_NAME,
         task_id="",
         idempotency_key=key,
+        args=args,
+        kwargs=kwargs,
         serializer=serializer,
         args_repr=clean_text(f"key={key!r}", 1024),
     )

@@ -236,3 +236,39 @@ def test_validate_payload_must_be_a_bool(make_task: Any) -> None:
         GroussetSettingsError, match="VALIDATE_PAYLOAD"
     ):
         make_task().grousset_options()
+
+
+# -- protect(): the arguments it passes to fn are the payload -----------------------------
+
+
+def test_protect_refuses_the_same_key_with_other_arguments(journal: str) -> None:
+    from celery_grousset import protect
+
+    key = f"refund-{uuid.uuid4().hex[:8]}"
+    ran: list[Any] = []
+
+    def refund(order_id: int, amount: str) -> str:
+        ran.append(amount)
+        return f"refunded {amount}"
+
+    # Given a protect() call that ran for amount 10
+    assert protect(key, refund, 42, amount="10", max_processing_time=30) == "refunded 10"
+    # When the key comes with amount 20 / Then PayloadMismatch, and nothing ran
+    with pytest.raises(PayloadMismatch, match="other arguments"):
+        protect(key, refund, 42, amount="20", max_processing_time=30)
+    # The same arguments still get the memo; validation off gets it whatever they are
+    assert protect(key, refund, 42, amount="10", max_processing_time=30) == "refunded 10"
+    assert protect(key, refund, 42, amount="20", max_processing_time=30,
+                   validate_payload=False) == "refunded 10"  # fmt: skip
+    assert ran == ["10"]
+
+
+def test_protect_without_arguments_stores_no_payload_hash(journal: str) -> None:
+    from celery_grousset import protect
+
+    key = f"import-{uuid.uuid4().hex[:8]}"
+    assert protect(key, lambda: 1, max_processing_time=30) == 1
+    # A closure's values are invisible: nothing to compare, the memo as before
+    rec = Outcome.objects.using(journal).get(task_name="protect", args_repr=f"key={key!r}")
+    assert rec.payload_hash == ""
+    assert protect(key, lambda: 2, max_processing_time=30) == 1
