@@ -196,6 +196,12 @@ RULES: tuple[tuple[tuple[Condition, ...], Kind], ...] = (
 )
 
 
+def payload_differs(stored: str, given: str) -> bool:
+    """Whether a keyed call's payload hash refuses the record's: both known and
+    different ('' is unknown: a plain call, validation off, an older record)."""
+    return bool(stored) and bool(given) and stored != given
+
+
 def decide(prev: Prev | None, now: datetime, req: ClaimRequest) -> Kind:
     """The decision for ``req`` on the row ``prev``; ``now`` is the database clock."""
     if prev is None:

@@ -31,19 +31,22 @@ def _log(level: int, event: str, req: ClaimRequest, **extra: Any) -> None:
     an attribute ``record.grousset_<field>``. Nothing is built unless ``level`` is
     enabled (duplicates are a hot path)."""
     if logger.isEnabledFor(level):
-        values = {
+        _emit(level, event, {
             "fingerprint": req.fingerprint,
             "task": req.task_name,
             "task_id": req.task_id,
             "processor": req.processor_id,
             **extra,
-        }
-        values = {k: v for k, v in values.items() if v is not None}
-        fields = " ".join(f"{k}={v}" for k, v in values.items())
-        record_extra = {f"grousset_{k}": v for k, v in values.items()}
-        record_extra["grousset_event"] = event
-        record_extra["grousset"] = {"event": event, **values}
-        logger.log(level, "%s %s", event, fields, extra=record_extra)
+        })  # fmt: skip
+
+
+def _emit(level: int, event: str, values: dict[str, Any]) -> None:
+    values = {k: v for k, v in values.items() if v is not None}
+    fields = " ".join(f"{k}={v}" for k, v in values.items())
+    record_extra = {f"grousset_{k}": v for k, v in values.items()}
+    record_extra["grousset_event"] = event
+    record_extra["grousset"] = {"event": event, **values}
+    logger.log(level, "%s %s", event, fields, extra=record_extra)
 
 
 def claimed(req: ClaimRequest, res: ClaimResult, seconds: float) -> None:
@@ -170,3 +173,18 @@ def payload_mismatch(req: ClaimRequest, res: ClaimResult) -> None:
         stored_payload=res.payload_hash[:16],
         given_payload=req.payload_hash[:16],
     )
+
+
+def publish_payload_mismatch(
+    task_name: str, processor_id: str, fingerprint: str, stored: str, given: str
+) -> None:
+    """``publish_unique`` met a keyed call with other arguments than its record's (or an
+    earlier call's in the batch): published, not skipped, for the worker to refuse."""
+    if logger.isEnabledFor(logging.WARNING):
+        _emit(logging.WARNING, "grousset.publish_payload_mismatch", {
+            "fingerprint": fingerprint,
+            "task": task_name,
+            "processor": processor_id,
+            "stored_payload": stored[:16],
+            "given_payload": given[:16],
+        })  # fmt: skip

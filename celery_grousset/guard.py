@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
 from celery_grousset import events, memo
-from celery_grousset.claim import ClaimRequest, Kind
+from celery_grousset.claim import ClaimRequest, Kind, payload_differs
 from celery_grousset.completion import fail, run_owned
 from celery_grousset.conf import grousset_settings
 from celery_grousset.exceptions import (
@@ -167,7 +167,7 @@ def check_payload(req: ClaimRequest, res: ClaimResult) -> None:
     """Raise :class:`PayloadMismatch` when the record of this key was claimed by a call
     with other arguments (both hashes known and different): its answer is not this
     call's. Logged as ``grousset.payload_mismatch``."""
-    if not req.payload_hash or not res.payload_hash or req.payload_hash == res.payload_hash:
+    if not payload_differs(res.payload_hash, req.payload_hash):
         return
     events.payload_mismatch(req, res)
     raise PayloadMismatch(
@@ -184,8 +184,15 @@ def check_payload(req: ClaimRequest, res: ClaimResult) -> None:
 
 
 def fingerprint_of(call: Call) -> str:
-    """The call's fingerprint alone (publish-time checks, ``publish_unique``)."""
+    """The call's fingerprint alone (publish-time checks)."""
     return _fingerprint(call)[0]
+
+
+def fingerprint_and_payload(call: Call, payload: bool) -> tuple[str, str]:
+    """The call's fingerprint and (``payload``: validation on) its payload hash
+    (``publish_unique``)."""
+    fp, bound = _fingerprint(call)
+    return fp, _payload_hash(call, bound) if payload else ""
 
 
 def _fingerprint(call: Call) -> tuple[str, dict[str, object] | None]:

@@ -61,6 +61,18 @@ class _ProtectCaller:
         return self.body()
 
 
+def _check(key: object, on_in_flight: str) -> None:
+    if not isinstance(key, str) or not key:
+        raise FingerprintError(
+            f"protect() needs a non-empty str key, got {key!r}: build one from what "
+            "identifies the operation, e.g. f'import:{day}'."
+        )
+    if on_in_flight not in ("wait", "raise"):
+        raise InvalidArgument(
+            f"protect(on_in_flight=…) must be 'wait' or 'raise', got {on_in_flight!r}"
+        )
+
+
 def protect(
     key: str,
     fn: Callable[..., T],
@@ -88,15 +100,7 @@ def protect(
     :class:`~celery_grousset.exceptions.PayloadMismatch` (``validate_payload=False``
     turns that off). A closure's captured values are not seen: pass the arguments.
     """
-    if not isinstance(key, str) or not key:
-        raise FingerprintError(
-            f"protect() needs a non-empty str key, got {key!r}: build one from what "
-            "identifies the operation, e.g. f'import:{day}'."
-        )
-    if on_in_flight not in ("wait", "raise"):
-        raise InvalidArgument(
-            f"protect(on_in_flight=…) must be 'wait' or 'raise', got {on_in_flight!r}"
-        )
+    _check(key, on_in_flight)
     opts = Options.resolve(
         "protect()",
         {

@@ -11,6 +11,9 @@ never the guarantee — the consumer-side claim still runs for every delivery:
    ``window`` distinct calls after its first occurrence is caught by layer 2 only
    if the first copy was claimed by a worker in the meantime; otherwise it is
    published and the consumer's claim absorbs it.
+   A keyed call whose payload hash (docs/configuration.md) differs from the one seen
+   first for its key is published, not skipped (``payload_mismatches``): the worker's
+   claim refuses it with ``PayloadMismatch``, so it is never dropped silently.
 2. **Against the journal**: ONE indexed query per chunk asks which of the chunk's
    fingerprints the journal holds for the task's processor
    (``fingerprint = ANY(%s)`` on PostgreSQL, ``IN (…)`` elsewhere, on the Django
@@ -18,7 +21,8 @@ never the guarantee — the consumer-side claim still runs for every delivery:
    failures still inside their retention window (``skipped_completed``) and fresh
    in-flight claims (``skipped_in_flight``: started less than
    ``max_processing_time`` ago, database clock). Expired rows, released failures
-   and stale claims are published: their next delivery claims them again.
+   and stale claims are published: their next delivery claims them again. So is a
+   keyed call whose payload hash differs from its record's (``payload_mismatches``).
 
 Everything else is published with ``task.apply_async`` in input order.
 """
@@ -32,8 +36,10 @@ from datetime import datetime
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from celery_grousset.claim import ClaimRequest, Kind, Prev, decide
+from celery_grousset.claim import ClaimRequest, Kind, Prev, decide, payload_differs
+from celery_grousset.events import publish_payload_mismatch
 from celery_grousset.exceptions import InvalidArgument
+from celery_grousset.guard import fingerprint_and_payload
 
 if TYPE_CHECKING:
     from celery_grousset.task import GroussetTaskMixin
@@ -53,6 +59,9 @@ class PublishReport:
     skipped_in_batch: int = 0
     skipped_completed: int = 0
     skipped_in_flight: int = 0
+    #: keyed calls published although their key was known, because their arguments differ
+    #: from the record's or an earlier call's (the worker refuses them: PayloadMismatch)
+    payload_mismatches: int = 0
     #: journal queries issued (at most one per chunk)
     queries: int = 0
     #: chunks read from ``calls``
@@ -83,30 +92,35 @@ class Call:
     kwargs: dict[str, Any]
     key: str | None
     fingerprint: str
+    payload: str = ""  #: payload hash of a keyed call ('' otherwise, or validation off)
 
 
 class _Window:
-    """The last ``size`` distinct fingerprints seen (FIFO; ``size`` 0: only the chunk)."""
+    """The last ``size`` distinct fingerprints seen, with their payload hashes (FIFO;
+    ``size`` 0: only the chunk)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._order: deque[str] = deque()
-        self._seen: set[str] = set()
+        self._seen: dict[str, str] = {}
 
     def __contains__(self, fp: str) -> bool:
         return fp in self._seen
 
-    def add(self, fp: str) -> None:
-        self._seen.add(fp)
+    def payload(self, fp: str) -> str:
+        return self._seen[fp]
+
+    def add(self, fp: str, payload: str = "") -> None:
+        self._seen[fp] = payload
         self._order.append(fp)
         while len(self._order) > self.size:
-            self._seen.discard(self._order.popleft())
+            self._seen.pop(self._order.popleft(), None)
 
     def __len__(self) -> int:
         return len(self._seen)
 
 
-def as_call(task: GroussetTaskMixin, item: Any) -> Call:
+def as_call(task: GroussetTaskMixin, item: Any, validate_payload: bool = True) -> Call:
     """``"key"`` → ``((key,), {}, key)``; ``(args, kwargs)`` or ``(args, kwargs, key)``."""
     if isinstance(item, str):
         args: tuple[Any, ...] = (item,)
@@ -120,7 +134,8 @@ def as_call(task: GroussetTaskMixin, item: Any) -> Call:
             f"{task.name}.publish_unique: each call is (args, kwargs), (args, kwargs, "
             f"idempotency_key) or an idempotency key (str), got {type(item).__name__}"
         )
-    return Call(args, kwargs, key, task.grousset_fingerprint(args, kwargs, key))
+    fp, payload = fingerprint_and_payload(task.grousset_call(args, kwargs, key), validate_payload)
+    return Call(args, kwargs, key, fp, payload)
 
 
 def classify(prev: Prev, now: datetime, max_takeovers: int) -> str | None:
@@ -140,18 +155,18 @@ def classify(prev: Prev, now: datetime, max_takeovers: int) -> str | None:
 
 def journal_lookup(
     alias: str, processor_id: str, fingerprints: Sequence[str], max_takeovers: int
-) -> dict[str, str]:
-    """ONE query: ``{fingerprint: COMPLETED | IN_FLIGHT}`` for the rows that need no message."""
+) -> dict[str, tuple[str, str]]:
+    """ONE query: ``{fingerprint: (COMPLETED | IN_FLIGHT, payload hash)}`` for the rows
+    that need no message."""
     from celery_grousset.store import get_store
 
-    found: dict[str, str] = {}
-    for fp, status, encoding, stale_at, expires_on, takeovers, now in get_store(alias).lookup(
-        processor_id, fingerprints
-    ):
+    found: dict[str, tuple[str, str]] = {}
+    rows = get_store(alias).lookup(processor_id, fingerprints)
+    for fp, status, encoding, stale_at, expires_on, takeovers, payload, now in rows:
         prev = Prev(status, _aware(stale_at), _aware(expires_on), encoding, takeovers, "held")
         reason = classify(prev, _aware(now), max_takeovers)
         if reason is not None:
-            found[fp] = reason
+            found[fp] = (reason, payload)
     return found
 
 
@@ -184,36 +199,46 @@ def plan(
     seen = _Window(window)
     for raw in _chunks(calls, chunk_size):
         report.chunks += 1
-        chunk_seen: set[str] = set()
+        chunk_seen: dict[str, str] = {}
         fresh: list[Call] = []
-        for item in raw:
-            call = as_call(task, item)  # layer 1: this chunk, then the window
-            if call.fingerprint in chunk_seen or call.fingerprint in seen:
-                report.skipped_in_batch += 1
-                continue
-            chunk_seen.add(call.fingerprint)
-            fresh.append(call)
-        del raw, chunk_seen
-        if not fresh:
-            continue
-        report.queries += 1  # layer 2: one query for the whole chunk
-        known = journal_lookup(
-            opts.database,
-            opts.processor_id,
-            [c.fingerprint for c in fresh],
-            opts.max_takeovers,
-        )
         todo: list[Call] = []
-        for call in fresh:
-            seen.add(call.fingerprint)
-            reason = known.get(call.fingerprint)
-            if reason == COMPLETED:
-                report.skipped_completed += 1
-            elif reason == IN_FLIGHT:
-                report.skipped_in_flight += 1
-            else:
+        for item in raw:
+            call = as_call(task, item, opts.validate_payload)  # layer 1: chunk, then window
+            fp = call.fingerprint
+            first = chunk_seen[fp] if fp in chunk_seen else seen.payload(fp) if fp in seen else None
+            if first is None:
+                chunk_seen[fp] = call.payload
+                fresh.append(call)
+            elif payload_differs(first, call.payload):
+                _mismatch(task.name, opts.processor_id, call, first, report)
                 todo.append(call)
-        yield todo
+            else:
+                report.skipped_in_batch += 1
+        del raw, chunk_seen
+        if fresh:
+            report.queries += 1  # layer 2: one query for the whole chunk
+            known = journal_lookup(
+                opts.database, opts.processor_id, [c.fingerprint for c in fresh], opts.max_takeovers
+            )
+            for call in fresh:
+                seen.add(call.fingerprint, call.payload)
+                reason, stored = known.get(call.fingerprint, (None, ""))
+                if reason is not None and payload_differs(stored, call.payload):
+                    _mismatch(task.name, opts.processor_id, call, stored, report)
+                    reason = None
+                if reason == COMPLETED:
+                    report.skipped_completed += 1
+                elif reason == IN_FLIGHT:
+                    report.skipped_in_flight += 1
+                else:
+                    todo.append(call)
+        if todo:
+            yield todo
+
+
+def _mismatch(name: str, processor_id: str, call: Call, stored: str, report: PublishReport) -> None:
+    report.payload_mismatches += 1
+    publish_payload_mismatch(name, processor_id, call.fingerprint, stored, call.payload)
 
 
 def publish_unique(

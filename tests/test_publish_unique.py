@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from django.db import connections
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from celery_grousset import GroussetTask
@@ -130,13 +131,46 @@ def test_each_journal_state_is_skipped_or_published_as_a_claim_would(
 
 def test_idempotency_keys_and_key_triples(alias: str, processor: str, queue: str) -> None:
     task = make_task(alias, processor)
-    # Given calls given as idempotency keys: "a" twice, and a triple with the key "b"
-    calls: list[Any] = ["a", "a", (("x",), {}, "b"), (("y",), {}, "b")]
+    # Given calls given as idempotency keys: "a" twice, and two triples with the key "b"
+    calls: list[Any] = ["a", "a", (("x",), {}, "b"), (("x",), {}, "b")]
     # When they are published
     report = task.publish_unique(calls, queue=queue)
     # Then "a" and the first "b" call go out, with the key as the first argument for "a"
     assert sorted(published_keys(queue)) == ["a", "x"]
     assert (report.published, report.skipped_in_batch) == (2, 2)
+
+
+def test_a_key_reused_with_other_arguments_is_published_not_dropped(
+    alias: str, processor: str, queue: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    task = make_task(alias, processor)
+    # Given the key "b" used with "x" twice and with "y" in one batch
+    calls: list[Any] = [(("x",), {}, "b"), (("x",), {}, "b"), (("y",), {}, "b")]
+    with caplog.at_level("WARNING", logger="celery_grousset"):
+        report = task.publish_unique(calls, queue=queue)
+    # Then the copy of "x" is skipped, but "y" goes out for the worker to refuse
+    # (PayloadMismatch), counted and logged, never dropped silently
+    assert sorted(published_keys(queue)) == ["x", "y"]
+    assert (report.published, report.skipped_in_batch, report.payload_mismatches) == (2, 1, 1)
+    assert "grousset.publish_payload_mismatch" in caplog.text
+
+
+def test_a_key_whose_record_has_other_arguments_is_published(
+    alias: str, processor: str, queue: str
+) -> None:
+    task = make_task(alias, processor)
+    # Given the key "b" completed for "x"
+    assert task.apply(("x",), headers={"grousset_key": "b"}).get() == "x"
+    # When "x" and "y" are published under it / Then "x" is skipped, "y" goes out
+    report = task.publish_unique([(("x",), {}, "b")], queue=queue)
+    assert (report.published, report.skipped_completed) == (0, 1)
+    report = task.publish_unique([(("y",), {}, "b")], queue=queue)
+    assert (report.published, report.skipped_completed, report.payload_mismatches) == (1, 0, 1)
+    assert published_keys(queue) == ["y"]
+    # With validation off the key alone decides, as before
+    with override_settings(GROUSSET={"VALIDATE_PAYLOAD": False}):
+        report = task.publish_unique([(("z",), {}, "b")], queue=queue)
+    assert (report.published, report.skipped_completed, report.payload_mismatches) == (0, 1, 0)
 
 
 def test_window_bounds_layer_one_across_chunks(alias: str, processor: str) -> None:

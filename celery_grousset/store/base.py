@@ -284,7 +284,8 @@ class Store(abc.ABC):
         return connections[self.alias].ops.adapt_datetimefield_value(value)
 
     def lookup(self, processor_id: str, fingerprints: Sequence[str]) -> list[tuple[Any, ...]]:
-        """``(fingerprint, status, result_encoding, stale_at, expires_on, takeovers, now)``
+        """``(fingerprint, status, result_encoding, stale_at, expires_on, takeovers,
+        payload_hash, now)``
         of the rows of these keys, in ONE query (``publish_unique``)."""
         from celery_grousset.models import Outcome
 
@@ -318,4 +319,7 @@ class Store(abc.ABC):
         return queryset.select_for_update(skip_locked=skip)
 
 
-LOOKUP_COLUMNS = ("fingerprint", "status", "result_encoding", "stale_at", "expires_on", "takeovers")
+LOOKUP_COLUMNS = (
+    "fingerprint", "status", "result_encoding", "stale_at", "expires_on", "takeovers",
+    "payload_hash",
+)  # fmt: skip

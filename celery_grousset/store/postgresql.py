@@ -147,7 +147,7 @@ WHERE {KEY.format(t='')} AND status = 'in_flight'
 # publish_unique's one query for a chunk of keys (through the unique key, as above).
 LOOKUP_SQL = (
     "SELECT fingerprint, status, result_encoding, stale_at, expires_on, takeovers, "
-    "clock_timestamp() FROM celery_grousset_outcome "
+    "payload_hash, clock_timestamp() FROM celery_grousset_outcome "
     "WHERE fingerprint = ANY(%s) AND processor_id || '' = %s"
 )
 
