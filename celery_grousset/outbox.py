@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, connections, transaction
 
 from celery_grousset.exceptions import InvalidArgument
+from celery_grousset.memo import error_summary
 from celery_grousset.models import OutboxMessage, OutboxStatus
 
 if TYPE_CHECKING:
@@ -47,7 +48,6 @@ DEFAULT_MAX_ATTEMPTS = 10
 DEFAULT_BACKOFF = 2.0
 DEFAULT_BACKOFF_MAX = 600.0
 DEFAULT_INTERVAL = 1.0
-MAX_ERROR = 2000
 #: options that cannot outlive this process
 _REFUSED = ("producer", "connection", "publisher", "router")
 
@@ -253,7 +253,7 @@ class Relay:
 
     def _failed(self, row: OutboxMessage, exc: BaseException, stats: RelayStats) -> None:
         attempts = row.attempts + 1
-        error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR]
+        error = error_summary(exc)  # redacted (a DSN's password, a token), never raises
         rows = OutboxMessage.objects.using(self.alias).filter(pk=row.pk)
         if attempts >= self.max_attempts:
             rows.update(status=OutboxStatus.DEAD, attempts=attempts, last_error=error)

@@ -413,3 +413,25 @@ def test_two_relays_one_sigkilled_mid_batch(queue: str, tmp_path: Path) -> None:
     doubled = journal.filter(deliveries__gte=2).count()
     assert 1 <= doubled <= 50, doubled
     assert journal.count() == N and journal.aggregate(m=Max("fence"))["m"] == 1
+
+
+def test_a_publish_error_is_stored_redacted(
+    alias: str, queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.tasks import effect
+
+    # Given a pending message and a publish that fails with secrets in its text
+    with transaction.atomic(using=alias):
+        msg = outbox.enqueue(effect, ("x",), using=alias, queue=queue)
+
+    def failing(app: Any, row: Any) -> None:
+        raise ConnectionError("amqp://relay:hunter2@mq.internal// refused; token=Bearer abc.def")
+
+    monkeypatch.setattr(outbox, "publish", failing)
+    # When the relay tries it
+    relay(alias, max_attempts=5, backoff=60)
+    msg.refresh_from_db(using=alias)
+    # Then last_error says what failed, without the password or the token
+    assert msg.attempts == 1 and "ConnectionError" in msg.last_error
+    assert "hunter2" not in msg.last_error and "abc.def" not in msg.last_error
+    OutboxMessage.objects.using(alias).filter(pk=msg.pk).delete()
