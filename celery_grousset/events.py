@@ -31,7 +31,7 @@ def _log(level: int, event: str, req: ClaimRequest, **extra: Any) -> None:
     an attribute ``record.grousset_<field>``. Nothing is built unless ``level`` is
     enabled (duplicates are a hot path)."""
     if logger.isEnabledFor(level):
-        _emit(level, event, {
+        emit(level, event, {
             "fingerprint": req.fingerprint,
             "task": req.task_name,
             "task_id": req.task_id,
@@ -40,9 +40,13 @@ def _log(level: int, event: str, req: ClaimRequest, **extra: Any) -> None:
         })  # fmt: skip
 
 
-def _emit(level: int, event: str, values: dict[str, Any]) -> None:
+def emit(level: int, event: str, values: dict[str, Any], note: str | None = None) -> None:
+    """The one shape of the package's log lines: ``event key=value … [note=…]``, the
+    fields also on the record (``record.grousset``, ``record.grousset_<field>``)."""
     values = {k: v for k, v in values.items() if v is not None}
     fields = " ".join(f"{k}={v}" for k, v in values.items())
+    if note is not None:
+        fields += f" note={note}"
     record_extra = {f"grousset_{k}": v for k, v in values.items()}
     record_extra["grousset_event"] = event
     record_extra["grousset"] = {"event": event, **values}
@@ -181,7 +185,7 @@ def publish_payload_mismatch(
     """``publish_unique`` met a keyed call with other arguments than its record's (or an
     earlier call's in the batch): published, not skipped, for the worker to refuse."""
     if logger.isEnabledFor(logging.WARNING):
-        _emit(logging.WARNING, "grousset.publish_payload_mismatch", {
+        emit(logging.WARNING, "grousset.publish_payload_mismatch", {
             "fingerprint": fingerprint,
             "task": task_name,
             "processor": processor_id,

@@ -37,6 +37,7 @@ from django.db import DatabaseError, connections, transaction
 from celery_grousset.exceptions import InvalidArgument
 from celery_grousset.memo import error_summary
 from celery_grousset.models import OutboxMessage, OutboxStatus
+from celery_grousset.publish_check import deliberate
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -136,9 +137,10 @@ def publish(app: Any, row: OutboxMessage) -> Any:
     key = options.pop("idempotency_key", None) or default_key(row)
     task = app.tasks.get(row.task_name)
     if isinstance(task, GroussetTaskMixin):
-        return task.apply_async(
-            row.args, row.kwargs, task_id=row.task_id, idempotency_key=key, **options
-        )
+        with deliberate():  # inside the relay's batch transaction, on purpose
+            return task.apply_async(
+                row.args, row.kwargs, task_id=row.task_id, idempotency_key=key, **options
+            )
     headers = {**(options.pop("headers", None) or {}), KEY_HEADER: key, REPR_HEADER: 1}
     options.setdefault("argsrepr", f"(outbox:{row.id})")
     options.setdefault("kwargsrepr", "{}")

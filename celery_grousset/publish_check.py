@@ -10,21 +10,34 @@ of a call the caller meant to make only once its writes were visible, often ``fa
 Not warned about: eager mode (the task runs here, inside the transaction), Celery's own
 re-publishing of a running delivery (``retry()``, the guard's requeue: they pass
 ``retries``), the transactional outbox's relay (it publishes rows committed long before,
-inside its batch transaction), and the atomic blocks Django's ``TestCase`` wraps each test
+inside its batch transaction, within :func:`deliberate`), and the atomic blocks Django's ``TestCase`` wraps each test
 in.
 """
 
 from __future__ import annotations
 
 import logging
-from types import FrameType
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
-logger = logging.getLogger("celery_grousset")
+from celery_grousset.events import emit
 
 EVENT = "grousset.published_in_transaction"
-#: modules that publish inside a transaction on purpose
-DELIBERATE = frozenset({"celery_grousset.outbox"})
+#: set while a publisher that publishes inside a transaction on purpose runs (the relay)
+_DELIBERATE: ContextVar[bool] = ContextVar("grousset_deliberate_publish", default=False)
+
+
+@contextmanager
+def deliberate() -> Iterator[None]:
+    """Publishes inside this block are deliberate (the outbox relay publishes rows that
+    were committed long before, inside its batch transaction): no warning."""
+    token = _DELIBERATE.set(True)
+    try:
+        yield
+    finally:
+        _DELIBERATE.reset(token)
 
 
 def open_transaction() -> str | None:
@@ -38,22 +51,20 @@ def open_transaction() -> str | None:
     return None
 
 
-def in_transaction(task: Any, options: dict[str, Any], caller: FrameType | None) -> None:
-    """Warn when ``task`` is published (``options`` of ``apply_async``, by the code of the
-    frame ``caller``) inside an open transaction; see the module's docstring."""
+def in_transaction(task: Any, options: dict[str, Any]) -> None:
+    """Warn when ``task`` is published (``options`` of ``apply_async``) inside an open
+    transaction; see the module's docstring."""
     alias = open_transaction()
-    if alias is None or "retries" in options:
-        return
-    if caller is not None and caller.f_globals.get("__name__") in DELIBERATE:
+    if alias is None or "retries" in options or _DELIBERATE.get():
         return
     if task.app.conf.task_always_eager:
         return
-    fields = {"task": task.name, "database": alias}
-    logger.warning(
-        "%s task=%s database=%s note=published inside an open transaction.atomic(): a worker "
-        "may run it before the commit, without the transaction's writes. Publish it after "
-        "the commit: %s.delay_on_commit(...) (or apply_async_on_commit, transaction.on_commit)",
-        EVENT, task.name, alias, task.name,
-        extra={"grousset": {"event": EVENT, **fields}, "grousset_event": EVENT,
-               **{f"grousset_{k}": v for k, v in fields.items()}},
-    )  # fmt: skip
+    fix = (
+        f"{task.name}.delay_on_commit(...) (or apply_async_on_commit, transaction.on_commit)"
+        if hasattr(task, "delay_on_commit")  # Celery 5.4+: GroussetTask is a DjangoTask
+        else f"transaction.on_commit(lambda: {task.name}.delay(...))"
+    )
+    emit(logging.WARNING, EVENT, {"task": task.name, "database": alias}, note=(
+        "published inside an open transaction.atomic(): a worker may run it before the "
+        f"commit, without the transaction's writes. Publish it after the commit: {fix}"
+    ))  # fmt: skip

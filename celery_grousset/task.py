@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import inspect
 import random
-import sys
 import uuid
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
@@ -206,7 +205,7 @@ class GroussetTaskMixin:
         else:
             text = guard.redacted(call.args, call.kwargs, None)
         options["argsrepr"], options["kwargsrepr"] = f"({text})", "{}"
-        publish_check.in_transaction(self, options, sys._getframe(1))
+        publish_check.in_transaction(self, options)
         return super().apply_async(args, kwargs, *a, **options)  # type: ignore[misc]
 
     def publish_unique(self, calls: Any, *, chunk_size: int = 1000, **options: Any) -> Any:
