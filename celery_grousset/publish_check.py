@@ -10,8 +10,8 @@ of a call the caller meant to make only once its writes were visible, often ``fa
 Not warned about: eager mode (the task runs here, inside the transaction), Celery's own
 re-publishing of a running delivery (``retry()``, the guard's requeue: they pass
 ``retries``), the transactional outbox's relay (it publishes rows committed long before,
-inside its batch transaction, within :func:`deliberate`), and the atomic blocks Django's ``TestCase`` wraps each test
-in.
+inside its batch transaction, within :func:`deliberate`), and the atomic blocks
+Django's ``TestCase`` wraps each test in.
 """
 
 from __future__ import annotations
