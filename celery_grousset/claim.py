@@ -15,13 +15,20 @@ row found                                      decision         write
 nothing                                        ``NEW``          insert, fence 1
 in flight, the caller's own token (re-sent)    ``RESUMED``      nothing
 in flight, before its ``stale_at``             ``IN_FLIGHT``    count a delivery
+in flight, stale, claimed for other arguments  ``MISMATCH``     count a delivery
 in flight, stale, ``max_takeovers`` reached    ``GAVE_UP``      row -> failed
 in flight, stale                               ``TAKEOVER``     claim (fence + 1)
 ``expires_on`` passed                          ``EXPIRED``      claim, counters reset
+released, claimed for other arguments          ``MISMATCH``     count a delivery
 failed and released (no memo)                  ``RECLAIM``      claim
 completed                                      ``COMPLETED``    count a delivery
 anything else (a memoized failure)             ``FAILED``       count a delivery
 =============================================  ===============  ==========================
+
+"Other arguments" (:data:`OTHER_PAYLOAD`) is :func:`payload_differs` of the row's and
+the caller's payload hashes: a keyed call never takes over or re-claims a record its
+key holds for another payload (it is refused with ``PayloadMismatch``); a fresh claim,
+a completed record and a memoized failure are compared by the guard after the claim.
 
 "Stale" is one rule (:data:`STALE`): the row's own ``stale_at``, written by the claim
 as ``started_at + max_processing_time`` on the database clock. The admin, the
@@ -69,6 +76,7 @@ class Kind(str, enum.Enum):
     IN_FLIGHT = "in_flight"  #: another attempt holds a fresh claim
     FAILED = "failed"  #: a memoized failure (or a record given up): replay it
     GAVE_UP = "gave_up"  #: this claim found the record taken over ``max_takeovers`` times
+    MISMATCH = "payload_mismatch"  #: a stale or released record of other arguments
     BYPASSED = "bypassed"  #: the bypass switch is on: no claim was made
 
     @property
@@ -97,6 +105,7 @@ WRITES: dict[Kind, Write] = {
     Kind.RECLAIM: Write.CLAIM,
     Kind.COMPLETED: Write.COUNT,
     Kind.FAILED: Write.COUNT,
+    Kind.MISMATCH: Write.COUNT,
 }
 _OWNING = frozenset({Write.INSERT, Write.CLAIM, Write.CLAIM_RESET})
 
@@ -111,6 +120,7 @@ _CODES = {
     Kind.RECLAIM: "r",
     Kind.COMPLETED: "c",
     Kind.FAILED: "f",
+    Kind.MISMATCH: "m",
     Kind.BYPASSED: "b",
 }
 _BY_CODE = {code: kind for kind, code in _CODES.items()}
@@ -152,6 +162,13 @@ class Prev:
     result_encoding: str
     takeovers: int
     claim_token: str
+    payload_hash: str = ""
+
+
+def payload_differs(stored: str, given: str) -> bool:
+    """Whether a keyed call's payload hash refuses the record's: both known and
+    different ('' is unknown: a plain call, validation off, an older record)."""
+    return bool(stored) and bool(given) and stored != given
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +197,11 @@ RELEASED = Condition(
     lambda p, now, r: p.status == Status.FAILED and p.result_encoding == ENC_NONE,
     "o.status = 'failed' AND o.result_encoding = ''",
 )
+OTHER_PAYLOAD = Condition(
+    "claimed for other arguments",
+    lambda p, now, r: payload_differs(p.payload_hash, r.payload_hash),
+    "%(ph)s <> '' AND o.payload_hash NOT IN ('', %(ph)s)",
+)
 DONE = Condition("completed", lambda p, now, r: p.status == Status.COMPLETED,
                  "o.status = 'completed'")
 
@@ -187,19 +209,15 @@ DONE = Condition("completed", lambda p, now, r: p.status == Status.COMPLETED,
 RULES: tuple[tuple[tuple[Condition, ...], Kind], ...] = (
     ((HELD, OWN), Kind.RESUMED),
     ((HELD, FRESH), Kind.IN_FLIGHT),
+    ((HELD, OTHER_PAYLOAD), Kind.MISMATCH),
     ((HELD, EXHAUSTED), Kind.GAVE_UP),
     ((HELD,), Kind.TAKEOVER),
     ((EXPIRED,), Kind.EXPIRED),
+    ((RELEASED, OTHER_PAYLOAD), Kind.MISMATCH),
     ((RELEASED,), Kind.RECLAIM),
     ((DONE,), Kind.COMPLETED),
     ((), Kind.FAILED),
 )
-
-
-def payload_differs(stored: str, given: str) -> bool:
-    """Whether a keyed call's payload hash refuses the record's: both known and
-    different ('' is unknown: a plain call, validation off, an older record)."""
-    return bool(stored) and bool(given) and stored != given
 
 
 def decide(prev: Prev | None, now: datetime, req: ClaimRequest) -> Kind:

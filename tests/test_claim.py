@@ -27,7 +27,9 @@ LATER, EARLIER = NOW + timedelta(seconds=30), NOW - timedelta(seconds=30)
 REQ = ClaimRequest(
     processor_id="p", fingerprint="f" * 64, task_name="t", task_id="id", token="mine",
     worker="w", args_repr="", max_processing_time=60.0, expires_after=3600.0, max_takeovers=3,
+    payload_hash="a" * 64,
 )  # fmt: skip
+OTHER = "b" * 64  #: the payload hash of another call of the same key
 
 
 def prev(**over: Any) -> Prev:
@@ -59,6 +61,18 @@ CASES: list[tuple[str, Prev, Kind]] = [
     ("given up", prev(status="failed", result_encoding=ENC_GAVE_UP), Kind.FAILED),
     ("given up, expired", prev(status="failed", result_encoding=ENC_GAVE_UP,
                                expires_on=EARLIER), Kind.EXPIRED),
+    # the same key, claimed for other arguments (a keyed call: payload validation)
+    ("stale claim, other payload", prev(stale_at=EARLIER, payload_hash=OTHER), Kind.MISMATCH),
+    ("stale, other payload, max_takeovers reached",
+     prev(stale_at=EARLIER, takeovers=3, payload_hash=OTHER), Kind.MISMATCH),
+    ("stale claim, same payload", prev(stale_at=EARLIER, payload_hash="a" * 64), Kind.TAKEOVER),
+    ("fresh claim, other payload", prev(payload_hash=OTHER), Kind.IN_FLIGHT),
+    ("released failure, other payload", prev(status="failed", payload_hash=OTHER),
+     Kind.MISMATCH),
+    ("released failure, other payload, expired",
+     prev(status="failed", payload_hash=OTHER, expires_on=EARLIER), Kind.EXPIRED),
+    ("completed, other payload", prev(status="completed", result_encoding="application/json",
+                                      payload_hash=OTHER), Kind.COMPLETED),
 ]  # fmt: skip
 
 
@@ -96,14 +110,15 @@ def test_sql_form_decides_every_row_as_the_python_form(pg_cursor: Any) -> None:
         "SELECT " + decision_sql("%(now)s::timestamptz") + " FROM (SELECT %(status)s::text "
         "AS status, %(tok_row)s::text AS claim_token, %(stale_at)s::timestamptz AS stale_at, "
         "%(expires_on)s::timestamptz AS expires_on, %(enc)s::text AS result_encoding, "
-        "%(takeovers)s::int AS takeovers) AS o"
+        "%(takeovers)s::int AS takeovers, %(row_ph)s::text AS payload_hash) AS o"
     )
     for case, row, kind in CASES:
         params = {
             "now": NOW, "status": row.status, "tok_row": row.claim_token,
             "stale_at": row.stale_at, "expires_on": row.expires_on,
             "enc": row.result_encoding, "takeovers": row.takeovers,
-            "tok": REQ.token, "maxt": REQ.max_takeovers,
+            "tok": REQ.token, "maxt": REQ.max_takeovers, "row_ph": row.payload_hash,
+            "ph": REQ.payload_hash,
         }  # fmt: skip
         pg_cursor.execute(sql, params)
         (code,) = pg_cursor.fetchone()

@@ -191,21 +191,49 @@ def test_a_memoized_failure_of_another_payload_is_refused(journal: str, make_tas
     assert effects(journal, pay, 20) == 0
 
 
-def test_a_takeover_writes_its_own_payload_hash(journal: str, make_task: Any) -> None:
+def test_a_stale_claim_of_another_payload_is_not_taken_over(
+    journal: str, make_task: Any
+) -> None:
     pay = make_task()
     fp = pay.grousset_fingerprint((), {"order_id": 42, "amount": 10}, KEY)
-    # Given a dead attempt's stale claim with another payload
-    get_store(journal).claim(claim_request(pay, fp, "f" * 64))
+    store = get_store(journal)
+    # Given a dead attempt's stale claim of the key, for other arguments
+    store.claim(claim_request(pay, fp, "f" * 64))
     Outcome.objects.using(journal).filter(fingerprint=fp).update(
         started_at=F("started_at") - timedelta(seconds=31),
         stale_at=F("stale_at") - timedelta(seconds=31),
     )
-    # When this call takes it over / Then it runs, and the record carries its payload
+    # When this call finds it / Then it is refused, does not run, and takes nothing over
+    with pytest.raises(PayloadMismatch):
+        keyed(pay, 10).get()
+    rec = row(journal, pay)
+    assert (rec.status, rec.takeovers, rec.payload_hash) == ("in_flight", 0, "f" * 64)
+    assert effects(journal, pay, 10) == 0
+    # A call of the record's own arguments takes it over, and writes its own hash
+    Outcome.objects.using(journal).filter(fingerprint=fp).update(payload_hash="")
     assert keyed(pay, 10).get() == "paid 10 for 42"
     rec = row(journal, pay)
     assert rec.takeovers == 1 and rec.payload_hash not in ("", "f" * 64)
+
+
+def test_a_released_failure_of_another_payload_is_not_reclaimed(
+    journal: str, make_task: Any
+) -> None:
+    pay = make_task()
+    fp = pay.grousset_fingerprint((), {"order_id": 42, "amount": 10}, KEY)
+    # Given the key's attempt for other arguments failed and released its claim
+    req = claim_request(pay, fp, "f" * 64)
+    store = get_store(journal)
+    store.claim(req)
+    assert store.release(req.processor_id, fp, req.token)
+    assert row(journal, pay).status == "failed"
+    # When the key comes with amount 10 / Then refused, and it did not run
     with pytest.raises(PayloadMismatch):
-        keyed(pay, 20).get()
+        keyed(pay, 10).get()
+    assert effects(journal, pay, 10) == 0
+    # The record's own arguments may retry (here: a record without a hash)
+    Outcome.objects.using(journal).filter(fingerprint=fp).update(payload_hash="")
+    assert keyed(pay, 10).get() == "paid 10 for 42"
 
 
 def test_a_record_without_payload_hash_is_not_validated(journal: str, make_task: Any) -> None:

@@ -325,27 +325,31 @@ def test_claim_returns_the_rows_payload_hash(
     assert row(alias, processor, fp).payload_hash == A
 
 
-def test_a_claim_that_takes_the_row_replaces_its_payload_hash(
+def test_a_claim_of_other_arguments_never_takes_the_row_until_it_expires(
     store: Store, alias: str, processor: str, fp: str
 ) -> None:
-    # Given a stale claim with payload A / When it is taken over with B
+    # Given a stale claim with payload A / When B finds it / Then refused, nothing taken
     store.claim(req(processor, fp, payload_hash=A))
     age(alias, processor, fp, 61)
-    taker = req(processor, fp, payload_hash=B)
-    res = store.claim(taker)
-    assert res.kind is Kind.TAKEOVER and res.payload_hash == B
-    assert row(alias, processor, fp).payload_hash == B
-    # And a released failure reclaimed with C
+    res = store.claim(req(processor, fp, payload_hash=B))
+    assert res.kind is Kind.MISMATCH and not res.owned and res.payload_hash == A
+    assert (row(alias, processor, fp).payload_hash, row(alias, processor, fp).takeovers) == (A, 0)
+    # When A comes again / Then it takes the claim over
+    taker = req(processor, fp, payload_hash=A)
+    assert store.claim(taker).kind is Kind.TAKEOVER
+    # And a released failure: refused to C, reclaimed by A
     assert store.finish(processor, fp, taker.token, Completion("failed", None, "", "E: x"))
-    again = req(processor, fp, payload_hash=C)
+    assert store.claim(req(processor, fp, payload_hash=C)).kind is Kind.MISMATCH
+    again = req(processor, fp, payload_hash=A)
     res = store.claim(again)
-    assert res.kind is Kind.RECLAIM and res.payload_hash == C
-    # And an expired record claimed anew with D (or with none: '' is written)
+    assert res.kind is Kind.RECLAIM and res.payload_hash == A
+    # And an expired record is claimed anew by D, whose hash it then carries
     assert store.finish(processor, fp, again.token, completed())
     age(alias, processor, fp, 3601, "expires_on")
     res = store.claim(req(processor, fp, payload_hash=D))
     assert res.kind is Kind.EXPIRED and res.payload_hash == D
     assert row(alias, processor, fp).payload_hash == D
+    # A claim without a hash (validation off) compares nothing, and writes ''
     age(alias, processor, fp, 61)
     res = store.claim(req(processor, fp))
     assert res.kind is Kind.TAKEOVER and res.payload_hash == ""
@@ -358,7 +362,10 @@ def test_a_give_up_keeps_the_rows_payload_hash(
     # Given a claim with payload A taken over until max_takeovers (0) is reached
     store.claim(req(processor, fp, payload_hash=A, max_takeovers=0))
     age(alias, processor, fp, 61)
-    # When another payload's claim gives up / Then the row's hash is returned and kept
+    # When another payload's claim finds it / Then refused before any give-up
     res = store.claim(req(processor, fp, payload_hash=B, max_takeovers=0))
+    assert res.kind is Kind.MISMATCH and row(alias, processor, fp).status == "in_flight"
+    # When its own payload's claim gives up / Then the row's hash is returned and kept
+    res = store.claim(req(processor, fp, payload_hash=A, max_takeovers=0))
     assert res.kind is Kind.GAVE_UP and res.payload_hash == A
     assert row(alias, processor, fp).payload_hash == A

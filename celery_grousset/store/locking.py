@@ -46,6 +46,7 @@ class Found:
             result_encoding=row[3],
             takeovers=row[4],
             claim_token=row[5],
+            payload_hash=row[13],
         )
         self.fence: int = row[6]
         self.deliveries: int = row[7]
