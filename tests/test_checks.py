@@ -180,6 +180,48 @@ def test_reject_on_worker_lost_off_is_W003(make_app: Callable[..., Celery]) -> N
 # -- settings and database checks ---------------------------------------------------------
 
 
+def test_beat_task_whose_key_cannot_vary_is_W008(make_app: Callable[..., Celery]) -> None:
+    from celery.schedules import BaseSchedule, crontab
+
+    class Opaque(BaseSchedule):  # no remaining_estimate: beat cannot name a slot
+        def is_due(self, last_run_at: Any) -> Any:
+            return False, 60.0
+
+    app = make_app()
+    slot_off = guarded(app, max_processing_time=60, periodic_slot=False)
+    opaque = guarded(app, max_processing_time=60)
+    daily = guarded(app, max_processing_time=60)
+    not_scheduled = guarded(app, max_processing_time=60, periodic_slot=False)
+    # Given beat entries: a task keyed by its arguments alone, a schedule without a due
+    # time, and a crontab task with the default periodic_slot (good)
+    app.conf.beat_schedule = {
+        "report": {"task": slot_off, "schedule": 60.0, "args": ("all",)},
+        "opaque": {"task": opaque, "schedule": Opaque()},
+        "daily": {"task": daily, "schedule": crontab(hour=6, minute=0), "args": ("x",)},
+    }
+    # When the checks run / Then W008 names the two whose runs would all share one key
+    assert ids(slot_off) == ids(opaque) == {"celery_grousset.W008"}
+    assert ids(daily) == ids(not_scheduled) == set()
+    [message] = [m for m in checks.run_checks(tags=[TAG]) if m.obj == slot_off]
+    assert "'report'" in message.msg and "periodic_slot" in message.msg
+
+
+def test_beat_task_with_arguments_evaluated_per_run_is_not_W008(
+    make_app: Callable[..., Celery],
+) -> None:
+    from celery.beat import BeatLazyFunc
+
+    app = make_app()
+    lazy, fixed = (guarded(app, max_processing_time=60, periodic_slot=False) for _ in "ab")
+    # Given an entry whose argument beat evaluates anew at each run, and one whose not
+    app.conf.beat_schedule = {
+        "lazy": {"task": lazy, "schedule": 5.0, "args": (BeatLazyFunc(str),)},
+        "fixed": {"task": fixed, "schedule": 5.0, "kwargs": {"n": 1}},
+    }
+    # Then only the fixed one's key cannot vary
+    assert (ids(lazy), ids(fixed)) == (set(), {"celery_grousset.W008"})
+
+
 def test_test_settings_are_silent() -> None:
     # Given the test settings (GROUSSET valid, journal on a supported database)
     # When the checks run / Then no settings or database message
