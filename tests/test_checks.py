@@ -9,6 +9,7 @@ errors would leak into any other test that runs the checks.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import sqlite3
 import subprocess
@@ -220,6 +221,53 @@ def test_beat_task_with_arguments_evaluated_per_run_is_not_W008(
     }
     # Then only the fixed one's key cannot vary
     assert (ids(lazy), ids(fixed)) == (set(), {"celery_grousset.W008"})
+
+
+_PERIODIC_TASKS = """
+import django, json, sys
+django.setup()
+import tests.celeryapp  # the app whose guarded tasks the checks see
+from django.core import checks
+from django.core.management import call_command
+
+def w008():
+    found = checks.run_checks(databases=["default"], tags=[checks.Tags.database])
+    wanted = ("celery_grousset.W008", "celery_grousset.E014")  # E014: a check that raised
+    return sorted([m.id, m.obj] for m in found if m.id in wanted)
+
+before = w008()  # django-celery-beat installed, its tables not created yet
+call_command("migrate", "django_celery_beat", verbosity=0)
+from django_celery_beat.models import CrontabSchedule, PeriodicTask
+daily = CrontabSchedule.objects.create(minute="0", hour="6")
+PeriodicTask.objects.create(name="nightly", task="tests.tasks.effect", crontab=daily)
+PeriodicTask.objects.create(name="off", task="tests.tasks.login", crontab=daily, enabled=False)
+PeriodicTask.objects.create(name="plain", task="celery.backend_cleanup", crontab=daily)
+json.dump({"before": before, "after": w008()}, sys.stdout)
+"""
+
+
+def test_django_celery_beat_rows_whose_key_cannot_vary_are_W008(tmp_path: Path) -> None:
+    try:
+        import django_celery_beat  # noqa: F401  (in the dev extra)
+    except ImportError:
+        services.unavailable("django-celery-beat", "it is not installed (pip install -e .[dev])")
+    env = {
+        **os.environ, "PYTHONPATH": str(ROOT), "CELERY_SKIP_CHECKS": "1",
+        "DJANGO_SETTINGS_MODULE": "tests.beat_db_settings",
+        "GROUSSET_TEST_SQLITE": str(tmp_path / "beat.sqlite3"),
+    }  # fmt: skip
+    # Given django-celery-beat installed, PERIODIC_SLOT off, and (once migrated) enabled
+    # rows for a guarded task and a plain one, and a disabled row for a guarded one
+    proc = subprocess.run(
+        [sys.executable, "-c", _PERIODIC_TASKS], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # Then before its tables exist the check is silent (and queries nothing missing), and
+    # afterwards W008 names the guarded task of the enabled row only
+    assert json.loads(proc.stdout) == {
+        "before": [], "after": [["celery_grousset.W008", "tests.tasks.effect"]]
+    }
 
 
 def test_test_settings_are_silent() -> None:
