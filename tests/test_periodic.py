@@ -178,7 +178,9 @@ def test_two_beats_on_one_schedule_run_each_slot_once(redis_url: str, tmp_path: 
         slots = [{app.AsyncResult(i).get(timeout=60)["slot"] for i in ids} for ids in sent]
     # Then the beats published the same slots (so the copies really competed)
     assert len(slots[0] & slots[1]) >= 3, slots
-    # And each slot either beat published ran exactly once: effects == slots
-    effects = ledger("postgresql", key)
-    assert sorted(effects) == sorted(slots[0] | slots[1])
+    # And no slot ran twice, and each slot either beat published ran: effects == slots
+    effects, published = ledger("postgresql", key), slots[0] | slots[1]
+    assert len(effects) == len(set(effects)) and published <= set(effects), (effects, slots)
+    # (a beat stopped between a publish and its log line leaves that last slot unlogged)
+    assert len(set(effects) - published) <= len(beats), (effects, slots)
     assert sum(len(ids) for ids in sent) > len(effects)
