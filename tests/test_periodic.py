@@ -152,6 +152,25 @@ def test_a_slot_header_that_is_not_a_slot_is_refused(journal: str) -> None:
     assert ledger(journal, key) == []
 
 
+def test_a_bypassed_task_with_a_slot_still_runs(journal: str, temp_task: Any) -> None:
+    ran: list[str] = []
+
+    def unconfigured(self: Any, key: str) -> str:
+        ran.append(self.grousset.fingerprint)
+        return key
+
+    # Given a task without max_processing_time (the guard would refuse it), under BYPASS
+    task = temp_task(unconfigured)
+    with override_settings(GROUSSET={"DATABASE": journal, "BYPASS": True}):
+        result = task.apply(("k",), headers={SLOT_HEADER: "2026-12-07T06:00:00+00:00"})
+    # Then the emergency switch still runs it, with its slot's fingerprint
+    assert result.get() == "k" and len(ran) == 1
+    sig = inspect.signature(task.run)
+    assert ran[0] == fingerprint(
+        task.name, ("k",), signature=sig, causality="2026-12-07T06:00:00+00:00"
+    )
+
+
 # -- two real beat processes, one worker ----------------------------------------------------
 
 _SENT = re.compile(r"tests\.tasks\.periodic_effect sent\. id->([0-9a-f-]{36})")
