@@ -10,7 +10,8 @@ class GroussetConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from celery_grousset import checks  # noqa: F401  (registers system checks)
+        # checks: registers the system checks; periodic: beat sends each run's slot
+        from celery_grousset import checks, periodic  # noqa: F401
         from celery_grousset.install import connect
 
         connect()  # GROUSSET["TASKS"]: guard the tasks it names, as Celery apps register them

@@ -17,6 +17,7 @@
 ``celery_grousset.W005``    the SQLite journal is not in WAL mode (``check --database``)
 ``celery_grousset.W006``    ``CLAIM_COMMIT = "async"`` on a journal that is not PostgreSQL
 ``celery_grousset.W007``    the journal database could not be inspected (``check --database``)
+``celery_grousset.W008``    a guarded task run by celery beat has a key no run can vary
 ==========================  ===========================================================
 
 No check function raises: a configuration error becomes the message above, and any
@@ -240,18 +241,30 @@ def _task_conflicts(app: Any, task: Any, opts: Any) -> list[checks.CheckMessage]
 
 def _check_tasks() -> list[checks.CheckMessage]:
     from celery_grousset.conf import grousset_settings
+    from celery_grousset.periodic_check import beat_schedule_messages
 
     grousset_settings.reload()
     errors = settings_messages()
     if errors:  # every other check reads GROUSSET: report only this
         return errors
     errors.extend(time_zone_messages())
+    resolved = _resolved_tasks(errors)
+    for app, task, opts in resolved:
+        errors.extend(_task_conflicts(app, task, opts))
+    errors.extend(beat_schedule_messages(resolved))
+    return errors
+
+
+def _resolved_tasks(errors: list[checks.CheckMessage]) -> list[tuple[Any, Any, Any]]:
+    """(app, task, options) of each guarded task whose options resolve; the errors of
+    those that do not go to ``errors``."""
+    resolved = []
     for app, task in guarded_tasks():
         opts, problems = _task_options(task)
         errors.extend(problems)
         if opts is not None:
-            errors.extend(_task_conflicts(app, task, opts))
-    return errors
+            resolved.append((app, task, opts))
+    return resolved
 
 
 def _visibility_timeout(app: Any) -> float | None:
@@ -358,3 +371,25 @@ def check_sqlite_wal(
             )
         ]
     return []
+
+
+@checks.register(checks.Tags.database)
+@_never_raises
+def check_periodic_tasks(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """W008 for django-celery-beat's enabled ``PeriodicTask`` rows (``check --database``)."""
+    from celery_grousset.conf import GroussetSettingsError, grousset_settings
+    from celery_grousset.periodic_check import periodic_task_messages
+
+    if not databases or getattr(_running, "active", False):
+        return []
+    try:
+        grousset_settings.DATABASE  # noqa: B018  (GROUSSET invalid: check_tasks says so)
+    except GroussetSettingsError:
+        return []
+    _running.active = True
+    try:
+        return periodic_task_messages(lambda: _resolved_tasks([]), databases)
+    finally:
+        _running.active = False

@@ -117,6 +117,9 @@ SETTINGS: dict[str, Setting] = {
         # the call that holds the key's record raises PayloadMismatch instead of getting
         # that call's memo. False: the key covers varying arguments.
         Setting("VALIDATE_PAYLOAD", True, _boolean, "a bool"),
+        # A run published by celery beat is keyed by its scheduled slot as well as by its
+        # arguments (each slot runs once). False: by its arguments alone.
+        Setting("PERIODIC_SLOT", True, _boolean, "a bool"),
         # Larger encoded results are not memoized (the effect is never re-run for it).
         Setting("MAX_RESULT_BYTES", 256 * 1024, _integer(0, 2**30), "an int from 0 to 2**30"),
         # Takeovers of one record before it is marked failed (a task that kills its worker).

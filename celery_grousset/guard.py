@@ -57,6 +57,7 @@ class Call:
     serializer: str = "json"
     delivery: str = ""  #: broker delivery info, for the duplicate log line
     args_repr: str | None = None  #: a repr of the caller's own (protect()'s key)
+    slot: str | None = None  #: a periodic run's slot: keyed with it (celery_grousset.periodic)
 
 
 @dataclass(slots=True)
@@ -208,6 +209,7 @@ def _fingerprint(call: Call) -> tuple[str, dict[str, object] | None]:
         signature=call.signature,
         key=call.key,
         idempotency_key=call.idempotency_key,
+        causality=call.slot,
     )
     return fp, bound
 

@@ -26,6 +26,8 @@ class Options:
     on_failure: str = "release"
     #: refuse a keyed call whose arguments differ from the record's (PayloadMismatch)
     validate_payload: bool = True
+    #: key a run celery beat published by its slot too (celery_grousset.periodic)
+    periodic_slot: bool = True
     max_result_bytes: int = 256 * 1024
     max_takeovers: int = 3
     database: str = "default"
@@ -58,6 +60,7 @@ class Options:
             memoize=bool(pick("memoize")),
             on_failure=check_choice("ON_FAILURE", pick("on_failure")),
             validate_payload=check_bool("validate_payload", pick("validate_payload")),
+            periodic_slot=check_bool("periodic_slot", pick("periodic_slot")),
             max_result_bytes=int(pick("max_result_bytes")),
             max_takeovers=int(pick("max_takeovers")),
             database=str(pick("database")),

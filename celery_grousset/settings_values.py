@@ -237,6 +237,7 @@ TASK_OPTIONS = (
     "memoize",
     "on_failure",
     "validate_payload",
+    "periodic_slot",
     "max_result_bytes",
     "max_takeovers",
     "database",

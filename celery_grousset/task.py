@@ -19,7 +19,7 @@ from celery import Task
 from celery.exceptions import Reject, Retry
 from celery.signals import task_revoked
 
-from celery_grousset import events, guard, memo, publish_check
+from celery_grousset import events, guard, memo, periodic, publish_check
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.conf import grousset_settings, on_reload
 from celery_grousset.exceptions import FingerprintError, PoisonDelivery, StoreUnavailable
@@ -162,6 +162,7 @@ class GroussetTaskMixin:
             idempotency_key=idempotency_key,
             serializer=self.serializer,
             delivery=_delivery(request) if request is not None else "",
+            slot=periodic.run_slot(self, _header(request, periodic.SLOT_HEADER)),
         )
 
     def grousset_fingerprint(
@@ -282,9 +283,9 @@ class GroussetTaskMixin:
         request = self.request
         n = int(_header(request, REQUEUES_HEADER) or 0)
         headers = {**(request.headers or {}), REQUEUES_HEADER: n + 1}
-        key = _header(request, KEY_HEADER)
-        if key is not None:
-            headers[KEY_HEADER] = key
+        for name in (KEY_HEADER, periodic.SLOT_HEADER):  # the call's identity travels on
+            if (value := _header(request, name)) is not None:
+                headers[name] = value
         sig = self.signature_from_request(  # type: ignore[attr-defined]
             request, None, None, countdown=countdown, retries=request.retries, headers=headers
         )

@@ -97,3 +97,16 @@ def login(self: Any, user: str, password: str) -> str:
 def charge(self: Any, order_id: int, amount: str, note: str = "") -> str:
     record(f"charge-{order_id}")
     return f"charged {order_id} with key {self.grousset.fingerprint[:8]}"
+
+
+@shared_task(base=GroussetTask, bind=True, max_processing_time=30)
+def periodic_effect(self: Any, key: str, sleep: float = 0.0) -> dict[str, Any]:
+    """Run by celery beat (tests/beatapp.py): the ledger row records the run's slot."""
+    from celery_grousset.periodic import SLOT_HEADER
+
+    slot = getattr(self.request, SLOT_HEADER, None) or (self.request.headers or {}).get(
+        SLOT_HEADER
+    )
+    record(key, str(slot))
+    _pause(sleep)
+    return {"key": key, "slot": slot}

@@ -9,6 +9,7 @@ errors would leak into any other test that runs the checks.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import sqlite3
 import subprocess
@@ -178,6 +179,95 @@ def test_reject_on_worker_lost_off_is_W003(make_app: Callable[..., Celery]) -> N
 
 
 # -- settings and database checks ---------------------------------------------------------
+
+
+def test_beat_task_whose_key_cannot_vary_is_W008(make_app: Callable[..., Celery]) -> None:
+    from celery.schedules import BaseSchedule, crontab
+
+    class Opaque(BaseSchedule):  # no remaining_estimate: beat cannot name a slot
+        def is_due(self, last_run_at: Any) -> Any:
+            return False, 60.0
+
+    app = make_app()
+    slot_off = guarded(app, max_processing_time=60, periodic_slot=False)
+    opaque = guarded(app, max_processing_time=60)
+    daily = guarded(app, max_processing_time=60)
+    not_scheduled = guarded(app, max_processing_time=60, periodic_slot=False)
+    # Given beat entries: a task keyed by its arguments alone, a schedule without a due
+    # time, and a crontab task with the default periodic_slot (good)
+    app.conf.beat_schedule = {
+        "report": {"task": slot_off, "schedule": 60.0, "args": ("all",)},
+        "opaque": {"task": opaque, "schedule": Opaque()},
+        "daily": {"task": daily, "schedule": crontab(hour=6, minute=0), "args": ("x",)},
+    }
+    # When the checks run / Then W008 names the two whose runs would all share one key
+    assert ids(slot_off) == ids(opaque) == {"celery_grousset.W008"}
+    assert ids(daily) == ids(not_scheduled) == set()
+    [message] = [m for m in checks.run_checks(tags=[TAG]) if m.obj == slot_off]
+    assert "'report'" in message.msg and "periodic_slot" in message.msg
+
+
+def test_beat_task_with_arguments_evaluated_per_run_is_not_W008(
+    make_app: Callable[..., Celery],
+) -> None:
+    from celery.beat import BeatLazyFunc
+
+    app = make_app()
+    lazy, fixed = (guarded(app, max_processing_time=60, periodic_slot=False) for _ in "ab")
+    # Given an entry whose argument beat evaluates anew at each run, and one whose not
+    app.conf.beat_schedule = {
+        "lazy": {"task": lazy, "schedule": 5.0, "args": (BeatLazyFunc(str),)},
+        "fixed": {"task": fixed, "schedule": 5.0, "kwargs": {"n": 1}},
+    }
+    # Then only the fixed one's key cannot vary
+    assert (ids(lazy), ids(fixed)) == (set(), {"celery_grousset.W008"})
+
+
+_PERIODIC_TASKS = """
+import django, json, sys
+django.setup()
+import tests.celeryapp  # the app whose guarded tasks the checks see
+from django.core import checks
+from django.core.management import call_command
+
+def w008():
+    found = checks.run_checks(databases=["default"], tags=[checks.Tags.database])
+    wanted = ("celery_grousset.W008", "celery_grousset.E014")  # E014: a check that raised
+    return sorted([m.id, m.obj] for m in found if m.id in wanted)
+
+before = w008()  # django-celery-beat installed, its tables not created yet
+call_command("migrate", "django_celery_beat", verbosity=0)
+from django_celery_beat.models import CrontabSchedule, PeriodicTask
+daily = CrontabSchedule.objects.create(minute="0", hour="6")
+PeriodicTask.objects.create(name="nightly", task="tests.tasks.effect", crontab=daily)
+PeriodicTask.objects.create(name="off", task="tests.tasks.login", crontab=daily, enabled=False)
+PeriodicTask.objects.create(name="plain", task="celery.backend_cleanup", crontab=daily)
+json.dump({"before": before, "after": w008()}, sys.stdout)
+"""
+
+
+def test_django_celery_beat_rows_whose_key_cannot_vary_are_W008(tmp_path: Path) -> None:
+    try:
+        import django_celery_beat  # noqa: F401  (in the dev extra)
+    except ImportError:
+        services.unavailable("django-celery-beat", "it is not installed (pip install -e .[dev])")
+    env = {
+        **os.environ, "PYTHONPATH": str(ROOT), "CELERY_SKIP_CHECKS": "1",
+        "DJANGO_SETTINGS_MODULE": "tests.beat_db_settings",
+        "GROUSSET_TEST_SQLITE": str(tmp_path / "beat.sqlite3"),
+    }  # fmt: skip
+    # Given django-celery-beat installed, PERIODIC_SLOT off, and (once migrated) enabled
+    # rows for a guarded task and a plain one, and a disabled row for a guarded one
+    proc = subprocess.run(
+        [sys.executable, "-c", _PERIODIC_TASKS], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # Then before its tables exist the check is silent (and queries nothing missing), and
+    # afterwards W008 names the guarded task of the enabled row only
+    assert json.loads(proc.stdout) == {
+        "before": [], "after": [["celery_grousset.W008", "tests.tasks.effect"]]
+    }
 
 
 def test_test_settings_are_silent() -> None:

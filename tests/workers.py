@@ -64,15 +64,7 @@ def start_worker(
     LOGS.mkdir(parents=True, exist_ok=True)
     name = f"w{uuid.uuid4().hex[:8]}"
     log = LOGS / f"{log_prefix}{queue}-{name}.log"
-    full_env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "GROUSSET_TEST_DB": database,
-        "GROUSSET_TEST_BROKER": broker,
-        "GROUSSET_TEST_QUEUE": queue,
-        "PYTHONPATH": str(ROOT),
-        **(env or {}),
-    }
+    full_env = _environment(queue, database, broker, env)
     for var in drop_env:
         full_env.pop(var, None)
     cmd = [
@@ -109,6 +101,55 @@ def start_worker(
         time.sleep(0.1)
     worker.kill()
     raise RuntimeError(f"worker not ready after {ready_timeout}s:\n{worker.text()[-3000:]}")
+
+
+def _environment(
+    queue: str, database: str, broker: str, env: dict[str, str] | None
+) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "GROUSSET_TEST_DB": database,
+        "GROUSSET_TEST_BROKER": broker,
+        "GROUSSET_TEST_QUEUE": queue,
+        "PYTHONPATH": str(ROOT),
+        **(env or {}),
+    }
+
+
+def start_beat(
+    queue: str,
+    *,
+    database: str,
+    broker: str,
+    schedule_dir: Path,
+    env: dict[str, str] | None = None,
+    app: str = "tests.beatapp",
+    ready_timeout: float = 60,
+) -> Worker:
+    """A real ``celery beat`` process with its own schedule file in ``schedule_dir``,
+    publishing to ``queue``; logs at debug level (each publish's task id)."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    schedule_dir.mkdir(parents=True, exist_ok=True)
+    name = f"beat{uuid.uuid4().hex[:8]}"
+    log = LOGS / f"{queue}-{name}.log"
+    cmd = [
+        sys.executable, "-m", "celery", "-A", app, "beat", "-l", "debug",
+        "-s", str(schedule_dir / f"{name}.db"), "--pidfile", str(schedule_dir / f"{name}.pid"),
+    ]  # fmt: skip
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=_environment(queue, database, broker, env), stdout=fh,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    beat = Worker(proc, log, name)
+    deadline = time.monotonic() + ready_timeout
+    while "beat: Starting..." not in beat.text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            beat.kill()
+            raise RuntimeError(f"celery beat did not start:\n{beat.text()[-3000:]}")
+        time.sleep(0.1)
+    return beat
 
 
 @contextmanager

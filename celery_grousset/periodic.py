@@ -1,0 +1,138 @@
+"""Periodic tasks: each scheduled slot of a ``celery beat`` entry is its own key
+(docs/periodic.md).
+
+Beat publishes the same call every time. Keyed by its arguments alone, a guarded
+periodic task would be answered from its memo for ``EXPIRES_AFTER``: a daily report
+would run once a week. So:
+
+* in the beat process (a ``beat_init`` handler, whatever the scheduler class), each
+  publish of a due entry carries the header ``grousset_slot``: the slot's time (ISO 8601,
+  UTC) derived from the entry's *schedule*, not from the clock at publish time, so two
+  beat processes publishing the same due run send the same slot (:func:`slot_time`);
+* in the worker, a guarded task keys a delivery that carries the header by its slot as
+  well as by its arguments (the slot is the fingerprint's causality token), unless its
+  ``periodic_slot`` option is off (:func:`run_slot`). A slot runs once, however many
+  beat processes publish it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from contextvars import ContextVar
+from datetime import datetime, timezone
+from typing import Any
+
+from celery.signals import beat_init, before_task_publish
+from django.core.exceptions import ImproperlyConfigured
+
+from celery_grousset.exceptions import FingerprintError
+
+#: the message header that carries a periodic run's slot
+SLOT_HEADER = "grousset_slot"
+_MAX_LENGTH = 64
+
+logger = logging.getLogger("celery_grousset")
+
+#: the slot of the beat entry being published in this context
+_SLOT: ContextVar[str | None] = ContextVar("grousset_slot", default=None)
+_warned: set[str] = set()
+
+
+def slot_time(schedule: Any, last_run_at: datetime) -> datetime | None:
+    """The UTC time of the slot that is due for an entry last run at ``last_run_at``:
+    None if the schedule gives no due time (it has no ``remaining_estimate``).
+
+    The due time is ``now + schedule.remaining_estimate(last_run_at)``. A crontab or
+    solar due time is the same in every beat process (rounded to the second). An interval
+    schedule's due time depends on when *this* beat last ran the entry, so it is rounded
+    to the nearest multiple of the interval since the Unix epoch: two beats that publish
+    the same run within half an interval of each other name the same slot, and one beat's
+    runs (at least an interval apart) never share one.
+    """
+    from celery.schedules import crontab, solar
+    from celery.schedules import schedule as interval
+
+    try:
+        now = schedule.maybe_make_aware(schedule.now())
+        due = (now + schedule.remaining_estimate(last_run_at)).astimezone(timezone.utc)
+    except (AttributeError, NotImplementedError, TypeError):
+        return None
+    step = 1.0
+    if isinstance(schedule, interval) and not isinstance(schedule, (crontab, solar)):
+        step = float(schedule.seconds) if schedule.seconds > 0 else 1.0
+    return datetime.fromtimestamp(math.floor(due.timestamp() / step + 0.5) * step, timezone.utc)
+
+
+def entry_slot(entry: Any) -> str | None:
+    """The slot of a beat entry's due run, as the header carries it (ISO 8601, UTC)."""
+    try:
+        when = slot_time(entry.schedule, entry.last_run_at)
+    except Exception as exc:  # a schedule that fails here must not stop the publish
+        logger.warning("grousset.periodic_slot_failed entry=%s error=%r", entry.name, exc)
+        return None
+    if when is None:
+        if entry.name not in _warned:
+            _warned.add(entry.name)
+            logger.warning(
+                "grousset.periodic_no_slot entry=%s schedule=%r: the schedule gives no due "
+                "time (no remaining_estimate), so its runs carry no slot and a guarded task "
+                "keys them by their arguments alone (docs/periodic.md)",
+                entry.name,
+                entry.schedule,
+            )
+        return None
+    return when.isoformat()
+
+
+def install_scheduler(scheduler: Any) -> None:
+    """Make ``scheduler`` (any beat scheduler class) send each due entry's slot: its
+    ``apply_async(entry, …)`` runs with the slot set, and :func:`_add_slot_header` puts
+    it on the message (``before_task_publish``). Idempotent."""
+    original = scheduler.apply_async
+    if getattr(original, "grousset_slot", False):
+        return
+
+    def apply_async(entry: Any, *args: Any, **kwargs: Any) -> Any:
+        reset = _SLOT.set(entry_slot(entry))
+        try:
+            return original(entry, *args, **kwargs)
+        finally:
+            _SLOT.reset(reset)
+
+    apply_async.grousset_slot = True  # type: ignore[attr-defined]
+    scheduler.apply_async = apply_async
+
+
+@beat_init.connect(weak=False, dispatch_uid="celery_grousset.periodic.beat_init")
+def _on_beat_init(sender: Any = None, **kwargs: Any) -> None:
+    install_scheduler(sender.scheduler)
+
+
+@before_task_publish.connect(weak=False, dispatch_uid="celery_grousset.periodic.publish")
+def _add_slot_header(headers: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    slot = _SLOT.get()
+    if slot is not None and headers is not None:
+        headers.setdefault(SLOT_HEADER, slot)
+
+
+def run_slot(task: Any, value: object) -> str | None:
+    """The slot a guarded delivery is keyed by: its ``grousset_slot`` header (``value``)
+    when the task keys periodic runs by slot (option ``periodic_slot``, default on);
+    else None. Raises FingerprintError for a header that is not a slot."""
+    if value is None:
+        return None
+    try:
+        keyed = task.grousset_options().periodic_slot
+    except ImproperlyConfigured:  # the guard raises it; a bypassed task still runs
+        keyed = True
+    if not keyed:
+        return None
+    if not isinstance(value, str) or not value or len(value) > _MAX_LENGTH:
+        raise FingerprintError(
+            f"{task.name}: the {SLOT_HEADER} message header must be a slot time (an ISO 8601 "
+            f"str of at most {_MAX_LENGTH} characters, as celery beat sends it with "
+            f"celery-grousset loaded), got {str(value)[:80]!r}; remove the header or set "
+            "periodic_slot=False on the task"
+        )
+    return value
