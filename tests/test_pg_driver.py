@@ -91,4 +91,3 @@ def test_a_database_without_the_journal_table_says_run_migrate() -> None:
             store.claim(make("bare"))
     finally:
         store.close()
-

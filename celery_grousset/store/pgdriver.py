@@ -51,9 +51,7 @@ class Driver:
         """A new connection in autocommit mode (the driver's Error if it fails)."""
         raise NotImplementedError
 
-    def execute(
-        self, conn: Any, sql: str, params: Any = None, *, prepare: bool = False
-    ) -> Any:
+    def execute(self, conn: Any, sql: str, params: Any = None, *, prepare: bool = False) -> Any:
         """Send ``sql``; a cursor with the outcome (``fetchone()``, ``rowcount``)."""
         raise NotImplementedError
 
@@ -74,9 +72,7 @@ class Psycopg3(Driver):
     def connect(self, params: dict[str, Any]) -> Any:
         return self.module.connect(autocommit=True, **params)
 
-    def execute(
-        self, conn: Any, sql: str, params: Any = None, *, prepare: bool = False
-    ) -> Any:
+    def execute(self, conn: Any, sql: str, params: Any = None, *, prepare: bool = False) -> Any:
         return conn.execute(sql, params, prepare=prepare or None)
 
     def broken(self, conn: Any) -> bool:
@@ -107,9 +103,7 @@ class Psycopg2(Driver):
         conn.prepared = set()
         return conn
 
-    def execute(
-        self, conn: Any, sql: str, params: Any = None, *, prepare: bool = False
-    ) -> Any:
+    def execute(self, conn: Any, sql: str, params: Any = None, *, prepare: bool = False) -> Any:
         cur = conn.cursor()
         if prepare:
             sql, params = self._prepared(conn, cur, sql, params)
