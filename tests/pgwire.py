@@ -32,6 +32,8 @@ class WireTap:
         self.target = (host, upstream)
         self.sent: list[str] = []  #: frontend message names, in order
         self.rows: list[list[bytes | None]] = []  #: the DataRows the server sent
+        self.queries: list[str] = []  #: the text of each simple Query the client sent
+        self.last_queries: list[str] = []  #: those sent during the last :meth:`during`
         self._lock = threading.Lock()
         self._server = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._server.getsockname()[1])
@@ -75,15 +77,19 @@ class WireTap:
         with self._lock:
             if frontend:
                 self.sent.append(FRONTEND.get(kind, kind))
+                if kind == "Q":
+                    self.queries.append(message[5:-1].decode())
             elif kind == "D":
                 self.rows.append(_columns(message[5:]))
 
     def during(self, fn: Callable[[], Any]) -> tuple[Any, list[str], list[list[bytes | None]]]:
-        """``fn``'s value, the messages the client sent and the rows it received."""
+        """``fn``'s value, the messages the client sent and the rows it received (the
+        texts of its simple queries: :attr:`last_queries`)."""
         with self._lock:
-            sent, rows = len(self.sent), len(self.rows)
+            sent, rows, queries = len(self.sent), len(self.rows), len(self.queries)
         value = fn()
         with self._lock:
+            self.last_queries = self.queries[queries:]
             return value, self.sent[sent:], self.rows[rows:]
 
     def close(self) -> None:

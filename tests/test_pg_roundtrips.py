@@ -55,6 +55,8 @@ def pg_store(tap: WireTap) -> Iterator[PostgresStore]:
 def traced(tap: WireTap, fn: Callable[[], Any]) -> tuple[Any, list[str]]:
     """``fn``'s value and the protocol messages the client sent for it."""
     value, sent, _rows = tap.during(fn)
+    if driver().name == "psycopg2":  # the statement prepared once, not re-planned per call
+        assert all(q.startswith("EXECUTE grousset_") for q in tap.last_queries), tap.last_queries
     return value, sent
 
 
