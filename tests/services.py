@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -28,20 +28,29 @@ def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
+def pg_connect(**params: object) -> Any:
+    """An autocommit connection on the driver Django's backend uses (psycopg 3 or 2)."""
+    from celery_grousset.store.pgdriver import driver
+
+    return driver().connect(params)
+
+
 def _recreate_postgresql(settings: dict[str, object]) -> None:
-    import psycopg
+    from celery_grousset.store.pgdriver import driver
 
     name = str(settings["NAME"])
-    with psycopg.connect(
+    conn = pg_connect(
         host=str(settings["HOST"]),
         port=int(str(settings["PORT"])),
         user=str(settings["USER"]),
         dbname="postgres",
-        autocommit=True,
         connect_timeout=3,
-    ) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
+    )
+    try:
+        driver().execute(conn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        driver().execute(conn, f'CREATE DATABASE "{name}"')
+    finally:
+        conn.close()
 
 
 def _recreate_mysql(settings: dict[str, object]) -> None:

@@ -58,6 +58,16 @@ TEMPLATES = [
 STATIC_URL = "/static/"
 DEFAULT_AUTO_FIELD = os.environ.get("GROUSSET_TEST_AUTO_FIELD", "django.db.models.AutoField")
 
+# GROUSSET_TEST_PG_DRIVER=psycopg2: hide psycopg 3, so that Django — and with it the
+# store — runs PostgreSQL on psycopg2, as in a project that only has psycopg2.
+PG_DRIVER = os.environ.get("GROUSSET_TEST_PG_DRIVER", "")
+if PG_DRIVER == "psycopg2":
+    import sys
+
+    sys.modules["psycopg"] = None  # type: ignore[assignment]  # `import psycopg` fails
+elif PG_DRIVER not in ("", "psycopg"):
+    raise ValueError(f"GROUSSET_TEST_PG_DRIVER must be psycopg or psycopg2, not {PG_DRIVER!r}")
+
 PG_NAME = os.environ.get("GROUSSET_TEST_PG_NAME", "grousset_test")
 MYSQL_NAME = os.environ.get("GROUSSET_TEST_MYSQL_NAME", "grousset_test")
 

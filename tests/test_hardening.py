@@ -10,7 +10,6 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-import psycopg
 import pytest
 from django.db import connections
 from django.db.models import F
@@ -19,6 +18,7 @@ from celery_grousset import journal, protect
 from celery_grousset.claim import ClaimRequest
 from celery_grousset.models import Outcome
 from celery_grousset.store import Completion, get_store
+from celery_grousset.store.pgdriver import driver
 from tests import services
 
 
@@ -45,8 +45,11 @@ def test_postgresql_purge_spares_a_row_reclaimed_while_it_waited_for_the_lock() 
     # And another session that locks it and re-claims it (in flight, remembered again)
     params = connections[alias].get_connection_params()
     dsn = {k: params[k] for k in ("host", "port", "user", "dbname") if params.get(k)}
-    other = psycopg.connect(**dsn)
-    other.execute(
+    db = driver()
+    other = services.pg_connect(**dsn)
+    db.execute(other, "BEGIN")
+    db.execute(
+        other,
         "UPDATE celery_grousset_outcome SET status = 'in_flight', expires_on = now() + "
         "interval '1 hour' WHERE processor_id = %s AND fingerprint = %s",
         (processor, fp),
@@ -56,14 +59,16 @@ def test_postgresql_purge_spares_a_row_reclaimed_while_it_waited_for_the_lock() 
     purge = threading.Thread(target=lambda: purged.append(journal.purge_expired(alias)))
     purge.start()
     deadline = time.monotonic() + 15
-    with psycopg.connect(**dsn, autocommit=True) as watcher:
-        while not watcher.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE 'DELETE FROM%%celery_grousset_outcome%%'"
-        ).fetchone()[0]:  # type: ignore[index]
-            assert time.monotonic() < deadline, "the purge never waited for the row's lock"
-            time.sleep(0.02)
-    other.commit()  # the re-claim commits while the purge waits
+    watcher = services.pg_connect(**dsn)
+    while not db.execute(
+        watcher,
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND query LIKE 'DELETE FROM%%celery_grousset_outcome%%'",
+    ).fetchone()[0]:
+        assert time.monotonic() < deadline, "the purge never waited for the row's lock"
+        time.sleep(0.02)
+    watcher.close()
+    db.execute(other, "COMMIT")  # the re-claim commits while the purge waits
     other.close()
     purge.join(15)
     # Then the re-claimed row survives: the DELETE re-checked it on the locked version

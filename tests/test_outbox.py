@@ -284,11 +284,13 @@ def _drop(alias: str, name: str) -> None:
 
     settings = connections.settings[alias]
     if "postgresql" in settings["ENGINE"]:
-        import psycopg
-
-        with psycopg.connect(host=settings["HOST"], port=int(settings["PORT"]),
-                             user=settings["USER"], dbname="postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # fmt: skip
+        from celery_grousset.store.pgdriver import driver
+        pg = services.pg_connect(host=settings["HOST"], port=int(settings["PORT"]),
+                                 user=settings["USER"], dbname="postgres")  # fmt: skip
+        try:
+            driver().execute(pg, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            pg.close()
     elif "mysql" in settings["ENGINE"]:
         import MySQLdb
 

@@ -98,6 +98,9 @@ def test_binary_psycopg_is_only_in_dev_and_example() -> None:
     binary = {name for name, reqs in extras.items() if any("psycopg[binary]" in r for r in reqs)}
     assert binary == {"dev", "example"}
     assert extras["postgres"] == ["psycopg>=3.1"]
+    # And psycopg2 (a project's own driver, never required) only in the dev environment
+    psycopg2 = {name for name, reqs in extras.items() if any("psycopg2" in r for r in reqs)}
+    assert psycopg2 == {"dev"}
     assert {"build>=1.2", "twine>=5"} <= set(extras["dev"])
 
 

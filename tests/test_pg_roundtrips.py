@@ -1,56 +1,68 @@
-"""The PostgreSQL claim is ONE statement and ONE round trip in every case.
+"""The PostgreSQL claim is ONE statement and ONE round trip in every case, on
+either driver (psycopg 3: Bind/Execute/Sync; psycopg2: one ``EXECUTE`` query).
 
-Counted on the wire: libpq's protocol trace of the store's own connection lists
-every message the client sends; a round trip ends with ``Sync`` (extended
+Counted on the wire: the store connects through a tap (tests/pgwire.py) that
+records every message the client sends; a round trip ends with ``Sync`` (extended
 protocol) or is a simple ``Query``.
 """
 
 from __future__ import annotations
 
-import tempfile
 import uuid
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.conf import settings
+from django.db import connections
 from django.db.models import F
 from django.test import override_settings
 
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.models import Outcome
 from celery_grousset.store.base import Completion, Store
+from celery_grousset.store.pgdriver import driver
+from celery_grousset.store.postgresql import PostgresStore
 from tests import services
+from tests.pgwire import WireTap, tapped
 
 
 @pytest.fixture
-def pg_store() -> Store:
+def tap() -> Iterator[WireTap]:
     services.require_database("postgresql")
-    from celery_grousset.store import get_store
-
-    return get_store("postgresql")
-
-
-def trace(store: Store, fn: object) -> tuple[object, list[str]]:
-    """Run ``fn`` with libpq's protocol trace on; its value and the trace's lines."""
-    from psycopg.pq import Trace
-
-    conn = store._conn
-    assert conn is not None
-    with tempfile.TemporaryFile("w+") as fh:
-        conn.pgconn.trace(fh.fileno())
-        conn.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS | Trace.REGRESS_MODE)
-        try:
-            value = fn()  # type: ignore[operator]
-        finally:
-            conn.pgconn.untrace()
-        fh.seek(0)
-        return value, fh.read().splitlines()
+    s = connections.settings["postgresql"]
+    with tapped(str(s["HOST"]), int(s["PORT"])) as wire:
+        yield wire
 
 
-def traced(store: Store, fn: object) -> tuple[object, list[str]]:
+def tapped_store(tap: WireTap, claim_commit: str = "durable") -> PostgresStore:
+    """The journal's store, connected through ``tap`` (plain protocol, no TLS)."""
+    s = connections.settings["postgresql"]
+    options = {**s["OPTIONS"], "sslmode": "disable", "gssencmode": "disable"}
+    conf = {**s, "HOST": "127.0.0.1", "PORT": str(tap.port), "OPTIONS": options}
+    timeout = float(settings.GROUSSET.get("STORE_TIMEOUT", 5))
+    return PostgresStore("postgresql", conf, timeout, claim_commit)
+
+
+@pytest.fixture
+def pg_store(tap: WireTap) -> Iterator[PostgresStore]:
+    store = tapped_store(tap)
+    yield store
+    store.close()
+
+
+def traced(tap: WireTap, fn: Callable[[], Any]) -> tuple[Any, list[str]]:
     """``fn``'s value and the protocol messages the client sent for it."""
-    value, lines = trace(store, fn)
-    return value, [line.split("\t")[2].split()[0] for line in lines if line.startswith("F\t")]
+    value, sent, _rows = tap.during(fn)
+    if driver().name == "psycopg2":  # the statement prepared once, not re-planned per call
+        assert all(q.startswith("EXECUTE grousset_") for q in tap.last_queries), tap.last_queries
+    return value, sent
+
+
+def statements(sent: list[str]) -> int:
+    """Statements sent: an extended-protocol Execute or a simple Query each."""
+    return sum(1 for message in sent if message in ("Execute", "Query"))
 
 
 def round_trips(sent: list[str]) -> int:
@@ -63,43 +75,47 @@ def make(fp: str, processor: str = "rt") -> ClaimRequest:
     )
 
 
-def test_claim_is_one_round_trip_in_every_case(pg_store: Store) -> None:
+def test_claim_is_one_round_trip_in_every_case(tap: WireTap, pg_store: Store) -> None:
     fp = uuid.uuid4().hex * 2
     warm = make(uuid.uuid4().hex * 2)
     pg_store.claim(warm)  # connect and prepare outside the trace
     cases = {}
     # new
     first = make(fp)
-    res, sent = traced(pg_store, lambda: pg_store.claim(first))
-    cases[res.kind] = sent  # type: ignore[attr-defined]
+    res, sent = traced(tap, lambda: pg_store.claim(first))
+    cases[res.kind] = sent
     # in flight
-    res, sent = traced(pg_store, lambda: pg_store.claim(make(fp)))
-    cases[res.kind] = sent  # type: ignore[attr-defined]
+    res, sent = traced(tap, lambda: pg_store.claim(make(fp)))
+    cases[res.kind] = sent
     # takeover
     Outcome.objects.using("postgresql").filter(fingerprint=fp).update(
         started_at=F("started_at") - timedelta(seconds=120),
         stale_at=F("stale_at") - timedelta(seconds=120),
     )
     taker = make(fp)
-    res, sent = traced(pg_store, lambda: pg_store.claim(taker))
-    cases[res.kind] = sent  # type: ignore[attr-defined]
+    res, sent = traced(tap, lambda: pg_store.claim(taker))
+    cases[res.kind] = sent
     # duplicate of a completed record, memo returned in the same round trip
     pg_store.finish("rt", fp, taker.token, Completion("completed", b"7", "application/json;utf-8"))
-    res, sent = traced(pg_store, lambda: pg_store.claim(make(fp)))
-    cases[res.kind] = sent  # type: ignore[attr-defined]
-    assert res.result == b"7"  # type: ignore[attr-defined]
+    res, sent = traced(tap, lambda: pg_store.claim(make(fp)))
+    cases[res.kind] = sent
+    assert res.result == b"7"
     assert set(cases) == {Kind.NEW, Kind.IN_FLIGHT, Kind.TAKEOVER, Kind.COMPLETED}
     for kind, messages in cases.items():
-        # one statement: a single Bind/Execute; one round trip: a single Sync; no BEGIN/COMMIT
-        assert messages.count("Execute") == 1, (kind, messages)
+        # one statement: a single Execute (psycopg 3) or Query (psycopg2); one round
+        # trip: a single Sync or Query; no BEGIN/COMMIT
+        assert statements(messages) == 1, (kind, messages)
         assert round_trips(messages) == 1, (kind, messages)
 
 
-def test_completion_is_one_round_trip(pg_store: Store) -> None:
+def test_completion_is_one_round_trip(tap: WireTap, pg_store: Store) -> None:
+    warm = make(uuid.uuid4().hex * 2)  # connect and prepare outside the trace
+    pg_store.claim(warm)
+    pg_store.finish("rt", warm.fingerprint, warm.token, Completion("completed", b"1", "x"))
     r = make(uuid.uuid4().hex * 2)
     pg_store.claim(r)
     done, sent = traced(
-        pg_store,
+        tap,
         lambda: pg_store.finish(
             r.processor_id,
             r.fingerprint,
@@ -108,17 +124,16 @@ def test_completion_is_one_round_trip(pg_store: Store) -> None:
         ),
     )
     assert done is True
-    assert sent.count("Execute") == 1 and round_trips(sent) == 1
+    assert statements(sent) == 1 and round_trips(sent) == 1
 
 
-def durability(store: Store, fn: object) -> str:
+def durability(tap: WireTap, fn: Callable[[], Any]) -> str:
     """What the claim statement set ``synchronous_commit`` to for its own commit: the
     last column of the row the server sent back (``'on'``: the commit waited for the
     WAL flush)."""
-    _, lines = trace(store, fn)
-    rows = [line for line in lines if line.startswith("B\t") and "\tDataRow\t" in line]
-    assert len(rows) == 1, lines
-    return rows[0].rsplit(" ", 1)[1].strip("'")
+    _, _sent, rows = tap.during(fn)
+    assert len(rows) == 1, rows
+    return (rows[0][-1] or b"").decode()
 
 
 @pytest.mark.parametrize(
@@ -126,24 +141,39 @@ def durability(store: Store, fn: object) -> str:
     [("durable", "on", "off"), ("async", "off", "off")],
 )
 def test_claim_commit_decides_which_claims_wait_for_the_wal_flush(
-    claim_commit: str, owning: str, duplicate: str
+    tap: WireTap, claim_commit: str, owning: str, duplicate: str
 ) -> None:
-    services.require_database("postgresql")
     from celery_grousset.store import get_store
 
     grousset = {**settings.GROUSSET, "DATABASE": "postgresql", "CLAIM_COMMIT": claim_commit}
     with override_settings(GROUSSET=grousset):
-        store = get_store("postgresql")
-        assert store.claim_commit == claim_commit
-        store.claim(make(uuid.uuid4().hex * 2))  # connect and prepare outside the trace
-        fp = uuid.uuid4().hex * 2
-        first = make(fp)
-        # Given the default, a claim that takes the row waits for the flush; "async"
-        # (opt-in) does not. A claim that takes nothing never waits.
-        assert durability(store, lambda: store.claim(first)) == owning
-        assert durability(store, lambda: store.claim(make(fp))) == duplicate
-        # Whatever the setting, the completion commits durably: a plain autocommit
-        # UPDATE on a session whose synchronous_commit is PostgreSQL's default.
-        assert store.finish("rt", fp, first.token, Completion("completed", b"1", "x"))
-        assert store._conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
-        assert durability(store, lambda: store.claim(make(fp))) == duplicate
+        assert get_store("postgresql").claim_commit == claim_commit
+    store = tapped_store(tap, claim_commit)
+    store.claim(make(uuid.uuid4().hex * 2))  # connect and prepare outside the trace
+    fp = uuid.uuid4().hex * 2
+    first = make(fp)
+    # Given the default, a claim that takes the row waits for the flush; "async"
+    # (opt-in) does not. A claim that takes nothing never waits.
+    assert durability(tap, lambda: store.claim(first)) == owning
+    assert durability(tap, lambda: store.claim(make(fp))) == duplicate
+    # Whatever the setting, the completion commits durably: a plain autocommit
+    # UPDATE on a session whose synchronous_commit is PostgreSQL's default.
+    assert store.finish("rt", fp, first.token, Completion("completed", b"1", "x"))
+    show = driver().execute(store._conn, "SHOW synchronous_commit").fetchone()
+    assert tuple(show) == ("on",)
+    assert durability(tap, lambda: store.claim(make(fp))) == duplicate
+    store.close()
+
+
+def test_the_store_runs_on_the_driver_djangos_connection_uses(pg_store: PostgresStore) -> None:
+    # Given Django's PostgreSQL connection, on psycopg 3 or psycopg2 (whichever
+    # GROUSSET_TEST_PG_DRIVER leaves importable: the compat stack `pg2` has only psycopg2)
+    django_conn = connections["postgresql"]
+    django_conn.ensure_connection()
+    raw = type(django_conn.connection)
+    expected = settings.PG_DRIVER or "psycopg"
+    assert raw.__module__.split(".")[0] == expected
+    # When the store claims / Then its private connection is on that same driver
+    assert pg_store.claim(make(uuid.uuid4().hex * 2)).kind is Kind.NEW
+    assert driver().name == expected
+    assert isinstance(pg_store._conn, raw)

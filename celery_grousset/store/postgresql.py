@@ -12,8 +12,10 @@ Claims and completions commit durably — unless ``GROUSSET["CLAIM_COMMIT"]`` is
 ``"async"`` (opt-in): then claims that take a row skip the flush too, and only the
 completion waits for it (docs/performance.md says what that trades). All times
 come from ``clock_timestamp()`` (the database's clock). Statements are prepared
-server-side on a private psycopg 3 connection in autocommit mode; ``lock_timeout``
-and ``statement_timeout`` bound every call by ``GROUSSET["STORE_TIMEOUT"]``.
+server-side on a private connection in autocommit mode, on the driver Django's
+connection uses (psycopg 3 or psycopg2: :mod:`celery_grousset.store.pgdriver`);
+``lock_timeout`` and ``statement_timeout`` bound every call by
+``GROUSSET["STORE_TIMEOUT"]``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from celery_grousset.claim import (
 )
 from celery_grousset.exceptions import InvalidArgument, StoreUnavailable
 from celery_grousset.store.base import RELEASED, ClaimResult, Completion, Store, data_error
+from celery_grousset.store.pgdriver import driver
 
 T = TypeVar("T")
 
@@ -185,11 +188,10 @@ class PostgresStore(Store):
         return params
 
     def _connect(self) -> Any:
-        import psycopg
-
+        db = driver()
         try:
-            conn = psycopg.connect(autocommit=True, **self._params())
-        except psycopg.Error as exc:
+            conn = db.connect(self._params())
+        except db.Error as exc:
             raise StoreUnavailable(
                 f"celery-grousset cannot connect to the journal database "
                 f"{self.alias!r} (PostgreSQL): {exc}".strip()
@@ -198,43 +200,41 @@ class PostgresStore(Store):
         return conn
 
     def _run(self, op: Callable[[Any], T]) -> T:
-        import psycopg
-        from psycopg import errors
-
+        db = driver()
         conn = self._conn
         fresh = conn is None or conn.closed
         if fresh:
             conn = self._connect()
         try:
             return op(conn)
-        except psycopg.DataError as exc:  # too long, a NUL…: permanent, not an outage
+        except db.DataError as exc:  # too long, a NUL…: permanent, not an outage
             raise data_error(self.alias, exc) from exc
-        except (errors.QueryCanceled, errors.LockNotAvailable) as exc:
+        except (db.QueryCanceled, db.LockNotAvailable) as exc:
             raise StoreUnavailable(
                 f"the journal database {self.alias!r} did not answer within "
                 f"{self.timeout:g} s (STORE_TIMEOUT): {exc}"
             ) from exc
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        except (db.OperationalError, db.InterfaceError) as exc:
             self.discard()
             if fresh:
                 raise StoreUnavailable(f"journal database {self.alias!r}: {exc}") from exc
-        except errors.UndefinedTable as exc:
+        except db.UndefinedTable as exc:
             raise StoreUnavailable(
                 "the table celery_grousset_outcome does not exist in database "
                 f"{self.alias!r}: run `manage.py migrate celery_grousset`."
             ) from exc
-        except psycopg.Error as exc:
-            if conn.broken:
+        except db.Error as exc:
+            if db.broken(conn):
                 self.discard()
             raise StoreUnavailable(f"journal database {self.alias!r}: {exc}") from exc
         # The connection had gone stale (server restart, idle timeout): once more, fresh.
         conn = self._connect()
         try:
             return op(conn)
-        except psycopg.DataError as exc:
+        except db.DataError as exc:
             raise data_error(self.alias, exc) from exc
-        except psycopg.Error as exc:
-            if conn.broken:
+        except db.Error as exc:
+            if db.broken(conn):
                 self.discard()
             raise StoreUnavailable(f"journal database {self.alias!r}: {exc}") from exc
 
@@ -260,7 +260,7 @@ class PostgresStore(Store):
         params = self.claim_params(req)
 
         def op(conn: Any) -> Any:
-            return conn.execute(CLAIM_SQL, params, prepare=True).fetchone()
+            return driver().execute(conn, CLAIM_SQL, params, prepare=True).fetchone()
 
         for _race in range(3):
             row = self._run(op)
@@ -284,7 +284,7 @@ class PostgresStore(Store):
         }
 
         def op(conn: Any) -> int:
-            return int(conn.execute(FINISH_SQL, params, prepare=True).rowcount)
+            return int(driver().execute(conn, FINISH_SQL, params, prepare=True).rowcount)
 
         return self._run(op) == 1
 
@@ -297,7 +297,7 @@ class PostgresStore(Store):
         }
 
         def op(conn: Any) -> int:
-            return int(conn.execute(RELEASE_SQL, params).rowcount)
+            return int(driver().execute(conn, RELEASE_SQL, params).rowcount)
 
         return self._run(op) == 1
 
@@ -339,13 +339,15 @@ class PostgresStore(Store):
 
     def terminate_connection(self) -> None:
         """Chaos hook: end this store's server session from another connection."""
-        import psycopg
-
         conn = self._conn
         if conn is None:
             return
-        with psycopg.connect(conn.info.dsn, autocommit=True) as other:
-            other.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        db = driver()
+        other = db.connect(self._params())
+        try:
+            db.execute(other, "SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        finally:
+            other.close()
 
     def close(self) -> None:
         conn, self._conn = self._conn, None

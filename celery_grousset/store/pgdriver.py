@@ -1,0 +1,138 @@
+"""The PostgreSQL driver of the store: whichever one Django's connection uses.
+
+Django's PostgreSQL backend runs on psycopg 3 when it is installed and on psycopg2
+otherwise (``django.db.backends.postgresql.psycopg_any``); the store follows the
+same choice, so a project needs no second driver. This module is the store's only
+import of either driver: it opens the private autocommit connection, sends a
+statement, and names the driver's error classes, which are the same on both (psycopg
+3 kept psycopg2's hierarchy and SQLSTATE classes).
+
+A statement marked ``prepare`` is prepared server-side once per connection and then
+sent as ONE message per call on both drivers: psycopg 3 prepares it itself
+(``prepare=True``: Bind/Execute/Sync); on psycopg2, which only sends client-side
+interpolated text, the statement is ``PREPARE``d once (its ``%(name)s`` parameters
+numbered ``$1…``) and each call sends ``EXECUTE name(…)`` as one simple query.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from types import ModuleType
+from typing import Any
+
+_NAMED = re.compile(r"%\((\w+)\)s")
+
+
+def is_psycopg3() -> bool:
+    """True when Django's PostgreSQL backend runs on psycopg 3 (its own test)."""
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3 as django_choice
+
+    return bool(django_choice)
+
+
+class Driver:
+    """One driver's connection, execution and error classes (see the module doc)."""
+
+    name = ""
+    module: ModuleType
+
+    def __init__(self) -> None:
+        errors = self.module.errors
+        self.Error: type[Exception] = self.module.Error
+        self.DataError: type[Exception] = self.module.DataError
+        self.OperationalError: type[Exception] = self.module.OperationalError
+        self.InterfaceError: type[Exception] = self.module.InterfaceError
+        self.QueryCanceled: type[Exception] = errors.QueryCanceled
+        self.LockNotAvailable: type[Exception] = errors.LockNotAvailable
+        self.UndefinedTable: type[Exception] = errors.UndefinedTable
+
+    def connect(self, params: dict[str, Any]) -> Any:
+        """A new connection in autocommit mode (the driver's Error if it fails)."""
+        raise NotImplementedError
+
+    def execute(self, conn: Any, sql: str, params: Any = None, *, prepare: bool = False) -> Any:
+        """Send ``sql``; a cursor with the outcome (``fetchone()``, ``rowcount``)."""
+        raise NotImplementedError
+
+    def broken(self, conn: Any) -> bool:
+        """The connection was lost (not merely an error on a statement)."""
+        raise NotImplementedError
+
+
+class Psycopg3(Driver):
+    name = "psycopg"
+
+    def __init__(self) -> None:
+        import psycopg
+
+        self.module = psycopg
+        super().__init__()
+
+    def connect(self, params: dict[str, Any]) -> Any:
+        return self.module.connect(autocommit=True, **params)
+
+    def execute(self, conn: Any, sql: str, params: Any = None, *, prepare: bool = False) -> Any:
+        return conn.execute(sql, params, prepare=prepare or None)
+
+    def broken(self, conn: Any) -> bool:
+        return bool(conn.broken)
+
+
+class Psycopg2(Driver):
+    name = "psycopg2"
+
+    def __init__(self) -> None:
+        import psycopg2
+        import psycopg2.errors
+        import psycopg2.extensions
+
+        self.module = psycopg2
+        super().__init__()
+
+        class Connection(psycopg2.extensions.connection):  # type: ignore[misc]
+            """Remembers which statements this server session has prepared."""
+
+            prepared: set[str]
+
+        self.connection_class = Connection
+
+    def connect(self, params: dict[str, Any]) -> Any:
+        conn = self.module.connect(connection_factory=self.connection_class, **params)
+        conn.autocommit = True
+        conn.prepared = set()
+        return conn
+
+    def execute(self, conn: Any, sql: str, params: Any = None, *, prepare: bool = False) -> Any:
+        cur = conn.cursor()
+        if prepare:
+            sql, params = self._prepared(conn, cur, sql, params)
+        try:
+            cur.execute(sql, params)
+        except ValueError as exc:  # a NUL or a lone surrogate, refused before sending
+            raise self.DataError(f"{type(exc).__name__}: {exc}") from exc
+        return cur
+
+    def _prepared(self, conn: Any, cur: Any, sql: str, params: dict[str, Any]) -> tuple[str, Any]:
+        """``EXECUTE`` of ``sql`` prepared on this connection (``PREPARE`` it first)."""
+        names = list(dict.fromkeys(_NAMED.findall(sql)))
+        name = "grousset_" + hashlib.blake2b(sql.encode(), digest_size=8).hexdigest()
+        if name not in conn.prepared:
+            numbered = _NAMED.sub(lambda m: f"${names.index(m.group(1)) + 1}", sql)
+            cur.execute(f"PREPARE {name} AS {numbered.replace('%%', '%')}")
+            conn.prepared.add(name)
+        return f"EXECUTE {name}({', '.join(f'%({n})s' for n in names)})", params
+
+    def broken(self, conn: Any) -> bool:
+        return int(conn.closed) == 2
+
+
+_driver: Driver | None = None
+
+
+def driver() -> Driver:
+    """The driver Django's PostgreSQL backend uses in this process."""
+    global _driver
+    if _driver is None:
+        _driver = Psycopg3() if is_psycopg3() else Psycopg2()
+    return _driver

@@ -1,0 +1,93 @@
+"""The PostgreSQL store on the driver Django's connection uses — psycopg 3, or psycopg2
+(``GROUSSET_TEST_PG_DRIVER=psycopg2``, and the compat stack ``pg2`` that has only
+psycopg2): the driver's errors keep their meaning for the guarantee. An outage or a
+timeout is StoreUnavailable (fail closed); data the database refuses is
+PoisonDelivery (permanent); a session lost while idle is reconnected once."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from django.db import connections
+
+from celery_grousset.claim import ClaimRequest, Kind
+from celery_grousset.exceptions import PoisonDelivery, StoreUnavailable
+from celery_grousset.store import Completion
+from celery_grousset.store.pgdriver import driver
+from celery_grousset.store.postgresql import PostgresStore
+from tests import services
+
+
+def make(processor: str, fp: str | None = None) -> ClaimRequest:
+    return ClaimRequest(
+        processor, fp or uuid.uuid4().hex * 2, "t", uuid.uuid4().hex, uuid.uuid4().hex, "w",
+        "", 60.0, 3600.0, 3,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def pg() -> Iterator[PostgresStore]:
+    """A store of its own on the journal's PostgreSQL (1 s STORE_TIMEOUT)."""
+    services.require_database("postgresql")
+    store = PostgresStore("postgresql", connections.settings["postgresql"], timeout=1.0)
+    yield store
+    store.close()
+
+
+def test_a_row_lock_held_past_the_store_timeout_is_store_unavailable(pg: PostgresStore) -> None:
+    processor = f"lock-{uuid.uuid4().hex[:8]}"
+    first = make(processor)
+    assert pg.claim(first).kind is Kind.NEW
+    # Given another session holding the row's lock in an open transaction
+    other = driver().connect(pg._params())
+    driver().execute(other, "BEGIN")
+    driver().execute(
+        other, "SELECT 1 FROM celery_grousset_outcome WHERE fingerprint = %s FOR UPDATE",
+        (first.fingerprint,),
+    )  # fmt: skip
+    try:
+        # When a claim of that key waits longer than STORE_TIMEOUT / Then it fails closed
+        with pytest.raises(StoreUnavailable, match="did not answer within 1 s"):
+            pg.claim(make(processor, first.fingerprint))
+    finally:
+        other.close()
+    # And the store's connection still works once the lock is gone
+    assert pg.claim(make(processor, first.fingerprint)).kind is Kind.IN_FLIGHT
+
+
+def test_a_session_terminated_while_idle_is_reconnected_once(pg: PostgresStore) -> None:
+    processor = f"term-{uuid.uuid4().hex[:8]}"
+    assert pg.claim(make(processor)).kind is Kind.NEW  # connect (and prepare)
+    pid = pg._conn.info.backend_pid
+    # Given the server ended the store's session (restart, idle timeout, an operator)
+    pg.terminate_connection()
+    # When the next claim is sent / Then it goes through on a new session
+    assert pg.claim(make(processor)).kind is Kind.NEW
+    assert pg._conn.info.backend_pid != pid
+
+
+def test_a_nul_in_a_completion_is_a_permanent_error(pg: PostgresStore) -> None:
+    # psycopg2 refuses a NUL before sending (ValueError), PostgreSQL refuses it with
+    # psycopg 3 (DataError): both are the data's fault, never an outage.
+    processor = f"nul-{uuid.uuid4().hex[:8]}"
+    first = make(processor)
+    pg.claim(first)
+    bad = Completion("failed", None, "", "boom \x00 here")
+    with pytest.raises(PoisonDelivery, match="refused the data"):
+        pg.finish(processor, first.fingerprint, first.token, bad)
+    assert pg.finish(processor, first.fingerprint, first.token, Completion("failed", None, "", "x"))
+
+
+def test_a_database_without_the_journal_table_says_run_migrate() -> None:
+    services.require_database("postgresql")
+    # Given a store on a database where the journal was never migrated
+    bare = {**connections.settings["postgresql"], "NAME": "postgres"}
+    store = PostgresStore("postgresql", bare, timeout=1.0)
+    try:
+        # When it claims / Then the error names the fix, and it fails closed
+        with pytest.raises(StoreUnavailable, match=r"manage\.py migrate celery_grousset"):
+            store.claim(make("bare"))
+    finally:
+        store.close()
