@@ -12,11 +12,11 @@ both forms.
 =============================================  ===============  ==========================
 row found                                      decision         write
 =============================================  ===============  ==========================
-nothing                                        ``NEW``          insert, fence 1
+nothing                                        ``NEW``          insert, clock fence
 in flight, the caller's own token (re-sent)    ``RESUMED``      nothing
 in flight, before its ``stale_at``             ``IN_FLIGHT``    count a delivery
 in flight, stale, ``max_takeovers`` reached    ``GAVE_UP``      row -> failed
-in flight, stale                               ``TAKEOVER``     claim (fence + 1)
+in flight, stale                               ``TAKEOVER``     claim (next fence)
 ``expires_on`` passed                          ``EXPIRED``      claim, counters reset
 failed and released (no memo)                  ``RECLAIM``      claim
 completed                                      ``COMPLETED``    count a delivery
@@ -27,6 +27,13 @@ anything else (a memoized failure)             ``FAILED``       count a delivery
 as ``started_at + max_processing_time`` on the database clock. The admin, the
 management commands and the metrics read the same column through
 :mod:`celery_grousset.journal`.
+
+Fences never go back for a key, even after its row is purged: a claim that takes a
+row writes :func:`next_fence` — the greater of the row's fence + 1 and the claim's
+moment on the database clock in microseconds since the epoch (:func:`clock_fence`); a
+new row gets the clock value. A row inserted after a purge is therefore above every
+fence issued before it, as long as the database clock does not step back
+(docs/guarantee.md, "Fencing tokens").
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 
 
 class Status(str, enum.Enum):
@@ -49,8 +56,8 @@ class Status(str, enum.Enum):
 class Write(enum.Enum):
     """What a decision writes to the row."""
 
-    INSERT = "insert"  #: a new row, fence 1
-    CLAIM = "claim"  #: the caller takes the row: new token, fence + 1
+    INSERT = "insert"  #: a new row, fence = the clock (:func:`clock_fence`)
+    CLAIM = "claim"  #: the caller takes the row: new token, :func:`next_fence`
     CLAIM_RESET = "claim_reset"  #: the same, on an expired row: counters start again
     GIVE_UP = "give_up"  #: the row turns failed (``max_takeovers`` reached)
     COUNT = "count"  #: one more delivery, nothing else
@@ -194,6 +201,21 @@ RULES: tuple[tuple[tuple[Condition, ...], Kind], ...] = (
     ((DONE,), Kind.COMPLETED),
     ((), Kind.FAILED),
 )
+
+
+def clock_fence(now: datetime) -> int:
+    """The fence of a new row claimed at ``now`` (database clock): microseconds since the
+    Unix epoch. The PostgreSQL statement computes the same value in SQL."""
+    return (now - _EPOCH) // _MICROSECOND
+
+
+def next_fence(fence: int, now: datetime) -> int:
+    """The fence of a claim that takes a row whose fence is ``fence``, at ``now``."""
+    return max(fence + 1, clock_fence(now))
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
 
 
 def decide(prev: Prev | None, now: datetime, req: ClaimRequest) -> Kind:

@@ -39,7 +39,11 @@ class Outcome(models.Model):
         max_length=255, blank=True, help_text="Delivery that holds / completed the claim."
     )
     status = models.CharField(max_length=16, choices=Status.choices)
-    fence = models.BigIntegerField(help_text="Monotonic fencing token: +1 on every claim.")
+    fence = models.BigIntegerField(
+        help_text="Fencing token, growing on every claim of the key, also across a purge: "
+        "max(previous fence + 1, the claim's database clock in microseconds since the "
+        "epoch); a new row gets the clock value (as long as that clock does not step back)."
+    )
     claim_token = models.CharField(max_length=32, help_text="Random per attempt.")
     started_at = models.DateTimeField(help_text="Database clock.")
     stale_at = models.DateTimeField(

@@ -242,7 +242,8 @@ def test_inspect_by_prefix_as_json(store: Store, alias: str, processor: str) -> 
     # Then the JSON object carries the decoded memo and the counters
     assert data["fingerprint"] == first.fingerprint and data["task_id"] == first.task_id
     assert data["memo"] == [1, "two"] and data["memo_error"] is None
-    assert (data["deliveries"], data["duplicates"], data["fence"]) == (2, 1, 1)
+    assert (data["deliveries"], data["duplicates"]) == (2, 1)
+    assert data["fence"] == rows(alias, processor).get(fingerprint=first.fingerprint).fence
     assert data["status"] == "completed" and data["expired"] is False
 
 
@@ -285,10 +286,11 @@ def test_release_in_flight_lets_the_next_delivery_run(
     running = in_flight(store, processor)
     # When released by fingerprint
     out = run("grousset_release", running.fingerprint, database=alias)
-    # Then the next delivery owns the record at once, with the next fence
+    # Then the next delivery owns the record at once, with a higher fence
     assert "released the in-flight claim" in out
+    fence = rows(alias, processor).get(fingerprint=running.fingerprint).fence
     res = store.claim(req(processor, running.fingerprint))
-    assert res.owned and res.kind is Kind.RECLAIM and res.fence == 2
+    assert res.owned and res.kind is Kind.RECLAIM and res.fence > fence
     # And the old holder's completion is refused (fenced out)
     assert not store.finish(
         processor,
@@ -313,7 +315,7 @@ def test_release_refuses_completed_without_force(store: Store, alias: str, proce
     # Then it is forgotten: the next delivery runs again, with a higher fence
     assert "forgot the completed outcome" in out
     res = store.claim(req(processor, done.fingerprint))
-    assert res.owned and res.kind is Kind.EXPIRED and res.fence == 2
+    assert res.owned and res.kind is Kind.EXPIRED and res.fence > before.fence
 
 
 def test_release_needs_processor_when_several_hold_it(

@@ -15,7 +15,7 @@ from django.db import transaction
 from django.db.models import F
 
 from celery_grousset import journal
-from celery_grousset.claim import ENC_EXCEPTION, ENC_GAVE_UP, ClaimRequest, Kind
+from celery_grousset.claim import ENC_EXCEPTION, ENC_GAVE_UP, ClaimRequest, Kind, clock_fence
 from celery_grousset.models import Outcome
 from celery_grousset.store.base import Completion, Store
 
@@ -57,34 +57,35 @@ def test_new_fingerprint_is_claimed(store: Store, alias: str, processor: str, fp
     # Given nothing in the journal / When a claim arrives
     r = req(processor, fp)
     res = store.claim(r)
-    # Then the caller owns a fresh in-flight record with fence 1
+    # Then the caller owns a fresh in-flight record, fenced by the claim's moment
     assert res.kind is Kind.NEW and res.owned
-    assert (res.fence, res.deliveries, res.takeovers, res.status) == (1, 1, 0, "in_flight")
+    assert (res.deliveries, res.takeovers, res.status) == (1, 0, "in_flight")
     rec = row(alias, processor, fp)
+    assert res.fence == rec.fence == clock_fence(rec.started_at)
     assert rec.claim_token == r.token and rec.task_id == r.task_id and rec.worker == "w:1"
     assert rec.expires_on - rec.started_at == timedelta(seconds=3600)
 
 
 def test_fresh_in_flight_claim_is_not_taken(store: Store, processor: str, fp: str) -> None:
     # Given a fresh claim
-    store.claim(req(processor, fp))
+    fence = store.claim(req(processor, fp)).fence
     # When another delivery claims
     res = store.claim(req(processor, fp))
     # Then it does not own it, is told when the claim turns stale, and is counted
     assert res.kind is Kind.IN_FLIGHT and not res.owned
     assert 55 < res.retry_in <= 60
-    assert res.deliveries == 2 and res.fence == 1
+    assert res.deliveries == 2 and res.fence == fence
 
 
 def test_resent_claim_with_own_token_is_recognised(store: Store, processor: str, fp: str) -> None:
     # Given a claim whose answer was lost (connection dropped)
     first = req(processor, fp)
-    store.claim(first)
+    fence = store.claim(first).fence
     # When the same claim (same token) is sent again
     res = store.claim(first)
     # Then the caller still owns it and no delivery is added
     assert res.kind is Kind.RESUMED and res.owned
-    assert res.deliveries == 1 and res.fence == 1
+    assert res.deliveries == 1 and res.fence == fence
 
 
 def test_completed_returns_memo(store: Store, alias: str, processor: str, fp: str) -> None:
@@ -107,22 +108,37 @@ def test_stale_claim_is_taken_over_and_zombie_fenced(
 ) -> None:
     # Given an in-flight claim older than max_processing_time
     zombie = req(processor, fp)
-    store.claim(zombie)
+    fence = store.claim(zombie).fence
     age(alias, processor, fp, 61)
     # When another delivery claims
     taker = req(processor, fp)
     res = store.claim(taker)
-    # Then it takes over with fence + 1
+    # Then it takes over with a higher fence
     assert res.kind is Kind.TAKEOVER and res.owned
-    assert (res.fence, res.takeovers, res.deliveries) == (2, 1, 2)
+    assert res.fence > fence and (res.takeovers, res.deliveries) == (1, 2)
     # And the zombie's completion is refused while the taker's lands
     assert not store.finish(processor, fp, zombie.token, completed(b"1"))
     assert store.finish(processor, fp, taker.token, completed(b"2"))
     assert not store.finish(processor, fp, zombie.token, completed(b"1"))
     rec = row(alias, processor, fp)
-    assert bytes(rec.result) == b"2" and rec.fence == 2 and rec.takeovers == 1
+    assert bytes(rec.result) == b"2" and rec.fence == res.fence and rec.takeovers == 1
     # And the new epoch's window is measured from one clock reading
     assert rec.expires_on - rec.started_at == timedelta(seconds=3600)
+
+
+def test_a_takeover_adds_one_to_a_fence_ahead_of_the_clock(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    # Given a stale claim whose fence is ahead of the database clock (issued before the
+    # clock stepped back)
+    store.claim(req(processor, fp))
+    ahead = clock_fence(journal.now(alias)) + 10**12
+    Outcome.objects.using(alias).filter(processor_id=processor, fingerprint=fp).update(fence=ahead)
+    age(alias, processor, fp, 61)
+    # When another delivery takes it over
+    res = store.claim(req(processor, fp))
+    # Then the fence still grows, by one
+    assert res.kind is Kind.TAKEOVER and res.fence == ahead + 1
 
 
 def test_max_takeovers_gives_up(store: Store, alias: str, processor: str, fp: str) -> None:
@@ -145,13 +161,13 @@ def test_max_takeovers_gives_up(store: Store, alias: str, processor: str, fp: st
 def test_released_failure_is_claimed_again(store: Store, processor: str, fp: str) -> None:
     # Given an attempt that failed and released its claim
     first = req(processor, fp)
-    store.claim(first)
+    fence = store.claim(first).fence
     assert store.finish(processor, fp, first.token, Completion("failed", None, "", "E: x"))
     # When the next delivery claims
     res = store.claim(req(processor, fp))
-    # Then it owns the record again with a new fence; takeovers unchanged
+    # Then it owns the record again with a higher fence; takeovers unchanged
     assert res.kind is Kind.RECLAIM and res.owned
-    assert (res.fence, res.takeovers) == (2, 0)
+    assert res.fence > fence and res.takeovers == 0
 
 
 def test_memoized_failure_is_replayed(store: Store, processor: str, fp: str) -> None:
@@ -170,7 +186,7 @@ def test_expired_record_is_claimed_with_counters_reset(
 ) -> None:
     # Given a completed record whose retention window has passed, after duplicates
     first = req(processor, fp)
-    store.claim(first)
+    fence = store.claim(first).fence
     store.claim(req(processor, fp))
     store.finish(processor, fp, first.token, completed())
     age(alias, processor, fp, 3601, "expires_on")
@@ -178,7 +194,7 @@ def test_expired_record_is_claimed_with_counters_reset(
     res = store.claim(req(processor, fp))
     # Then it runs again: a new epoch, but the fence keeps counting up
     assert res.kind is Kind.EXPIRED and res.owned
-    assert (res.deliveries, res.takeovers, res.fence) == (1, 0, 2)
+    assert (res.deliveries, res.takeovers) == (1, 0) and res.fence > fence
     assert res.result is None
 
 
@@ -251,6 +267,30 @@ def test_purge_deletes_only_expired_terminal_rows(store: Store, alias: str, proc
     )
     assert deleted >= 2  # (and any other test's expired rows)
     assert left == {fps["fresh"], fps["flight"]}
+
+
+def test_fences_keep_growing_across_a_purge(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    # Given a key whose claim was taken over twice (a zombie may still hold the last
+    # fence but one), then completed, expired and purged
+    first = store.claim(req(processor, fp)).fence
+    age(alias, processor, fp, 61)
+    second = store.claim(req(processor, fp)).fence
+    age(alias, processor, fp, 61)
+    last = req(processor, fp)
+    highest = store.claim(last).fence
+    assert first < second < highest
+    assert store.finish(processor, fp, last.token, completed())
+    age(alias, processor, fp, 3601, "expires_on")
+    journal.purge_expired(alias)
+    assert not Outcome.objects.using(alias).filter(processor_id=processor, fingerprint=fp)
+    # When the key is claimed again (a new row)
+    res = store.claim(req(processor, fp))
+    # Then its fence is above every fence issued for the key before the purge, so an
+    # external system that remembers the highest fence refuses the old attempts
+    assert res.kind is Kind.NEW and res.fence > highest
+    assert row(alias, processor, fp).fence == res.fence
 
 
 def test_times_come_from_the_database_clock(

@@ -22,8 +22,10 @@ from celery_grousset.claim import (
     Prev,
     Status,
     Write,
+    clock_fence,
     decide,
     gave_up_message,
+    next_fence,
 )
 from celery_grousset.store.base import RELEASED, ClaimResult, Completion, Store
 
@@ -123,18 +125,19 @@ class LockingStore(Store):
     def _insert(
         self, cur: Any, req: ClaimRequest, kind: Kind, found: Found | None, now: datetime
     ) -> ClaimResult:
-        p = self.ph
+        p, fence = self.ph, clock_fence(now)
         cur.execute(
             f"INSERT INTO {TABLE} (processor_id, fingerprint, task_name, task_id, status, "
             "fence, claim_token, started_at, stale_at, completed_at, expires_on, deliveries, "
             "takeovers, result, result_encoding, error, worker, args_repr, payload_hash) VALUES "
-            f"({p}, {p}, {p}, {p}, 'in_flight', 1, {p}, {p}, {p}, NULL, {p}, 1, 0, NULL, '', "
+            f"({p}, {p}, {p}, {p}, 'in_flight', {p}, {p}, {p}, {p}, NULL, {p}, 1, 0, NULL, '', "
             f"'', {p}, {p}, {p})",
             (
                 req.processor_id,
                 req.fingerprint,
                 req.task_name,
                 req.task_id,
+                fence,
                 req.token,
                 *self._times(req, now),
                 req.worker,
@@ -142,13 +145,13 @@ class LockingStore(Store):
                 req.payload_hash,
             ),
         )
-        return _owned(req, kind, now, fence=1, deliveries=1, takeovers=0, error="")
+        return _owned(req, kind, now, fence=fence, deliveries=1, takeovers=0, error="")
 
     def _claim(
         self, cur: Any, req: ClaimRequest, kind: Kind, found: Found | None, now: datetime
     ) -> ClaimResult:
         assert found is not None
-        fence = found.fence + 1
+        fence = next_fence(found.fence, now)
         if WRITES[kind] is Write.CLAIM_RESET:  # expired: a new life for the key
             deliveries, takeovers, error = 1, 0, ""
         else:

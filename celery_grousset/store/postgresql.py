@@ -62,6 +62,8 @@ _TAKEOVER = f"{_A} = '{Kind.TAKEOVER.code}'"
 # expires_on - started_at is exactly expires_after.
 _T = "EXCLUDED.started_at"
 _GAVE_UP_ERROR = gave_up_message("{n}").replace("'", "''")
+# A new row's fence: the claim's moment in microseconds since the epoch (claim.clock_fence).
+_CLOCK_FENCE = "(EXTRACT(EPOCH FROM lock_first.t) * 1000000)::int8"
 
 
 def _if(cond: str, then: str, col: str) -> str:
@@ -70,7 +72,9 @@ def _if(cond: str, then: str, col: str) -> str:
 
 _SET = {
     "claim_token": _if(_CLAIM, "EXCLUDED.claim_token", "claim_token"),
-    "fence": _if(_CLAIM, "o.fence + 1", "fence"),
+    # The clock fence the insert proposed, or one more than the row's (fences never go
+    # back, even across a purge: docs/guarantee.md, "Fencing tokens").
+    "fence": _if(_CLAIM, "GREATEST(o.fence + 1, EXCLUDED.fence)", "fence"),
     "status": f"CASE WHEN {_CLAIM} THEN 'in_flight' WHEN {_GIVE_UP} THEN 'failed' "
     "ELSE o.status END",
     "task_name": _if(_CLAIM, "EXCLUDED.task_name", "task_name"),
@@ -109,7 +113,7 @@ WITH prev AS MATERIALIZED (
         processor_id, fingerprint, task_name, task_id, status, fence, claim_token,
         started_at, stale_at, completed_at, expires_on, deliveries, takeovers, result,
         result_encoding, error, worker, args_repr, payload_hash)
-    SELECT %(p)s, %(f)s, %(task)s, %(tid)s, 'in_flight', 1, %(tok)s,
+    SELECT %(p)s, %(f)s, %(task)s, %(tid)s, 'in_flight', {_CLOCK_FENCE}, %(tok)s,
         lock_first.t, lock_first.t + make_interval(secs => %(mpt)s), NULL,
         lock_first.t + make_interval(secs => %(exp)s), 1, 0, NULL, '', lock_first.a,
         %(worker)s, %(args)s, %(ph)s
