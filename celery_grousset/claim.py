@@ -107,14 +107,16 @@ WRITES: dict[Kind, Write] = {
 }
 _OWNING = frozenset({Write.INSERT, Write.CLAIM, Write.CLAIM_RESET})
 
-# '' is NEW: the statement's lookup found no row to decide on.
+# '' is NEW: the statement's lookup found no row to decide on. The codes of the decisions
+# that take the row (r, t, x) sort after 'q' and all others before it: the PostgreSQL
+# statement tests "claims" with one comparison (checked where it does).
 _CODES = {
     Kind.NEW: "",
     Kind.RESUMED: "o",
     Kind.IN_FLIGHT: "i",
     Kind.GAVE_UP: "g",
     Kind.TAKEOVER: "t",
-    Kind.EXPIRED: "e",
+    Kind.EXPIRED: "x",
     Kind.RECLAIM: "r",
     Kind.COMPLETED: "c",
     Kind.FAILED: "f",
@@ -147,6 +149,8 @@ class ClaimRequest:
     #: BLAKE3 of all the bound arguments of a keyed call ('' for a plain call, or when
     #: payload validation is off): written by every claim that takes the row
     payload_hash: str = ""
+    #: this delivery is an in-flight requeue of one already counted (its requeues header)
+    bounce: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +163,8 @@ class Prev:
     result_encoding: str
     takeovers: int
     claim_token: str
+    #: the delivery that holds (or completed) the row
+    task_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +224,34 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MICROSECOND = timedelta(microseconds=1)
 
 
+#: The claim is a redelivery of a delivery already counted: the row's own task id again
+#: (a broker redelivery, a Celery retry) or an in-flight requeue. Every other delivery
+#: that the row answers (memo, memoized failure, in-flight policy, gave up) is a duplicate.
+REDELIVERY = Condition(
+    "a redelivery",
+    lambda p, now, r: r.bounce or r.task_id == p.task_id,
+    "(%(bounce)s OR o.task_id = %(tid)s)",
+)
+
+
+def is_duplicate(kind: Kind, prev: Prev, req: ClaimRequest) -> bool:
+    """Whether this claim counts as a duplicate: another delivery of the key that the row
+    answers (the memo, a memoized failure, the in-flight policy, gave up), not a
+    redelivery (docs/operations.md, "Deliveries, duplicates and redeliveries")."""
+    answered = WRITES[kind] in (Write.COUNT, Write.GIVE_UP)
+    return answered and not REDELIVERY.test(prev, prev.stale_at, req)
+
+
+def recorded(kind: Kind, prev: Prev, req: ClaimRequest) -> str | None:
+    """The task id this claim adds to the deliveries table (``Delivery``), or None: a claim
+    by another delivery than the row's records that delivery when the row answers it, or
+    the row's own delivery when the claim takes the row from it. The PostgreSQL
+    statement applies the same rule in SQL."""
+    if WRITES[kind] is Write.NOTHING or req.task_id == prev.task_id:
+        return None
+    return prev.task_id if kind.owned else req.task_id
+
+
 def decide(prev: Prev | None, now: datetime, req: ClaimRequest) -> Kind:
     """The decision for ``req`` on the row ``prev``; ``now`` is the database clock."""
     if prev is None:
@@ -231,15 +265,16 @@ def decide(prev: Prev | None, now: datetime, req: ClaimRequest) -> Kind:
 def decision_sql(now: str) -> str:
     """:data:`RULES` as one SQL ``CASE`` on the row ``o``, giving each decision's code."""
     whens = [
-        f"WHEN {' AND '.join(f'({c.sql})' for c in conditions)} THEN '{kind.code}'"
+        f"WHEN {' AND '.join(f'({c.sql})' if ' OR ' in c.sql else c.sql for c in conditions)} "
+        f"THEN '{kind.code}'"
         for conditions, kind in RULES[:-1]
     ]
     return f"CASE {' '.join(whens)} ELSE '{RULES[-1][1].code}' END".format(now=now)
 
 
 def codes(*writes: Write) -> str:
-    """The codes of the decisions that make these writes, as a SQL list: ``('e', 't')``."""
-    return "(" + ", ".join(f"'{k.code}'" for k, w in WRITES.items() if w in writes) + ")"
+    """The codes of the decisions that make these writes, as a SQL list: ``('x','t')``."""
+    return "(" + ",".join(f"'{k.code}'" for k, w in WRITES.items() if w in writes) + ")"
 
 
 def gave_up_message(takeovers: int | str) -> str:

@@ -150,6 +150,40 @@ def test_search_by_fingerprint_prefix_and_exact_task_id(journal: str, processor:
     assert search(two.task_id[:-3]) == [False, False]
 
 
+def test_a_duplicate_delivery_is_found_and_counted_apart(journal: str, processor: str) -> None:
+    # Given a completed row that answered one duplicate delivery and one redelivery of its
+    # own task id, after a takeover (so its first claim is older than its attempt)
+    row = put(journal, processor, status="in_flight")
+    store = get_store(journal)
+    Outcome.objects.using(journal).filter(pk=row.pk).update(
+        started_at=F("started_at") - timedelta(seconds=120),
+        stale_at=F("stale_at") - timedelta(seconds=120),
+        first_claimed_at=F("first_claimed_at") - timedelta(seconds=120),
+    )
+
+    def claim(task_id: str, token: str | None = None) -> Kind:
+        return store.claim(ClaimRequest(
+            processor_id=processor, fingerprint=row.fingerprint, task_name="tests.effect",
+            task_id=task_id, token=token or uuid.uuid4().hex, worker="w:2", args_repr="(1,)",
+            max_processing_time=60.0, expires_after=3600.0, max_takeovers=3,
+        )).kind  # fmt: skip
+
+    token = uuid.uuid4().hex
+    assert claim(row.task_id, token) is Kind.TAKEOVER  # its own redelivery takes over
+    assert store.finish(processor, row.fingerprint, token, Completion("completed", b"1",
+                        "application/json;utf-8"))  # fmt: skip
+    dup = f"dup-{uuid.uuid4().hex}"
+    assert claim(dup) is Kind.COMPLETED
+    client = client_for(make_user(superuser=True))
+    # When the admin searches the duplicate's task id / Then the row is listed
+    resp = client.get(URL, {"q": dup, "processor": processor})
+    assert listed(resp.content.decode(), row) == [True]
+    # And its detail page shows both times and the duplicate apart from the redelivery
+    html = client.get(f"{URL}{row.pk}/change/").content.decode()
+    assert "<th>first claim</th>" in html and "<th>started</th>" in html
+    assert "1 duplicate(s), 1 redelivery(ies) or requeue(s)" in html
+
+
 @pytest.mark.parametrize(
     "term",
     ["%", "_", "%%_", "\x00", "ab\x00cd", "a" * 10_000, "f" * 10_000, "ünïcødé ☃ 🦆",

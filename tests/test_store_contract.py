@@ -42,8 +42,8 @@ def row(alias: str, processor: str, fp: str) -> Outcome:
 
 
 def age(alias: str, processor: str, fp: str, seconds: float, field: str = "started_at") -> None:
-    """Move a row's times back; ageing the claim moves its stale_at with its started_at."""
-    fields = ("started_at", "stale_at") if field == "started_at" else (field,)
+    """Move a row's times back; ageing the claim moves its stale_at and first claim with it."""
+    fields = ("started_at", "stale_at", "first_claimed_at") if field == "started_at" else (field,)
     Outcome.objects.using(alias).filter(processor_id=processor, fingerprint=fp).update(
         **{f: F(f) - timedelta(seconds=seconds) for f in fields}
     )
@@ -291,6 +291,93 @@ def test_fences_keep_growing_across_a_purge(
     # external system that remembers the highest fence refuses the old attempts
     assert res.kind is Kind.NEW and res.fence > highest
     assert row(alias, processor, fp).fence == res.fence
+
+
+def test_duplicates_are_counted_apart_from_redeliveries(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    # Given a claim held by delivery A
+    a = req(processor, fp, task_id=f"{fp[:16]}-a")
+    store.claim(a)
+    # When A is delivered again (a broker redelivery: same task id, new attempt), a requeue
+    # of another delivery bounces on it, and another delivery B arrives twice (B, then B's
+    # in-flight requeue)
+    again = [
+        store.claim(req(processor, fp, task_id=f"{fp[:16]}-a")),
+        store.claim(req(processor, fp, task_id=f"{fp[:16]}-c", bounce=True)),
+        store.claim(req(processor, fp, task_id=f"{fp[:16]}-b")),
+        store.claim(req(processor, fp, task_id=f"{fp[:16]}-b", bounce=True)),
+    ]
+    assert {r.kind for r in again} == {Kind.IN_FLIGHT}
+    # Then only B's first delivery is a duplicate; the others are redeliveries
+    rec = row(alias, processor, fp)
+    assert (rec.deliveries, rec.duplicates) == (5, 1)
+    # And each delivery that is not the row's own can be found by its task id
+    assert [d.decision for d in journal.deliveries_of(alias, f"{fp[:16]}-b")] == ["i", "i"]
+    assert [r.pk for r in journal.find(alias, f"{fp[:16]}-b")] == [rec.pk]
+    assert journal.deliveries_of(alias, f"{fp[:16]}-a") == []  # the row's own: on the row
+    # When A completes and B is answered from the memo
+    assert store.finish(processor, fp, a.token, completed())
+    assert store.claim(req(processor, fp, task_id=f"{fp[:16]}-d")).kind is Kind.COMPLETED
+    assert store.claim(req(processor, fp, task_id=f"{fp[:16]}-a")).kind is Kind.COMPLETED
+    rec = row(alias, processor, fp)
+    assert (rec.deliveries, rec.duplicates) == (7, 2)
+    assert [d.decision for d in journal.deliveries_of(alias, f"{fp[:16]}-d")] == ["c"]
+
+
+def test_a_takeover_keeps_the_first_claim_time_and_records_the_displaced_delivery(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    # Given a stale claim of delivery A
+    store.claim(req(processor, fp, task_id=f"{fp[:16]}-a"))
+    age(alias, processor, fp, 61)
+    first = row(alias, processor, fp).started_at
+    assert row(alias, processor, fp).first_claimed_at == first
+    # When delivery B takes it over
+    res = store.claim(req(processor, fp, task_id=f"{fp[:16]}-b"))
+    assert res.kind is Kind.TAKEOVER
+    # Then the row keeps its first claim time beside the current attempt's start
+    rec = row(alias, processor, fp)
+    assert rec.first_claimed_at == first < rec.started_at
+    assert (rec.task_id, rec.deliveries, rec.duplicates) == (f"{fp[:16]}-b", 2, 0)
+    # And A, no longer on the row, is found by its task id: taken over
+    assert [d.decision for d in journal.deliveries_of(alias, f"{fp[:16]}-a")] == ["t"]
+    assert "took it over" in journal.delivery_fate("t")
+    assert [r.pk for r in journal.find(alias, f"{fp[:16]}-a")] == [rec.pk]
+
+
+def test_an_expired_key_starts_its_counts_and_first_claim_again(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    # Given a completed row with a duplicate, past its retention window
+    first = req(processor, fp)
+    store.claim(first)
+    store.claim(req(processor, fp))
+    assert store.finish(processor, fp, first.token, completed())
+    age(alias, processor, fp, 3601, "expires_on")
+    # When it is claimed again
+    assert store.claim(req(processor, fp)).kind is Kind.EXPIRED
+    # Then it is a new life: one delivery, no duplicate, first claim = this claim
+    rec = row(alias, processor, fp)
+    assert (rec.deliveries, rec.duplicates) == (1, 0)
+    assert rec.first_claimed_at == rec.started_at
+
+
+def test_recorded_deliveries_are_purged_with_their_row(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    # Given a completed row that answered a duplicate, expired
+    first = req(processor, fp)
+    store.claim(first)
+    dup = req(processor, fp)
+    store.claim(dup)
+    assert store.finish(processor, fp, first.token, completed())
+    assert len(journal.deliveries_of(alias, dup.task_id)) == 1
+    age(alias, processor, fp, 3601, "expires_on")
+    # When the journal is purged
+    journal.purge_expired(alias)
+    # Then the duplicate's record went with the row
+    assert journal.deliveries_of(alias, dup.task_id) == []
 
 
 def test_times_come_from_the_database_clock(

@@ -54,6 +54,16 @@ def record_of(
     return Outcome.objects.using(alias).get(task_name=task.name, fingerprint=fp)
 
 
+def inspect(alias: str, needle: str) -> str:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("grousset_inspect", needle, database=alias, stdout=out)
+    return out.getvalue()
+
+
 def wait_for(predicate: Any, timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -98,6 +108,8 @@ def _two_hundred(alias: str, queue: str, key: str) -> int:
     rec = record_of(alias, effect, (key,), {"sleep": 0.2})
     assert rec.status == "completed" and rec.takeovers == 0
     assert values[0]["fence"] == rec.fence and rec.deliveries >= 200
+    # every other publish is one duplicate, however often its in-flight requeues bounced
+    assert rec.duplicates == 199, (rec.deliveries, rec.duplicates)
     return effects(alias, key)
 
 
@@ -157,6 +169,14 @@ def test_sigkill_mid_effect_is_taken_over_after_max_processing_time(
         rec = record_of(pg, task, (key, 5.0))
         assert rec.status == "completed" and rec.takeovers == 1 and rec.fence > killed
         assert value["fence"] == rec.fence and value["pid"] != pid
+        # And one publish shows no duplicate: its redelivery, requeues and takeover are
+        # counted as redeliveries, and the first claim's time is kept beside the takeover's
+        assert rec.duplicates == 0 and rec.deliveries >= 2
+        assert rec.first_claimed_at is not None and rec.first_claimed_at < rec.started_at
+        story = inspect(pg, result.id)
+        again = rec.deliveries - 1
+        assert f"{rec.deliveries} deliveries (0 duplicates, {again} redeliver" in story, story
+        assert "first claim" in story
         assert time.monotonic() - t0 >= 1.0  # it did not run at once: it waited for staleness
         if task is booking:
             # transactional: the killed attempt's write never committed

@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 
 from celery_grousset.claim import (
     ENC_GAVE_UP,
+    REDELIVERY,
+    WRITES,
     ClaimRequest,
     Kind,
     Write,
@@ -53,15 +55,23 @@ KEY = "{t}fingerprint = %(f)s AND {t}processor_id || '' = %(p)s"
 # CTE instead, each of its ~20 uses was a separate sub-plan for the executor to set up on
 # every call: measured 3 % of a claim + complete, 7 % of a duplicate claim.)
 _A = "EXCLUDED.error"
-_CLAIM = f"{_A} IN {codes(Write.CLAIM, Write.CLAIM_RESET)}"
-_RESET = f"{_A} IN {codes(Write.CLAIM_RESET)}"
-_GIVE_UP = f"{_A} IN {codes(Write.GIVE_UP)}"
-_KEEP = f"{_A} IN {codes(Write.NOTHING)}"
+# The decisions that take the row: their codes, and only theirs, sort after 'q' (one
+# comparison instead of a list keeps the statement short; see claim._CODES).
+_TAKES = "> 'q'"
+_CLAIM = f"{_A} {_TAKES}"
+assert {k.code for k, w in WRITES.items() if w in (Write.CLAIM, Write.CLAIM_RESET)} == {
+    k.code for k in Kind if k.code > "q"
+}
+_RESET = f"{_A} = '{Kind.EXPIRED.code}'"
+_GIVE_UP = f"{_A} = '{Kind.GAVE_UP.code}'"
+_KEEP = f"{_A} = '{Kind.RESUMED.code}'"
 _TAKEOVER = f"{_A} = '{Kind.TAKEOVER.code}'"
+_ANSWERED = f"{_A} IN {codes(Write.COUNT, Write.GIVE_UP)}"
 # The claim's one moment: read once, after the lock (see lock_first), so that
 # expires_on - started_at is exactly expires_after.
 _T = "EXCLUDED.started_at"
-_GAVE_UP_ERROR = gave_up_message("{n}").replace("'", "''")
+# (a parameter, not a literal: the statement's text stays under psycopg's 4 KiB cache limit)
+_GAVE_UP_ERROR = gave_up_message("{n}")
 # A new row's fence: the claim's moment in microseconds since the epoch (claim.clock_fence).
 _CLOCK_FENCE = "(EXTRACT(EPOCH FROM lock_first.t) * 1000000)::int8"
 
@@ -92,11 +102,15 @@ _SET = {
     "ELSE o.deliveries + 1 END",
     "takeovers": f"CASE WHEN {_RESET} THEN 0 WHEN {_TAKEOVER} THEN o.takeovers + 1 "
     "ELSE o.takeovers END",
+    # claim.counted(), in SQL
+    "duplicates": f"CASE WHEN {_RESET} THEN 0 WHEN {_ANSWERED} AND NOT {REDELIVERY.sql} "
+    "THEN o.duplicates + 1 ELSE o.duplicates END",
+    "first_claimed_at": _if(_RESET, _T, "first_claimed_at"),
     "result": f"CASE WHEN {_CLAIM} OR {_GIVE_UP} THEN NULL ELSE o.result END",
     "result_encoding": f"CASE WHEN {_CLAIM} THEN '' WHEN {_GIVE_UP} THEN '{ENC_GAVE_UP}' "
     "ELSE o.result_encoding END",
     "error": f"CASE WHEN {_RESET} THEN '' WHEN {_GIVE_UP} THEN "
-    f"replace('{_GAVE_UP_ERROR}', '{{n}}', o.takeovers::text) ELSE o.error END",
+    "replace(%(gu)s, '{n}', o.takeovers::text) ELSE o.error END",
 }
 
 # A conflict with '' (no row when the CTE looked: a concurrent first insert won the race)
@@ -104,19 +118,19 @@ _SET = {
 # the CTE decides on the winner's row like any other.
 CLAIM_SQL = f"""
 WITH prev AS MATERIALIZED (
-    SELECT {decision_sql(_NOW)} AS a
+    SELECT {decision_sql(_NOW)} AS a, o.task_id AS tid
     FROM celery_grousset_outcome AS o
     WHERE {KEY.format(t='o.')}
     FOR UPDATE
 ), ins AS (
     INSERT INTO celery_grousset_outcome AS o (
         processor_id, fingerprint, task_name, task_id, status, fence, claim_token,
-        started_at, stale_at, completed_at, expires_on, deliveries, takeovers, result,
-        result_encoding, error, worker, args_repr, payload_hash)
+        started_at, stale_at, expires_on, deliveries, takeovers, result_encoding, error,
+        worker, args_repr, payload_hash, first_claimed_at, duplicates)
     SELECT %(p)s, %(f)s, %(task)s, %(tid)s, 'in_flight', {_CLOCK_FENCE}, %(tok)s,
-        lock_first.t, lock_first.t + make_interval(secs => %(mpt)s), NULL,
-        lock_first.t + make_interval(secs => %(exp)s), 1, 0, NULL, '', lock_first.a,
-        %(worker)s, %(args)s, %(ph)s
+        lock_first.t, lock_first.t + make_interval(secs => %(mpt)s),
+        lock_first.t + make_interval(secs => %(exp)s), 1, 0, '', lock_first.a,
+        %(worker)s, %(args)s, %(ph)s, lock_first.t, 0
     FROM (SELECT {_NOW} AS t, coalesce(max(prev.a), '') AS a FROM prev) AS lock_first
     ON CONFLICT (processor_id, fingerprint) DO UPDATE SET
         {", ".join(f"{col} = {expr}" for col, expr in _SET.items())}
@@ -124,6 +138,10 @@ WITH prev AS MATERIALIZED (
     RETURNING o.fence, o.status, o.deliveries, o.takeovers, o.result,
         o.result_encoding, o.error, o.task_id, o.started_at, o.completed_at,
         GREATEST(0, EXTRACT(EPOCH FROM (o.stale_at - {_NOW})))::float8, o.payload_hash
+), d AS (
+    INSERT INTO celery_grousset_delivery (processor_id, fingerprint, task_id, decision, at)
+    SELECT %(p)s, %(f)s, CASE WHEN a {_TAKES} THEN tid ELSE %(tid)s END, a, now()
+    FROM prev WHERE a <> '{Kind.RESUMED.code}' AND tid <> %(tid)s
 )
 SELECT ins.*, coalesce(prev.a, ''),
     set_config('synchronous_commit', CASE WHEN prev.a IN {codes(Write.COUNT, Write.NOTHING)}
@@ -256,6 +274,8 @@ class PostgresStore(Store):
             "args": req.args_repr,
             "ph": req.payload_hash,
             "async": self.claim_commit == "async",
+            "bounce": req.bounce,
+            "gu": _GAVE_UP_ERROR,
         }
 
     def claim(self, req: ClaimRequest) -> ClaimResult:
