@@ -142,7 +142,8 @@ class OutcomeAdmin(ReadOnlyAdmin):
     actions = ("release_stale_claims", "forget_outcomes")
     _record = ("status_badge", "task_name", "task_id", "processor_id", "fingerprint", "worker")
     _outcome = ("memo", "result_encoding", "error", "args_repr")
-    _timeline = ("timeline", "stale_at", "fence", "deliveries", "takeovers", "claim_token")
+    _timeline = ("timeline", "stale_at", "fence", "deliveries", "duplicates", "takeovers",
+                 "claim_token")  # fmt: skip
     readonly_fields = _record + _outcome + _timeline
     fieldsets = (
         (None, {"fields": _record}),
@@ -164,6 +165,8 @@ class OutcomeAdmin(ReadOnlyAdmin):
     ) -> tuple[QuerySet[Outcome], bool]:
         term = clean_term(search_term)
         match = Q(task_id=term)  # exact; anything else only as a fingerprint prefix
+        for d in journal.deliveries_of(queryset.db, term) if term else ():
+            match |= Q(processor_id=d.processor_id, fingerprint=d.fingerprint)
         if _HEX.fullmatch(term.lower()):
             match |= journal.fingerprint_prefix(term.lower())
         return (queryset.filter(match) if term else queryset), False
@@ -232,7 +235,10 @@ class OutcomeAdmin(ReadOnlyAdmin):
     @admin.display(description=_("timeline"))
     def timeline(self, obj: Outcome) -> SafeString:
         now, start = journal.now(journal_alias()), obj.started_at
-        rows = [(_("started"), f"{_ts(start)} ({humanize(now - start)} ago)")]
+        first, rows = obj.first_claimed_at or start, list[tuple[Any, str]]()
+        if first != start:  # taken over or claimed again since its first claim
+            rows.append((_("first claim"), f"{_ts(first)} ({humanize(now - first)} ago)"))
+        rows.append((_("started"), f"{_ts(start)} ({humanize(now - start)} ago)"))
         end = obj.completed_at
         done = f"{_ts(end)} (after {humanize(end - start)})" if end is not None else None
         if done is None:
@@ -244,6 +250,9 @@ class OutcomeAdmin(ReadOnlyAdmin):
         rows.append((_("expires"), f"{_ts(obj.expires_on)} ({when})"))
         claims = f"fence {obj.fence}, {obj.takeovers} takeover(s), {obj.deliveries} delivery(ies)"
         rows.append((_("claims"), claims))
+        again = max(obj.deliveries - 1 - obj.duplicates, 0)
+        rows.append((_("deliveries"), f"{obj.duplicates} duplicate(s), {again} redelivery(ies) "
+                     "or requeue(s)"))  # fmt: skip
         body = format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", rows)
         return format_html('<table class="grousset-timeline">{}</table>', body)
 

@@ -12,28 +12,34 @@ both forms.
 =============================================  ===============  ==========================
 row found                                      decision         write
 =============================================  ===============  ==========================
-nothing                                        ``NEW``          insert, fence 1
+nothing                                        ``NEW``          insert, clock fence
 in flight, the caller's own token (re-sent)    ``RESUMED``      nothing
+inside its retention, for other arguments      ``MISMATCH``     count a delivery
 in flight, before its ``stale_at``             ``IN_FLIGHT``    count a delivery
-in flight, stale, claimed for other arguments  ``MISMATCH``     count a delivery
 in flight, stale, ``max_takeovers`` reached    ``GAVE_UP``      row -> failed
-in flight, stale                               ``TAKEOVER``     claim (fence + 1)
+in flight, stale                               ``TAKEOVER``     claim (next fence)
 ``expires_on`` passed                          ``EXPIRED``      claim, counters reset
-released, claimed for other arguments          ``MISMATCH``     count a delivery
 failed and released (no memo)                  ``RECLAIM``      claim
 completed                                      ``COMPLETED``    count a delivery
 anything else (a memoized failure)             ``FAILED``       count a delivery
 =============================================  ===============  ==========================
 
 "Other arguments" (:data:`OTHER_PAYLOAD`) is :func:`payload_differs` of the row's and
-the caller's payload hashes: a keyed call never takes over or re-claims a record its
-key holds for another payload (it is refused with ``PayloadMismatch``); a fresh claim,
-a completed record and a memoized failure are compared by the guard after the claim.
+the caller's payload hashes: a keyed call never gets, waits for, takes over or claims
+again a record its key holds for another payload inside its retention (the caller
+raises ``PayloadMismatch``); only an expired record is claimed afresh by any arguments.
 
 "Stale" is one rule (:data:`STALE`): the row's own ``stale_at``, written by the claim
 as ``started_at + max_processing_time`` on the database clock. The admin, the
 management commands and the metrics read the same column through
 :mod:`celery_grousset.journal`.
+
+Fences never go back for a key, even after its row is purged: a claim that takes a
+row writes :func:`next_fence` — the greater of the row's fence + 1 and the claim's
+moment on the database clock in microseconds since the epoch (:func:`clock_fence`); a
+new row gets the clock value. A row inserted after a purge is therefore above every
+fence issued before it, as long as the database clock does not step back
+(docs/guarantee.md, "Fencing tokens").
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 
 
 class Status(str, enum.Enum):
@@ -56,8 +62,8 @@ class Status(str, enum.Enum):
 class Write(enum.Enum):
     """What a decision writes to the row."""
 
-    INSERT = "insert"  #: a new row, fence 1
-    CLAIM = "claim"  #: the caller takes the row: new token, fence + 1
+    INSERT = "insert"  #: a new row, fence = the clock (:func:`clock_fence`)
+    CLAIM = "claim"  #: the caller takes the row: new token, :func:`next_fence`
     CLAIM_RESET = "claim_reset"  #: the same, on an expired row: counters start again
     GIVE_UP = "give_up"  #: the row turns failed (``max_takeovers`` reached)
     COUNT = "count"  #: one more delivery, nothing else
@@ -109,14 +115,16 @@ WRITES: dict[Kind, Write] = {
 }
 _OWNING = frozenset({Write.INSERT, Write.CLAIM, Write.CLAIM_RESET})
 
-# '' is NEW: the statement's lookup found no row to decide on.
+# '' is NEW: the statement's lookup found no row to decide on. The codes of the decisions
+# that take the row (r, t, x) sort after 'q' and all others before it: the PostgreSQL
+# statement tests "claims" with one comparison (checked where it does).
 _CODES = {
     Kind.NEW: "",
     Kind.RESUMED: "o",
     Kind.IN_FLIGHT: "i",
     Kind.GAVE_UP: "g",
     Kind.TAKEOVER: "t",
-    Kind.EXPIRED: "e",
+    Kind.EXPIRED: "x",
     Kind.RECLAIM: "r",
     Kind.COMPLETED: "c",
     Kind.FAILED: "f",
@@ -150,6 +158,8 @@ class ClaimRequest:
     #: BLAKE3 of all the bound arguments of a keyed call ('' for a plain call, or when
     #: payload validation is off): written by every claim that takes the row
     payload_hash: str = ""
+    #: this delivery is an in-flight requeue of one already counted (its requeues header)
+    bounce: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +173,8 @@ class Prev:
     takeovers: int
     claim_token: str
     payload_hash: str = ""
+    #: the delivery that holds (or completed) the row
+    task_id: str = ""
 
 
 def payload_differs(stored: str, given: str) -> bool:
@@ -192,6 +204,8 @@ EXHAUSTED = Condition("max_takeovers reached", lambda p, now, r: p.takeovers >= 
                       "o.takeovers >= %(maxt)s")
 EXPIRED = Condition("retention passed", lambda p, now, r: p.expires_on <= now,
                     "o.expires_on <= {now}")
+LIVE = Condition("inside its retention", lambda p, now, r: p.expires_on > now,
+                 "o.expires_on > {now}")
 RELEASED = Condition(
     "a released failure",
     lambda p, now, r: p.status == Status.FAILED and p.result_encoding == ENC_NONE,
@@ -208,16 +222,58 @@ DONE = Condition("completed", lambda p, now, r: p.status == Status.COMPLETED,
 #: The decision table, first match wins (a row always exists here: no row is ``NEW``).
 RULES: tuple[tuple[tuple[Condition, ...], Kind], ...] = (
     ((HELD, OWN), Kind.RESUMED),
+    ((OTHER_PAYLOAD, LIVE), Kind.MISMATCH),
     ((HELD, FRESH), Kind.IN_FLIGHT),
-    ((HELD, OTHER_PAYLOAD), Kind.MISMATCH),
     ((HELD, EXHAUSTED), Kind.GAVE_UP),
     ((HELD,), Kind.TAKEOVER),
     ((EXPIRED,), Kind.EXPIRED),
-    ((RELEASED, OTHER_PAYLOAD), Kind.MISMATCH),
     ((RELEASED,), Kind.RECLAIM),
     ((DONE,), Kind.COMPLETED),
     ((), Kind.FAILED),
 )
+
+
+def clock_fence(now: datetime) -> int:
+    """The fence of a new row claimed at ``now`` (database clock): microseconds since the
+    Unix epoch. The PostgreSQL statement computes the same value in SQL."""
+    return (now - _EPOCH) // _MICROSECOND
+
+
+def next_fence(fence: int, now: datetime) -> int:
+    """The fence of a claim that takes a row whose fence is ``fence``, at ``now``."""
+    return max(fence + 1, clock_fence(now))
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+#: The claim is a redelivery of a delivery already counted: the row's own task id again
+#: (a broker redelivery, a Celery retry) or an in-flight requeue. Every other delivery
+#: that the row answers (memo, memoized failure, in-flight policy, gave up) is a duplicate.
+REDELIVERY = Condition(
+    "a redelivery",
+    lambda p, now, r: r.bounce or r.task_id == p.task_id,
+    "(%(bounce)s OR o.task_id = %(tid)s)",
+)
+
+
+def is_duplicate(kind: Kind, prev: Prev, req: ClaimRequest) -> bool:
+    """Whether this claim counts as a duplicate: another delivery of the key that the row
+    answers (the memo, a memoized failure, the in-flight policy, gave up), not a
+    redelivery (docs/operations.md, "Deliveries, duplicates and redeliveries")."""
+    answered = WRITES[kind] in (Write.COUNT, Write.GIVE_UP)
+    return answered and not REDELIVERY.test(prev, prev.stale_at, req)
+
+
+def recorded(kind: Kind, prev: Prev, req: ClaimRequest) -> str | None:
+    """The task id this claim adds to the deliveries table (``Delivery``), or None: a claim
+    by another delivery than the row's records that delivery when the row answers it, or
+    the row's own delivery when the claim takes the row from it. The PostgreSQL
+    statement applies the same rule in SQL."""
+    if WRITES[kind] is Write.NOTHING or req.task_id == prev.task_id:
+        return None
+    return prev.task_id if kind.owned else req.task_id
 
 
 def decide(prev: Prev | None, now: datetime, req: ClaimRequest) -> Kind:
@@ -233,15 +289,16 @@ def decide(prev: Prev | None, now: datetime, req: ClaimRequest) -> Kind:
 def decision_sql(now: str) -> str:
     """:data:`RULES` as one SQL ``CASE`` on the row ``o``, giving each decision's code."""
     whens = [
-        f"WHEN {' AND '.join(f'({c.sql})' for c in conditions)} THEN '{kind.code}'"
+        f"WHEN {' AND '.join(f'({c.sql})' if ' OR ' in c.sql else c.sql for c in conditions)} "
+        f"THEN '{kind.code}'"
         for conditions, kind in RULES[:-1]
     ]
     return f"CASE {' '.join(whens)} ELSE '{RULES[-1][1].code}' END".format(now=now)
 
 
 def codes(*writes: Write) -> str:
-    """The codes of the decisions that make these writes, as a SQL list: ``('e', 't')``."""
-    return "(" + ", ".join(f"'{k.code}'" for k, w in WRITES.items() if w in writes) + ")"
+    """The codes of the decisions that make these writes, as a SQL list: ``('x','t')``."""
+    return "(" + ",".join(f"'{k.code}'" for k, w in WRITES.items() if w in writes) + ")"
 
 
 def gave_up_message(takeovers: int | str) -> str:

@@ -56,6 +56,7 @@ class Call:
     idempotency_key: str | None = None
     serializer: str = "json"
     delivery: str = ""  #: broker delivery info, for the duplicate log line
+    bounce: bool = False  #: an in-flight requeue of a delivery already counted
     args_repr: str | None = None  #: a repr of the caller's own (protect()'s key)
     slot: str | None = None  #: a periodic run's slot: keyed with it (celery_grousset.periodic)
 
@@ -102,7 +103,9 @@ def guarded(caller: Caller, call: Call) -> Any:
     opts = caller.options()
     fp, args_repr, payload = identity(call, opts.validate_payload)
     store = get_store(opts.database)
-    req = request(opts, fp, call.name, call.task_id, args_repr, payload_hash=payload)
+    req = request(
+        opts, fp, call.name, call.task_id, args_repr, payload_hash=payload, bounce=call.bounce
+    )
     try:
         check_claimable(req)  # a poison delivery never reaches the database
         [res] = claim(store, [req])
@@ -250,6 +253,7 @@ def request(
     args_repr: str,
     token: str | None = None,
     payload_hash: str = "",
+    bounce: bool = False,
 ) -> ClaimRequest:
     return ClaimRequest(
         processor_id=opts.processor_id,
@@ -263,6 +267,7 @@ def request(
         expires_after=opts.expires_after,
         max_takeovers=opts.max_takeovers,
         payload_hash=payload_hash,
+        bounce=bounce,
     )
 
 

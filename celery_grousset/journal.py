@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from django.db.models import Q
 
 from celery_grousset import memo
-from celery_grousset.claim import ENC_NONE, Status
+from celery_grousset.claim import ENC_NONE, Kind, Status
 from celery_grousset.store import get_store
 
 if TYPE_CHECKING:
@@ -69,10 +69,14 @@ def lookup(needle: str, min_prefix: int = MIN_PREFIX) -> Q:
 def find(
     alias: str, needle: str, processor_id: str | None = None, limit: int = 50
 ) -> list[Outcome]:
-    """Journal entries matching ``needle`` (see :func:`lookup`), newest first."""
+    """Journal entries matching ``needle`` (see :func:`lookup`), or whose key a delivery
+    with that task id was answered for (:func:`deliveries_of`), newest first."""
     from celery_grousset.models import Outcome
 
-    qs = Outcome.objects.using(alias).filter(lookup(needle))
+    query = lookup(needle)
+    for d in deliveries_of(alias, needle, limit):
+        query |= Q(processor_id=d.processor_id, fingerprint=d.fingerprint)
+    qs = Outcome.objects.using(alias).filter(query)
     if processor_id is not None:
         qs = qs.filter(processor_id=processor_id)
     return list(qs.order_by("-started_at", "processor_id")[:limit])
@@ -180,8 +184,58 @@ def purge_expired(
     before: datetime | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> int:
-    """Delete expired, settled rows in batches (never an in-flight or unexpired one)."""
-    return get_store(alias).purge_expired(batch_size=batch_size, before=before, progress=progress)
+    """Delete expired, settled rows in batches (never an in-flight or unexpired one), then
+    the deliveries recorded for keys whose row is gone (:func:`purge_deliveries`)."""
+    count = get_store(alias).purge_expired(batch_size=batch_size, before=before, progress=progress)
+    purge_deliveries(alias, batch_size=batch_size)
+    return count
+
+
+# -- deliveries that are not a row's own (celery_grousset.models.Delivery) ------------------
+
+#: what a recorded delivery's decision says about that delivery
+DELIVERY_FATES = {
+    Kind.IN_FLIGHT: "a duplicate, deferred while another attempt held the claim",
+    Kind.COMPLETED: "a duplicate, answered from the memo",
+    Kind.FAILED: "a duplicate, answered with the memoized failure",
+    Kind.GAVE_UP: "a duplicate, answered GaveUp (max_takeovers reached)",
+    Kind.TAKEOVER: "it held the claim until a later delivery took it over (stale)",
+    Kind.RECLAIM: "it failed and released the claim; a later delivery claimed it again",
+    Kind.EXPIRED: "its outcome expired; a later delivery claimed the key afresh",
+}
+
+
+def deliveries_of(alias: str, task_id: str, limit: int = 50) -> list[Any]:
+    """The recorded deliveries (``Delivery``) with this task id, newest first."""
+    from celery_grousset.models import Delivery
+
+    qs = Delivery.objects.using(alias).filter(task_id=task_id.strip())
+    return list(qs.order_by("-at", "-id")[:limit])
+
+
+def delivery_fate(decision: str) -> str:
+    return DELIVERY_FATES.get(Kind.from_code(decision), decision)
+
+
+def purge_deliveries(alias: str, *, batch_size: int = 10_000) -> int:
+    """Delete recorded deliveries whose key has no row any more, or a row claimed afresh
+    after them (a new life after expiry), in batches."""
+    from django.db.models import Exists, OuterRef
+
+    from celery_grousset.models import Delivery, Outcome
+
+    live = Outcome.objects.using(alias).filter(
+        Q(first_claimed_at__lt=OuterRef("at")) | Q(first_claimed_at=None),  # (before 0006)
+        processor_id=OuterRef("processor_id"),
+        fingerprint=OuterRef("fingerprint"),
+    )
+    stale = Delivery.objects.using(alias).filter(~Exists(live)).order_by()
+    total = 0
+    while True:
+        ids = list(stale.values_list("id", flat=True)[:batch_size])
+        if not ids:
+            return total
+        total += Delivery.objects.using(alias).filter(id__in=ids).delete()[0]
 
 
 def expired(alias: str, at: datetime | None = None, processor_id: str | None = None) -> Any:

@@ -39,16 +39,37 @@ class Outcome(models.Model):
         max_length=255, blank=True, help_text="Delivery that holds / completed the claim."
     )
     status = models.CharField(max_length=16, choices=Status.choices)
-    fence = models.BigIntegerField(help_text="Monotonic fencing token: +1 on every claim.")
+    fence = models.BigIntegerField(
+        help_text="Fencing token, growing on every claim of the key, also across a purge: "
+        "max(previous fence + 1, the claim's database clock in microseconds since the "
+        "epoch); a new row gets the clock value (as long as that clock does not step back)."
+    )
     claim_token = models.CharField(max_length=32, help_text="Random per attempt.")
-    started_at = models.DateTimeField(help_text="Database clock.")
+    started_at = models.DateTimeField(
+        help_text="When the current attempt claimed the row (database clock)."
+    )
+    first_claimed_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="The first claim of the key since its row was written or expired "
+        "(database clock); takeovers and reclaims keep it.",
+    )
     stale_at = models.DateTimeField(
         help_text="When this claim turns stale (started_at + max_processing_time, database "
         "clock): another delivery may then take it over."
     )
     completed_at = models.DateTimeField(null=True, blank=True)
     expires_on = models.DateTimeField()
-    deliveries = models.BigIntegerField(default=1)
+    deliveries = models.BigIntegerField(
+        default=1,
+        help_text="Every claim of the key since its row was written or expired: the first, "
+        "duplicates, redeliveries (the same task id again, in-flight requeues) and re-claims.",
+    )
+    duplicates = models.BigIntegerField(
+        default=0,
+        help_text="Other deliveries of the same key answered from the memo or the in-flight "
+        "policy (each listed under Deliveries by its task id).",
+    )
     takeovers = models.IntegerField(default=0)
     result = models.BinaryField(null=True, blank=True)
     result_encoding = models.CharField(max_length=64, blank=True, default="")
@@ -95,6 +116,41 @@ class Outcome(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_name} {self.fingerprint[:12]} ({self.status})"
+
+
+class Delivery(models.Model):
+    """A delivery that is not the journal row's own: one answered as a duplicate (the memo,
+    a memoized failure, the in-flight policy), or one whose claim a later delivery took
+    over. Written by the claim that sees it, purged with the journal; lets an operator
+    find any delivery by its task id (``grousset_inspect <task id>``)."""
+
+    id = models.BigAutoField(primary_key=True)
+    processor_id = models.CharField(max_length=128)
+    fingerprint = models.CharField(max_length=64)
+    task_id = models.CharField(max_length=255)
+    decision = models.CharField(
+        max_length=1,
+        help_text="The claim's decision code (celery_grousset.claim.Kind.code): i in flight, "
+        "c completed, f failed, g gave up — this delivery was answered; t taken over, "
+        "r reclaimed, x expired — this delivery's claim was taken by a later one.",
+    )
+    at = models.DateTimeField(
+        help_text="Database clock. Purged once the journal row of its key is gone or "
+        "was claimed afresh after it."
+    )
+
+    class Meta:
+        db_table = "celery_grousset_delivery"
+        verbose_name = _("delivery")
+        verbose_name_plural = _("deliveries")
+        # One index: the look-up by task id. The purge finds stale rows through the
+        # journal's unique key; a duplicate's insert maintains nothing else.
+        indexes = [
+            models.Index(fields=("task_id",), name="grousset_delivery_task_id"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} {self.fingerprint[:12]} ({self.decision})"
 
 
 class OutboxStatus(models.TextChoices):

@@ -22,6 +22,8 @@ from celery.signals import task_revoked
 from celery_grousset import events, guard, memo, periodic, publish_check
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.conf import grousset_settings, on_reload
+from celery_grousset.delivery import REQUEUES_HEADER, delivery_fields
+from celery_grousset.delivery import header as _header
 from celery_grousset.exceptions import FingerprintError, PoisonDelivery, StoreUnavailable
 from celery_grousset.fingerprint import validate_key_names
 from celery_grousset.options import NAMES as _OPTION_NAMES
@@ -30,7 +32,6 @@ from celery_grousset.store import ClaimResult
 
 #: message headers this package adds
 KEY_HEADER = "grousset_key"
-REQUEUES_HEADER = "grousset_requeues"
 #: set when argsrepr/kwargsrepr were written by this package (redacted) or by the caller
 REPR_HEADER = "grousset_repr"
 
@@ -161,7 +162,7 @@ class GroussetTaskMixin:
             key=self.grousset_key,
             idempotency_key=idempotency_key,
             serializer=self.serializer,
-            delivery=_delivery(request) if request is not None else "",
+            **delivery_fields(request),
             slot=periodic.run_slot(self, _header(request, periodic.SLOT_HEADER)),
         )
 
@@ -325,23 +326,6 @@ class _TaskCaller:
 
     def poison(self, exc: PoisonDelivery) -> NoReturn:
         raise exc if self.local else Reject(exc, requeue=False)
-
-
-def _header(request: Any, name: str) -> Any:
-    value = getattr(request, name, None)
-    if value is None:
-        headers = getattr(request, "headers", None) or {}
-        value = headers.get(name)
-    return value
-
-
-def _delivery(request: Any) -> str:
-    info = getattr(request, "delivery_info", None) or {}
-    return ",".join(
-        f"{k}:{info[k]}"
-        for k in ("exchange", "routing_key", "redelivered")
-        if info.get(k) not in (None, "")
-    )
 
 
 if TYPE_CHECKING:

@@ -150,6 +150,40 @@ def test_search_by_fingerprint_prefix_and_exact_task_id(journal: str, processor:
     assert search(two.task_id[:-3]) == [False, False]
 
 
+def test_a_duplicate_delivery_is_found_and_counted_apart(journal: str, processor: str) -> None:
+    # Given a completed row that answered one duplicate delivery and one redelivery of its
+    # own task id, after a takeover (so its first claim is older than its attempt)
+    row = put(journal, processor, status="in_flight")
+    store = get_store(journal)
+    Outcome.objects.using(journal).filter(pk=row.pk).update(
+        started_at=F("started_at") - timedelta(seconds=120),
+        stale_at=F("stale_at") - timedelta(seconds=120),
+        first_claimed_at=F("first_claimed_at") - timedelta(seconds=120),
+    )
+
+    def claim(task_id: str, token: str | None = None) -> Kind:
+        return store.claim(ClaimRequest(
+            processor_id=processor, fingerprint=row.fingerprint, task_name="tests.effect",
+            task_id=task_id, token=token or uuid.uuid4().hex, worker="w:2", args_repr="(1,)",
+            max_processing_time=60.0, expires_after=3600.0, max_takeovers=3,
+        )).kind  # fmt: skip
+
+    token = uuid.uuid4().hex
+    assert claim(row.task_id, token) is Kind.TAKEOVER  # its own redelivery takes over
+    assert store.finish(processor, row.fingerprint, token, Completion("completed", b"1",
+                        "application/json;utf-8"))  # fmt: skip
+    dup = f"dup-{uuid.uuid4().hex}"
+    assert claim(dup) is Kind.COMPLETED
+    client = client_for(make_user(superuser=True))
+    # When the admin searches the duplicate's task id / Then the row is listed
+    resp = client.get(URL, {"q": dup, "processor": processor})
+    assert listed(resp.content.decode(), row) == [True]
+    # And its detail page shows both times and the duplicate apart from the redelivery
+    html = client.get(f"{URL}{row.pk}/change/").content.decode()
+    assert "<th>first claim</th>" in html and "<th>started</th>" in html
+    assert "1 duplicate(s), 1 redelivery(ies) or requeue(s)" in html
+
+
 @pytest.mark.parametrize(
     "term",
     ["%", "_", "%%_", "\x00", "ab\x00cd", "a" * 10_000, "f" * 10_000, "ünïcødé ☃ 🦆",
@@ -187,7 +221,8 @@ def test_detail_page_pretty_prints_the_memo(journal: str, processor: str) -> Non
     # Then the memo is decoded and indented, the timeline and the record are shown
     assert resp.status_code == 200
     assert '<pre class="grousset-memo">{\n  &quot;id&quot;: 7,\n  &quot;items&quot;: [' in html
-    assert "grousset-timeline" in html and "fence 1, 0 takeover(s), 1 delivery(ies)" in html
+    assert "grousset-timeline" in html
+    assert f"fence {row.fence}, 0 takeover(s), 1 delivery(ies)" in html
     assert row.fingerprint in html and row.task_id in html and "(1,)" in html
     # And there is nothing to save
     assert 'name="_save"' not in html
@@ -263,7 +298,9 @@ def test_release_action_confirms_then_frees_the_claim(journal: str, processor: s
     assert rec.error.startswith("released")
     assert Outcome.objects.using(journal).get(pk=done.pk).status == "completed"
     started = f"{flying.started_at:%Y-%m-%d %H:%M:%S} UTC"
-    assert _log_messages(user, flying) == [f"Released the claim of fence 1 (started {started})."]
+    assert _log_messages(user, flying) == [
+        f"Released the claim of fence {flying.fence} (started {started})."
+    ]
     assert _log_messages(user, done) == []
     assert "Released 1 claim(s); 1 left as they were." in resp.content.decode()
     # And the next delivery of that message claims it again
@@ -322,7 +359,7 @@ def test_forget_action_lets_the_next_delivery_run_again(journal: str, processor:
         task_id="again", token=uuid.uuid4().hex, worker="w:2", args_repr="(1,)",
         max_processing_time=60.0, expires_after=3600.0, max_takeovers=3,
     ))  # fmt: skip
-    assert claim.kind is Kind.EXPIRED and claim.fence == 2
+    assert claim.kind is Kind.EXPIRED and claim.fence > done.fence
 
 
 def test_view_only_staff_sees_no_actions_and_is_refused(journal: str, processor: str) -> None:

@@ -66,13 +66,21 @@ CASES: list[tuple[str, Prev, Kind]] = [
     ("stale, other payload, max_takeovers reached",
      prev(stale_at=EARLIER, takeovers=3, payload_hash=OTHER), Kind.MISMATCH),
     ("stale claim, same payload", prev(stale_at=EARLIER, payload_hash="a" * 64), Kind.TAKEOVER),
-    ("fresh claim, other payload", prev(payload_hash=OTHER), Kind.IN_FLIGHT),
+    ("fresh claim, other payload", prev(payload_hash=OTHER), Kind.MISMATCH),
+    ("fresh claim past expires_on, other payload",
+     prev(payload_hash=OTHER, expires_on=EARLIER), Kind.IN_FLIGHT),
+    ("stale claim past expires_on, other payload",
+     prev(stale_at=EARLIER, payload_hash=OTHER, expires_on=EARLIER), Kind.TAKEOVER),
+    ("own claim re-sent, other payload", prev(claim_token="mine", payload_hash=OTHER),
+     Kind.RESUMED),
     ("released failure, other payload", prev(status="failed", payload_hash=OTHER),
      Kind.MISMATCH),
     ("released failure, other payload, expired",
      prev(status="failed", payload_hash=OTHER, expires_on=EARLIER), Kind.EXPIRED),
     ("completed, other payload", prev(status="completed", result_encoding="application/json",
-                                      payload_hash=OTHER), Kind.COMPLETED),
+                                      payload_hash=OTHER), Kind.MISMATCH),
+    ("memoized failure, other payload",
+     prev(status="failed", result_encoding=ENC_EXCEPTION, payload_hash=OTHER), Kind.MISMATCH),
 ]  # fmt: skip
 
 

@@ -226,10 +226,32 @@ def test_inspect_by_task_id_tells_the_story(store: Store, alias: str, processor:
     # Then the story names the fingerprint, status, counts and the memo pretty-printed
     assert f"Journal entry {first.fingerprint}" in out
     assert "completed — duplicates get the memo below" in out
-    assert "3 deliveries (2 duplicates)" in out
+    assert "3 deliveries (2 duplicates, 0 redeliveries or requeues)" in out
     assert re.search(rf"processor +{processor}\n", out)
     assert "(order_id=42)" in out and "host:1" in out
     assert '"provider_id": "re_123"' in out and "\n" in out.split("memo", 1)[1]
+
+
+def test_inspect_finds_a_delivery_answered_as_a_duplicate(
+    store: Store, alias: str, processor: str
+) -> None:
+    # Given a completed entry, redelivered once (its own task id), then answered to a
+    # duplicate delivery (another task id)
+    first = completed(store, processor)
+    assert store.claim(req(processor, first.fingerprint, task_id=first.task_id)).kind is (
+        Kind.COMPLETED
+    )
+    dup = req(processor, first.fingerprint)
+    assert store.claim(dup).kind is Kind.COMPLETED
+    # When inspected by the duplicate's task id (not the row's)
+    out = run("grousset_inspect", dup.task_id, database=alias)
+    # Then the entry is found, with what happened to that delivery and the counts apart
+    assert f"Journal entry {first.fingerprint}" in out
+    assert f"this delivery  {dup.task_id}: a duplicate, answered from the memo" in out
+    assert "3 deliveries (1 duplicate, 1 redelivery or requeue)" in out
+    data = json.loads(run("grousset_inspect", dup.task_id, "--json", database=alias))
+    assert data["task_id"] == first.task_id and data["duplicates"] == 1
+    assert [d["task_id"] for d in data["this_delivery"]] == [dup.task_id]
 
 
 def test_inspect_by_prefix_as_json(store: Store, alias: str, processor: str) -> None:
@@ -242,7 +264,8 @@ def test_inspect_by_prefix_as_json(store: Store, alias: str, processor: str) -> 
     # Then the JSON object carries the decoded memo and the counters
     assert data["fingerprint"] == first.fingerprint and data["task_id"] == first.task_id
     assert data["memo"] == [1, "two"] and data["memo_error"] is None
-    assert (data["deliveries"], data["duplicates"], data["fence"]) == (2, 1, 1)
+    assert (data["deliveries"], data["duplicates"]) == (2, 1)
+    assert data["fence"] == rows(alias, processor).get(fingerprint=first.fingerprint).fence
     assert data["status"] == "completed" and data["expired"] is False
 
 
@@ -285,10 +308,11 @@ def test_release_in_flight_lets_the_next_delivery_run(
     running = in_flight(store, processor)
     # When released by fingerprint
     out = run("grousset_release", running.fingerprint, database=alias)
-    # Then the next delivery owns the record at once, with the next fence
+    # Then the next delivery owns the record at once, with a higher fence
     assert "released the in-flight claim" in out
+    fence = rows(alias, processor).get(fingerprint=running.fingerprint).fence
     res = store.claim(req(processor, running.fingerprint))
-    assert res.owned and res.kind is Kind.RECLAIM and res.fence == 2
+    assert res.owned and res.kind is Kind.RECLAIM and res.fence > fence
     # And the old holder's completion is refused (fenced out)
     assert not store.finish(
         processor,
@@ -313,7 +337,7 @@ def test_release_refuses_completed_without_force(store: Store, alias: str, proce
     # Then it is forgotten: the next delivery runs again, with a higher fence
     assert "forgot the completed outcome" in out
     res = store.claim(req(processor, done.fingerprint))
-    assert res.owned and res.kind is Kind.EXPIRED and res.fence == 2
+    assert res.owned and res.kind is Kind.EXPIRED and res.fence > before.fence
 
 
 def test_release_needs_processor_when_several_hold_it(
@@ -367,7 +391,8 @@ def test_stats_numbers(store: Store, alias: str, processor: str) -> None:
     # Then the numbers add up (stale: past the claim's own max_processing_time)
     assert data["entries"] == 6
     assert data["by_status"] == {"in_flight": 3, "completed": 2, "failed": 1}
-    assert data["deliveries"] == 10 and data["duplicates"] == 4
+    # (the takeover by another delivery is neither a duplicate nor the row's first claim)
+    assert data["deliveries"] == 10 and (data["duplicates"], data["redeliveries"]) == (3, 1)
     assert data["takeovers"] == 1 and data["entries_taken_over"] == 1
     assert data["stale_claims"] == 1 and data["stale_after_seconds"] is None
     by_task = {t["task_name"]: t for t in data["by_task"]}
@@ -391,7 +416,8 @@ def test_stats_numbers(store: Store, alias: str, processor: str) -> None:
     # And the text report carries the same numbers
     text = run("grousset_stats", processor_id=processor, database=alias)
     assert "entries      6 (in_flight 3, completed 2, failed 1)" in text
-    assert "deliveries   10 (4 duplicates" in text and "stale claims 1" in text
+    assert "deliveries   10 (3 duplicates answered or deferred; 1 redeliveries" in text
+    assert "stale claims 1" in text
 
 
 # -- argument validation (issue 16, defect 12) --------------------------------------------

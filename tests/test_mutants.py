@@ -196,8 +196,8 @@ def test_transactional_fenced_out_attempt_rolls_its_effect_back(
     assert isinstance(result.result, FencedOut), result.result
     assert ledger(alias, key) == 0, "the fenced-out attempt's write was committed"
     rec = row(alias, taker[0].processor_id, taker[0].fingerprint)
-    assert (rec.status, rec.claim_token, rec.fence) == ("in_flight", taker[0].token, 2)
-    assert [(f["sender"], f["fence"]) for f in fenced] == [(task.name, 1)]
+    assert (rec.status, rec.claim_token) == ("in_flight", taker[0].token)
+    assert [f["sender"] for f in fenced] == [task.name] and fenced[0]["fence"] < rec.fence
     # And the taker, still holding the claim, completes
     assert other_store.finish(rec.processor_id, rec.fingerprint, taker[0].token, json_memo(1))
 
@@ -372,7 +372,8 @@ def test_task_revoked_signal_releases_a_terminated_claim(
     processor = task.grousset_options().processor_id
     fp = task.grousset_fingerprint((key,), {})
     running = claim_request(processor, fp, task.name)
-    assert other_store.claim(running).kind is Kind.NEW
+    first = other_store.claim(running)
+    assert first.kind is Kind.NEW
     request = Context(id=running.task_id)
     # When it is revoked without terminate: the task keeps running, its claim stays
     task_revoked.send(sender=task, request=request, terminated=False, signum=None, expired=False)
@@ -387,7 +388,7 @@ def test_task_revoked_signal_releases_a_terminated_claim(
     assert f"fingerprint={fp}" in line.getMessage()
     assert f"task_id={running.task_id}" in line.getMessage()
     assert task.apply((key,)).get() == f"ran {key}" and runs == [1]
-    assert row(alias, processor, fp).fence == 2
+    assert row(alias, processor, fp).fence > first.fence
 
 
 def test_task_revoked_signal_leaves_a_claim_taken_over_since(
@@ -478,7 +479,8 @@ def test_takeover_is_logged_and_signalled(
 ) -> None:
     fp = fingerprint(PROTECT_NAME, idempotency_key="dead")
     # Given a claim whose holder died, past its max_processing_time
-    assert other_store.claim(claim_request(processor, fp)).owned
+    held = other_store.claim(claim_request(processor, fp))
+    assert held.owned
     age(alias, processor, fp, 120)
     # When protect() is called for its key
     with (
@@ -497,13 +499,15 @@ def test_takeover_is_logged_and_signalled(
             "fingerprint": fp,
             "task_id": "",
             "processor_id": processor,
-            "fence": 2,
+            "fence": row(alias, processor, fp).fence,
             "takeovers": 1,
         }
     ]
+    assert got[0]["fence"] > held.fence
     line = one_line(caplog, "grousset.claim_taken_over")
     assert line.levelno == logging.WARNING
-    assert f"fingerprint={fp}" in line.getMessage() and "fence=2" in line.getMessage()
+    assert f"fingerprint={fp}" in line.getMessage()
+    assert f"fence={got[0]['fence']}" in line.getMessage()
     assert "takeovers=1" in line.getMessage()
 
 
@@ -531,14 +535,16 @@ def test_fenced_out_is_logged_and_signalled(
             "fingerprint": fp,
             "task_id": "",
             "processor_id": processor,
-            "fence": 1,
+            "fence": got[0]["fence"],
         }
     ]
     line = one_line(caplog, "grousset.fenced_out")
     assert line.levelno == logging.ERROR
-    assert f"fingerprint={fp}" in line.getMessage() and "fence=1" in line.getMessage()
+    assert f"fingerprint={fp}" in line.getMessage()
+    assert f"fence={got[0]['fence']}" in line.getMessage()
     rec = row(alias, processor, fp)
     assert (rec.status, rec.claim_token) == ("in_flight", taker.token)
+    assert got[0]["fence"] < rec.fence  # the zombie's fence is below the taker's
 
 
 # -- purge: a future ``before`` is capped at the database clock -----------------------------

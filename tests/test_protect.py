@@ -92,6 +92,7 @@ def test_in_flight_raises_or_waits(alias: str, processor: str) -> None:
         started_at=F("started_at") - timedelta(seconds=59.7),
         stale_at=F("stale_at") - timedelta(seconds=59.7),
     )
+    held = Outcome.objects.using(alias).get(processor_id=processor).fence
     t0 = time.monotonic()
     value = protect(
         "busy", lambda: "mine", max_processing_time=60, processor_id=processor, database=alias
@@ -100,7 +101,7 @@ def test_in_flight_raises_or_waits(alias: str, processor: str) -> None:
     assert value == "mine"
     assert 0.1 < waited < 5, f"waited {waited:.2f} s for a claim stale in 0.3 s"
     rec = Outcome.objects.using(alias).get(processor_id=processor)
-    assert (rec.status, rec.takeovers, rec.fence) == ("completed", 1, 2)
+    assert (rec.status, rec.takeovers) == ("completed", 1) and rec.fence > held
 
 
 def test_failure_releases_then_reruns(alias: str, processor: str) -> None:

@@ -15,7 +15,7 @@ from django.db import transaction
 from django.db.models import F
 
 from celery_grousset import journal
-from celery_grousset.claim import ENC_EXCEPTION, ENC_GAVE_UP, ClaimRequest, Kind
+from celery_grousset.claim import ENC_EXCEPTION, ENC_GAVE_UP, ClaimRequest, Kind, clock_fence
 from celery_grousset.models import Outcome
 from celery_grousset.store.base import Completion, Store
 
@@ -42,8 +42,8 @@ def row(alias: str, processor: str, fp: str) -> Outcome:
 
 
 def age(alias: str, processor: str, fp: str, seconds: float, field: str = "started_at") -> None:
-    """Move a row's times back; ageing the claim moves its stale_at with its started_at."""
-    fields = ("started_at", "stale_at") if field == "started_at" else (field,)
+    """Move a row's times back; ageing the claim moves its stale_at and first claim with it."""
+    fields = ("started_at", "stale_at", "first_claimed_at") if field == "started_at" else (field,)
     Outcome.objects.using(alias).filter(processor_id=processor, fingerprint=fp).update(
         **{f: F(f) - timedelta(seconds=seconds) for f in fields}
     )
@@ -57,34 +57,35 @@ def test_new_fingerprint_is_claimed(store: Store, alias: str, processor: str, fp
     # Given nothing in the journal / When a claim arrives
     r = req(processor, fp)
     res = store.claim(r)
-    # Then the caller owns a fresh in-flight record with fence 1
+    # Then the caller owns a fresh in-flight record, fenced by the claim's moment
     assert res.kind is Kind.NEW and res.owned
-    assert (res.fence, res.deliveries, res.takeovers, res.status) == (1, 1, 0, "in_flight")
+    assert (res.deliveries, res.takeovers, res.status) == (1, 0, "in_flight")
     rec = row(alias, processor, fp)
+    assert res.fence == rec.fence == clock_fence(rec.started_at)
     assert rec.claim_token == r.token and rec.task_id == r.task_id and rec.worker == "w:1"
     assert rec.expires_on - rec.started_at == timedelta(seconds=3600)
 
 
 def test_fresh_in_flight_claim_is_not_taken(store: Store, processor: str, fp: str) -> None:
     # Given a fresh claim
-    store.claim(req(processor, fp))
+    fence = store.claim(req(processor, fp)).fence
     # When another delivery claims
     res = store.claim(req(processor, fp))
     # Then it does not own it, is told when the claim turns stale, and is counted
     assert res.kind is Kind.IN_FLIGHT and not res.owned
     assert 55 < res.retry_in <= 60
-    assert res.deliveries == 2 and res.fence == 1
+    assert res.deliveries == 2 and res.fence == fence
 
 
 def test_resent_claim_with_own_token_is_recognised(store: Store, processor: str, fp: str) -> None:
     # Given a claim whose answer was lost (connection dropped)
     first = req(processor, fp)
-    store.claim(first)
+    fence = store.claim(first).fence
     # When the same claim (same token) is sent again
     res = store.claim(first)
     # Then the caller still owns it and no delivery is added
     assert res.kind is Kind.RESUMED and res.owned
-    assert res.deliveries == 1 and res.fence == 1
+    assert res.deliveries == 1 and res.fence == fence
 
 
 def test_completed_returns_memo(store: Store, alias: str, processor: str, fp: str) -> None:
@@ -107,22 +108,37 @@ def test_stale_claim_is_taken_over_and_zombie_fenced(
 ) -> None:
     # Given an in-flight claim older than max_processing_time
     zombie = req(processor, fp)
-    store.claim(zombie)
+    fence = store.claim(zombie).fence
     age(alias, processor, fp, 61)
     # When another delivery claims
     taker = req(processor, fp)
     res = store.claim(taker)
-    # Then it takes over with fence + 1
+    # Then it takes over with a higher fence
     assert res.kind is Kind.TAKEOVER and res.owned
-    assert (res.fence, res.takeovers, res.deliveries) == (2, 1, 2)
+    assert res.fence > fence and (res.takeovers, res.deliveries) == (1, 2)
     # And the zombie's completion is refused while the taker's lands
     assert not store.finish(processor, fp, zombie.token, completed(b"1"))
     assert store.finish(processor, fp, taker.token, completed(b"2"))
     assert not store.finish(processor, fp, zombie.token, completed(b"1"))
     rec = row(alias, processor, fp)
-    assert bytes(rec.result) == b"2" and rec.fence == 2 and rec.takeovers == 1
+    assert bytes(rec.result) == b"2" and rec.fence == res.fence and rec.takeovers == 1
     # And the new epoch's window is measured from one clock reading
     assert rec.expires_on - rec.started_at == timedelta(seconds=3600)
+
+
+def test_a_takeover_adds_one_to_a_fence_ahead_of_the_clock(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    # Given a stale claim whose fence is ahead of the database clock (issued before the
+    # clock stepped back)
+    store.claim(req(processor, fp))
+    ahead = clock_fence(journal.now(alias)) + 10**12
+    Outcome.objects.using(alias).filter(processor_id=processor, fingerprint=fp).update(fence=ahead)
+    age(alias, processor, fp, 61)
+    # When another delivery takes it over
+    res = store.claim(req(processor, fp))
+    # Then the fence still grows, by one
+    assert res.kind is Kind.TAKEOVER and res.fence == ahead + 1
 
 
 def test_max_takeovers_gives_up(store: Store, alias: str, processor: str, fp: str) -> None:
@@ -145,13 +161,13 @@ def test_max_takeovers_gives_up(store: Store, alias: str, processor: str, fp: st
 def test_released_failure_is_claimed_again(store: Store, processor: str, fp: str) -> None:
     # Given an attempt that failed and released its claim
     first = req(processor, fp)
-    store.claim(first)
+    fence = store.claim(first).fence
     assert store.finish(processor, fp, first.token, Completion("failed", None, "", "E: x"))
     # When the next delivery claims
     res = store.claim(req(processor, fp))
-    # Then it owns the record again with a new fence; takeovers unchanged
+    # Then it owns the record again with a higher fence; takeovers unchanged
     assert res.kind is Kind.RECLAIM and res.owned
-    assert (res.fence, res.takeovers) == (2, 0)
+    assert res.fence > fence and res.takeovers == 0
 
 
 def test_memoized_failure_is_replayed(store: Store, processor: str, fp: str) -> None:
@@ -170,7 +186,7 @@ def test_expired_record_is_claimed_with_counters_reset(
 ) -> None:
     # Given a completed record whose retention window has passed, after duplicates
     first = req(processor, fp)
-    store.claim(first)
+    fence = store.claim(first).fence
     store.claim(req(processor, fp))
     store.finish(processor, fp, first.token, completed())
     age(alias, processor, fp, 3601, "expires_on")
@@ -178,7 +194,7 @@ def test_expired_record_is_claimed_with_counters_reset(
     res = store.claim(req(processor, fp))
     # Then it runs again: a new epoch, but the fence keeps counting up
     assert res.kind is Kind.EXPIRED and res.owned
-    assert (res.deliveries, res.takeovers, res.fence) == (1, 0, 2)
+    assert (res.deliveries, res.takeovers) == (1, 0) and res.fence > fence
     assert res.result is None
 
 
@@ -253,6 +269,117 @@ def test_purge_deletes_only_expired_terminal_rows(store: Store, alias: str, proc
     assert left == {fps["fresh"], fps["flight"]}
 
 
+def test_fences_keep_growing_across_a_purge(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    # Given a key whose claim was taken over twice (a zombie may still hold the last
+    # fence but one), then completed, expired and purged
+    first = store.claim(req(processor, fp)).fence
+    age(alias, processor, fp, 61)
+    second = store.claim(req(processor, fp)).fence
+    age(alias, processor, fp, 61)
+    last = req(processor, fp)
+    highest = store.claim(last).fence
+    assert first < second < highest
+    assert store.finish(processor, fp, last.token, completed())
+    age(alias, processor, fp, 3601, "expires_on")
+    journal.purge_expired(alias)
+    assert not Outcome.objects.using(alias).filter(processor_id=processor, fingerprint=fp)
+    # When the key is claimed again (a new row)
+    res = store.claim(req(processor, fp))
+    # Then its fence is above every fence issued for the key before the purge, so an
+    # external system that remembers the highest fence refuses the old attempts
+    assert res.kind is Kind.NEW and res.fence > highest
+    assert row(alias, processor, fp).fence == res.fence
+
+
+def test_duplicates_are_counted_apart_from_redeliveries(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    # Given a claim held by delivery A
+    a = req(processor, fp, task_id=f"{fp[:16]}-a")
+    store.claim(a)
+    # When A is delivered again (a broker redelivery: same task id, new attempt), a requeue
+    # of another delivery bounces on it, and another delivery B arrives twice (B, then B's
+    # in-flight requeue)
+    again = [
+        store.claim(req(processor, fp, task_id=f"{fp[:16]}-a")),
+        store.claim(req(processor, fp, task_id=f"{fp[:16]}-c", bounce=True)),
+        store.claim(req(processor, fp, task_id=f"{fp[:16]}-b")),
+        store.claim(req(processor, fp, task_id=f"{fp[:16]}-b", bounce=True)),
+    ]
+    assert {r.kind for r in again} == {Kind.IN_FLIGHT}
+    # Then only B's first delivery is a duplicate; the others are redeliveries
+    rec = row(alias, processor, fp)
+    assert (rec.deliveries, rec.duplicates) == (5, 1)
+    # And each delivery that is not the row's own can be found by its task id
+    assert [d.decision for d in journal.deliveries_of(alias, f"{fp[:16]}-b")] == ["i", "i"]
+    assert [r.pk for r in journal.find(alias, f"{fp[:16]}-b")] == [rec.pk]
+    assert journal.deliveries_of(alias, f"{fp[:16]}-a") == []  # the row's own: on the row
+    # When A completes and B is answered from the memo
+    assert store.finish(processor, fp, a.token, completed())
+    assert store.claim(req(processor, fp, task_id=f"{fp[:16]}-d")).kind is Kind.COMPLETED
+    assert store.claim(req(processor, fp, task_id=f"{fp[:16]}-a")).kind is Kind.COMPLETED
+    rec = row(alias, processor, fp)
+    assert (rec.deliveries, rec.duplicates) == (7, 2)
+    assert [d.decision for d in journal.deliveries_of(alias, f"{fp[:16]}-d")] == ["c"]
+
+
+def test_a_takeover_keeps_the_first_claim_time_and_records_the_displaced_delivery(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    # Given a stale claim of delivery A
+    store.claim(req(processor, fp, task_id=f"{fp[:16]}-a"))
+    age(alias, processor, fp, 61)
+    first = row(alias, processor, fp).started_at
+    assert row(alias, processor, fp).first_claimed_at == first
+    # When delivery B takes it over
+    res = store.claim(req(processor, fp, task_id=f"{fp[:16]}-b"))
+    assert res.kind is Kind.TAKEOVER
+    # Then the row keeps its first claim time beside the current attempt's start
+    rec = row(alias, processor, fp)
+    assert rec.first_claimed_at == first < rec.started_at
+    assert (rec.task_id, rec.deliveries, rec.duplicates) == (f"{fp[:16]}-b", 2, 0)
+    # And A, no longer on the row, is found by its task id: taken over
+    assert [d.decision for d in journal.deliveries_of(alias, f"{fp[:16]}-a")] == ["t"]
+    assert "took it over" in journal.delivery_fate("t")
+    assert [r.pk for r in journal.find(alias, f"{fp[:16]}-a")] == [rec.pk]
+
+
+def test_an_expired_key_starts_its_counts_and_first_claim_again(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    # Given a completed row with a duplicate, past its retention window
+    first = req(processor, fp)
+    store.claim(first)
+    store.claim(req(processor, fp))
+    assert store.finish(processor, fp, first.token, completed())
+    age(alias, processor, fp, 3601, "expires_on")
+    # When it is claimed again
+    assert store.claim(req(processor, fp)).kind is Kind.EXPIRED
+    # Then it is a new life: one delivery, no duplicate, first claim = this claim
+    rec = row(alias, processor, fp)
+    assert (rec.deliveries, rec.duplicates) == (1, 0)
+    assert rec.first_claimed_at == rec.started_at
+
+
+def test_recorded_deliveries_are_purged_with_their_row(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    # Given a completed row that answered a duplicate, expired
+    first = req(processor, fp)
+    store.claim(first)
+    dup = req(processor, fp)
+    store.claim(dup)
+    assert store.finish(processor, fp, first.token, completed())
+    assert len(journal.deliveries_of(alias, dup.task_id)) == 1
+    age(alias, processor, fp, 3601, "expires_on")
+    # When the journal is purged
+    journal.purge_expired(alias)
+    # Then the duplicate's record went with the row
+    assert journal.deliveries_of(alias, dup.task_id) == []
+
+
 def test_times_come_from_the_database_clock(
     store: Store, alias: str, processor: str, fp: str
 ) -> None:
@@ -321,7 +448,7 @@ def test_claim_returns_the_rows_payload_hash(
     assert store.finish(processor, fp, first.token, completed())
     dup = store.claim(req(processor, fp, payload_hash=B))
     # Then each gets the row's hash (not its own), and the row keeps it
-    assert dup.kind is Kind.COMPLETED and dup.payload_hash == A
+    assert dup.kind is Kind.MISMATCH and dup.payload_hash == A
     assert row(alias, processor, fp).payload_hash == A
 
 

@@ -22,12 +22,19 @@ from celery_grousset.claim import (
     Prev,
     Status,
     Write,
+    clock_fence,
     decide,
     gave_up_message,
+    is_duplicate,
+    next_fence,
+    recorded,
 )
 from celery_grousset.store.base import RELEASED, ClaimResult, Completion, Store
 
 TABLE = "celery_grousset_outcome"
+DELIVERIES = "celery_grousset_delivery"
+#: what a claim that the row answers adds to its assignments: a duplicate, or not
+_DUPLICATE = {True: ", duplicates = duplicates + 1", False: ""}
 COLS = (
     "status, stale_at, expires_on, result_encoding, takeovers, claim_token, fence, "
     "deliveries, result, error, task_id, started_at, completed_at, payload_hash"
@@ -47,6 +54,7 @@ class Found:
             takeovers=row[4],
             claim_token=row[5],
             payload_hash=row[13],
+            task_id=row[10],
         )
         self.fence: int = row[6]
         self.deliveries: int = row[7]
@@ -106,11 +114,24 @@ class LockingStore(Store):
             found = Found(self, row) if row is not None else None
             kind = decide(found.prev if found else None, now, req)
             result = self._WRITERS[WRITES[kind]](self, cur, req, kind, found, now)
+            task_id = recorded(kind, found.prev, req) if found else None
+            if task_id is not None:
+                self._record(cur, req, task_id, kind, now)
             self._commit(cur)
             return result
         except BaseException:
             self._rollback(cur)
             raise
+
+    def _record(self, cur: Any, req: ClaimRequest, task_id: str, kind: Kind, now: datetime) -> None:
+        """A delivery that is not the row's own (``claim.recorded``), in the claim's
+        transaction: ``grousset_inspect <task id>`` finds it."""
+        p = self.ph
+        cur.execute(
+            f"INSERT INTO {DELIVERIES} (processor_id, fingerprint, task_id, decision, at) "
+            f"VALUES ({p}, {p}, {p}, {p}, {p})",
+            (req.processor_id, req.fingerprint, task_id, kind.code, self._ts(now)),
+        )
 
     def _update(
         self, cur: Any, req: ClaimRequest, assignments: str, params: tuple[Any, ...]
@@ -124,45 +145,49 @@ class LockingStore(Store):
     def _insert(
         self, cur: Any, req: ClaimRequest, kind: Kind, found: Found | None, now: datetime
     ) -> ClaimResult:
-        p = self.ph
+        p, fence = self.ph, clock_fence(now)
         cur.execute(
             f"INSERT INTO {TABLE} (processor_id, fingerprint, task_name, task_id, status, "
             "fence, claim_token, started_at, stale_at, completed_at, expires_on, deliveries, "
-            "takeovers, result, result_encoding, error, worker, args_repr, payload_hash) VALUES "
-            f"({p}, {p}, {p}, {p}, 'in_flight', 1, {p}, {p}, {p}, NULL, {p}, 1, 0, NULL, '', "
-            f"'', {p}, {p}, {p})",
+            "takeovers, result, result_encoding, error, worker, args_repr, payload_hash, "
+            f"first_claimed_at, duplicates) VALUES ({p}, {p}, {p}, {p}, 'in_flight', {p}, {p}, "
+            f"{p}, {p}, NULL, {p}, 1, 0, NULL, '', '', {p}, {p}, {p}, {p}, 0)",
             (
                 req.processor_id,
                 req.fingerprint,
                 req.task_name,
                 req.task_id,
+                fence,
                 req.token,
                 *self._times(req, now),
                 req.worker,
                 req.args_repr,
                 req.payload_hash,
+                self._ts(now),
             ),
         )
-        return _owned(req, kind, now, fence=1, deliveries=1, takeovers=0, error="")
+        return _owned(req, kind, now, fence=fence, deliveries=1, takeovers=0, error="")
 
     def _claim(
         self, cur: Any, req: ClaimRequest, kind: Kind, found: Found | None, now: datetime
     ) -> ClaimResult:
         assert found is not None
-        fence = found.fence + 1
+        fence = next_fence(found.fence, now)
+        p = self.ph
+        reset = ""
         if WRITES[kind] is Write.CLAIM_RESET:  # expired: a new life for the key
             deliveries, takeovers, error = 1, 0, ""
+            reset = f", first_claimed_at = {p}, duplicates = 0"
         else:
             deliveries, error = found.deliveries + 1, found.error
             takeovers = found.prev.takeovers + (kind is Kind.TAKEOVER)
-        p = self.ph
         self._update(
             cur,
             req,
             f"claim_token = {p}, fence = {p}, status = 'in_flight', task_name = {p}, "
             f"task_id = {p}, worker = {p}, args_repr = {p}, started_at = {p}, stale_at = {p}, "
             f"completed_at = NULL, expires_on = {p}, deliveries = {p}, takeovers = {p}, "
-            f"result = NULL, result_encoding = '', error = {p}, payload_hash = {p}",
+            f"result = NULL, result_encoding = '', error = {p}, payload_hash = {p}{reset}",
             (
                 req.token,
                 fence,
@@ -175,6 +200,7 @@ class LockingStore(Store):
                 takeovers,
                 error,
                 req.payload_hash,
+                *((self._ts(now),) if reset else ()),
             ),
         )
         return _owned(
@@ -192,7 +218,8 @@ class LockingStore(Store):
             cur,
             req,
             f"status = 'failed', completed_at = {p}, expires_on = {p}, deliveries = "
-            f"deliveries + 1, result = NULL, result_encoding = '{ENC_GAVE_UP}', error = {p}",
+            f"deliveries + 1, result = NULL, result_encoding = '{ENC_GAVE_UP}', error = {p}"
+            + _DUPLICATE[is_duplicate(kind, found.prev, req)],
             (self._ts(now), self._ts(expires), error),
         )
         return _found(kind, found, now, status=Status.FAILED.value, result_encoding=ENC_GAVE_UP,
@@ -202,7 +229,8 @@ class LockingStore(Store):
         self, cur: Any, req: ClaimRequest, kind: Kind, found: Found | None, now: datetime
     ) -> ClaimResult:
         assert found is not None
-        self._update(cur, req, "deliveries = deliveries + 1", ())
+        dup = _DUPLICATE[is_duplicate(kind, found.prev, req)]
+        self._update(cur, req, "deliveries = deliveries + 1" + dup, ())
         return _found(kind, found, now, deliveries=found.deliveries + 1)
 
     def _nothing(

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from celery_grousset.claim import (
     ENC_GAVE_UP,
+    REDELIVERY,
+    WRITES,
     ClaimRequest,
     Kind,
     Write,
@@ -56,16 +59,25 @@ KEY = "{t}fingerprint = %(f)s AND {t}processor_id || '' = %(p)s"
 # CTE instead, each of its ~20 uses was a separate sub-plan for the executor to set up on
 # every call: measured 3 % of a claim + complete, 7 % of a duplicate claim.)
 _A = "EXCLUDED.error"
-_CLAIM = f"{_A} IN {codes(Write.CLAIM, Write.CLAIM_RESET)}"
-_RESET = f"{_A} IN {codes(Write.CLAIM_RESET)}"
-_GIVE_UP = f"{_A} IN {codes(Write.GIVE_UP)}"
-_KEEP = f"{_A} IN {codes(Write.NOTHING)}"
+# The decisions that take the row: their codes, and only theirs, sort after 'q' (one
+# comparison instead of a list keeps the statement short; see claim._CODES).
+_TAKES = "> 'q'"
+_CLAIM = f"{_A} {_TAKES}"
+assert {k.code for k, w in WRITES.items() if w in (Write.CLAIM, Write.CLAIM_RESET)} == {
+    k.code for k in Kind if k.code > "q"
+}
+_RESET = f"{_A} = '{Kind.EXPIRED.code}'"
+_GIVE_UP = f"{_A} = '{Kind.GAVE_UP.code}'"
+_KEEP = f"{_A} = '{Kind.RESUMED.code}'"
 _TAKEOVER = f"{_A} = '{Kind.TAKEOVER.code}'"
+_ANSWERED = f"{_A} IN {codes(Write.COUNT, Write.GIVE_UP)}"
 # The claim's one moment: read once, after the lock (see lock_first), so that
 # expires_on - started_at is exactly expires_after.
 _T = "EXCLUDED.started_at"
-# The give-up message is a parameter, not a literal: the statement stays under 4 KiB.
+# (a parameter, not a literal: the statement's text stays under psycopg's 4 KiB cache limit)
 _GAVE_UP_ERROR = gave_up_message("{n}")
+# A new row's fence: the claim's moment in microseconds since the epoch (claim.clock_fence).
+_CLOCK_FENCE = "(EXTRACT(EPOCH FROM lock_first.t) * 1000000)::int8"
 
 
 def _if(cond: str, then: str, col: str) -> str:
@@ -74,7 +86,9 @@ def _if(cond: str, then: str, col: str) -> str:
 
 _SET = {
     "claim_token": _if(_CLAIM, "EXCLUDED.claim_token", "claim_token"),
-    "fence": _if(_CLAIM, "o.fence + 1", "fence"),
+    # The clock fence the insert proposed, or one more than the row's (fences never go
+    # back, even across a purge: docs/guarantee.md, "Fencing tokens").
+    "fence": _if(_CLAIM, "GREATEST(o.fence + 1, EXCLUDED.fence)", "fence"),
     "status": f"CASE WHEN {_CLAIM} THEN 'in_flight' WHEN {_GIVE_UP} THEN 'failed' "
     "ELSE o.status END",
     "task_name": _if(_CLAIM, "EXCLUDED.task_name", "task_name"),
@@ -87,16 +101,20 @@ _SET = {
     "completed_at": f"CASE WHEN {_CLAIM} THEN NULL WHEN {_GIVE_UP} THEN {_T} "
     "ELSE o.completed_at END",
     "expires_on": f"CASE WHEN {_CLAIM} THEN EXCLUDED.expires_on WHEN {_GIVE_UP} "
-    f"THEN {_T} + make_interval(secs => %(exp)s) ELSE o.expires_on END",
+    f"THEN {_T} + %(exp)s ELSE o.expires_on END",
     "deliveries": f"CASE WHEN {_RESET} THEN 1 WHEN {_KEEP} THEN o.deliveries "
     "ELSE o.deliveries + 1 END",
     "takeovers": f"CASE WHEN {_RESET} THEN 0 WHEN {_TAKEOVER} THEN o.takeovers + 1 "
     "ELSE o.takeovers END",
+    # claim.counted(), in SQL
+    "duplicates": f"CASE WHEN {_RESET} THEN 0 WHEN {_ANSWERED} AND NOT {REDELIVERY.sql} "
+    "THEN o.duplicates + 1 ELSE o.duplicates END",
+    "first_claimed_at": _if(_RESET, _T, "first_claimed_at"),
     "result": f"CASE WHEN {_CLAIM} OR {_GIVE_UP} THEN NULL ELSE o.result END",
     "result_encoding": f"CASE WHEN {_CLAIM} THEN '' WHEN {_GIVE_UP} THEN '{ENC_GAVE_UP}' "
     "ELSE o.result_encoding END",
     "error": f"CASE WHEN {_RESET} THEN '' WHEN {_GIVE_UP} THEN "
-    "replace(%(gave_up)s, '{n}', o.takeovers::text) ELSE o.error END",
+    "replace(%(gu)s, '{n}', o.takeovers::text) ELSE o.error END",
 }
 
 # A conflict with '' (no row when the CTE looked: a concurrent first insert won the race)
@@ -104,26 +122,30 @@ _SET = {
 # the CTE decides on the winner's row like any other.
 CLAIM_SQL = f"""
 WITH prev AS MATERIALIZED (
-    SELECT {decision_sql(_NOW)} AS a
+    SELECT {decision_sql(_NOW)} AS a, o.task_id AS tid
     FROM celery_grousset_outcome AS o
     WHERE {KEY.format(t='o.')}
     FOR UPDATE
 ), ins AS (
     INSERT INTO celery_grousset_outcome AS o (
         processor_id, fingerprint, task_name, task_id, status, fence, claim_token,
-        started_at, stale_at, completed_at, expires_on, deliveries, takeovers, result,
-        result_encoding, error, worker, args_repr, payload_hash)
-    SELECT %(p)s, %(f)s, %(task)s, %(tid)s, 'in_flight', 1, %(tok)s,
-        lock_first.t, lock_first.t + make_interval(secs => %(mpt)s), NULL,
-        lock_first.t + make_interval(secs => %(exp)s), 1, 0, NULL, '', lock_first.a,
-        %(worker)s, %(args)s, %(ph)s
+        started_at, stale_at, expires_on, deliveries, takeovers, result_encoding, error,
+        worker, args_repr, payload_hash, first_claimed_at, duplicates)
+    SELECT %(p)s, %(f)s, %(task)s, %(tid)s, 'in_flight', {_CLOCK_FENCE}, %(tok)s,
+        lock_first.t, lock_first.t + %(mpt)s,
+        lock_first.t + %(exp)s, 1, 0, '', lock_first.a,
+        %(worker)s, %(args)s, %(ph)s, lock_first.t, 0
     FROM (SELECT {_NOW} AS t, coalesce(max(prev.a), '') AS a FROM prev) AS lock_first
     ON CONFLICT (processor_id, fingerprint) DO UPDATE SET
         {", ".join(f"{col} = {expr}" for col, expr in _SET.items())}
     WHERE {_A} <> ''
     RETURNING o.fence, o.status, o.deliveries, o.takeovers, o.result,
         o.result_encoding, o.error, o.task_id, o.started_at, o.completed_at,
-        GREATEST(0, EXTRACT(EPOCH FROM (o.stale_at - {_NOW})))::float8, o.payload_hash
+        EXTRACT(EPOCH FROM o.stale_at - {_NOW})::float8, o.payload_hash
+), d AS (
+    INSERT INTO celery_grousset_delivery (processor_id, fingerprint, task_id, decision, at)
+    SELECT %(p)s, %(f)s, CASE WHEN a {_TAKES} THEN tid ELSE %(tid)s END, a, now()
+    FROM prev WHERE a <> '{Kind.RESUMED.code}' AND tid <> %(tid)s
 )
 SELECT ins.*, coalesce(prev.a, ''),
     set_config('synchronous_commit', CASE WHEN prev.a IN {codes(Write.COUNT, Write.NOTHING)}
@@ -246,14 +268,15 @@ class PostgresStore(Store):
             "task": req.task_name,
             "tid": req.task_id,
             "tok": req.token,
-            "exp": float(req.expires_after),
-            "mpt": float(req.max_processing_time),
+            "exp": timedelta(seconds=req.expires_after),  # intervals: a shorter statement
+            "mpt": timedelta(seconds=req.max_processing_time),
             "maxt": int(req.max_takeovers),
             "worker": req.worker,
             "args": req.args_repr,
             "ph": req.payload_hash,
             "async": self.claim_commit == "async",
-            "gave_up": _GAVE_UP_ERROR,
+            "bounce": req.bounce,
+            "gu": _GAVE_UP_ERROR,
         }
 
     def claim(self, req: ClaimRequest) -> ClaimResult:
@@ -370,6 +393,6 @@ def _result(row: tuple[Any, ...]) -> ClaimResult:
         task_id=task_id,
         started_at=started_at,
         completed_at=completed_at,
-        retry_in=float(retry_in or 0.0),
+        retry_in=max(0.0, float(retry_in or 0.0)),  # seconds until stale_at (0: stale)
         payload_hash=payload_hash,
     )

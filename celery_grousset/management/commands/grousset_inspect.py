@@ -26,6 +26,7 @@ from celery_grousset.management import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from datetime import datetime
 
     from celery_grousset.models import Outcome
@@ -40,9 +41,13 @@ def decode_memo(rec: Outcome, now: datetime) -> tuple[Any, str | None]:
     return (value, None) if ok else (None, str(value))
 
 
-def story(rec: Outcome, now: datetime) -> dict[str, Any]:
-    """Everything the journal knows about one entry, JSON-ready."""
+def story(rec: Outcome, now: datetime, asked: Sequence[Any] = ()) -> dict[str, Any]:
+    """Everything the journal knows about one entry, JSON-ready; ``asked``: the recorded
+    deliveries (``Delivery``) of the task id looked up, when it is not the row's own."""
+    from celery_grousset import journal
+
     value, memo_error = decode_memo(rec, now)
+    first = rec.first_claimed_at or rec.started_at
     return {
         "fingerprint": rec.fingerprint,
         "processor_id": rec.processor_id,
@@ -52,8 +57,10 @@ def story(rec: Outcome, now: datetime) -> dict[str, Any]:
         "summary": summary(rec, now),
         "fence": rec.fence,
         "deliveries": rec.deliveries,
-        "duplicates": max(rec.deliveries - 1, 0),
+        "duplicates": rec.duplicates,
+        "redeliveries": max(rec.deliveries - 1 - rec.duplicates, 0),
         "takeovers": rec.takeovers,
+        "first_claimed_at": iso(first),
         "started_at": iso(rec.started_at),
         "completed_at": iso(rec.completed_at),
         "stale_at": iso(rec.stale_at),
@@ -68,6 +75,11 @@ def story(rec: Outcome, now: datetime) -> dict[str, Any]:
         "memo_bytes": len(rec.result) if rec.result is not None else None,
         "memo": value,
         "memo_error": memo_error,
+        "this_delivery": [
+            {"task_id": d.task_id, "at": iso(d.at), "fate": journal.delivery_fate(d.decision)}
+            for d in asked
+            if (d.processor_id, d.fingerprint) == (rec.processor_id, rec.fingerprint)
+        ],
     }
 
 
@@ -128,15 +140,16 @@ class Command(BaseCommand):
             )
             raise CommandError(f"no journal entry matches {needle!r} in {alias!r}{hint}")
         now = journal.now(alias)
+        asked = journal.deliveries_of(alias, needle)
         if options["json"]:
             data: Any = (
-                story(records[0], now)
+                story(records[0], now, asked)
                 if len(records) == 1
-                else [story(rec, now) for rec in records]
+                else [story(rec, now, asked) for rec in records]
             )
             self.stdout.write(json.dumps(data, indent=2, default=repr, ensure_ascii=False))
         elif len(records) == 1:
-            self.stdout.write(self.render(story(records[0], now)))
+            self.stdout.write(self.render(story(records[0], now, asked)))
         else:
             self.stdout.write(describe_matches(records))
             self.stdout.write("Pass a full fingerprint, a task id or --processor-id to pick one.")
@@ -149,10 +162,13 @@ class Command(BaseCommand):
             ("task", data["task_name"]),
             ("task id", data["task_id"] or "—"),
             ("processor", data["processor_id"]),
-            ("deliveries", _deliveries(data["deliveries"], data["duplicates"])),
+            *(("this delivery", f"{d['task_id']}: {d['fate']} ({_when(d['at'])})")
+              for d in data["this_delivery"]),
+            ("deliveries", _deliveries(data)),
             ("takeovers", str(data["takeovers"])),
             ("fence", str(data["fence"])),
-            ("started", _when(data["started_at"])),
+            ("first claim", _when(data["first_claimed_at"])),
+            ("started", _when(data["started_at"]) + " (the current attempt)"),
             ("completed", _when(completed) if completed else "—"),
             ("expires", _when(data["expires_on"]) + (" (expired)" if data["expired"] else "")),
             ("age", human_seconds(data["age_seconds"])),
@@ -186,6 +202,9 @@ def _memo_text(data: dict[str, Any]) -> str:
         return pprint.pformat(value, width=80)
 
 
-def _deliveries(deliveries: int, duplicates: int) -> str:
-    noun = "delivery" if deliveries == 1 else "deliveries"
-    return f"{deliveries} {noun} ({duplicates} duplicate{'' if duplicates == 1 else 's'})"
+def _deliveries(data: dict[str, Any]) -> str:
+    n, dup, again = data["deliveries"], data["duplicates"], data["redeliveries"]
+    return (
+        f"{n} {'delivery' if n == 1 else 'deliveries'} ({dup} duplicate{'' if dup == 1 else 's'}, "
+        f"{again} redeliver{'y' if again == 1 else 'ies'} or requeue{'' if again == 1 else 's'})"
+    )

@@ -7,7 +7,7 @@
 * A **completed or failed** record is refused, because releasing it lets the
   effect happen again — unless ``--force``, which *forgets* it: ``expires_on`` is
   set to the database clock's now, so the next delivery re-runs the task. The row
-  is kept, so the fence stays monotonic (the next claim gets fence + 1).
+  is kept; the next claim gets a higher fence (fences never go back for a key).
 """
 
 from __future__ import annotations
@@ -115,5 +115,5 @@ class Command(BaseCommand):
         self.stdout.write(
             f"forgot the {rec.status} outcome of {rec.fingerprint} (processor "
             f"{rec.processor_id}, task {rec.task_name}): the next delivery runs the task again "
-            f"with fence {rec.fence + 1}."
+            "with a higher fence."
         )

@@ -1,14 +1,17 @@
 """``manage.py grousset_stats``: what the journal holds, in numbers.
 
-Entries by status and by task (top 20), deliveries and the duplicates they
-carried (``sum(deliveries) - entries``), takeovers, stale claims (in flight past
-their own ``stale_at``, i.e. older than their task's ``max_processing_time``; or, with
-``--stale-after``, in flight for longer than that) and the entries ``grousset_purge`` would delete.
+Entries by status and by task (top 20), deliveries, the duplicates among them
+(other deliveries answered from the journal) and the redeliveries (the same delivery
+again, in-flight requeues, re-claims: ``deliveries - entries - duplicates``), takeovers,
+stale claims (in flight past their own ``stale_at``, i.e. older than their task's
+``max_processing_time``; or, with ``--stale-after``, in flight for longer than that) and
+the entries ``grousset_purge`` would delete.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -45,6 +48,19 @@ def _stale(own_deadline: Q, now: datetime, stale_seconds: float | None) -> Q:
     return Q(status="in_flight", started_at__lt=now - timedelta(seconds=stale_seconds))
 
 
+def _deliveries(counts: Mapping[str, Any]) -> dict[str, int]:
+    """Deliveries, the duplicates among them, and the rest beyond each entry's first claim
+    (redeliveries, requeues, re-claims), from ``n_entries``, ``n_deliveries``, ``n_duplicates``."""
+    entries, deliveries, duplicates = (
+        int(counts[k] or 0) for k in ("n_entries", "n_deliveries", "n_duplicates")
+    )
+    return {
+        "deliveries": deliveries,
+        "duplicates": duplicates,
+        "redeliveries": deliveries - entries - duplicates,
+    }
+
+
 def collect(alias: str, processor_id: str | None, stale_seconds: float | None) -> dict[str, Any]:
     """The numbers, JSON-ready."""
     from celery_grousset import journal
@@ -57,11 +73,11 @@ def collect(alias: str, processor_id: str | None, stale_seconds: float | None) -
     totals = qs.aggregate(
         n_entries=Count("pk"),
         n_deliveries=Sum("deliveries"),
+        n_duplicates=Sum("duplicates"),
         n_takeovers=Sum("takeovers"),
         n_taken_over=Count("pk", filter=Q(takeovers__gt=0)),
     )
     entries = int(totals["n_entries"] or 0)
-    deliveries = int(totals["n_deliveries"] or 0)
     by_status = {str(s): 0 for s in Status.values}
     for row in qs.order_by().values("status").annotate(n=Count("pk")):
         by_status[row["status"]] = int(row["n"])
@@ -71,6 +87,7 @@ def collect(alias: str, processor_id: str | None, stale_seconds: float | None) -
         .annotate(
             n_entries=Count("pk"),
             n_deliveries=Sum("deliveries"),
+            n_duplicates=Sum("duplicates"),
             n_takeovers=Sum("takeovers"),
             n_in_flight=Count("pk", filter=Q(status=Status.IN_FLIGHT)),
             n_failed=Count("pk", filter=Q(status=Status.FAILED)),
@@ -82,8 +99,7 @@ def collect(alias: str, processor_id: str | None, stale_seconds: float | None) -
         "processor_id": processor_id,
         "entries": entries,
         "by_status": by_status,
-        "deliveries": deliveries,
-        "duplicates": deliveries - entries,
+        **_deliveries(totals),
         "takeovers": int(totals["n_takeovers"] or 0),
         "entries_taken_over": int(totals["n_taken_over"] or 0),
         "stale_claims": qs.filter(_stale(journal.stale(now), now, stale_seconds)).count(),
@@ -93,8 +109,7 @@ def collect(alias: str, processor_id: str | None, stale_seconds: float | None) -
             {
                 "task_name": t["task_name"],
                 "entries": int(t["n_entries"]),
-                "deliveries": int(t["n_deliveries"] or 0),
-                "duplicates": int(t["n_deliveries"] or 0) - int(t["n_entries"]),
+                **_deliveries(t),
                 "takeovers": int(t["n_takeovers"] or 0),
                 "in_flight": int(t["n_in_flight"]),
                 "failed": int(t["n_failed"]),
@@ -142,8 +157,8 @@ class Command(BaseCommand):
         lines = [
             f"celery-grousset journal on {where}",
             f"  entries      {data['entries']} ({status})",
-            f"  deliveries   {data['deliveries']} ({data['duplicates']} duplicates skipped "
-            "or waited)",
+            f"  deliveries   {data['deliveries']} ({data['duplicates']} duplicates answered "
+            f"or deferred; {data['redeliveries']} redeliveries, requeues or re-claims)",
             f"  takeovers    {data['takeovers']} (on {data['entries_taken_over']} entries)",
             f"  stale claims {data['stale_claims']} ("
             + (
