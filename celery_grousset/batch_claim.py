@@ -209,14 +209,6 @@ class Claimer:
             self.stopping = True
             self.cv.notify()
         self.thread.join(timeout)
-        if self.thread.is_alive():
-            return
-        self.releases.extend(job for job in self.done if job.action == OWNED)
-        self.done.clear()
-        self._release_all()
-        for store in self.stores.values():
-            with contextlib.suppress(Exception):
-                store.close()
 
     # -- the thread's side -------------------------------------------------------------------
 
@@ -225,15 +217,29 @@ class Claimer:
             with self.cv:
                 while not (self.jobs or self.releases or self.stopping):
                     self.cv.wait()
-                if self.stopping:
-                    return
-                size = min(len(self.jobs), self.batch_size)
+                stopping = self.stopping
+                size = 0 if stopping else min(len(self.jobs), self.batch_size)
                 batch = [self.jobs.popleft() for _ in range(size)]
             self._release_all()
+            if stopping:
+                self._shut()
+                return
             if batch:
                 self.done.extend(self.claim(batch))
                 with contextlib.suppress(BlockingIOError):
                     os.write(self.write_fd, b"\0")
+
+    def _shut(self) -> None:
+        """Release the claims of requests never handed to the pool; close the connections
+        (on this thread: an SQLite connection may be used only by the thread that made it)."""
+        while self.done:
+            job = self.done.popleft()
+            if job.action == OWNED:
+                self.releases.append(job)
+        self._release_all()
+        for store in self.stores.values():
+            with contextlib.suppress(Exception):
+                store.close()
 
     def _store(self, alias: str) -> Store:
         store = self.stores.get(alias)

@@ -201,7 +201,12 @@ def _worker_claim(app: Any, flag: bool | None) -> list[str]:
     main-process claim; the tasks it applies to (none while bypass is on)."""
     from celery_grousset.conf import grousset_settings
 
-    if not (grousset_settings.WORKER_CLAIM if flag is None else flag):
+    if flag is None:
+        try:
+            flag = bool(grousset_settings.WORKER_CLAIM)
+        except Exception:  # invalid settings: every guarded task fails closed on its own
+            flag = False
+    if not flag:
         return []
     if getattr(app.conf, "grousset_bypass", False) or _settings_bypass():
         return []

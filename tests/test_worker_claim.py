@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +15,7 @@ import pytest
 from celery_grousset.models import Outcome
 from tests import services
 from tests.ledger.models import Effect
+from tests.test_worker_integration import record_of, wait_for
 from tests.workers import Worker, workers
 
 pytestmark = pytest.mark.slow
@@ -40,19 +40,8 @@ def batch_worker(
         yield alias, queue, ws[0]
 
 
-def wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def records(alias: str, task: Any, key: str, *args: Any) -> Outcome:
-    fp = task.grousset_fingerprint((key, *args), {})
-    return Outcome.objects.using(alias).get(task_name=task.name, fingerprint=fp)
+    return record_of(alias, task, (key, *args))
 
 
 def test_n_publishes_of_k_keys_run_k_effects_claimed_by_the_main_process(
@@ -128,3 +117,22 @@ def test_sigkill_of_a_child_mid_task_is_taken_over(batch_worker: tuple[str, str,
     assert value["fence"] == 2 and value["pid"] != pid
     # the documented window: the killed attempt's effect happened
     assert Effect.objects.using(alias).filter(key=key).count() == 2
+
+
+def test_copies_of_one_new_key_published_together_run_once(
+    batch_worker: tuple[str, str, Worker],
+) -> None:
+    from tests.tasks import effect
+
+    alias, queue, worker = batch_worker
+    key = f"burst-{uuid.uuid4().hex[:8]}"
+    # Given 20 deliveries of one call published at once (in flight while the first runs)
+    results = [effect.apply_async((key,), {"sleep": 0.3}, queue=queue) for _ in range(20)]
+    # When they are all answered
+    values = [r.get(timeout=120) for r in results]
+    # Then the effect ran once and every delivery got its value
+    assert Effect.objects.using(alias).filter(key=key).count() == 1
+    assert len({repr(v) for v in values}) == 1
+    rec = record_of(alias, effect, (key,), {"sleep": 0.3})
+    assert rec.status == "completed" and rec.fence == 1
+    assert rec.worker.endswith(f":{worker.proc.pid}")
