@@ -34,7 +34,7 @@ import logging
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,7 +155,7 @@ class Claimer:
     def submit(self, req: Any, handle: Callable[[Any], Any]) -> Any:
         """Queue a request for its claim (the per-task path when it cannot be queued)."""
         job = None
-        if len(self.jobs) < QUEUE_LIMIT and not self.stopping:
+        if len(self.jobs) < QUEUE_LIMIT and not self.stopping and self.thread.is_alive():
             try:
                 job = job_of(req, handle)
             except Exception:  # reported by the per-task path, in the child, as without us
@@ -225,7 +225,11 @@ class Claimer:
                 self._shut()
                 return
             if batch:
-                self.done.extend(self.claim(batch))
+                try:
+                    self.claim(batch)
+                except Exception:  # never let the thread die: these take the per-task path
+                    logger.exception("grousset.worker_claim pass failed")
+                self.done.extend(batch)
                 with contextlib.suppress(BlockingIOError):
                     os.write(self.write_fd, b"\0")
 
@@ -249,8 +253,9 @@ class Claimer:
             store = self.stores[alias] = _new_store(alias)
         return store
 
-    def claim(self, batch: list[Job]) -> Iterable[Job]:
-        """Claim a batch: one claim per key and database (``claim_all``), then decide."""
+    def claim(self, batch: list[Job]) -> None:
+        """Claim a batch: one claim per key and database (``claim_all``); each job's
+        ``action`` says what the event loop does with it."""
         keys: dict[tuple[str, str, str], list[Job]] = {}
         for job in batch:
             c = job.claim
@@ -267,7 +272,6 @@ class Claimer:
                 elif res.kind is Kind.COMPLETED:
                     for job in jobs:
                         self._answer(job, res)
-        return batch
 
     def _answer(self, job: Job, res: ClaimResult) -> None:
         """Store a completed key's memo as this delivery's result (else: per-task path)."""

@@ -136,3 +136,42 @@ def test_copies_of_one_new_key_published_together_run_once(
     rec = record_of(alias, effect, (key,), {"sleep": 0.3})
     assert rec.status == "completed" and rec.fence == 1
     assert rec.worker.endswith(f":{worker.proc.pid}")
+
+
+@pytest.mark.parametrize(
+    ("setting", "flag", "bypass", "on"),
+    [
+        (False, None, False, False),  # the default: off
+        (True, None, False, True),  # the setting
+        (True, False, False, False),  # --no-grousset-batch wins over the setting
+        (False, True, False, True),  # --grousset-batch wins over the setting
+        (True, True, True, False),  # bypass: nothing is claimed at all
+    ],
+)
+def test_the_switch_gives_guarded_tasks_the_main_process_strategy(
+    setting: bool, flag: bool | None, bypass: bool, on: bool
+) -> None:
+    from celery import Celery, _state
+    from django.test import override_settings
+
+    from celery_grousset import GroussetTask
+    from celery_grousset.batch_claim import STRATEGY
+    from celery_grousset.worker import _worker_claim
+
+    app = Celery("grousset-switch", set_as_current=False, fixups=[])
+
+    suffix = uuid.uuid4().hex[:8]
+
+    @app.task(base=GroussetTask, max_processing_time=5, name=f"switch.guarded.{suffix}")
+    def guarded() -> None: ...
+
+    @app.task(name=f"switch.plain.{suffix}")
+    def plain() -> None: ...
+
+    with override_settings(GROUSSET={"WORKER_CLAIM": setting, "BYPASS": bypass}):
+        names = _worker_claim(app, flag)
+    assert (guarded.name in names) is on and (names == []) is not on
+    assert plain.name not in names
+    assert (app.tasks[guarded.name].Strategy == STRATEGY) is on
+    assert app.tasks[plain.name].Strategy != STRATEGY
+    _state._apps.discard(app)  # type: ignore[attr-defined]  # not seen by other tests' checks
