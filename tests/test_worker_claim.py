@@ -20,7 +20,7 @@ from tests.workers import Worker, workers
 
 pytestmark = pytest.mark.slow
 
-BACKENDS = {"sqlite": "default", "postgresql": "postgresql"}
+BACKENDS = {"sqlite": "default", "postgresql": "postgresql", "mariadb": "mysql"}
 
 
 @pytest.fixture(scope="module")
