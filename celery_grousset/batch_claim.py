@@ -22,8 +22,8 @@ loop never waits on the database. Then, on the event loop:
 
 ETA and rate-limited requests reach the pool through Celery's timer, not through the
 strategy's hand-over: they take the per-task path. So do workers whose transport has no
-event loop (no hub). On warm shutdown, claims made for requests never handed to the pool
-are released.
+event loop (no hub). On warm shutdown, claims made for requests no pool child started
+are released once the pool has stopped.
 """
 
 from __future__ import annotations
@@ -63,6 +63,10 @@ def enable(app: Any) -> list[str]:
         if isinstance(task, GroussetTaskMixin):
             task.Strategy = STRATEGY  # type: ignore[attr-defined]  # read at consumer start
             names.append(name)
+    if names:
+        from celery.signals import worker_shutdown
+
+        worker_shutdown.connect(stop, weak=False, dispatch_uid="celery_grousset.batch_claim")
     return sorted(names)
 
 
@@ -124,6 +128,8 @@ class Claimer:
         self.jobs: deque[Job] = deque()
         self.releases: deque[Job] = deque()
         self.done: deque[Job] = deque()
+        #: owned requests handed to the pool, by task id (pruned once started)
+        self.handed: dict[str, Job] = {}
         self.cv = threading.Condition()
         self.stopping = False
         self.stores: dict[str, Store] = {}
@@ -187,6 +193,7 @@ class Claimer:
                 return
             preclaim.carry(req.request_dict, job.claim, job.result)
             job.handle(req)
+            self._hand(job)
         elif job.action == ANSWERED:
             from celery.utils.saferepr import saferepr
             from celery.worker.state import task_ready
@@ -197,15 +204,24 @@ class Claimer:
         else:
             job.handle(req)
 
+    def _hand(self, job: Job) -> None:
+        if len(self.handed) >= QUEUE_LIMIT:  # forget those a child has started
+            self.handed = {k: j for k, j in self.handed.items() if j.req.worker_pid is None}
+        self.handed[job.req.id] = job
+
     def _release(self, job: Job) -> None:
         with self.cv:
             self.releases.append(job)
             self.cv.notify()
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Warm shutdown: finish the pass under way, then release every claim made for a
-        request the pool never got (its message comes back from the broker)."""
+    def stop(self, pool_stopped: bool, timeout: float = 10.0) -> None:
+        """Shutdown: finish the pass under way, then release every claim made for a
+        request the pool never got (its message comes back from the broker) and — once
+        the pool has stopped — for those it got but never started (Celery drops them)."""
         with self.cv:
+            if pool_stopped:
+                self.releases.extend(j for j in self.handed.values() if j.req.worker_pid is None)
+            self.handed.clear()
             self.stopping = True
             self.cv.notify()
         self.thread.join(timeout)
@@ -303,8 +319,24 @@ class Claimer:
                 events.store_error(c, "release", exc)
 
 
-def stop(worker: Any) -> None:
-    """Stop the claimer of a worker's consumer, if it has one (warm shutdown)."""
-    claimer = getattr(getattr(worker, "consumer", None), "_grousset_claimer", None)
+def stop(sender: Any = None, **kwargs: Any) -> None:
+    """``worker_shutdown`` (sent once the worker's steps, its pool included, have
+    stopped): stop the claimer of the worker's consumer, if it has one."""
+    claimer = getattr(getattr(sender, "consumer", None), "_grousset_claimer", None)
     if isinstance(claimer, Claimer):
-        claimer.stop()
+        claimer.stop(pool_stopped=not _children_alive(sender))
+
+
+def _children_alive(worker: Any) -> bool:
+    """Whether a pool process of ``worker`` may still run a request (True when unsure:
+    only a stopped prefork pool is known to run nothing more)."""
+    from celery.concurrency.prefork import TaskPool
+
+    pool = getattr(worker, "pool", None)
+    if not isinstance(pool, TaskPool):
+        return True
+    inner = getattr(pool, "_pool", None)  # None once the pool has stopped
+    try:
+        return inner is not None and any(p.is_alive() for p in inner._pool)
+    except Exception:
+        return True

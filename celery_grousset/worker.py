@@ -173,10 +173,6 @@ class GroussetStep(bootsteps.StartStopStep):
             self.relay.start_when_ready()  # after the pool has forked
 
     def stop(self, parent: Any) -> None:
-        if self.claimed:
-            from celery_grousset.batch_claim import stop
-
-            stop(parent)
         if self.metrics is not None:
             self.metrics.stop()
         if self.relay is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -175,3 +176,52 @@ def test_the_switch_gives_guarded_tasks_the_main_process_strategy(
     assert (app.tasks[guarded.name].Strategy == STRATEGY) is on
     assert app.tasks[plain.name].Strategy != STRATEGY
     _state._apps.discard(app)  # type: ignore[attr-defined]  # not seen by other tests' checks
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_warm_shutdown_releases_the_claims_of_requests_no_child_started(
+    redis_url: str, backend: str
+) -> None:
+    from tests.tasks import effect
+
+    alias = BACKENDS[backend]
+    services.require_database(alias)
+    queue = f"q-{uuid.uuid4().hex[:10]}"
+    extra = ["--grousset-batch", "-c", "1", "--prefetch-multiplier", "4"]
+    keys = [f"stop-{uuid.uuid4().hex[:8]}-{i}" for i in range(4)]
+    # Given one child busy with a 3 s body and three more requests prefetched behind it,
+    # each claimed by the main process and handed to the pool
+    with workers(queue, 1, database=alias, broker=redis_url, extra=extra) as [worker]:
+        results = [effect.apply_async((keys[0],), {"sleep": 3.0}, queue=queue)]
+        wait_for(lambda: Effect.objects.using(alias).filter(key=keys[0]).exists(), 30, "a body")
+        results += [effect.apply_async((k,), queue=queue) for k in keys[1:]]
+
+        def held() -> bool:
+            rows = [record_of(alias, effect, (k,)) for k in keys[1:] if exists(alias, k)]
+            return len(rows) == 3 and all(r.status == "in_flight" for r in rows)
+
+        wait_for(held, 30, "the prefetched requests' claims")
+        assert not any(Effect.objects.using(alias).filter(key__in=keys[1:]))
+        # When the worker shuts down warm (it finishes the running body first)
+        worker.stop(timeout=60)
+        assert worker.proc.returncode == 0, worker.text()[-2000:]
+    # Then the claims of the three it never started were released, not left to go stale
+    for key in keys[1:]:
+        rec = record_of(alias, effect, (key,))
+        assert rec.status != "in_flight", (key, rec.status)
+    assert record_of(alias, effect, (keys[0], 3.0)).status == "completed"
+    # and a new worker runs them at once (max_processing_time is 30 s), each once
+    with workers(queue, 1, database=alias, broker=redis_url, extra=["--grousset-batch"]):
+        t0 = time.monotonic()
+        for r in results:
+            r.get(timeout=60)
+        assert time.monotonic() - t0 < 20
+    for key in keys:
+        assert Effect.objects.using(alias).filter(key=key).count() == 1
+
+
+def exists(alias: str, key: str) -> bool:
+    from tests.tasks import effect
+
+    fp = effect.grousset_fingerprint((key,), {})
+    return Outcome.objects.using(alias).filter(fingerprint=fp).exists()
