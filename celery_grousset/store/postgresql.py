@@ -268,6 +268,32 @@ class PostgresStore(Store):
             f"journal database {self.alias!r}: the claim kept losing a race for a new key"
         )
 
+    def claim_all(self, reqs: Sequence[ClaimRequest]) -> list[ClaimResult]:
+        """Several claims in ONE transaction: one commit for the batch, the same statement
+        and decision table per key. Rows are locked in key order, so two batches never
+        deadlock. A claim that lost a race for a new key is sent again on its own."""
+        if len(reqs) < 2:
+            return [self.claim(req) for req in reqs]
+        order = sorted(range(len(reqs)), key=lambda i: (reqs[i].processor_id, reqs[i].fingerprint))
+
+        def op(conn: Any) -> dict[int, Any]:
+            with conn.transaction():
+                rows = {
+                    i: conn.execute(CLAIM_SQL, self.claim_params(reqs[i]), prepare=True).fetchone()
+                    for i in order
+                }
+                # Each statement set synchronous_commit for the transaction, the last one
+                # wins: the batch commits durably if any claim in it took a row.
+                if self.claim_commit != "async" and any(
+                    row is not None and Kind.from_code(row[12]).owned for row in rows.values()
+                ):
+                    conn.execute("SET LOCAL synchronous_commit TO on")
+                return rows
+
+        rows = self._run(op)
+        return [_result(rows[i]) if rows[i] is not None else self.claim(reqs[i])
+                for i in range(len(reqs))]  # fmt: skip
+
     def finish(
         self, processor_id: str, fingerprint: str, token: str, completion: Completion
     ) -> bool:
