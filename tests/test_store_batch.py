@@ -28,7 +28,7 @@ def key(first: str) -> str:
 
 def test_a_batch_decides_each_key_as_one_claim_would(pg_store: Store, processor: str) -> None:
     done, held = req(processor, key("1")), req(processor, key("2"))
-    [r] = pg_store.claim_all([done])
+    assert pg_store.claim_all([done])[0].kind is Kind.NEW
     assert pg_store.finish(processor, done.fingerprint, done.token, Completion("completed"))
     pg_store.claim_all([held])
     new_a, new_b = req(processor, key("4")), req(processor, key("0"))
