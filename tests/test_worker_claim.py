@@ -225,3 +225,35 @@ def exists(alias: str, key: str) -> bool:
 
     fp = effect.grousset_fingerprint((key,), {})
     return Outcome.objects.using(alias).filter(fingerprint=fp).exists()
+
+
+def test_a_broker_connection_cut_loses_and_doubles_nothing(
+    batch_worker: tuple[str, str, Worker], redis_url: str
+) -> None:
+    import redis
+
+    from tests.tasks import effect
+
+    alias, queue, worker = batch_worker
+    keys = [f"cut-{uuid.uuid4().hex[:8]}-{i}" for i in range(6)]
+    results = [effect.apply_async((k,), {"sleep": 0.5}, queue=queue) for k in keys]
+    wait_for(lambda: Effect.objects.using(alias).filter(key__in=keys).exists(), 30, "a body")
+    # When the worker's broker connections are cut mid-stream (its consumer restarts,
+    # rebuilding the strategies; requests in flight come back from the broker)
+    client = redis.Redis.from_url(redis_url)
+    db = client.connection_pool.connection_kwargs.get("db", 0)
+    mine = client.client_id()
+    cut = [c["id"] for c in client.client_list() if int(c["db"]) == db and c["id"] != mine]
+    for client_id in cut:
+        client.client_kill_filter(_id=client_id)
+    assert cut
+    # Then every call completes, each effect once, each claimed by the main process
+    values = [r.get(timeout=120) for r in results]
+    assert [v["key"] for v in values] == keys
+    for key in keys:
+        assert Effect.objects.using(alias).filter(key=key).count() == 1
+        assert record_of(alias, effect, (key,), {"sleep": 0.5}).status == "completed"
+    assert any(
+        record_of(alias, effect, (k,), {"sleep": 0.5}).worker.endswith(f":{worker.proc.pid}")
+        for k in keys
+    )
