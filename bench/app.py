@@ -35,6 +35,10 @@ STATE_URL = os.environ.get("BENCH_BACKEND", "redis://127.0.0.1:6379/11")
 
 app = Celery("bench")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+if os.environ.get("BENCH_WORKER_CLAIM") == "1":  # WORKER_CLAIM acts through the worker step
+    from celery_grousset.worker import install
+
+    install(app)
 app.conf.update(
     task_acks_late=True,
     worker_prefetch_multiplier=int(os.environ.get("BENCH_PREFETCH", "4")),

@@ -73,6 +73,8 @@ GROUSSET = {
     "MAX_PROCESSING_TIME": 60,
     # "durable" (the default, what the targets are measured with) or "async" (opt-in knob)
     "CLAIM_COMMIT": os.environ.get("BENCH_CLAIM_COMMIT", "durable"),
+    # the opt-in main-process claim (the grousset-pg-batch variant)
+    "WORKER_CLAIM": os.environ.get("BENCH_WORKER_CLAIM") == "1",
 }
 
 #: Redis db 12 for the broker, db 11 for results (and the Redis-based competitors).

@@ -44,6 +44,10 @@ VARIANTS: dict[str, Variant] = {
         Variant("grousset-pg-async", "GroussetTask (PostgreSQL, CLAIM_COMMIT=async)",
                 "bench.grousset", "postgresql",
                 {"BENCH_GROUSSET_DB": "postgresql", "BENCH_CLAIM_COMMIT": "async"}, JOURNAL_DONE),
+        # The opt-in main-process claim (GROUSSET["WORKER_CLAIM"], first version).
+        Variant("grousset-pg-batch", "GroussetTask (PostgreSQL, WORKER_CLAIM)",
+                "bench.grousset", "postgresql",
+                {"BENCH_GROUSSET_DB": "postgresql", "BENCH_WORKER_CLAIM": "1"}, JOURNAL_DONE),
         Variant("grousset-sqlite", "GroussetTask (SQLite)", "bench.grousset", "default",
                 {"BENCH_GROUSSET_DB": "default"}, JOURNAL_DONE),
         Variant("raw-pg", "raw psycopg INSERT…ON CONFLICT + UPDATE", "bench.raw_pg",

@@ -137,6 +137,21 @@ SETTINGS: dict[str, Setting] = {
         Setting("CLAIM_COMMIT", "durable", _choice, '"durable" or "async"'),
         # Emergency switch: run every task unguarded, logging loudly.
         Setting("BYPASS", False, _boolean, "a bool"),
+        # Claim guarded requests in the worker's main process before the pool runs them
+        # (opt-in; `celery worker --grousset-batch`). See docs/performance.md.
+        Setting("WORKER_CLAIM", False, _boolean, "a bool"),
+        # Most claims the main process sends in one pass (per database).
+        Setting(
+            "WORKER_CLAIM_BATCH_SIZE", 100, _integer(1, 10_000), "an int from 1 to 10000"
+        ),
+        # A child starting later than this after the main process's claim renews it first.
+        # None: a tenth of the task's max_processing_time.
+        Setting(
+            "WORKER_CLAIM_RENEW_AFTER",
+            None,
+            _optional_duration,
+            "None or a duration > 0 and <= 100 years; read back as float seconds",
+        ),
         # Argument names whose values are redacted in args_repr (added to the built-in list).
         Setting(
             "REDACT_KEYS",

@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
-from celery_grousset import events, memo
+from celery_grousset import events, memo, preclaim
 from celery_grousset.claim import ClaimRequest, Kind, payload_differs
 from celery_grousset.completion import fail, run_owned
 from celery_grousset.conf import grousset_settings
@@ -108,7 +108,8 @@ def guarded(caller: Caller, call: Call) -> Any:
     )
     try:
         check_claimable(req)  # a poison delivery never reaches the database
-        [res] = claim(store, [req])
+        req, adopted = preclaim.adopt(caller, store, req)  # claimed by the worker's main process
+        [res] = [adopted] if adopted is not None else claim(store, [req])
         if res.kind is Kind.IN_FLIGHT:
             check_payload(req, res)  # held for other arguments: refused, never waited for
             policy = caller.in_flight_policy(opts)

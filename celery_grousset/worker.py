@@ -1,7 +1,7 @@
 """Worker flags and the worker bootstep.
 
 ``install(app)`` (call it in your ``proj/celery.py``, next to
-``app.autodiscover_tasks()``) adds five options to ``celery worker``:
+``app.autodiscover_tasks()``) adds six options to ``celery worker``:
 
 =====================================  ===================================================
 ``--grousset-processor-id ID``         default ``processor_id`` of this worker's tasks
@@ -9,6 +9,7 @@
 ``--grousset-metrics-port PORT``       serve Prometheus metrics on this port
 ``--grousset-bypass``                  EMERGENCY: run every task unguarded, logging loudly
 ``--grousset-relay``                   publish the transactional outbox from this worker
+``--grousset-batch``                   claim in the main process (``WORKER_CLAIM``)
 =====================================  ===================================================
 
 The flags are defaults: a task's own option wins (precedence: per call > task >
@@ -36,6 +37,7 @@ FLAG_NAMES = (
     "grousset_metrics_port",
     "grousset_bypass",
     "grousset_relay",
+    "grousset_batch",
 )
 
 
@@ -89,6 +91,13 @@ def _options() -> list[Any]:
             "of this worker, like `manage.py grousset_relay`.",
             **extra,
         ),
+        Option(
+            ("--grousset-batch/--no-grousset-batch",),
+            default=None,
+            help="Claim guarded tasks in the worker's main process, before the pool runs "
+            "them (default: GROUSSET['WORKER_CLAIM'], off).",
+            **extra,
+        ),
     ]
 
 
@@ -105,6 +114,7 @@ class GroussetStep(bootsteps.StartStopStep):
         grousset_metrics_port: int | None = None,
         grousset_bypass: bool = False,
         grousset_relay: bool = False,
+        grousset_batch: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(parent, **kwargs)
@@ -137,6 +147,7 @@ class GroussetStep(bootsteps.StartStopStep):
         from celery_grousset.task import reset_resolved_options
 
         reset_resolved_options()
+        self.claimed = _worker_claim(app, grousset_batch)
 
     def start(self, parent: Any) -> None:
         if self.bypass or _settings_bypass():
@@ -145,6 +156,9 @@ class GroussetStep(bootsteps.StartStopStep):
                 "the journal's database is back",
                 BYPASS_WARNING,
             )
+        if self.claimed:
+            names = " ".join(self.claimed)
+            logger.info("celery-grousset claims in the main process for: %s", names)
         if self.defaults:
             logger.info(
                 "celery-grousset worker defaults: %s",
@@ -176,6 +190,25 @@ def _forks(worker: Any) -> bool:
     except ImportError:  # pragma: no cover
         return False
     return isinstance(getattr(worker, "pool", None), TaskPool)
+
+
+def _worker_claim(app: Any, flag: bool | None) -> list[str]:
+    """``--grousset-batch`` (else ``WORKER_CLAIM``): give the guarded tasks the
+    main-process claim; the tasks it applies to (none while bypass is on)."""
+    from celery_grousset.conf import grousset_settings
+
+    if flag is None:
+        try:
+            flag = bool(grousset_settings.WORKER_CLAIM)
+        except Exception:  # invalid settings: every guarded task fails closed on its own
+            flag = False
+    if not flag:
+        return []
+    if getattr(app.conf, "grousset_bypass", False) or _settings_bypass():
+        return []
+    from celery_grousset.batch_claim import enable
+
+    return enable(app)
 
 
 def _settings_bypass() -> bool:

@@ -32,17 +32,21 @@ DURATIONS = {
     "STORE_TIMEOUT": 86400.0,
     "STORE_RETRY_BACKOFF": YEARS_100,
     "STORE_RETRY_BACKOFF_MAX": YEARS_100,
+    "WORKER_CLAIM_RENEW_AFTER": YEARS_100,
 }
+#: durations that may be None (unset)
+OPTIONAL_DURATIONS = {"MAX_PROCESSING_TIME", "WORKER_CLAIM_RENEW_AFTER"}
 CHOICES = {
     "ON_IN_FLIGHT": ("retry", "wait"),
     "ON_FAILURE": ("release", "memoize"),
     "CLAIM_COMMIT": ("durable", "async"),
 }
-BOOLS = {"TRANSACTIONAL", "MEMOIZE", "VALIDATE_PAYLOAD", "BYPASS"}
+BOOLS = {"TRANSACTIONAL", "MEMOIZE", "VALIDATE_PAYLOAD", "BYPASS", "WORKER_CLAIM"}
 INTS = {
     "MAX_RESULT_BYTES": (0, 2**30),
     "MAX_TAKEOVERS": (0, 2**31 - 1),
     "ARGS_REPR_MAX_LENGTH": (0, 1_000_000),
+    "WORKER_CLAIM_BATCH_SIZE": (1, 10_000),
 }
 TEXTS = {"DATABASE": (255, False), "PROCESSOR_ID": (128, True)}
 
@@ -57,7 +61,7 @@ def documented(name: str, value: object) -> object:
     """What ``GROUSSET[name] = value`` reads back as, or ``_REFUSED``."""
     if name in DURATIONS:
         if value is None:
-            return None if name == "MAX_PROCESSING_TIME" else _REFUSED
+            return None if name in OPTIONAL_DURATIONS else _REFUSED
         if isinstance(value, timedelta):
             number = value.total_seconds()
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -162,7 +166,7 @@ def valid(name: str) -> st.SearchStrategy[Any]:
         )
         if name == "STORE_RETRY_BACKOFF":  # mostly below the default STORE_RETRY_BACKOFF_MAX
             strategy = st.floats(min_value=1e-6, max_value=60.0) | strategy
-        return strategy | st.none() if name == "MAX_PROCESSING_TIME" else strategy
+        return strategy | st.none() if name in OPTIONAL_DURATIONS else strategy
     if name in CHOICES:
         return st.sampled_from(CHOICES[name])
     if name in BOOLS:

@@ -72,7 +72,7 @@ def test_help_shows_the_flags() -> None:
         timeout=60,
         check=False,
     )
-    # Then the five flags are listed under their own heading
+    # Then the six flags are listed under their own heading
     assert proc.returncode == 0, proc.stderr
     for flag in (
         "--grousset-processor-id",
@@ -80,6 +80,8 @@ def test_help_shows_the_flags() -> None:
         "--grousset-metrics-port",
         "--grousset-bypass",
         "--grousset-relay",
+        "--grousset-batch",
+        "--no-grousset-batch",
     ):
         assert flag in proc.stdout
     assert "celery-grousset Options" in proc.stdout
@@ -103,6 +105,7 @@ def test_install_is_idempotent() -> None:
             "grousset_metrics_port",
             "grousset_bypass",
             "grousset_relay",
+            "grousset_batch",
         ]
     )
     assert list(app.steps["worker"]) == [GroussetStep]

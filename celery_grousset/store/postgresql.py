@@ -20,6 +20,7 @@ connection uses (psycopg 3 or psycopg2: :mod:`celery_grousset.store.pgdriver`);
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -36,9 +37,10 @@ from celery_grousset.claim import (
     decision_sql,
     gave_up_message,
 )
-from celery_grousset.exceptions import InvalidArgument, StoreUnavailable
+from celery_grousset.exceptions import StoreUnavailable
 from celery_grousset.store.base import RELEASED, ClaimResult, Completion, Store, data_error
 from celery_grousset.store.pgdriver import driver
+from celery_grousset.store.pgops import PostgresOperations
 
 T = TypeVar("T")
 
@@ -170,27 +172,10 @@ WHERE {KEY.format(t='')} AND status = 'in_flight'
     AND (%(tok)s::text IS NULL OR claim_token = %(tok)s::text)
 """
 
-# publish_unique's one query for a chunk of keys (through the unique key, as above).
-LOOKUP_SQL = (
-    "SELECT fingerprint, status, result_encoding, stale_at, expires_on, takeovers, "
-    "payload_hash, clock_timestamp() FROM celery_grousset_outcome "
-    "WHERE fingerprint = ANY(%s) AND processor_id || '' = %s"
-)
-
-# A loose index scan: the recursive CTE walks the index value by value (cheap on big tables).
-DISTINCT_SQL = (
-    "WITH RECURSIVE v(x) AS ((SELECT {col} FROM celery_grousset_outcome ORDER BY {col} LIMIT 1) "
-    "UNION ALL SELECT (SELECT {col} FROM celery_grousset_outcome WHERE {col} > v.x "
-    "ORDER BY {col} LIMIT 1) FROM v WHERE v.x IS NOT NULL) SELECT x FROM v "
-    "WHERE x IS NOT NULL LIMIT %s"
-)
-
-ESTIMATE_SQL = "SELECT reltuples FROM pg_class WHERE oid = to_regclass('celery_grousset_outcome')"
-
 _LIBPQ_DROP = ("cursor_factory", "context", "prepare_threshold", "server_side_binding", "pool")
 
 
-class PostgresStore(Store):
+class PostgresStore(PostgresOperations, Store):
     vendor = "postgresql"
 
     def _params(self) -> dict[str, Any]:
@@ -293,6 +278,41 @@ class PostgresStore(Store):
             f"journal database {self.alias!r}: the claim kept losing a race for a new key"
         )
 
+    def claim_all(self, reqs: Sequence[ClaimRequest]) -> list[ClaimResult]:
+        """Several claims in ONE transaction: one commit for the batch, the same statement
+        and decision table per key. Rows are locked in key order, so two batches never
+        deadlock. A claim that lost a race for a new key is sent again on its own."""
+        if len(reqs) < 2:
+            return [self.claim(req) for req in reqs]
+        order = sorted(range(len(reqs)), key=lambda i: (reqs[i].processor_id, reqs[i].fingerprint))
+
+        def op(conn: Any) -> dict[int, Any]:
+            db = driver()
+            db.execute(conn, "BEGIN")
+            try:
+                rows = {
+                    i: db.execute(conn, CLAIM_SQL, self.claim_params(reqs[i]), prepare=True)
+                    .fetchone()
+                    for i in order
+                }
+                # Each statement set synchronous_commit for the transaction, the last one
+                # wins: the batch commits durably if any claim in it took a row.
+                if self.claim_commit != "async" and any(
+                    row is not None and Kind.from_code(row[12]).owned for row in rows.values()
+                ):
+                    db.execute(conn, "SET LOCAL synchronous_commit TO on")
+                db.execute(conn, "COMMIT")
+            except BaseException:
+                if not db.broken(conn):
+                    with contextlib.suppress(db.Error):  # keep the original error
+                        db.execute(conn, "ROLLBACK")
+                raise
+            return rows
+
+        rows = self._run(op)
+        return [_result(rows[i]) if rows[i] is not None else self.claim(reqs[i])
+                for i in range(len(reqs))]  # fmt: skip
+
     def finish(
         self, processor_id: str, fingerprint: str, token: str, completion: Completion
     ) -> bool:
@@ -335,30 +355,6 @@ class PostgresStore(Store):
         return RawSQL(
             f"{_NOW} + make_interval(secs => %s)", (float(plus),), output_field=DateTimeField()
         )
-
-    def lookup(self, processor_id: str, fingerprints: Sequence[str]) -> list[tuple[Any, ...]]:
-        from django.db import connections
-
-        with connections[self.alias].cursor() as cur:
-            cur.execute(LOOKUP_SQL, [list(fingerprints), processor_id])
-            return list(cur.fetchall())
-
-    def estimated_count(self) -> int | None:
-        from django.db import connections
-
-        with connections[self.alias].cursor() as cur:
-            cur.execute(ESTIMATE_SQL)
-            row = cur.fetchone()
-        return int(row[0]) if row and row[0] is not None else None
-
-    def distinct_values(self, column: str, limit: int) -> list[str]:
-        from django.db import connections
-
-        if column not in ("task_name", "processor_id"):
-            raise InvalidArgument(f"not an indexed filter column: {column!r}")
-        with connections[self.alias].cursor() as cur:
-            cur.execute(DISTINCT_SQL.format(col=column), [limit])
-            return [str(row[0]) for row in cur.fetchall()]
 
     def terminate_connection(self) -> None:
         """Chaos hook: end this store's server session from another connection."""

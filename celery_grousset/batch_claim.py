@@ -1,0 +1,342 @@
+"""Claims in the worker's main process (``GROUSSET["WORKER_CLAIM"]`` or
+``celery worker --grousset-batch``; off by default; docs/performance.md).
+
+With the switch on, each guarded task gets :func:`strategy` as its Celery ``Strategy``:
+the default strategy, whose hand-over to the pool (``consumer.on_task_request``) goes
+through a :class:`Claimer` first. The claimer computes the call's fingerprint in the
+main process and queues the request; a thread of its own, on a journal connection of
+its own (never used by a pool child), claims what has queued up since its last pass —
+one ``claim_all`` per database, deliveries of one key in a pass collapsed to one claim —
+and hands the results back to the event loop through a pipe the hub watches. The event
+loop never waits on the database. Then, on the event loop:
+
+* an owned claim travels with the request to the pool (:mod:`celery_grousset.preclaim`):
+  the child runs the body under it and writes the fenced completion;
+* a completed key is answered here: its memo is stored through the task's result
+  backend (``AsyncResult.get()`` returns it), the message is acked, and the duplicate
+  log line, signal and metric fire (and a ``task-succeeded`` event, when the worker
+  sends events) — no pool child is used;
+* anything else (a fresh claim held elsewhere, a memoized failure, the store down, a
+  call whose arguments cannot be fingerprinted, a full queue) goes to the pool
+  unclaimed, and the child takes the per-task path as without the switch.
+
+ETA and rate-limited requests reach the pool through Celery's timer, not through the
+strategy's hand-over: they take the per-task path. So do workers whose transport has no
+event loop (no hub). On warm shutdown, claims made for requests no pool child started
+are released once the pool has stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from celery_grousset import events, guard, memo, preclaim
+from celery_grousset.claim import ClaimRequest, Kind
+from celery_grousset.store import ClaimResult, Store, check_claimable
+from celery_grousset.task import KEY_HEADER, GroussetTaskMixin
+
+logger = logging.getLogger("celery_grousset")
+
+#: the ``Strategy`` of a guarded task on a worker with the switch on
+STRATEGY = "celery_grousset.batch_claim:strategy"
+#: requests waiting for a claim at most; past it a request takes the per-task path
+QUEUE_LIMIT = 1000
+#: what the event loop does with a request once the claimer is done with it
+OWNED, ANSWERED, PER_TASK = "owned", "answered", "per-task"
+#: request fields that make a duplicate's answer more than a stored result (callbacks,
+#: chains, chords): such duplicates take the per-task path, where Celery's tracer runs them
+_EMBEDDED = ("callbacks", "errbacks", "chain", "chord")
+
+
+def enable(app: Any) -> list[str]:
+    """Give every guarded task of ``app`` the main-process claim; return their names."""
+    names = []
+    for name, task in app.tasks.items():
+        if isinstance(task, GroussetTaskMixin):
+            task.Strategy = STRATEGY  # type: ignore[attr-defined]  # read at consumer start
+            names.append(name)
+    if names:
+        from celery.signals import worker_shutdown
+
+        worker_shutdown.connect(stop, weak=False, dispatch_uid="celery_grousset.batch_claim")
+    return sorted(names)
+
+
+def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
+    """Celery's default strategy, handing requests to the pool through a :class:`Claimer`."""
+    from celery.worker.strategy import default
+
+    claimer = Claimer.of(consumer)
+    if claimer is None:  # no event loop to hand results back to: the per-task path
+        return default(task, app, consumer, **kwargs)
+    handle = consumer.on_task_request
+    view = _Consumer(consumer, lambda req: claimer.submit(req, handle))
+    return default(task, app, view, **kwargs)
+
+
+class _Consumer:
+    """The consumer as the default strategy sees it, with our hand-over to the pool."""
+
+    def __init__(self, consumer: Any, on_task_request: Callable[[Any], Any]) -> None:
+        self._consumer = consumer
+        self.on_task_request = on_task_request
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
+
+
+@dataclass(slots=True)
+class Job:
+    """One request waiting for, or done with, its claim."""
+
+    req: Any  #: celery.worker.request.Request
+    handle: Callable[[Any], Any]  #: the consumer's hand-over to the pool
+    claim: ClaimRequest
+    database: str
+    delivery: str
+    action: str = PER_TASK
+    result: ClaimResult | None = None
+    value: Any = None
+
+
+def job_of(req: Any, handle: Callable[[Any], Any]) -> Job | None:
+    """The claim of a request, computed on the event loop (no I/O); None: per-task path."""
+    task = req.task
+    if not isinstance(task, GroussetTaskMixin):
+        return None
+    opts = task.grousset_options()
+    call = task.grousset_call(req.args, req.kwargs, req.request_dict.get(KEY_HEADER), req)
+    fp, args_repr, payload = guard.identity(call, opts.validate_payload)
+    creq = guard.request(opts, fp, call.name, call.task_id, args_repr, payload_hash=payload)
+    check_claimable(creq)
+    return Job(req, handle, creq, opts.database, call.delivery)
+
+
+class Claimer:
+    """The claim thread of one consumer and its hand-back to the event loop."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.jobs: deque[Job] = deque()
+        self.releases: deque[Job] = deque()
+        self.done: deque[Job] = deque()
+        #: owned requests handed to the pool, by task id (pruned once started)
+        self.handed: dict[str, Job] = {}
+        self.cv = threading.Condition()
+        self.stopping = False
+        self.stores: dict[str, Store] = {}
+        self.read_fd, self.write_fd = os.pipe()
+        for fd in (self.read_fd, self.write_fd):
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+        self.thread = threading.Thread(target=self._run, name="grousset-claimer", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def of(cls, consumer: Any) -> Claimer | None:
+        """The consumer's claimer (made on first use), watched by its hub; None: no hub."""
+        hub = getattr(consumer, "hub", None)
+        if hub is None:
+            return None
+        claimer: Claimer | None = getattr(consumer, "_grousset_claimer", None)
+        if claimer is None:
+            from celery_grousset.conf import grousset_settings
+
+            claimer = cls(int(grousset_settings.WORKER_CLAIM_BATCH_SIZE))
+            consumer._grousset_claimer = claimer
+        with contextlib.suppress(Exception):  # registered again after a consumer restart
+            hub.remove_reader(claimer.read_fd)
+        hub.add_reader(claimer.read_fd, claimer.on_readable)
+        return claimer
+
+    # -- the event loop's side ---------------------------------------------------------------
+
+    def submit(self, req: Any, handle: Callable[[Any], Any]) -> Any:
+        """Queue a request for its claim (the per-task path when it cannot be queued)."""
+        job = None
+        if len(self.jobs) < QUEUE_LIMIT and not self.stopping and self.thread.is_alive():
+            try:
+                job = job_of(req, handle)
+            except Exception:  # reported by the per-task path, in the child, as without us
+                job = None
+        if job is None:
+            return handle(req)
+        with self.cv:
+            self.jobs.append(job)
+            self.cv.notify()
+        return None
+
+    def on_readable(self) -> None:
+        """The hub's reader: act on every request the thread is done with."""
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.read_fd, 4096):
+                pass
+        while self.done:
+            job = self.done.popleft()
+            try:
+                self._dispatch(job)
+            except Exception:
+                logger.exception("grousset.worker_claim dispatch failed task_id=%s", job.req.id)
+
+    def _dispatch(self, job: Job) -> None:
+        req = job.req
+        if job.action == OWNED and job.result is not None:
+            if req.revoked():  # revoked or expired while its claim was made: give it up
+                self._release(job)
+                return
+            preclaim.carry(req.request_dict, job.claim, job.result)
+            job.handle(req)
+            self._hand(job)
+        elif job.action == ANSWERED:
+            from celery.utils.saferepr import saferepr
+            from celery.worker.state import task_ready
+
+            req.acknowledge()
+            task_ready(req)
+            req.send_event("task-succeeded", result=saferepr(job.value), runtime=0.0)
+        else:
+            job.handle(req)
+
+    def _hand(self, job: Job) -> None:
+        if len(self.handed) >= QUEUE_LIMIT:  # forget those a child has started
+            self.handed = {k: j for k, j in self.handed.items() if j.req.worker_pid is None}
+        self.handed[job.req.id] = job
+
+    def _release(self, job: Job) -> None:
+        with self.cv:
+            self.releases.append(job)
+            self.cv.notify()
+
+    def stop(self, pool_stopped: bool, timeout: float = 10.0) -> None:
+        """Shutdown: finish the pass under way, then release every claim made for a
+        request the pool never got (its message comes back from the broker) and — once
+        the pool has stopped — for those it got but never started (Celery drops them)."""
+        with self.cv:
+            if pool_stopped:
+                self.releases.extend(j for j in self.handed.values() if j.req.worker_pid is None)
+            self.handed.clear()
+            self.stopping = True
+            self.cv.notify()
+        self.thread.join(timeout)
+
+    # -- the thread's side -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self.cv:
+                while not (self.jobs or self.releases or self.stopping):
+                    self.cv.wait()
+                stopping = self.stopping
+                size = 0 if stopping else min(len(self.jobs), self.batch_size)
+                batch = [self.jobs.popleft() for _ in range(size)]
+            self._release_all()
+            if stopping:
+                self._shut()
+                return
+            if batch:
+                try:
+                    self.claim(batch)
+                except Exception:  # never let the thread die: these take the per-task path
+                    logger.exception("grousset.worker_claim pass failed")
+                self.done.extend(batch)
+                with contextlib.suppress(BlockingIOError):
+                    os.write(self.write_fd, b"\0")
+
+    def _shut(self) -> None:
+        """Release the claims of requests never handed to the pool; close the connections
+        (on this thread: an SQLite connection may be used only by the thread that made it)."""
+        while self.done:
+            job = self.done.popleft()
+            if job.action == OWNED:
+                self.releases.append(job)
+        self._release_all()
+        for store in self.stores.values():
+            with contextlib.suppress(Exception):
+                store.close()
+
+    def _store(self, alias: str) -> Store:
+        store = self.stores.get(alias)
+        if store is None:
+            from celery_grousset.store import _new_store
+
+            store = self.stores[alias] = _new_store(alias)
+        return store
+
+    def claim(self, batch: list[Job]) -> None:
+        """Claim a batch: one claim per key and database (``claim_all``); each job's
+        ``action`` says what the event loop does with it."""
+        keys: dict[tuple[str, str, str], list[Job]] = {}
+        for job in batch:
+            c = job.claim
+            keys.setdefault((job.database, c.processor_id, c.fingerprint), []).append(job)
+        for alias in {database for database, _, _ in keys}:
+            groups = [jobs for (database, _, _), jobs in keys.items() if database == alias]
+            try:
+                results = guard.claim(self._store(alias), [jobs[0].claim for jobs in groups])
+            except Exception:  # store down or refused: the per-task path fails closed
+                continue
+            for jobs, res in zip(groups, results, strict=True):
+                if res.owned:  # the others of the pass are in-flight duplicates
+                    jobs[0].action, jobs[0].result = OWNED, res
+                elif res.kind is Kind.COMPLETED:
+                    for job in jobs:
+                        self._answer(job, res)
+
+    def _answer(self, job: Job, res: ClaimResult) -> None:
+        """Store a completed key's memo as this delivery's result (else: per-task path)."""
+        req, creq = job.req, job.claim
+        if creq.payload_hash and res.payload_hash and creq.payload_hash != res.payload_hash:
+            return  # the per-task path raises PayloadMismatch
+        _, _, embed = req._payload
+        if any((embed or {}).get(name) for name in _EMBEDDED):
+            return
+        try:
+            accept = memo.app_accept(req.task.app)
+            value = memo.decode(
+                res.result, res.result_encoding, res.error, creq.fingerprint, accept=accept
+            )
+            if not req.task.ignore_result:
+                req.task.backend.mark_as_done(req.id, value, request=req._context)
+        except Exception:  # a memoized error, a memo not stored, the backend down
+            return
+        events.duplicate(creq, res, job.delivery)
+        job.action, job.value = ANSWERED, value
+
+    def _release_all(self) -> None:
+        while self.releases:
+            job = self.releases.popleft()
+            c = job.claim
+            try:
+                self._store(job.database).release(c.processor_id, c.fingerprint, c.token)
+            except Exception as exc:  # it turns stale at its stale_at
+                events.store_error(c, "release", exc)
+
+
+def stop(sender: Any = None, **kwargs: Any) -> None:
+    """``worker_shutdown`` (sent once the worker's steps, its pool included, have
+    stopped): stop the claimer of the worker's consumer, if it has one."""
+    claimer = getattr(getattr(sender, "consumer", None), "_grousset_claimer", None)
+    if isinstance(claimer, Claimer):
+        claimer.stop(pool_stopped=not _children_alive(sender))
+
+
+def _children_alive(worker: Any) -> bool:
+    """Whether a pool process of ``worker`` may still run a request (True when unsure:
+    only a stopped prefork pool is known to run nothing more)."""
+    from celery.concurrency.prefork import TaskPool
+
+    pool = getattr(worker, "pool", None)
+    if not isinstance(pool, TaskPool):
+        return True
+    inner = getattr(pool, "_pool", None)  # None once the pool has stopped
+    try:
+        return inner is not None and any(p.is_alive() for p in inner._pool)
+    except Exception:
+        return True

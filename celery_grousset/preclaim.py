@@ -1,0 +1,107 @@
+"""A claim made for a delivery by the worker's main process, as the pool child sees it
+(``WORKER_CLAIM``, docs/performance.md "Claiming in the worker's main process").
+
+The main process claims a guarded request before handing it to the pool and puts the
+claim in the request (:func:`carry`: ``request_dict[FIELD]``, read back in the child as
+``self.request.grousset_claim``). The child then skips its own claim
+(:func:`adopt`): it runs the body under that claim's token and fence and writes the
+fenced completion as on the per-task path. A child that starts more than
+``WORKER_CLAIM_RENEW_AFTER`` after the claim renews it first, by a compare-and-set on
+its token; when the renewal fails another attempt owns the key (or settled it), and the
+delivery is decided by an ordinary claim with the same token instead: the body runs
+only if that claim owns the key.
+
+Without the field (the switch is off, the request came through an ETA or rate limit,
+the main process could not claim it) the child claims as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from celery_grousset import events
+from celery_grousset.claim import ClaimRequest, Kind, Status
+from celery_grousset.conf import grousset_settings
+from celery_grousset.exceptions import StoreUnavailable
+from celery_grousset.store import ClaimResult, Store
+
+#: the request field (``request_dict`` key) that carries a main-process claim
+FIELD = "grousset_claim"
+#: the share of ``max_processing_time`` after which a pre-made claim is renewed, when
+#: ``WORKER_CLAIM_RENEW_AFTER`` is not set
+RENEW_SHARE = 0.1
+
+
+def carry(request_dict: dict[str, Any], req: ClaimRequest, res: ClaimResult) -> None:
+    """Put an owned claim in a request before the pool gets it (plain values only: the
+    request is pickled to the child)."""
+    request_dict[FIELD] = [
+        req.token, res.fence, res.kind.value, res.deliveries, res.takeovers,
+        req.processor_id, req.fingerprint, time.time(),
+    ]  # fmt: skip
+
+
+def carried(request: Any) -> Sequence[Any] | None:
+    """The claim a request carries, or None."""
+    value = getattr(request, FIELD, None) if request is not None else None
+    return value if isinstance(value, (list, tuple)) and len(value) == 8 else None
+
+
+def renew_after(req: ClaimRequest) -> float:
+    """Seconds after its claim from which a child renews a pre-made claim."""
+    bound = grousset_settings.WORKER_CLAIM_RENEW_AFTER
+    return float(bound) if bound is not None else req.max_processing_time * RENEW_SHARE
+
+
+def adopt(caller: Any, store: Store, req: ClaimRequest) -> tuple[ClaimRequest, ClaimResult | None]:
+    """The claim this delivery carries, as ``(request, result)`` — or ``(req, None)``:
+    no usable claim, or its renewal failed (the caller claims, with the token of the
+    request returned, and the decision table decides)."""
+    value = carried(getattr(caller, "request", None))
+    if value is None:
+        return req, None
+    token, fence, kind, deliveries, takeovers, processor_id, fingerprint, at = value
+    if (processor_id, fingerprint) != (req.processor_id, req.fingerprint):
+        # Not this call's key (options resolved differently in the two processes): the
+        # main process's claim turns stale on its own; this call claims for itself.
+        events.logger.warning(
+            "grousset.claim_not_adopted fingerprint=%s carried=%s task=%s task_id=%s",
+            req.fingerprint, fingerprint, req.task_name, req.task_id,
+        )  # fmt: skip
+        return req, None
+    own = dataclasses.replace(req, token=str(token))
+    if time.time() - float(at) > renew_after(req) and not renew(store, own):
+        return own, None  # taken over or settled meanwhile: the claim with `own` decides
+    return own, _result(own, Kind(kind), int(fence), int(deliveries), int(takeovers))
+
+
+def renew(store: Store, req: ClaimRequest) -> bool:
+    """Push an in-flight claim's ``stale_at`` to now + ``max_processing_time`` (database
+    clock) if ``req.token`` still holds it: the compare-and-set of a late start."""
+    from django.db import DatabaseError
+
+    from celery_grousset.models import Outcome
+
+    held = Outcome.objects.using(store.alias).filter(
+        processor_id=req.processor_id,
+        fingerprint=req.fingerprint,
+        claim_token=req.token,
+        status=Status.IN_FLIGHT.value,
+    )
+    try:
+        return held.update(stale_at=store.now_expression(plus=req.max_processing_time)) == 1
+    except DatabaseError as exc:
+        raise StoreUnavailable(f"celery-grousset could not renew a claim: {exc}") from exc
+
+
+def _result(
+    req: ClaimRequest, kind: Kind, fence: int, deliveries: int, takeovers: int
+) -> ClaimResult:
+    return ClaimResult(
+        kind=kind, fence=fence, status=Status.IN_FLIGHT.value, deliveries=deliveries,
+        takeovers=takeovers, result=None, result_encoding="", error="", task_id=req.task_id,
+        started_at=None, completed_at=None, retry_in=0.0, payload_hash=req.payload_hash,
+    )  # fmt: skip

@@ -1,0 +1,56 @@
+"""The PostgreSQL store's operator queries (``publish_unique``'s lookup, the admin's
+estimate and distinct values), on the Django connection of the journal's database."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from celery_grousset.exceptions import InvalidArgument
+
+# publish_unique's one query for a chunk of keys (through the unique key, as above).
+LOOKUP_SQL = (
+    "SELECT fingerprint, status, result_encoding, stale_at, expires_on, takeovers, "
+    "payload_hash, clock_timestamp() FROM celery_grousset_outcome "
+    "WHERE fingerprint = ANY(%s) AND processor_id || '' = %s"
+)
+
+# A loose index scan: the recursive CTE walks the index value by value (cheap on big tables).
+DISTINCT_SQL = (
+    "WITH RECURSIVE v(x) AS ((SELECT {col} FROM celery_grousset_outcome ORDER BY {col} LIMIT 1) "
+    "UNION ALL SELECT (SELECT {col} FROM celery_grousset_outcome WHERE {col} > v.x "
+    "ORDER BY {col} LIMIT 1) FROM v WHERE v.x IS NOT NULL) SELECT x FROM v "
+    "WHERE x IS NOT NULL LIMIT %s"
+)
+
+ESTIMATE_SQL = "SELECT reltuples FROM pg_class WHERE oid = to_regclass('celery_grousset_outcome')"
+
+
+class PostgresOperations:
+    """The operator queries of :class:`~celery_grousset.store.postgresql.PostgresStore`."""
+
+    alias: str
+
+    def lookup(self, processor_id: str, fingerprints: Sequence[str]) -> list[tuple[Any, ...]]:
+        from django.db import connections
+
+        with connections[self.alias].cursor() as cur:
+            cur.execute(LOOKUP_SQL, [list(fingerprints), processor_id])
+            return list(cur.fetchall())
+
+    def estimated_count(self) -> int | None:
+        from django.db import connections
+
+        with connections[self.alias].cursor() as cur:
+            cur.execute(ESTIMATE_SQL)
+            row = cur.fetchone()
+        return int(row[0]) if row and row[0] is not None else None
+
+    def distinct_values(self, column: str, limit: int) -> list[str]:
+        from django.db import connections
+
+        if column not in ("task_name", "processor_id"):
+            raise InvalidArgument(f"not an indexed filter column: {column!r}")
+        with connections[self.alias].cursor() as cur:
+            cur.execute(DISTINCT_SQL.format(col=column), [limit])
+            return [str(row[0]) for row in cur.fetchall()]

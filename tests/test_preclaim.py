@@ -1,0 +1,126 @@
+"""A claim made by the worker's main process, adopted by the child that runs the body
+(celery_grousset.preclaim), on every journal backend: the late-start renewal."""
+
+from __future__ import annotations
+
+import uuid
+from types import SimpleNamespace
+from typing import Any, NoReturn
+
+import pytest
+
+from celery_grousset import guard, preclaim
+from celery_grousset.claim import ClaimRequest
+from celery_grousset.models import Outcome
+from celery_grousset.options import Options
+from celery_grousset.store import ClaimResult, get_store
+
+
+class Deferred(Exception):
+    pass
+
+
+class Caller:
+    """A task's hooks, with the request the pool child sees."""
+
+    def __init__(self, opts: Options, carried: list[Any] | None) -> None:
+        self.opts = opts
+        self.request = SimpleNamespace(grousset_claim=carried)
+        self.ran: list[guard.Attempt] = []
+
+    def options(self) -> Options:
+        return self.opts
+
+    def in_flight_policy(self, opts: Options) -> str:
+        return "retry"
+
+    def defer(self, req: ClaimRequest, res: ClaimResult) -> NoReturn:
+        raise Deferred(res.kind)
+
+    def store_unavailable(self, exc: Exception) -> NoReturn:
+        raise exc
+
+    def run(self, attempt: guard.Attempt) -> Any:
+        self.ran.append(attempt)
+        return "ran"
+
+
+def main_process_claim(journal: str, opts: Options, call: guard.Call, age: float) -> list[Any]:
+    """Claim ``call`` as the worker's main process does; the carried claim, ``age`` s old."""
+    fp, args_repr, payload = guard.identity(call)
+    req = guard.request(opts, fp, call.name, call.task_id, args_repr, payload_hash=payload)
+    [res] = guard.claim(get_store(journal), [req])
+    assert res.owned
+    carried: dict[str, Any] = {}
+    preclaim.carry(carried, req, res)
+    value = carried[preclaim.FIELD]
+    value[7] -= age
+    return list(value)
+
+
+@pytest.fixture
+def setup(journal: str) -> tuple[str, Options, guard.Call]:
+    opts = Options.resolve(
+        "test", {"max_processing_time": 30}, default_processor=f"t-{uuid.uuid4().hex[:8]}"
+    )
+    call = guard.Call(name="tests.preclaim", task_id=uuid.uuid4().hex, args=(uuid.uuid4().hex,))
+    return journal, opts, call
+
+
+def row(journal: str, opts: Options, call: guard.Call) -> Outcome:
+    fp = guard.identify(call)[0]
+    return Outcome.objects.using(journal).get(processor_id=opts.processor_id, fingerprint=fp)
+
+
+def test_a_fresh_carried_claim_runs_the_body_under_it_without_a_second_claim(
+    setup: tuple[str, Options, guard.Call],
+) -> None:
+    journal, opts, call = setup
+    carried = main_process_claim(journal, opts, call, age=0.0)
+    before = row(journal, opts, call)
+    # When the child runs the call with the claim the main process made
+    caller = Caller(opts, carried)
+    assert guard.guarded(caller, call) == "ran"
+    # Then the body ran under that claim (its token and fence), with no claim of its own
+    [attempt] = caller.ran
+    assert (attempt.token, attempt.fence) == (carried[0], before.fence)
+    after = row(journal, opts, call)
+    assert after.status == "completed" and after.deliveries == before.deliveries == 1
+    assert after.stale_at == before.stale_at  # not renewed: it started in time
+
+
+def test_a_late_start_renews_the_claim_then_runs(setup: tuple[str, Options, guard.Call]) -> None:
+    journal, opts, call = setup
+    # Given a claim made 10 s before the child starts (the bound: 3 s, a tenth of 30 s)
+    carried = main_process_claim(journal, opts, call, age=10.0)
+    before = row(journal, opts, call)
+    caller = Caller(opts, carried)
+    # When the child runs it
+    assert guard.guarded(caller, call) == "ran"
+    # Then it renewed the claim (stale_at moved on) before the body ran under it
+    assert [a.token for a in caller.ran] == [carried[0]]
+    after = row(journal, opts, call)
+    assert after.stale_at > before.stale_at
+    assert after.status == "completed" and after.fence == before.fence
+
+
+def test_a_late_start_whose_claim_was_taken_does_not_run(
+    setup: tuple[str, Options, guard.Call],
+) -> None:
+    journal, opts, call = setup
+    carried = main_process_claim(journal, opts, call, age=10.0)
+    # Given another attempt took the key meanwhile (the claim released, claimed again)
+    store = get_store(journal)
+    fp = guard.identify(call)[0]
+    assert store.release(opts.processor_id, fp, carried[0])
+    other = guard.request(opts, fp, call.name, "other", "")
+    [res] = guard.claim(store, [other])
+    assert res.owned
+    # When the late child starts: its renewal fails, and the claim decides (in flight)
+    caller = Caller(opts, carried)
+    with pytest.raises(Deferred):
+        guard.guarded(caller, call)
+    # Then the body did not run, and the other attempt still holds the key
+    assert caller.ran == []
+    rec = row(journal, opts, call)
+    assert rec.claim_token == other.token and rec.status == "in_flight"

@@ -1,0 +1,259 @@
+"""Claims in the worker's main process (``--grousset-batch`` / ``WORKER_CLAIM``), with
+real ``celery worker`` processes on a Redis broker; effects counted in the ledger."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from celery_grousset.models import Outcome
+from tests import services
+from tests.ledger.models import Effect
+from tests.test_worker_integration import record_of, wait_for
+from tests.workers import Worker, workers
+
+pytestmark = pytest.mark.slow
+
+BACKENDS = {"sqlite": "default", "postgresql": "postgresql", "mariadb": "mysql"}
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> str:
+    return services.require_redis()
+
+
+@pytest.fixture(scope="module", params=list(BACKENDS))
+def batch_worker(
+    request: pytest.FixtureRequest, redis_url: str
+) -> Iterator[tuple[str, str, Worker]]:
+    """One worker (2 children) with the switch on: (database alias, queue, worker)."""
+    alias = BACKENDS[request.param]
+    services.require_database(alias)
+    queue = f"q-{uuid.uuid4().hex[:10]}"
+    with workers(queue, 1, database=alias, broker=redis_url, extra=["--grousset-batch"]) as ws:
+        yield alias, queue, ws[0]
+
+
+def records(alias: str, task: Any, key: str, *args: Any) -> Outcome:
+    return record_of(alias, task, (key, *args))
+
+
+def test_n_publishes_of_k_keys_run_k_effects_claimed_by_the_main_process(
+    batch_worker: tuple[str, str, Worker],
+) -> None:
+    from tests.tasks import effect
+
+    alias, queue, worker = batch_worker
+    keys = [f"batch-{uuid.uuid4().hex[:8]}-{i}" for i in range(6)]
+    # Given 5 deliveries of each of 6 calls, published together
+    results = [effect.apply_async((k,), queue=queue) for _ in range(5) for k in keys]
+    # When the worker has answered them all
+    values = [r.get(timeout=60) for r in results]
+    # Then each call's effect ran once, and every delivery of a call got the same value
+    for key in keys:
+        assert Effect.objects.using(alias).filter(key=key).count() == 1
+        assert len({repr(v) for v in values if v["key"] == key}) == 1
+        rec = records(alias, effect, key)
+        assert rec.status == "completed" and rec.takeovers == 0
+        # and the claim was made by the worker's main process, not by a pool child
+        assert rec.worker.endswith(f":{worker.proc.pid}")
+    # while the bodies ran in the pool children
+    assert {v["pid"] for v in values} <= set(worker.children())
+
+
+def test_duplicates_of_a_completed_key_are_answered_by_the_main_process(
+    batch_worker: tuple[str, str, Worker],
+) -> None:
+    from tests.tasks import effect
+
+    alias, queue, worker = batch_worker
+    key = f"dup-{uuid.uuid4().hex[:8]}"
+    first = effect.apply_async((key,), queue=queue).get(timeout=30)
+    # When 5 more deliveries of the completed call arrive
+    results = [effect.apply_async((key,), queue=queue) for _ in range(5)]
+    # Then AsyncResult.get() returns the memo of the first run
+    assert [r.get(timeout=30) for r in results] == [first] * 5
+    assert Effect.objects.using(alias).filter(key=key).count() == 1
+    # and each was answered in the worker's main process (its log lines name the process)
+    text = wait_for(
+        lambda: (t := worker.text()).count(f"task_id={results[-1].id}") and t,
+        10,
+        "the duplicate's log line",
+    )
+    for r in results:
+        line = next(
+            ln for ln in text.splitlines() if "grousset.duplicate" in ln and f"task_id={r.id}" in ln
+        )
+        assert "/MainProcess]" in line, line
+        # and no pool child ran it (a child's run logs "succeeded in")
+        assert not re.search(rf"Task tests\.tasks\.effect\[{r.id}\] succeeded", text)
+
+
+def test_sigkill_of_a_child_mid_task_is_taken_over(batch_worker: tuple[str, str, Worker]) -> None:
+    from tests.tasks import short_claim
+
+    alias, queue, worker = batch_worker
+    key = f"kill-{uuid.uuid4().hex[:8]}"
+    # Given a body in progress (max_processing_time 3 s) under the main process's claim
+    result = short_claim.apply_async((key, 5.0), queue=queue)
+    pid = wait_for(
+        lambda: Effect.objects.using(alias).filter(key=key).values_list("pid", flat=True).first(),
+        30,
+        "the body to start",
+    )
+    assert records(alias, short_claim, key, 5.0).worker.endswith(f":{worker.proc.pid}")
+    # When its pool child is SIGKILLed (acks_late + reject_on_worker_lost: redelivered)
+    os.kill(pid, signal.SIGKILL)
+    value = result.get(timeout=60)
+    # Then the redelivery took the stale claim over and completed it
+    rec = records(alias, short_claim, key, 5.0)
+    assert rec.status == "completed" and rec.takeovers == 1
+    assert value["fence"] == rec.fence and value["pid"] != pid
+    # the documented window: the killed attempt's effect happened
+    assert Effect.objects.using(alias).filter(key=key).count() == 2
+
+
+def test_copies_of_one_new_key_published_together_run_once(
+    batch_worker: tuple[str, str, Worker],
+) -> None:
+    from tests.tasks import effect
+
+    alias, queue, worker = batch_worker
+    key = f"burst-{uuid.uuid4().hex[:8]}"
+    # Given 20 deliveries of one call published at once (in flight while the first runs)
+    results = [effect.apply_async((key,), {"sleep": 0.3}, queue=queue) for _ in range(20)]
+    # When they are all answered
+    values = [r.get(timeout=120) for r in results]
+    # Then the effect ran once and every delivery got its value
+    assert Effect.objects.using(alias).filter(key=key).count() == 1
+    assert len({repr(v) for v in values}) == 1
+    rec = record_of(alias, effect, (key,), {"sleep": 0.3})
+    assert rec.status == "completed" and rec.takeovers == 0
+    assert rec.worker.endswith(f":{worker.proc.pid}")
+
+
+@pytest.mark.parametrize(
+    ("setting", "flag", "bypass", "on"),
+    [
+        (False, None, False, False),  # the default: off
+        (True, None, False, True),  # the setting
+        (True, False, False, False),  # --no-grousset-batch wins over the setting
+        (False, True, False, True),  # --grousset-batch wins over the setting
+        (True, True, True, False),  # bypass: nothing is claimed at all
+    ],
+)
+def test_the_switch_gives_guarded_tasks_the_main_process_strategy(
+    setting: bool, flag: bool | None, bypass: bool, on: bool
+) -> None:
+    from celery import Celery, _state
+    from django.test import override_settings
+
+    from celery_grousset import GroussetTask
+    from celery_grousset.batch_claim import STRATEGY
+    from celery_grousset.worker import _worker_claim
+
+    app = Celery("grousset-switch", set_as_current=False, fixups=[])
+
+    suffix = uuid.uuid4().hex[:8]
+
+    @app.task(base=GroussetTask, max_processing_time=5, name=f"switch.guarded.{suffix}")
+    def guarded() -> None: ...
+
+    @app.task(name=f"switch.plain.{suffix}")
+    def plain() -> None: ...
+
+    with override_settings(GROUSSET={"WORKER_CLAIM": setting, "BYPASS": bypass}):
+        names = _worker_claim(app, flag)
+    assert (guarded.name in names) is on and (names == []) is not on
+    assert plain.name not in names
+    assert (app.tasks[guarded.name].Strategy == STRATEGY) is on
+    assert app.tasks[plain.name].Strategy != STRATEGY
+    _state._apps.discard(app)  # type: ignore[attr-defined]  # not seen by other tests' checks
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_warm_shutdown_releases_the_claims_of_requests_no_child_started(
+    redis_url: str, backend: str
+) -> None:
+    from tests.tasks import effect
+
+    alias = BACKENDS[backend]
+    services.require_database(alias)
+    queue = f"q-{uuid.uuid4().hex[:10]}"
+    extra = ["--grousset-batch", "-c", "1", "--prefetch-multiplier", "4"]
+    keys = [f"stop-{uuid.uuid4().hex[:8]}-{i}" for i in range(4)]
+    # Given one child busy with a 3 s body and three more requests prefetched behind it,
+    # each claimed by the main process and handed to the pool
+    with workers(queue, 1, database=alias, broker=redis_url, extra=extra) as [worker]:
+        results = [effect.apply_async((keys[0],), {"sleep": 3.0}, queue=queue)]
+        wait_for(lambda: Effect.objects.using(alias).filter(key=keys[0]).exists(), 30, "a body")
+        results += [effect.apply_async((k,), queue=queue) for k in keys[1:]]
+
+        def held() -> bool:
+            rows = [record_of(alias, effect, (k,)) for k in keys[1:] if exists(alias, k)]
+            return len(rows) == 3 and all(r.status == "in_flight" for r in rows)
+
+        wait_for(held, 30, "the prefetched requests' claims")
+        assert not any(Effect.objects.using(alias).filter(key__in=keys[1:]))
+        # When the worker shuts down warm (it finishes the running body first)
+        worker.stop(timeout=60)
+        assert worker.proc.returncode == 0, worker.text()[-2000:]
+    # Then the claims of the three it never started were released, not left to go stale
+    for key in keys[1:]:
+        rec = record_of(alias, effect, (key,))
+        assert rec.status != "in_flight", (key, rec.status)
+    assert record_of(alias, effect, (keys[0], 3.0)).status == "completed"
+    # and a new worker runs them at once (max_processing_time is 30 s), each once
+    with workers(queue, 1, database=alias, broker=redis_url, extra=["--grousset-batch"]):
+        t0 = time.monotonic()
+        for r in results:
+            r.get(timeout=60)
+        assert time.monotonic() - t0 < 20
+    for key in keys:
+        assert Effect.objects.using(alias).filter(key=key).count() == 1
+
+
+def exists(alias: str, key: str) -> bool:
+    from tests.tasks import effect
+
+    fp = effect.grousset_fingerprint((key,), {})
+    return Outcome.objects.using(alias).filter(fingerprint=fp).exists()
+
+
+def test_a_broker_connection_cut_loses_and_doubles_nothing(
+    batch_worker: tuple[str, str, Worker], redis_url: str
+) -> None:
+    import redis
+
+    from tests.tasks import effect
+
+    alias, queue, worker = batch_worker
+    keys = [f"cut-{uuid.uuid4().hex[:8]}-{i}" for i in range(6)]
+    results = [effect.apply_async((k,), {"sleep": 0.5}, queue=queue) for k in keys]
+    wait_for(lambda: Effect.objects.using(alias).filter(key__in=keys).exists(), 30, "a body")
+    # When the worker's broker connections are cut mid-stream (its consumer restarts,
+    # rebuilding the strategies; requests in flight come back from the broker)
+    client = redis.Redis.from_url(redis_url)
+    db = client.connection_pool.connection_kwargs.get("db", 0)
+    mine = client.client_id()
+    cut = [c["id"] for c in client.client_list() if int(c["db"]) == db and c["id"] != mine]
+    for client_id in cut:
+        client.client_kill_filter(_id=client_id)
+    assert cut
+    # Then every call completes, each effect once, each claimed by the main process
+    values = [r.get(timeout=120) for r in results]
+    assert [v["key"] for v in values] == keys
+    for key in keys:
+        assert Effect.objects.using(alias).filter(key=key).count() == 1
+        assert record_of(alias, effect, (key,), {"sleep": 0.5}).status == "completed"
+    assert any(
+        record_of(alias, effect, (k,), {"sleep": 0.5}).worker.endswith(f":{worker.proc.pid}")
+        for k in keys
+    )
