@@ -41,7 +41,9 @@ CHOICES = {
     "ON_FAILURE": ("release", "memoize"),
     "CLAIM_COMMIT": ("durable", "async"),
 }
-BOOLS = {"TRANSACTIONAL", "MEMOIZE", "VALIDATE_PAYLOAD", "BYPASS", "WORKER_CLAIM"}
+BOOLS = {
+    "TRANSACTIONAL", "MEMOIZE", "VALIDATE_PAYLOAD", "BYPASS", "WORKER_CLAIM", "PERIODIC_SLOT",
+}
 INTS = {
     "MAX_RESULT_BYTES": (0, 2**30),
     "MAX_TAKEOVERS": (0, 2**31 - 1),
