@@ -97,3 +97,11 @@ def login(self: Any, user: str, password: str) -> str:
 def charge(self: Any, order_id: int, amount: str, note: str = "") -> str:
     record(f"charge-{order_id}")
     return f"charged {order_id} with key {self.grousset.fingerprint[:8]}"
+
+
+@shared_task(base=GroussetTask, bind=True, max_processing_time=30, database="mysql")
+def effect_on_mysql(self: Any, key: str) -> dict[str, Any]:
+    """``effect`` with its journal on the ``mysql`` alias, whatever the worker's
+    ``GROUSSET["DATABASE"]``: one worker, two journal databases."""
+    record(key, "mysql-journal")
+    return {"key": key, "pid": os.getpid(), "fence": self.grousset.fence}
