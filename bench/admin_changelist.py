@@ -74,7 +74,9 @@ def fill(rows: int) -> float:
     return time.perf_counter() - started
 
 
-def pages(rows: int) -> list[tuple[str, str]]:
+def pages(
+    rows: int, task: str = "app.tasks.task_7", processor: str = "svc-3"
+) -> list[tuple[str, str]]:
     from celery_grousset.models import Outcome
 
     url = "/admin/celery_grousset/outcome/"
@@ -86,8 +88,8 @@ def pages(rows: int) -> list[tuple[str, str]]:
         ("filter status=in_flight", f"{url}?status=in_flight"),
         ("filter status=completed", f"{url}?status=completed"),
         ("filter status=failed", f"{url}?status=failed"),
-        ("filter task", f"{url}?task=app.tasks.task_7"),
-        ("filter processor", f"{url}?processor=svc-3"),
+        ("filter task", f"{url}?task={task}"),
+        ("filter processor", f"{url}?processor={processor}"),
         ("filter started=1h", f"{url}?started=1h"),
         ("filter started=older7d", f"{url}?started=older7d"),
         ("status + task", f"{url}?status=failed&task=app.tasks.task_10"),
@@ -103,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--no-fill", action="store_true", help="reuse the rows already there")
+    parser.add_argument("--task", default="app.tasks.task_7", help="the task filter's value")
+    parser.add_argument("--processor", default="svc-3", help="the processor filter's value")
     args = parser.parse_args(argv)
     setup()
     from django.contrib.auth.models import User
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'page':<28} {'median ms':>10} {'max ms':>8}  < 1 s   rows={args.rows:,}")
     worst = 0.0
     try:
-        for label, url in pages(args.rows):
+        for label, url in pages(args.rows, args.task, args.processor):
             resp = client.get(url)  # warm-up
             assert resp.status_code == 200, (label, resp.status_code)
             times = []

@@ -110,3 +110,11 @@ def periodic_effect(self: Any, key: str, sleep: float = 0.0) -> dict[str, Any]:
     record(key, str(slot))
     _pause(sleep)
     return {"key": key, "slot": slot}
+
+
+@shared_task(base=GroussetTask, bind=True, max_processing_time=30, database="mysql")
+def effect_on_mysql(self: Any, key: str) -> dict[str, Any]:
+    """``effect`` with its journal on the ``mysql`` alias, whatever the worker's
+    ``GROUSSET["DATABASE"]``: one worker, two journal databases."""
+    record(key, "mysql-journal")
+    return {"key": key, "pid": os.getpid(), "fence": self.grousset.fence}
