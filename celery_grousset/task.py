@@ -20,7 +20,7 @@ from celery import Task
 from celery.exceptions import Reject, Retry
 from celery.signals import task_revoked
 
-from celery_grousset import events, guard, memo, publish_check
+from celery_grousset import carry, events, guard, memo, publish_check
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.conf import grousset_settings, on_reload
 from celery_grousset.exceptions import FingerprintError, PoisonDelivery, StoreUnavailable
@@ -41,7 +41,6 @@ _instances: list[GroussetTaskMixin] = []
 _ATTEMPT: ContextVar[tuple[str, guard.Attempt] | None] = ContextVar(
     "grousset_attempt", default=None
 )
-
 
 _PLAIN_CALL: dict[type, bool] = {}
 
@@ -278,11 +277,11 @@ class GroussetTaskMixin:
         cap = float(grousset_settings.STORE_RETRY_BACKOFF_MAX)
         return min(base * 2.0**n, cap) * random.uniform(0.5, 1.0)
 
-    def _requeue(self, countdown: float, exc: BaseException | None) -> NoReturn:
+    def _requeue(self, countdown: float, exc: BaseException | None, extra: Any = None) -> NoReturn:
         """Send this delivery again after ``countdown`` without using up max_retries."""
         request = self.request
         n = int(_header(request, REQUEUES_HEADER) or 0)
-        headers = {**(request.headers or {}), REQUEUES_HEADER: n + 1}
+        headers = {**(request.headers or {}), REQUEUES_HEADER: n + 1, **(extra or {})}
         key = _header(request, KEY_HEADER)
         if key is not None:
             headers[KEY_HEADER] = key
@@ -301,6 +300,7 @@ class _TaskCaller:
     """One delivery's hooks (:class:`guard.Caller`); eager and direct calls wait or raise."""
     __slots__ = ("body", "local", "request", "task")
     accept = property(lambda c: memo.app_accept(c.task.app))  # memos: what the app accepts
+    carried = property(lambda c: _header(c.request, carry.HEADER))  # an outcome to write
 
     def __init__(self, task: GroussetTaskMixin, request: Any, body: Callable[[], Any]) -> None:
         self.task, self.request, self.body = task, request, body
@@ -315,10 +315,13 @@ class _TaskCaller:
     def defer(self, req: ClaimRequest, res: ClaimResult) -> NoReturn:
         self.task._requeue(self.task._in_flight_countdown(self.request, res.retry_in), None)
 
-    def store_unavailable(self, exc: StoreUnavailable) -> NoReturn:
+    def store_unavailable(self, exc: StoreUnavailable, extra: Any = None) -> NoReturn:
         if self.local:
             raise exc
-        self.task._requeue(self.task._store_countdown(self.request), exc)
+        self.task._requeue(self.task._store_countdown(self.request), exc, extra)
+
+    def carry(self, outcome: dict[str, Any], exc: StoreUnavailable) -> NoReturn:
+        self.store_unavailable(exc, {carry.HEADER: outcome})  # celery_grousset.carry
 
     def run(self, attempt: guard.Attempt) -> Any:
         return self.task._with_attempt(attempt, self.body)
@@ -337,11 +340,8 @@ def _header(request: Any, name: str) -> Any:
 
 def _delivery(request: Any) -> str:
     info = getattr(request, "delivery_info", None) or {}
-    return ",".join(
-        f"{k}:{info[k]}"
-        for k in ("exchange", "routing_key", "redelivered")
-        if info.get(k) not in (None, "")
-    )
+    keys = ("exchange", "routing_key", "redelivered")
+    return ",".join(f"{k}:{info[k]}" for k in keys if info.get(k) not in (None, ""))
 
 
 if TYPE_CHECKING:
