@@ -33,6 +33,7 @@ from celery_grousset.claim import (
 )
 from celery_grousset.exceptions import InvalidArgument, StoreUnavailable
 from celery_grousset.store.base import RELEASED, ClaimResult, Completion, Store, data_error
+from celery_grousset.store.watchdog import Watchdog
 
 T = TypeVar("T")
 
@@ -161,11 +162,16 @@ DISTINCT_SQL = (
 
 ESTIMATE_SQL = "SELECT reltuples FROM pg_class WHERE oid = to_regclass('celery_grousset_outcome')"
 
+#: seconds past STORE_TIMEOUT a statement's answer may take before the store shuts its
+#: connection down (a half-open connection; the server's statement_timeout fires first)
+ANSWER_GRACE = 1.0
+
 _LIBPQ_DROP = ("cursor_factory", "context", "prepare_threshold", "server_side_binding", "pool")
 
 
 class PostgresStore(Store):
     vendor = "postgresql"
+    _watchdog: Watchdog | None = None
 
     def _params(self) -> dict[str, Any]:
         params = self.driver_params()
@@ -205,7 +211,7 @@ class PostgresStore(Store):
         if fresh:
             conn = self._connect()
         try:
-            return op(conn)
+            return self._watched(op, conn)
         except psycopg.DataError as exc:  # too long, a NUL…: permanent, not an outage
             raise data_error(self.alias, exc) from exc
         except (errors.QueryCanceled, errors.LockNotAvailable) as exc:
@@ -229,13 +235,25 @@ class PostgresStore(Store):
         # The connection had gone stale (server restart, idle timeout): once more, fresh.
         conn = self._connect()
         try:
-            return op(conn)
+            return self._watched(op, conn)
         except psycopg.DataError as exc:
             raise data_error(self.alias, exc) from exc
         except psycopg.Error as exc:
             if conn.broken:
                 self.discard()
             raise StoreUnavailable(f"journal database {self.alias!r}: {exc}") from exc
+
+    def _watched(self, op: Callable[[Any], T], conn: Any) -> T:
+        """``op(conn)``, its answer awaited at most STORE_TIMEOUT + ANSWER_GRACE seconds:
+        the server's statement_timeout cannot fire on a half-open connection."""
+        dog = self._watchdog
+        if dog is None:
+            dog = self._watchdog = Watchdog(self.timeout + ANSWER_GRACE)
+        dog.arm(conn.pgconn.socket)
+        try:
+            return op(conn)
+        finally:
+            dog.disarm()
 
     def claim_params(self, req: ClaimRequest) -> dict[str, Any]:
         """The parameters of :data:`CLAIM_SQL` for ``req``."""

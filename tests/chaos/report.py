@@ -60,6 +60,9 @@ COVERAGE: dict[int, tuple[str, str]] = {
     29: ("done", "the claim's answer lost on the warm and on the fresh connection: requeued "
                  "with its token, the next delivery frees the committed claim and runs at "
                  "once (max_processing_time 30 s), no takeover, 1 effect (PostgreSQL, MariaDB)"),
+    30: ("done", "half-open connection (the proxy stops forwarding, nothing closes): the claim "
+                 "fails closed within 15 s (STORE_TIMEOUT 2 s), then 1 effect (PostgreSQL, "
+                 "MariaDB)"),
 }
 
 

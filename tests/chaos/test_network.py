@@ -196,3 +196,41 @@ def test_29_claim_answer_lost_twice(broker: str, queue: str, tally: Any,
     assert rec.status == "completed" and rec.takeovers == 0 and took < 25
     assert value["key"] == key and memo_of(rec) == value
     assert effects(alias, key) == 1
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("db_proxy", BACKENDS, indirect=True)
+def test_30_half_open_connection_is_bounded(broker: str, queue: str, tally: Any,
+                                            db_proxy: tuple[str, TcpProxy]) -> None:  # fmt: skip
+    backend, proxy = db_proxy
+    alias = ALIASES[backend]
+    t = tally("30 half-open connection: the proxy stops forwarding, nothing closes", backend)
+    key = new_key("s30")
+    with workers(queue, 1, database=alias, concurrency=1, env=_env(backend, proxy)) as ws:
+        ct.effect.apply_async((new_key("s30-warm"),), queue=queue).get(timeout=60)
+        # Given every connection to the database stops forwarding, in both directions,
+        # without closing (STORE_TIMEOUT 2 s)
+        proxy.stall()
+        try:
+            t0 = time.monotonic()
+            # When a task is delivered
+            result = ct.effect.apply_async((key,), queue=queue)
+            # Then its claim gives up within its bounds and fails closed: no effect
+            wait_for(lambda: log_count(ws, "grousset.store_unavailable") >= 1, 60,
+                     "the claim to fail closed")  # fmt: skip
+            waited = time.monotonic() - t0
+            assert effects(alias, key) == 0
+        finally:
+            proxy.unstall()
+        # And once the connections forward again, the requeued delivery runs it once
+        value = result.get(timeout=60)
+    rec = record_of(alias, ct.effect, (key,))
+    t.add_key(alias, key, rec)
+    t.add_logs(ws)
+    t.notes.append(f"failed closed after {waited:.1f}s")
+    # PostgreSQL: the answer is awaited STORE_TIMEOUT + 1 s, then the reconnect's
+    # connect_timeout (2 s); MariaDB: read_timeout STORE_TIMEOUT + 5 s, then its
+    # connect_timeout (2 s) — each well under the 15 s asserted
+    assert waited < 15
+    assert value["key"] == key and rec.status == "completed" and memo_of(rec) == value
+    assert effects(alias, key) == 1
