@@ -122,12 +122,15 @@ def settle_lost_claim(store: Store, lost: ClaimRequest) -> None:
     events.lost_claim(lost, released)
 
 
-def claim_unavailable(caller: Any, unsettled: ClaimRequest, exc: StoreUnavailable) -> NoReturn:
+def claim_unavailable(
+    caller: Any, unsettled: ClaimRequest | None, exc: StoreUnavailable
+) -> NoReturn:
     """The claim failed with the store unavailable: it may have committed without its
-    answer reaching us. A task requeues its delivery carrying the claim's token
-    (:func:`lost_claim`; the next delivery settles it); other callers fail closed."""
+    answer reaching us (``unsettled``; None: a local database, nothing can be lost). A
+    task requeues its delivery carrying the claim's token (:func:`lost_claim`; the next
+    delivery settles it); other callers fail closed."""
     requeue = getattr(caller, "carry", None)
-    if requeue is not None:
+    if requeue is not None and unsettled is not None:
         requeue(lost_claim(unsettled), exc)
     caller.store_unavailable(exc)
     raise exc  # pragma: no cover - store_unavailable never returns

@@ -124,7 +124,7 @@ def guarded(caller: Caller, call: Call) -> Any:
                 caller.defer(req, res)
             res = wait_until_settled(store, req, res)
     except StoreUnavailable as exc:
-        carry.claim_unavailable(caller, unsettled, exc)
+        carry.claim_unavailable(caller, unsettled if store.remote else None, exc)
     except PoisonDelivery as exc:
         poisoned(caller, req, exc)
     if not res.owned:

@@ -133,6 +133,8 @@ class Store(abc.ABC):
     """One database alias' journal, on a private connection."""
 
     vendor: str = ""
+    #: whether a statement can commit while its answer is lost (a network in between)
+    remote: bool = True
     #: ``SELECT`` of the database clock on Django's connection (None: this host's clock)
     clock_sql: str | None = None
 
