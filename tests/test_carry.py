@@ -163,3 +163,25 @@ NOT_FOR_THIS_CALL = [
 def test_a_header_that_is_not_for_this_call_is_ignored(header: Any, processor: str) -> None:
     req = guard.request(_opts(processor, "default"), "f" * 64, "tests.carry", "t", "")
     assert carry.pending(TaskLikeCaller(_opts(processor, "default"), None, header), req) is None
+
+
+def test_a_lost_claim_is_settled_by_the_next_delivery(short: str, processor: str) -> None:
+    alias, key = short, f"order-{uuid.uuid4().hex}"
+    opts = _opts(processor, alias)
+    # Given a claim that committed while its answer was lost: its delivery was requeued
+    # carrying the claim's token
+    lost = guard.request(opts, guard.fingerprint_of(_call(key)), "tests.carry", "t-1", "")
+    get_store(alias).claim(lost)
+    header = carry.lost_claim(lost)
+    # When the requeued delivery comes back
+    nxt = TaskLikeCaller(opts, lambda: {"receipt": key}, header)
+    value = guard.guarded(nxt, _call(key))
+    # Then it freed the lost claim (nothing ran under it) and ran at once, without
+    # waiting for that claim to turn stale: no takeover
+    row = Outcome.objects.using(alias).get(processor_id=processor)
+    assert value == {"receipt": key} and nxt.runs == 1
+    assert row.status == "completed" and row.fence == 2 and row.takeovers == 0
+    # And a copy of that message (the same header) never frees the new claim: it gets
+    # the memo
+    copy = TaskLikeCaller(opts, lambda: {"receipt": "copy"}, header)
+    assert guard.guarded(copy, _call(key)) == {"receipt": key} and copy.runs == 0
