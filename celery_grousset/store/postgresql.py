@@ -249,7 +249,7 @@ class PostgresStore(Store):
         dog = self._watchdog
         if dog is None:
             dog = self._watchdog = Watchdog(self.timeout + ANSWER_GRACE)
-        dog.arm(conn.pgconn.socket)
+        dog.arm(conn.fileno())  # psycopg 3 and psycopg2 alike
         try:
             return op(conn)
         finally:
