@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from celery_grousset import events, memo
 from celery_grousset.claim import ENC_NONE, ENC_NOT_STORED, ClaimRequest, Status
@@ -26,8 +26,12 @@ def run_owned(
     res: ClaimResult,
     fn: Callable[[], Any],
     serializer: str,
+    unwritten: Callable[[Completion, StoreUnavailable], NoReturn] | None = None,
 ) -> Any:
-    """Run the effect of an owned claim and write its fenced outcome."""
+    """Run the effect of an owned claim and write its fenced outcome. When the outcome
+    cannot be written (the store stayed unavailable through every retry), it is handed
+    to ``unwritten`` (a task requeues its delivery carrying it: celery_grousset.carry);
+    without one, StoreUnavailable is raised and the claim stays in flight."""
     fault("after_claim")
     if opts.transactional:
         return _run_transactional(store, opts, req, res, fn, serializer)
@@ -37,18 +41,36 @@ def run_owned(
         fail(store, opts, req, exc)
         raise
     fault("after_effect")
-    completion = _completed(opts, value, serializer)
-    t0 = time.perf_counter()
-    done = finish_retrying(store, req, completion)
-    events.finished(req, "completed" if done else "fenced_out", time.perf_counter() - t0)
-    if not done:
-        events.fenced(req, res.fence)
+    if not complete(store, req, _completed(opts, value, serializer), res.fence, unwritten):
         raise FencedOut(
             f"{req.task_name}: this attempt (fence {res.fence}) lost its claim on "
             f"{req.fingerprint[:16]}… before completing; its result was discarded."
         )
     fault("after_complete")
     return value
+
+
+def complete(
+    store: Store,
+    req: ClaimRequest,
+    completion: Completion,
+    fence: int,
+    unwritten: Callable[[Completion, StoreUnavailable], NoReturn] | None,
+) -> bool:
+    """Write the fenced completion of an attempt whose effect ran (retried:
+    :func:`finish_retrying`); still unwritable, hand it to ``unwritten`` (without one,
+    raise StoreUnavailable). False: the claim was taken over (logged fenced out)."""
+    t0 = time.perf_counter()
+    try:
+        done = finish_retrying(store, req, completion)
+    except StoreUnavailable as exc:
+        if unwritten is None:
+            raise
+        unwritten(completion, exc)
+    events.finished(req, "completed" if done else "fenced_out", time.perf_counter() - t0)
+    if not done:
+        events.fenced(req, fence)
+    return done
 
 
 def _completed(opts: Options, value: Any, serializer: str) -> Completion:

@@ -136,6 +136,20 @@ def fenced(req: ClaimRequest, fence: int) -> None:
     )
 
 
+def lost_claim(req: ClaimRequest, released: bool) -> None:
+    """A delivery settled the claim a previous delivery sent without getting its answer:
+    ``released`` True when it had committed (it is freed), False when it had not."""
+    _log(logging.WARNING, "grousset.lost_claim", req, committed=released,
+         action="released" if released else "none")  # fmt: skip
+
+
+def outcome_carried(req: ClaimRequest, status: str) -> None:
+    """The completion of an attempt whose effect ran could not be written: its delivery
+    is requeued carrying the outcome (``status``), for the next delivery to write."""
+    _log(logging.ERROR, "grousset.outcome_carried", req, status=status,
+         action="requeued with its outcome")  # fmt: skip
+
+
 def store_error(req: ClaimRequest, operation: str, exc: BaseException) -> None:
     _log(
         logging.ERROR,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
-from celery_grousset import events, memo, preclaim
+from celery_grousset import carry, events, memo, preclaim
 from celery_grousset.claim import ClaimRequest, Kind, payload_differs
 from celery_grousset.completion import fail, run_owned
 from celery_grousset.conf import grousset_settings
@@ -78,9 +78,12 @@ class Caller(Protocol):
     """How one kind of caller differs: its options, its in-flight policy, what happens
     when the claim must wait or the store is down, and how its body runs.
 
-    Two hooks are optional: ``accept`` (the serializers a duplicate's memo may be decoded
-    with; without it, only the call's own ``serializer``) and ``poison(exc)`` (a call the
-    journal can never record: a task rejects its delivery; without it, it is raised).
+    Four hooks are optional: ``accept`` (the serializers a duplicate's memo may be decoded
+    with; without it, only the call's own ``serializer``), ``poison(exc)`` (a call the
+    journal can never record: a task rejects its delivery; without it, it is raised),
+    ``carry(outcome, exc)`` (the completion could not be written: a task requeues its
+    delivery carrying the outcome; without it, StoreUnavailable is raised) and
+    ``carried`` (the outcome a requeued delivery carries: :mod:`celery_grousset.carry`).
     """
 
     def options(self) -> Options: ...
@@ -106,8 +109,16 @@ def guarded(caller: Caller, call: Call) -> Any:
     req = request(
         opts, fp, call.name, call.task_id, args_repr, payload_hash=payload, bounce=call.bounce
     )
+    held = carry.pending(caller, req)  # what a requeued delivery carries (celery_grousset.carry)
+    if held is not None and held[1] is not None:  # an outcome whose completion failed
+        return carry.deliver(store, held[0], held[1], accept_of(caller, call),
+                             carry.hook(caller, held[0]))  # fmt: skip
+    unsettled = req if held is None else held[0]  # the claim a requeue must settle
     try:
         check_claimable(req)  # a poison delivery never reaches the database
+        if held is not None:  # a claim whose answer was lost: find out, never guess
+            carry.settle_lost_claim(store, held[0])
+            unsettled = req
         req, adopted = preclaim.adopt(caller, store, req)  # claimed by the worker's main process
         [res] = [adopted] if adopted is not None else claim(store, [req])
         if res.kind is Kind.IN_FLIGHT:
@@ -118,7 +129,7 @@ def guarded(caller: Caller, call: Call) -> Any:
                 caller.defer(req, res)
             res = wait_until_settled(store, req, res)
     except StoreUnavailable as exc:
-        caller.store_unavailable(exc)
+        carry.claim_unavailable(caller, unsettled if store.remote else None, exc)
     except PoisonDelivery as exc:
         poisoned(caller, req, exc)
     if not res.owned:
@@ -133,7 +144,10 @@ def guarded(caller: Caller, call: Call) -> Any:
         processor_id=opts.processor_id,
         token=req.token,
     )
-    return run_owned(store, opts, req, res, lambda: caller.run(attempt), call.serializer)
+    return run_owned(
+        store, opts, req, res, lambda: caller.run(attempt), call.serializer,
+        carry.hook(caller, req),
+    )  # fmt: skip
 
 
 def identify(call: Call) -> tuple[str, str]:

@@ -18,6 +18,7 @@ from django.db.models import Q
 from celery_grousset import memo
 from celery_grousset.claim import ENC_NONE, Kind, Status
 from celery_grousset.store import get_store
+from celery_grousset.store.base import purgeable
 
 if TYPE_CHECKING:
     from celery_grousset.models import Outcome
@@ -184,8 +185,10 @@ def purge_expired(
     before: datetime | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> int:
-    """Delete expired, settled rows in batches (never an in-flight or unexpired one), then
-    the deliveries recorded for keys whose row is gone (:func:`purge_deliveries`)."""
+    """Delete expired, settled rows and abandoned claims in batches
+    (:func:`~celery_grousset.store.base.purgeable`; never a live claim or an unexpired
+    row), then the deliveries recorded for keys whose row is gone
+    (:func:`purge_deliveries`)."""
     count = get_store(alias).purge_expired(batch_size=batch_size, before=before, progress=progress)
     purge_deliveries(alias, batch_size=batch_size)
     return count
@@ -244,10 +247,10 @@ def expired(alias: str, at: datetime | None = None, processor_id: str | None = N
     from celery_grousset.models import Outcome
 
     cutoff = now(alias) if at is None else min(at, now(alias))
-    qs = Outcome.objects.using(alias).filter(expires_on__lte=cutoff)
+    qs = Outcome.objects.using(alias).filter(purgeable(cutoff))
     if processor_id is not None:
         qs = qs.filter(processor_id=processor_id)
-    return qs.exclude(status=Status.IN_FLIGHT.value)
+    return qs
 
 
 # -- gauges (celery_grousset.metrics) -------------------------------------------------------

@@ -19,7 +19,7 @@ from celery import Task
 from celery.exceptions import Reject, Retry
 from celery.signals import task_revoked
 
-from celery_grousset import events, guard, memo, periodic, publish_check
+from celery_grousset import carry, events, guard, memo, periodic, publish_check
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.conf import grousset_settings, on_reload
 from celery_grousset.delivery import REQUEUES_HEADER, delivery_fields
@@ -41,7 +41,6 @@ _instances: list[GroussetTaskMixin] = []
 _ATTEMPT: ContextVar[tuple[str, guard.Attempt] | None] = ContextVar(
     "grousset_attempt", default=None
 )
-
 
 _PLAIN_CALL: dict[type, bool] = {}
 
@@ -279,11 +278,11 @@ class GroussetTaskMixin:
         cap = float(grousset_settings.STORE_RETRY_BACKOFF_MAX)
         return min(base * 2.0**n, cap) * random.uniform(0.5, 1.0)
 
-    def _requeue(self, countdown: float, exc: BaseException | None) -> NoReturn:
+    def _requeue(self, countdown: float, exc: BaseException | None, extra: Any = None) -> NoReturn:
         """Send this delivery again after ``countdown`` without using up max_retries."""
         request = self.request
         n = int(_header(request, REQUEUES_HEADER) or 0)
-        headers = {**(request.headers or {}), REQUEUES_HEADER: n + 1}
+        headers = {**(request.headers or {}), REQUEUES_HEADER: n + 1, **(extra or {})}
         for name in (KEY_HEADER, periodic.SLOT_HEADER):  # the call's identity travels on
             if (value := _header(request, name)) is not None:
                 headers[name] = value
@@ -302,6 +301,7 @@ class _TaskCaller:
     """One delivery's hooks (:class:`guard.Caller`); eager and direct calls wait or raise."""
     __slots__ = ("body", "local", "request", "task")
     accept = property(lambda c: memo.app_accept(c.task.app))  # memos: what the app accepts
+    carried = property(lambda c: _header(c.request, carry.HEADER))  # an outcome to write
 
     def __init__(self, task: GroussetTaskMixin, request: Any, body: Callable[[], Any]) -> None:
         self.task, self.request, self.body = task, request, body
@@ -316,10 +316,13 @@ class _TaskCaller:
     def defer(self, req: ClaimRequest, res: ClaimResult) -> NoReturn:
         self.task._requeue(self.task._in_flight_countdown(self.request, res.retry_in), None)
 
-    def store_unavailable(self, exc: StoreUnavailable) -> NoReturn:
+    def store_unavailable(self, exc: StoreUnavailable, extra: Any = None) -> NoReturn:
         if self.local:
             raise exc
-        self.task._requeue(self.task._store_countdown(self.request), exc)
+        self.task._requeue(self.task._store_countdown(self.request), exc, extra)
+
+    def carry(self, outcome: dict[str, Any], exc: StoreUnavailable) -> NoReturn:
+        self.store_unavailable(exc, {carry.HEADER: outcome})  # celery_grousset.carry
 
     def run(self, attempt: guard.Attempt) -> Any:
         return self.task._with_attempt(attempt, self.body)

@@ -24,7 +24,7 @@ def purge_expired(
     longer ago than the retention window (``GROUSSET["EXPIRES_AFTER"]``), as
     ``manage.py grousset_purge`` does.
 
-    Never an unexpired or in-flight entry, never a pending or dead outbox row. Returns how
+    Never an unexpired entry or a live claim, never a pending or dead outbox row. Returns how
     many journal entries were deleted; the log line ``grousset.purged`` has both counts.
     """
     from celery_grousset import journal

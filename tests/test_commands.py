@@ -136,6 +136,49 @@ def test_purge_deletes_only_expired_rows(store: Store, alias: str, processor: st
     assert out.startswith("purged 2 expired journal entries in ")
 
 
+def age(alias: str, processor: str, fp: str, by: timedelta) -> None:
+    """Move a claim back in time as a whole (started_at, stale_at, expires_on)."""
+    cols = ("started_at", "stale_at", "expires_on")
+    rows(alias, processor).filter(fingerprint=fp).update(**{c: F(c) - by for c in cols})
+
+
+def _purge_with(how: str, alias: str) -> None:
+    if how == "journal":
+        journal.purge_expired(alias, batch_size=1)
+    elif how == "command":
+        run("grousset_purge", database=alias, batch_size=1, no_outbox=True)
+    else:
+        from celery_grousset.tasks import purge_expired
+
+        purge_expired.apply(kwargs={"database": alias, "batch_size": 1, "outbox": False}).get()
+
+
+@pytest.mark.parametrize("how", ["journal", "command", "beat"])
+def test_purge_deletes_abandoned_claims_never_live_ones(
+    store: Store, alias: str, processor: str, how: str
+) -> None:
+    # Given claims (max_processing_time 60 s, expires_after 1 h) whose attempts died:
+    # one past expires_on + its max_processing_time, one stale and past expires_on but
+    # not yet past expires_on + max_processing_time
+    purge_everything_expired(alias)
+    abandoned = in_flight(store, processor)
+    age(alias, processor, abandoned.fingerprint, timedelta(seconds=3600 + 60 + 5))
+    recent = in_flight(store, processor)
+    age(alias, processor, recent.fingerprint, timedelta(seconds=3600 + 30))
+    # And a live claim whose expires_on was pushed a day back (it is still fresh)
+    live = in_flight(store, processor)
+    expire(alias, processor, live.fingerprint, timedelta(days=1))
+    # Then the dry run counts only the abandoned one
+    assert "would purge 1 expired" in run("grousset_purge", database=alias, dry_run=True)
+    # When the purge runs (journal.purge_expired, grousset_purge or the beat task)
+    _purge_with(how, alias)
+    # Then only the abandoned claim is gone
+    left = set(rows(alias, processor).values_list("fingerprint", flat=True))
+    assert left == {recent.fingerprint, live.fingerprint}
+    # And the live attempt still completes its own claim
+    assert store.finish(processor, live.fingerprint, live.token, Completion("completed"))
+
+
 def test_purge_dry_run_deletes_nothing(store: Store, alias: str, processor: str) -> None:
     # Given two expired rows
     purge_everything_expired(alias)

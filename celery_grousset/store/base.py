@@ -40,6 +40,30 @@ RELEASED = "released: the claim was given up (revoked, retried or by an operator
 ID_LIMITS = {"task_id": 255, "task_name": 255, "processor_id": 128}
 
 
+def purgeable(cutoff: datetime) -> Any:
+    """The rows a purge at ``cutoff`` deletes (a ``Q``; docs/operations.md):
+
+    * settled rows (completed or failed) past their ``expires_on``;
+    * abandoned claims: in flight, stale (past their own ``stale_at``) and past
+      ``expires_on`` plus their own ``max_processing_time`` (``stale_at -
+      started_at``, as the claim wrote it). Nothing holds such a row any more: its
+      attempt died and no delivery came to take it over within the whole retention
+      window. A live claim is never purgeable (it is not stale).
+    """
+    from django.db.models import DateTimeField, ExpressionWrapper, F, Q
+    from django.db.models.lookups import LessThanOrEqual
+
+    in_flight = Status.IN_FLIGHT.value
+    settled = Q(expires_on__lte=cutoff) & ~Q(status=in_flight)
+    overdue = ExpressionWrapper(
+        F("expires_on") + (F("stale_at") - F("started_at")), output_field=DateTimeField()
+    )
+    abandoned = Q(status=in_flight, stale_at__lte=cutoff, expires_on__lte=cutoff) & Q(
+        LessThanOrEqual(overdue, cutoff)
+    )
+    return settled | abandoned
+
+
 def check_claimable(req: ClaimRequest) -> None:
     """Raise :class:`PoisonDelivery` for a claim the journal can never store: a task id,
     task name or processor id over its column's length, with a NUL, or not UTF-8.
@@ -109,6 +133,8 @@ class Store(abc.ABC):
     """One database alias' journal, on a private connection."""
 
     vendor: str = ""
+    #: whether a statement can commit while its answer is lost (a network in between)
+    remote: bool = True
     #: ``SELECT`` of the database clock on Django's connection (None: this host's clock)
     clock_sql: str | None = None
 
@@ -231,12 +257,13 @@ class Store(abc.ABC):
         before: datetime | None = None,
         progress: Callable[[int], None] | None = None,
     ) -> int:
-        """Delete expired rows in batches, one short transaction per batch.
+        """Delete the rows :func:`purgeable` names in batches, one short transaction per
+        batch.
 
         ``before``: delete only rows that expired before this moment, capped at the
-        database clock. In-flight and unexpired rows are never touched: the ``DELETE``
-        re-checks both conditions on each row it locks, so a row re-claimed while the
-        batch waited for its lock survives.
+        database clock. Unexpired rows and live claims are never touched: the ``DELETE``
+        re-checks the whole condition on each row it locks, so a row re-claimed while
+        the batch waited for its lock survives.
         """
         from django.db import connections, transaction
 
@@ -246,18 +273,16 @@ class Store(abc.ABC):
             raise InvalidArgument("batch_size must be at least 1")
         now = self.now()
         cutoff = min(before, now) if before is not None else now
-        batch = (
-            Outcome.objects.using(self.alias)
-            .filter(expires_on__lte=cutoff)
-            .exclude(status=Status.IN_FLIGHT.value)
-            .order_by()
-            .values_list("id", flat=True)[:batch_size]
-        )
+        rows = Outcome.objects.using(self.alias).filter(purgeable(cutoff)).order_by()
+        batch = rows.values_list("id", flat=True)[:batch_size]
         sql, params = batch.query.get_compiler(using=self.alias).as_sql()
+        # The same condition again, on the columns of the row the DELETE locks.
+        compiler = rows.query.get_compiler(using=self.alias)
+        recheck, recheck_params = compiler.compile(rows.query.where)
         conn = connections[self.alias]
         table = conn.ops.quote_name(Outcome._meta.db_table)
-        delete = self.purge_sql(table, sql)
-        params = (*params, self._db_value(cutoff))
+        delete = self.purge_sql(table, sql, recheck)
+        params = (*params, *recheck_params)
         total = 0
         while True:
             with transaction.atomic(using=self.alias), conn.cursor() as cursor:
@@ -270,18 +295,10 @@ class Store(abc.ABC):
                 break
         return total
 
-    def purge_sql(self, table: str, batch_sql: str) -> str:
-        """One batch's ``DELETE``: the batch's ids, re-checked on the locked row."""
-        return (
-            f"DELETE FROM {table} WHERE id IN ({batch_sql}) "
-            "AND expires_on <= %s AND status <> 'in_flight'"
-        )
-
-    def _db_value(self, value: datetime) -> Any:
-        """A datetime as Django's connection of this alias stores it."""
-        from django.db import connections
-
-        return connections[self.alias].ops.adapt_datetimefield_value(value)
+    def purge_sql(self, table: str, batch_sql: str, recheck: str) -> str:
+        """One batch's ``DELETE``: the batch's ids, re-checked (``recheck``: the
+        condition of :func:`purgeable`) on the locked row."""
+        return f"DELETE FROM {table} WHERE id IN ({batch_sql}) AND ({recheck})"
 
     def lookup(self, processor_id: str, fingerprints: Sequence[str]) -> list[tuple[Any, ...]]:
         """``(fingerprint, status, result_encoding, stale_at, expires_on, takeovers,

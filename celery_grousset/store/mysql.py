@@ -175,12 +175,12 @@ class MySQLStore(LockingStore):
             output_field=DateTimeField(),
         )
 
-    def purge_sql(self, table: str, batch_sql: str) -> str:
+    def purge_sql(self, table: str, batch_sql: str, recheck: str) -> str:
         # MySQL refuses a LIMIT subquery on the table being deleted from, unless it is
         # wrapped in a derived table (which it materializes first).
         return (
             f"DELETE FROM {table} WHERE id IN (SELECT batch.id FROM ({batch_sql}) AS batch) "
-            "AND expires_on <= %s AND status <> 'in_flight'"
+            f"AND ({recheck})"
         )
 
     def close(self) -> None:

@@ -1,5 +1,6 @@
 """The PostgreSQL store's operator queries (``publish_unique``'s lookup, the admin's
-estimate and distinct values), on the Django connection of the journal's database."""
+estimate and distinct values, on the Django connection of the journal's database), its
+clock expression, and the chaos suite's hook that ends its server session."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from celery_grousset.exceptions import InvalidArgument
+from celery_grousset.store.pgdriver import driver
 
 # publish_unique's one query for a chunk of keys (through the unique key, as above).
 LOOKUP_SQL = (
@@ -30,6 +32,10 @@ class PostgresOperations:
     """The operator queries of :class:`~celery_grousset.store.postgresql.PostgresStore`."""
 
     alias: str
+    _conn: Any
+
+    def _params(self) -> dict[str, Any]:
+        raise NotImplementedError
 
     def lookup(self, processor_id: str, fingerprints: Sequence[str]) -> list[tuple[Any, ...]]:
         from django.db import connections
@@ -54,3 +60,29 @@ class PostgresOperations:
         with connections[self.alias].cursor() as cur:
             cur.execute(DISTINCT_SQL.format(col=column), [limit])
             return [str(row[0]) for row in cur.fetchall()]
+
+    clock_sql: str | None = "SELECT clock_timestamp()"
+
+    def now_expression(self, plus: float = 0.0) -> Any:
+        from django.db.models import DateTimeField
+        from django.db.models.expressions import RawSQL
+
+        if not plus:
+            return RawSQL("clock_timestamp()", (), output_field=DateTimeField())
+        return RawSQL(
+            "clock_timestamp() + make_interval(secs => %s)",
+            (float(plus),),
+            output_field=DateTimeField(),
+        )
+
+    def terminate_connection(self) -> None:
+        """Chaos hook: end this store's server session from another connection."""
+        conn = self._conn
+        if conn is None:
+            return
+        db = driver()
+        other = db.connect(self._params())
+        try:
+            db.execute(other, "SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        finally:
+            other.close()

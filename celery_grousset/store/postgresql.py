@@ -41,6 +41,7 @@ from celery_grousset.exceptions import StoreUnavailable
 from celery_grousset.store.base import RELEASED, ClaimResult, Completion, Store, data_error
 from celery_grousset.store.pgdriver import driver
 from celery_grousset.store.pgops import PostgresOperations
+from celery_grousset.store.watchdog import Watchdog
 
 T = TypeVar("T")
 
@@ -172,11 +173,16 @@ WHERE {KEY.format(t='')} AND status = 'in_flight'
     AND (%(tok)s::text IS NULL OR claim_token = %(tok)s::text)
 """
 
+#: seconds past STORE_TIMEOUT a statement's answer may take before the store shuts its
+#: connection down (a half-open connection; the server's statement_timeout fires first)
+ANSWER_GRACE = 1.0
+
 _LIBPQ_DROP = ("cursor_factory", "context", "prepare_threshold", "server_side_binding", "pool")
 
 
 class PostgresStore(PostgresOperations, Store):
     vendor = "postgresql"
+    _watchdog: Watchdog | None = None
 
     def _params(self) -> dict[str, Any]:
         params = self.driver_params()
@@ -213,7 +219,7 @@ class PostgresStore(PostgresOperations, Store):
         if fresh:
             conn = self._connect()
         try:
-            return op(conn)
+            return self._watched(op, conn)
         except db.DataError as exc:  # too long, a NUL…: permanent, not an outage
             raise data_error(self.alias, exc) from exc
         except (db.QueryCanceled, db.LockNotAvailable) as exc:
@@ -237,13 +243,25 @@ class PostgresStore(PostgresOperations, Store):
         # The connection had gone stale (server restart, idle timeout): once more, fresh.
         conn = self._connect()
         try:
-            return op(conn)
+            return self._watched(op, conn)
         except db.DataError as exc:
             raise data_error(self.alias, exc) from exc
         except db.Error as exc:
             if db.broken(conn):
                 self.discard()
             raise StoreUnavailable(f"journal database {self.alias!r}: {exc}") from exc
+
+    def _watched(self, op: Callable[[Any], T], conn: Any) -> T:
+        """``op(conn)``, its answer awaited at most STORE_TIMEOUT + ANSWER_GRACE seconds:
+        the server's statement_timeout cannot fire on a half-open connection."""
+        dog = self._watchdog
+        if dog is None:
+            dog = self._watchdog = Watchdog(self.timeout + ANSWER_GRACE)
+        dog.arm(conn.fileno())  # psycopg 3 and psycopg2 alike
+        try:
+            return op(conn)
+        finally:
+            dog.disarm()
 
     def claim_params(self, req: ClaimRequest) -> dict[str, Any]:
         """The parameters of :data:`CLAIM_SQL` for ``req``."""
@@ -343,30 +361,6 @@ class PostgresStore(PostgresOperations, Store):
             return int(driver().execute(conn, RELEASE_SQL, params).rowcount)
 
         return self._run(op) == 1
-
-    clock_sql = "SELECT clock_timestamp()"
-
-    def now_expression(self, plus: float = 0.0) -> Any:
-        from django.db.models import DateTimeField
-        from django.db.models.expressions import RawSQL
-
-        if not plus:
-            return RawSQL(_NOW, (), output_field=DateTimeField())
-        return RawSQL(
-            f"{_NOW} + make_interval(secs => %s)", (float(plus),), output_field=DateTimeField()
-        )
-
-    def terminate_connection(self) -> None:
-        """Chaos hook: end this store's server session from another connection."""
-        conn = self._conn
-        if conn is None:
-            return
-        db = driver()
-        other = db.connect(self._params())
-        try:
-            db.execute(other, "SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
-        finally:
-            other.close()
 
     def close(self) -> None:
         conn, self._conn = self._conn, None

@@ -24,6 +24,7 @@ T = TypeVar("T")
 
 class SQLiteStore(LockingStore):
     vendor = "sqlite"
+    remote = False  # a failed statement of this process did not commit
     ph = "?"
 
     def _connect(self) -> sqlite3.Connection:

@@ -109,3 +109,22 @@ def pg_proxy(pg: str) -> Iterator[TcpProxy]:
     proxy.start()
     yield proxy
     proxy.stop()
+
+
+#: backend id -> the variable that points a worker's journal alias at a proxy's port
+PORT_ENV = {"postgresql": "GROUSSET_TEST_PG_PORT", "mariadb": "GROUSSET_TEST_MYSQL_PORT"}
+
+
+@pytest.fixture
+def db_proxy(request: pytest.FixtureRequest) -> Iterator[tuple[str, TcpProxy]]:
+    """``(backend, proxy)``: a proxy in front of the backend given as the parameter
+    (``indirect=True``); workers get its port through ``PORT_ENV``."""
+    backend = request.param
+    alias = need(ALIASES[backend])
+    from django.db import connections
+
+    s = connections.settings[alias]
+    proxy = TcpProxy((str(s["HOST"]), int(s["PORT"])))
+    proxy.start()
+    yield backend, proxy
+    proxy.stop()

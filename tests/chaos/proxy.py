@@ -8,6 +8,12 @@ use to cut one answer, without touching the shared server.
   startup packet contains ``marker`` reach the server, then closes that connection
   instead of forwarding the server's answer: the statement ran (and, in autocommit,
   committed) but the client sees a broken connection — "outcome unknown".
+* :meth:`TcpProxy.cut_answers_to` does the same to the next ``times`` requests (on any
+  connection) that contain ``pattern`` (case-insensitive): e.g. a claim's fingerprint,
+  or MariaDB's ``COMMIT``.
+* :meth:`TcpProxy.stall` stops forwarding in both directions without closing anything
+  (a half-open connection: the peer's kernel still acknowledges every packet);
+  :meth:`TcpProxy.unstall` forwards again.
 """
 
 from __future__ import annotations
@@ -43,6 +49,10 @@ class TcpProxy:
         self._pairs: set[_Pair] = set()
         self._lock = threading.Lock()
         self._cut_armed = False
+        self._pattern = b""
+        self._pattern_cuts = 0
+        self._flowing = threading.Event()
+        self._flowing.set()
         self.cuts = 0
         self.accepted = 0
 
@@ -75,9 +85,28 @@ class TcpProxy:
     def cut_next_answer(self) -> None:
         self._cut_armed = True
 
+    def cut_answers_to(self, pattern: bytes, times: int = 1) -> None:
+        with self._lock:
+            self._pattern, self._pattern_cuts = pattern.lower(), times
+
     @property
     def cut_armed(self) -> bool:
-        return self._cut_armed
+        return self._cut_armed or self._pattern_cuts > 0
+
+    def stall(self) -> None:
+        self._flowing.clear()
+
+    def unstall(self) -> None:
+        self._flowing.set()
+
+    def _pattern_hit(self, data: bytes) -> bool:
+        if self._pattern_cuts <= 0 or self._pattern not in data.lower():
+            return False
+        with self._lock:
+            if self._pattern_cuts <= 0:
+                return False
+            self._pattern_cuts -= 1
+            return True
 
     # -- forwarding ------------------------------------------------------------------------
 
@@ -104,9 +133,12 @@ class TcpProxy:
         """client → server"""
         try:
             while data := pair.client.recv(65536):
+                self._flowing.wait()
                 if not pair.started:
                     pair.started = True
-                if self.marker in data:
+                if self._pattern_hit(data):
+                    pair.cut_pending = True
+                elif self.marker in data:
                     pair.tagged = True  # the startup packet names the application
                 elif pair.tagged and self._cut_armed:
                     with self._lock:
@@ -122,6 +154,7 @@ class TcpProxy:
         """server → client"""
         try:
             while data := pair.upstream.recv(65536):
+                self._flowing.wait()
                 if pair.cut_pending:
                     self.cuts += 1
                     break

@@ -51,6 +51,18 @@ COVERAGE: dict[int, tuple[str, str]] = {
                  "with the default on_in_flight='retry' (requeues with a countdown)"),
     26: ("done", "marker dict rejected at publish; via send_task: NaN fails once "
                  "(FingerprintError), unknown marker dropped once by kombu, never redelivered"),
+    27: ("done", "database unreachable after the effect through every completion retry: "
+                 "requeued carrying its outcome, written by the next delivery: 1 effect, memo, "
+                 "fence 1 (PostgreSQL, MariaDB); 27b: transactional, connections dropped "
+                 "before the commit: effect rolled back, nothing carried, then 1 effect"),
+    28: ("done", "the completion's answer lost after the server committed it: re-sent with "
+                 "the same token, 1 effect, memo (PostgreSQL, MariaDB)"),
+    29: ("done", "the claim's answer lost on the warm and on the fresh connection: requeued "
+                 "with its token, the next delivery frees the committed claim and runs at "
+                 "once (max_processing_time 30 s), no takeover, 1 effect (PostgreSQL, MariaDB)"),
+    30: ("done", "half-open connection (the proxy stops forwarding, nothing closes): the claim "
+                 "fails closed within 15 s (STORE_TIMEOUT 2 s), then 1 effect (PostgreSQL, "
+                 "MariaDB)"),
 }
 
 

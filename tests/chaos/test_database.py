@@ -5,13 +5,12 @@ TCP proxy the test controls; the shared servers are never touched."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import tests.chaos_tasks as ct
-from tests.chaos.conftest import ALIASES, need
+from tests.chaos.conftest import ALIASES, PORT_ENV
 from tests.chaos.harness import (
     cont,
     effects,
@@ -27,22 +26,6 @@ from tests.chaos.proxy import TcpProxy
 from tests.chaos.test_kills import arm, fault_env
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
-
-PORT_ENV = {"postgresql": "GROUSSET_TEST_PG_PORT", "mariadb": "GROUSSET_TEST_MYSQL_PORT"}
-
-
-@pytest.fixture
-def db_proxy(request: pytest.FixtureRequest) -> Iterator[tuple[str, TcpProxy]]:
-    backend = request.param
-    alias = need(ALIASES[backend])
-    from django.db import connections
-
-    s = connections.settings[alias]
-    proxy = TcpProxy((str(s["HOST"]), int(s["PORT"])))
-    proxy.start()
-    yield backend, proxy
-    proxy.stop()
-
 
 def _env(backend: str, proxy: TcpProxy, **extra: str) -> dict[str, str]:
     return {PORT_ENV[backend]: str(proxy.port), "GROUSSET_TEST_STORE_TIMEOUT": "2", **extra}

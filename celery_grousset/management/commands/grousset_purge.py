@@ -1,9 +1,10 @@
 """``manage.py grousset_purge``: delete expired journal entries in batches.
 
 Only rows whose retention window has passed and that no attempt holds are
-deleted (:func:`celery_grousset.journal.purge_expired`), one
-short transaction per batch, so the purge never blocks claims for long and never
-touches an unexpired or in-flight row.
+deleted (:func:`celery_grousset.journal.purge_expired`: settled rows, and abandoned
+claims past ``expires_on`` plus their own ``max_processing_time``), one short
+transaction per batch, so the purge never blocks claims for long and never touches an
+unexpired row or a live claim.
 
 It also deletes outbox rows (:mod:`celery_grousset.outbox`) sent longer ago than
 the retention window (``GROUSSET["EXPIRES_AFTER"]``, plus ``--older-than``);
@@ -40,7 +41,8 @@ def _batch_size(value: object) -> int:
 
 class Command(BaseCommand):
     help = (
-        "Delete expired journal entries in batches (never an unexpired or in-flight one). "
+        "Delete expired journal entries and abandoned claims in batches (never an "
+        "unexpired entry or a live claim). "
         "Exit code 0 on success, 1 on error."
     )
 

@@ -1,0 +1,158 @@
+"""An outcome the journal could not take, carried by the requeued delivery
+(docs/how-it-works.md, "Completion"; docs/guarantee.md).
+
+The effect ran, and its fenced completion could not be written: the database stayed
+unreachable through every try of :func:`~celery_grousset.completion.finish_retrying`.
+The outcome is not dropped and the effect never runs again for it: a task requeues
+its delivery with the encoded outcome and the claim's token in the message header
+:data:`HEADER`. The next delivery of that message writes the carried outcome with the
+same token — the same fenced compare-and-set as the first try, idempotent when
+re-sent — and answers with it, without claiming and without running the effect.
+
+If the claim was taken over meanwhile (the database stayed away past its
+``stale_at`` and another delivery took the row), the write matches nothing: the
+carried outcome is dropped and the delivery raises :class:`FencedOut`, exactly like
+an attempt fenced out at its completion; the new owner's row is left alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+from collections.abc import Callable, Collection
+from typing import Any, NoReturn
+
+from celery_grousset import events, memo
+from celery_grousset.claim import ENC_NOT_STORED, ClaimRequest, Status
+from celery_grousset.completion import complete
+from celery_grousset.exceptions import FencedOut, StoreUnavailable
+from celery_grousset.store import Completion, Store
+
+#: the message header of a requeued delivery that carries its attempt's outcome
+HEADER = "grousset_outcome"
+#: the largest memo carried in a header (a header has to fit in one broker frame); a
+#: larger one is carried as "result not stored": the effect still never runs again
+MAX_CARRIED_BYTES = 64 * 1024
+
+Unwritten = Callable[[Completion, StoreUnavailable], NoReturn]
+
+
+def outcome(req: ClaimRequest, completion: Completion) -> dict[str, Any]:
+    """The header value that carries ``completion`` of the claim ``req`` (JSON-safe)."""
+    result, enc, error = completion.result, completion.result_encoding, completion.error
+    if result is not None and len(result) > MAX_CARRIED_BYTES:
+        error = memo.redacted_text(
+            f"result not stored: the completion write failed and the {len(result)}-byte "
+            f"memo is larger than the {MAX_CARRIED_BYTES} bytes a requeued delivery carries"
+        )
+        result, enc = None, ENC_NOT_STORED
+    return {
+        "fingerprint": req.fingerprint,
+        "processor_id": req.processor_id,
+        "token": req.token,
+        "status": completion.status,
+        "result": base64.b64encode(result).decode("ascii") if result is not None else None,
+        "encoding": enc,
+        "error": error,
+    }
+
+
+def hook(caller: Any, req: ClaimRequest) -> Unwritten | None:
+    """What to do when the completion of ``req`` cannot be written: the caller's
+    optional ``carry(outcome, exc)`` (a task requeues its delivery with it); None
+    (``protect()``, eager and direct calls): StoreUnavailable is raised."""
+    requeue = getattr(caller, "carry", None)
+    if requeue is None:
+        return None
+
+    def unwritten(completion: Completion, exc: StoreUnavailable) -> NoReturn:
+        events.outcome_carried(req, completion.status)
+        requeue(outcome(req, completion), exc)
+        raise exc  # pragma: no cover - requeue never returns
+
+    return unwritten
+
+
+def lost_claim(req: ClaimRequest) -> dict[str, Any]:
+    """The header value of a claim whose answer was lost (sent, then the connection
+    failed): it may or may not have committed, and the next delivery finds out."""
+    return {
+        "fingerprint": req.fingerprint,
+        "processor_id": req.processor_id,
+        "token": req.token,
+        "status": Status.IN_FLIGHT.value,
+    }
+
+
+def pending(
+    caller: Any, req: ClaimRequest
+) -> tuple[ClaimRequest, Completion | None] | None:
+    """What this delivery carries for ``req``'s key (the caller's optional ``carried``):
+    the request of the claim it came from, with that claim's outcome (None: the claim's
+    answer was lost). None when it carries nothing (or nothing for this key)."""
+    value = getattr(caller, "carried", None)
+    if not isinstance(value, dict):
+        return None
+    try:
+        token, status = str(value["token"]), str(value["status"])
+        mine = (value["fingerprint"], value["processor_id"]) == (req.fingerprint,
+                                                                 req.processor_id)  # fmt: skip
+        if not mine or not token:
+            return None
+        if status == Status.IN_FLIGHT.value:
+            return dataclasses.replace(req, token=token), None
+        raw = value["result"]
+        result = base64.b64decode(raw, validate=True) if raw is not None else None
+        enc, error = str(value["encoding"]), str(value["error"])
+    except (KeyError, TypeError, ValueError, binascii.Error):
+        return None
+    if status not in (Status.COMPLETED.value, Status.FAILED.value):
+        return None
+    return dataclasses.replace(req, token=token), Completion(status, result, enc, error)
+
+
+def settle_lost_claim(store: Store, lost: ClaimRequest) -> None:
+    """Free the claim whose answer a previous delivery lost, if it committed: nothing
+    ran under it (that delivery was requeued without running the effect), and only
+    this token's in-flight claim can match, so a claim made since is never touched.
+    The delivery then claims as usual, at once, instead of waiting until the lost
+    claim turns stale."""
+    released = store.release(lost.processor_id, lost.fingerprint, lost.token)
+    events.lost_claim(lost, released)
+
+
+def claim_unavailable(
+    caller: Any, unsettled: ClaimRequest | None, exc: StoreUnavailable
+) -> NoReturn:
+    """The claim failed with the store unavailable: it may have committed without its
+    answer reaching us (``unsettled``; None: a local database, nothing can be lost). A
+    task requeues its delivery carrying the claim's token (:func:`lost_claim`; the next
+    delivery settles it); other callers fail closed."""
+    requeue = getattr(caller, "carry", None)
+    if requeue is not None and unsettled is not None:
+        requeue(lost_claim(unsettled), exc)
+    caller.store_unavailable(exc)
+    raise exc  # pragma: no cover - store_unavailable never returns
+
+
+def deliver(
+    store: Store,
+    req: ClaimRequest,
+    completion: Completion,
+    accept: Collection[str],
+    unwritten: Unwritten | None,
+) -> Any:
+    """Write a carried outcome with its claim's token, then answer with it (the
+    effect is not run). Still unwritable: ``unwritten`` (requeue again, still carrying
+    it). The claim taken over meanwhile: :class:`FencedOut`."""
+    if not complete(store, req, completion, 0, unwritten):
+        raise FencedOut(
+            f"{req.task_name}: the outcome this delivery carried for {req.fingerprint[:16]}… "
+            "was not written: its claim was taken over while the journal was unreachable "
+            "(the new owner's record stands)."
+        )
+    return memo.decode(
+        completion.result, completion.result_encoding, completion.error, req.fingerprint,
+        accept=accept,
+    )  # fmt: skip

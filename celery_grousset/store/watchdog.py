@@ -1,0 +1,63 @@
+"""A client-side bound on a statement's answer, for drivers without a read timeout.
+
+``statement_timeout`` is enforced by the server: it never fires when the statement
+does not reach the server, or its answer does not come back — a half-open connection
+(a NAT or firewall that dropped the flow, a proxy that stopped forwarding), where the
+peer's kernel keeps acknowledging and no error ever comes. psycopg then waits forever.
+:class:`Watchdog` bounds that wait: one daemon thread per store watches the call in
+progress, and shuts its socket down when the answer is overdue, so the driver's
+blocked read fails at once (the store then treats it as a broken connection).
+Arming and disarming are attribute writes; no thread is started or woken per call.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from contextlib import suppress
+
+
+class Watchdog:
+    """Shut down the socket of a call still waiting ``bound`` seconds after it began
+    (checked ``CHECKS`` times per bound: it fires between ``bound`` and
+    ``bound * (1 + 1/CHECKS)``)."""
+
+    CHECKS = 4
+
+    def __init__(self, bound: float) -> None:
+        self.bound = bound
+        self.fired = 0  #: how many calls it cut (for tests and logs)
+        self._armed: tuple[float, int] | None = None  #: (deadline, socket fd)
+        self._pid = 0
+
+    def arm(self, fd: int) -> None:
+        """Bound the call about to be made on the socket ``fd`` (until :meth:`disarm`).
+        One attribute write: no lock, no wake-up (the thread polls)."""
+        if self._pid != os.getpid():  # first use, or a forked child: start the thread
+            self._pid = os.getpid()
+            threading.Thread(target=self._watch, name="grousset-watchdog", daemon=True).start()
+        self._armed = (time.monotonic() + self.bound, fd)
+
+    def disarm(self) -> None:
+        self._armed = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(self.bound / self.CHECKS)
+            armed = self._armed
+            if armed is not None and armed[0] <= time.monotonic() and self._armed is armed:
+                self._armed = None
+                self.fired += 1
+                _shut_down(armed[1])
+
+
+def _shut_down(fd: int) -> None:
+    """Shut the socket down (both ways): a read blocked on it returns at once. The fd is
+    duplicated, so closing our handle leaves the driver's own fd to the driver."""
+    with suppress(OSError):
+        sock = socket.socket(fileno=os.dup(fd))
+        with suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()

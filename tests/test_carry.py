@@ -1,0 +1,187 @@
+"""An outcome whose completion could not be written travels with the requeued delivery
+(celery_grousset.carry), on PostgreSQL, SQLite and MariaDB.
+
+The guarded flow runs in this process with a caller that has the task's two carry
+hooks; the completion fails for real: another session holds the row's lock longer
+than the completion's retries (STORE_TIMEOUT 0.5 s, max_processing_time 2 s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from typing import Any, NoReturn
+
+import pytest
+from django.test import override_settings
+
+from celery_grousset import carry, guard
+from celery_grousset.claim import ClaimRequest
+from celery_grousset.exceptions import FencedOut, StoreUnavailable
+from celery_grousset.models import Outcome
+from celery_grousset.options import Options
+from celery_grousset.store import ClaimResult, get_store
+
+
+class Requeued(Exception):
+    """What the test caller raises instead of re-publishing: the header it would carry."""
+
+    def __init__(self, header: dict[str, Any]) -> None:
+        super().__init__("requeued")
+        self.header = header
+
+
+class TaskLikeCaller:
+    """A task's hooks, with the requeue caught: ``carry`` raises :class:`Requeued`."""
+
+    def __init__(self, opts: Options, body: Any, carried: Any = None) -> None:
+        self.opts, self.body, self.carried, self.runs = opts, body, carried, 0
+
+    def options(self) -> Options:
+        return self.opts
+
+    def in_flight_policy(self, opts: Options) -> str:
+        return "retry"
+
+    def defer(self, req: ClaimRequest, res: ClaimResult) -> NoReturn:
+        raise AssertionError("no other attempt holds the claim here")
+
+    def store_unavailable(self, exc: StoreUnavailable) -> NoReturn:
+        raise exc
+
+    def carry(self, outcome: dict[str, Any], exc: StoreUnavailable) -> NoReturn:
+        raise Requeued(outcome)
+
+    def run(self, attempt: guard.Attempt) -> Any:
+        self.runs += 1
+        return self.body()
+
+
+@pytest.fixture
+def short(alias: str) -> Iterator[str]:
+    with override_settings(GROUSSET={"DATABASE": alias, "STORE_TIMEOUT": 0.5}):
+        yield alias
+
+
+def _opts(processor: str, alias: str) -> Options:
+    return Options.resolve(
+        "test", {"processor_id": processor, "max_processing_time": 2, "database": alias},
+        default_processor=processor,
+    )  # fmt: skip
+
+
+def _call(key: str) -> guard.Call:
+    return guard.Call(name="tests.carry", task_id=f"task-{uuid.uuid4().hex}",
+                      idempotency_key=key, args_repr="(key)")  # fmt: skip
+
+
+@contextlib.contextmanager
+def _row_locked(alias: str, processor: str) -> Iterator[None]:
+    """Another session writes the journal row in an open transaction (its lock holds
+    every completion of it until the block ends; on SQLite: the database's write lock)."""
+    from django.db import transaction
+    from django.db.models import F
+
+    with transaction.atomic(using=alias):
+        Outcome.objects.using(alias).filter(processor_id=processor).update(worker=F("worker"))
+        yield
+        transaction.set_rollback(True, using=alias)
+
+
+def _unwritable(alias: str, processor: str, key: str) -> tuple[dict[str, Any], int]:
+    """Run a call whose completion cannot be written; the header it would carry."""
+    locked = contextlib.ExitStack()
+
+    def effect() -> dict[str, Any]:
+        locked.enter_context(_row_locked(alias, processor))
+        return {"receipt": key}
+
+    caller = TaskLikeCaller(_opts(processor, alias), effect)
+    with locked, pytest.raises(Requeued) as requeued:
+        guard.guarded(caller, _call(key))
+    return requeued.value.header, caller.runs
+
+
+def test_unwritten_completion_is_carried_and_written_by_the_next_delivery(
+    short: str, processor: str
+) -> None:
+    alias, key = short, f"order-{uuid.uuid4().hex}"
+    # Given an attempt whose effect ran and whose completion the journal refused
+    # through every retry
+    header, runs = _unwritable(alias, processor, key)
+    # Then its delivery is requeued carrying the outcome and the claim's token; the
+    # row is still in flight
+    row = Outcome.objects.using(alias).get(processor_id=processor)
+    assert runs == 1 and row.status == "in_flight"
+    assert header["token"] == row.claim_token and header["status"] == "completed"
+    # When the requeued delivery comes back (the journal reachable again)
+    again = TaskLikeCaller(_opts(processor, alias), lambda: {"receipt": "again"}, header)
+    value = guard.guarded(again, _call(key))
+    # Then it writes the carried memo and answers with it, without running the effect
+    row.refresh_from_db()
+    assert value == {"receipt": key} and again.runs == 0
+    assert row.status == "completed" and row.fence == 1
+    # And a duplicate of the requeued message (the same header) is answered the same
+    dup = TaskLikeCaller(_opts(processor, alias), lambda: {"receipt": "dup"}, header)
+    assert guard.guarded(dup, _call(key)) == {"receipt": key} and dup.runs == 0
+    # And a later delivery without it gets the memo
+    later = TaskLikeCaller(_opts(processor, alias), lambda: {"receipt": "later"})
+    assert guard.guarded(later, _call(key)) == {"receipt": key} and later.runs == 0
+
+
+def test_a_carried_outcome_never_overwrites_a_takeover(short: str, processor: str) -> None:
+    alias, key = short, f"order-{uuid.uuid4().hex}"
+    header, _ = _unwritable(alias, processor, key)
+    # Given the claim was taken over meanwhile (it turned stale: another delivery took it)
+    Outcome.objects.using(alias).filter(processor_id=processor).update(
+        stale_at=get_store(alias).now()
+    )
+    taker = TaskLikeCaller(_opts(processor, alias), lambda: {"receipt": "taker"})
+    assert guard.guarded(taker, _call(key)) == {"receipt": "taker"}
+    # When the requeued delivery comes back with the first attempt's outcome
+    late = TaskLikeCaller(_opts(processor, alias), lambda: {"receipt": "late"}, header)
+    # Then its write matches nothing (another token holds the row): FencedOut, and the
+    # new owner's record stands
+    with pytest.raises(FencedOut, match="taken over"):
+        guard.guarded(late, _call(key))
+    row = Outcome.objects.using(alias).get(processor_id=processor)
+    assert late.runs == 0 and row.fence == 2 and row.takeovers == 1
+    assert row.status == "completed" and row.claim_token != header["token"]
+
+
+NOT_FOR_THIS_CALL = [
+    None,
+    "x",
+    {},
+    {"token": "t"},
+    {"fingerprint": "f", "processor_id": "p", "token": "", "status": "completed"},
+]
+
+
+@pytest.mark.parametrize("header", NOT_FOR_THIS_CALL)
+def test_a_header_that_is_not_for_this_call_is_ignored(header: Any, processor: str) -> None:
+    req = guard.request(_opts(processor, "default"), "f" * 64, "tests.carry", "t", "")
+    assert carry.pending(TaskLikeCaller(_opts(processor, "default"), None, header), req) is None
+
+
+def test_a_lost_claim_is_settled_by_the_next_delivery(short: str, processor: str) -> None:
+    alias, key = short, f"order-{uuid.uuid4().hex}"
+    opts = _opts(processor, alias)
+    # Given a claim that committed while its answer was lost: its delivery was requeued
+    # carrying the claim's token
+    lost = guard.request(opts, guard.fingerprint_of(_call(key)), "tests.carry", "t-1", "")
+    get_store(alias).claim(lost)
+    header = carry.lost_claim(lost)
+    # When the requeued delivery comes back
+    nxt = TaskLikeCaller(opts, lambda: {"receipt": key}, header)
+    value = guard.guarded(nxt, _call(key))
+    # Then it freed the lost claim (nothing ran under it) and ran at once, without
+    # waiting for that claim to turn stale: no takeover
+    row = Outcome.objects.using(alias).get(processor_id=processor)
+    assert value == {"receipt": key} and nxt.runs == 1
+    assert row.status == "completed" and row.fence == 2 and row.takeovers == 0
+    # And a copy of that message (the same header) never frees the new claim: it gets
+    # the memo
+    copy = TaskLikeCaller(opts, lambda: {"receipt": "copy"}, header)
+    assert guard.guarded(copy, _call(key)) == {"receipt": key} and copy.runs == 0
