@@ -24,7 +24,7 @@ run_stack() {  # name python django-spec celery-spec
   echo "== compat $name: $("$py" --version) $django $celery"
   if [ ! -x "$venv/bin/python" ]; then "$py" -m venv "$venv"; "$venv/bin/python" -m pip install -qq --upgrade pip; fi
   "$venv/bin/python" -m pip install -qq -e ".[postgres,mysql,redis]" "$django" "$celery" \
-      "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100"
+      "pytest>=8" "pytest-django>=4.8" "pytest-timeout>=2.3" "hypothesis>=6.100"
   "$venv/bin/python" -c 'import django, celery; print("   django", django.get_version(), "celery", celery.__version__)'
   # own database names: never drop the main suite's databases
   if ! GROUSSET_TEST_PG_NAME="grousset_$name" GROUSSET_TEST_MYSQL_NAME="grousset_$name" \
