@@ -8,10 +8,11 @@ choices of its own, because real ``celery worker`` processes share the databases
   a worker subprocess connects to the names in ``tests.settings``. Each alias is
   (re)created and migrated lazily, by the first test that needs it
   (``services.require_database``), so a missing service skips only its own tests.
-* Database access is granted through pytest-django's blocker for every test, in
-  autocommit: a worker must see the rows a test committed (a ``django_db`` test's
-  rolled-back transaction hides them), and tests keep apart by their own processor ids
-  and keys rather than by emptying the tables after each test.
+* Database access is opened through pytest-django's blocker for the whole session (from
+  the first test on; collection stays blocked), in autocommit: a worker must see the
+  rows a test committed (a ``django_db`` test's rolled-back transaction hides them), and
+  tests keep apart by their own processor ids and keys rather than by emptying the
+  tables after each test.
 """
 
 from __future__ import annotations
@@ -48,23 +49,24 @@ BACKENDS = {"sqlite": "default", "postgresql": "postgresql", "mariadb": "mysql"}
 
 
 @pytest.fixture(scope="session")
-def django_db_setup(django_db_blocker: DjangoDbBlocker) -> None:
+def django_db_setup() -> None:
     """pytest-django's database setup, kept to the suite's own databases (see above)."""
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="session")
 def _shared_databases(django_db_blocker: DjangoDbBlocker) -> Iterator[None]:
-    """Committed database access for every test (see the module docstring)."""
+    """Committed database access from the first test on (see the module docstring): for
+    module- and session-scoped fixtures too, e.g. those that start a worker. Collection
+    stays blocked: a module that queries a database at import fails."""
     with django_db_blocker.unblock():
         yield
 
 
 @pytest.fixture(params=list(BACKENDS), scope="session")
-def alias(request: pytest.FixtureRequest, django_db_blocker: DjangoDbBlocker) -> str:
+def alias(request: pytest.FixtureRequest) -> str:
     """A migrated journal database: each behaviour test runs once per backend."""
     name = BACKENDS[request.param]
-    with django_db_blocker.unblock():
-        services.require_database(name)
+    services.require_database(name)
     return name
 
 
