@@ -116,7 +116,8 @@ def test_journal_count_clear_and_protect(grousset_journal: Journal) -> None:
 
 
 def test_eager_restores_config_and_refuses_rollback_only_db(pytester: pytest.Pytester) -> None:
-    # Given a project that loads the plugin with a Celery app of its own
+    # Given a project that still names the plugin in pytest_plugins (loaded once, with the
+    # entry point's) and has a Celery app of its own
     pytester.makeconftest(textwrap.dedent("""
         import pytest
         from celery import Celery
