@@ -31,7 +31,7 @@ run_stack() {  # name python django-spec celery-spec [driver-spec [pytest args..
   echo "== compat $name: $("$py" --version) $django $celery ${driver:-psycopg}"
   if [ ! -x "$venv/bin/python" ]; then "$py" -m venv "$venv"; "$venv/bin/python" -m pip install -qq --upgrade pip; fi
   "$venv/bin/python" -m pip install -qq -e ".[$extras]" "$django" "$celery" $driver \
-      "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100"
+      "pytest>=8" "pytest-django>=4.8" "pytest-timeout>=2.3" "hypothesis>=6.100"
   "$venv/bin/python" -c 'import django, celery; print("   django", django.get_version(), "celery", celery.__version__)'
   # own database names: never drop the main suite's databases
   if ! GROUSSET_TEST_PG_NAME="grousset_$name" GROUSSET_TEST_MYSQL_NAME="grousset_$name" \

@@ -1,5 +1,19 @@
 """Shared fixtures: real databases, one alias per backend, skipped locally and
-failing under CI when a service is down (docs/testing.md)."""
+failing under CI when a service is down (docs/testing.md).
+
+The suite runs on pytest-django (settings: ``tests.settings``, pyproject.toml), with two
+choices of its own, because real ``celery worker`` processes share the databases:
+
+* ``django_db_setup`` keeps the suite's databases instead of creating ``test_*`` copies:
+  a worker subprocess connects to the names in ``tests.settings``. Each alias is
+  (re)created and migrated lazily, by the first test that needs it
+  (``services.require_database``), so a missing service skips only its own tests.
+* Database access is opened through pytest-django's blocker for the whole session (from
+  the first test on; collection stays blocked), in autocommit: a worker must see the
+  rows a test committed (a ``django_db`` test's rolled-back transaction hides them), and
+  tests keep apart by their own processor ids and keys rather than by emptying the
+  tables after each test.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +22,13 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from pytest_django import DjangoDbBlocker
+    from pytest_django.fixtures import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -27,6 +46,20 @@ celery_app.set_default()
 
 #: pytest id -> Django alias
 BACKENDS = {"sqlite": "default", "postgresql": "postgresql", "mariadb": "mysql"}
+
+
+@pytest.fixture(scope="session")
+def django_db_setup() -> None:
+    """pytest-django's database setup, kept to the suite's own databases (see above)."""
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _shared_databases(django_db_blocker: DjangoDbBlocker) -> Iterator[None]:
+    """Committed database access from the first test on (see the module docstring): for
+    module- and session-scoped fixtures too, e.g. those that start a worker. Collection
+    stays blocked: a module that queries a database at import fails."""
+    with django_db_blocker.unblock():
+        yield
 
 
 @pytest.fixture(params=list(BACKENDS), scope="session")
@@ -56,13 +89,11 @@ def fp() -> str:
 
 
 @pytest.fixture
-def journal(alias: str) -> Iterator[str]:
+def journal(alias: str, settings: Settings) -> str:
     """Point the guard (and the test tasks' ledger) at ``alias`` (a module may define its
     own ``journal``, e.g. the admin tests')."""
-    from django.test import override_settings
-
-    with override_settings(GROUSSET={"DATABASE": alias}):
-        yield alias
+    settings.GROUSSET = {"DATABASE": alias}
+    return alias
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""The pytest plugin users load with ``pytest_plugins = ["celery_grousset.contrib.pytest"]``.
+"""The pytest plugin of docs/testing.md, ``celery_grousset.contrib.pytest``: installed
+with the package (a ``pytest11`` entry point), no ``pytest_plugins`` line needed.
 
 Its fixtures run against the tests' own Celery app (``tests.celeryapp``) and the
 SQLite journal (``default`` alias); effects are counted in the effect ledger.
@@ -9,30 +10,28 @@ from __future__ import annotations
 import os
 import textwrap
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from django.conf import settings
-from django.test import override_settings
 
 from tests import services
 from tests.ledger.models import Effect
 
 if TYPE_CHECKING:
+    from pytest_django.fixtures import Settings
+
     from celery_grousset.contrib.pytest import Journal
 
-pytest_plugins = ["celery_grousset.contrib.pytest", "pytester"]
+pytest_plugins = ["pytester"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
-def sqlite_journal() -> Iterator[None]:
+def sqlite_journal(settings: Settings) -> None:
     services.require_database("default")
-    with override_settings(GROUSSET={**settings.GROUSSET, "DATABASE": "default"}):
-        yield
+    settings.GROUSSET = {**settings.GROUSSET, "DATABASE": "default"}
 
 
 def effects(key: str) -> int:
@@ -117,7 +116,8 @@ def test_journal_count_clear_and_protect(grousset_journal: Journal) -> None:
 
 
 def test_eager_restores_config_and_refuses_rollback_only_db(pytester: pytest.Pytester) -> None:
-    # Given a project that loads the plugin with a Celery app of its own
+    # Given a project that still names the plugin in pytest_plugins (loaded once, with the
+    # entry point's) and has a Celery app of its own
     pytester.makeconftest(textwrap.dedent("""
         import pytest
         from celery import Celery
@@ -159,3 +159,49 @@ def test_eager_restores_config_and_refuses_rollback_only_db(pytester: pytest.Pyt
     # Then the configuration was restored, and a rollback-only database is refused
     result.assert_outcomes(passed=3, errors=1)
     result.stdout.fnmatch_lines(["*test_rollback_only*django_db(transaction=True)*"])
+
+
+def test_the_entry_point_provides_the_fixtures_with_no_pytest_plugins_line(
+    pytester: pytest.Pytester,
+) -> None:
+    # Given a project with no conftest.py (no pytest_plugins line), on pytest-django
+    pytester.makepyfile(textwrap.dedent("""
+        from celery_grousset.contrib.pytest import Journal
+
+        def test_fixtures(grousset_eager, grousset_journal):
+            assert grousset_eager.conf.task_always_eager
+            assert isinstance(grousset_journal, Journal)
+    """))
+    pytester._monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(ROOT)]))
+    pytester._monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.settings")
+    # When its tests run, and its fixtures are listed
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    listed = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--fixtures")
+    # Then the plugin's fixtures are there, from the installed package's entry point
+    result.assert_outcomes(passed=1)
+    listed.stdout.fnmatch_lines(["*fixtures defined from celery_grousset.contrib.pytest*",
+                                 "grousset_eager*", "*grousset_journal*"])  # fmt: skip
+    # And with the plugin switched off by its entry point's name, they are gone
+    off = pytester.runpytest_subprocess("-p", "no:cacheprovider",
+                                        "-p", "no:celery_grousset.contrib.pytest")  # fmt: skip
+    off.assert_outcomes(errors=1)
+    off.stdout.fnmatch_lines(["*fixture 'grousset_eager' not found*"])
+
+
+def test_the_entry_point_plugin_loads_in_a_project_without_django_settings(
+    pytester: pytest.Pytester,
+) -> None:
+    # Given a project with no Django settings at all (celery-grousset merely installed)
+    pytester._monkeypatch.delenv("DJANGO_SETTINGS_MODULE", raising=False)
+    pytester.makepyfile(textwrap.dedent("""
+        import sys
+
+        def test_plain():
+            assert "celery_grousset.models" not in sys.modules
+    """))
+    # When its tests run (the plugin is loaded, importing none of the Django parts)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:django",
+                                           "--trace-config")  # fmt: skip
+    # Then they pass, with the plugin registered
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*celery_grousset.contrib.pytest*"])

@@ -31,8 +31,6 @@ from celery_grousset.exceptions import PayloadMismatch
 from celery_grousset.models import Outcome
 from tests import services
 
-pytest_plugins = ["celery_grousset.contrib.pytest"]
-
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 SNIPPETS = DOCS / "snippets"
@@ -276,6 +274,7 @@ def test_project_snippets_import_in_a_fresh_process(tmp_path: Path) -> None:
     code = (
         "import django; django.setup()\n"
         "import mysite, shop.models, shop.tasks, shop.test_tasks\n"
+        "import shop.test_worker, shop.test_container_worker\n"
         "from celery_grousset.task import GroussetTaskMixin\n"
         "app = mysite.celery_app\n"
         "assert app.main == 'mysite'\n"

@@ -58,6 +58,9 @@ def test_sdist_and_wheel_contents(dist: Path) -> None:
         metadata = Parser().parsestr(
             whl.read(next(n for n in in_wheel if n.endswith(".dist-info/METADATA"))).decode()
         )
+        entry_points = whl.read(
+            next(n for n in in_wheel if n.endswith(".dist-info/entry_points.txt"))
+        ).decode()
     # Then the sdist has the licence, the changelog, the README and the package
     assert {"LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml"} <= in_sdist
     assert {"celery_grousset/py.typed", *MONITORING} <= in_sdist
@@ -68,6 +71,11 @@ def test_sdist_and_wheel_contents(dist: Path) -> None:
     assert any(n.startswith("celery_grousset/templates/") for n in in_wheel)
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in in_wheel)
     assert not any(n.startswith(("tests/", "docs/", "bench/")) for n in in_wheel)
+    # And it registers the pytest plugin: no `pytest_plugins` line in a user's project
+    assert (
+        "[pytest11]\ncelery_grousset.contrib.pytest = celery_grousset.contrib.pytest"
+        in entry_points
+    )
     # And the metadata names the licence, the URLs and the tested versions
     assert metadata["License-Expression"] == "MIT"
     urls = dict(u.split(", ", 1) for u in metadata.get_all("Project-URL") or [])

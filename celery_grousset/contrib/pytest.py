@@ -1,8 +1,8 @@
 """pytest fixtures for testing your own guarded tasks.
 
-Load the plugin from the ``conftest.py`` at the root of your project::
-
-    pytest_plugins = ["celery_grousset.contrib.pytest"]
+Installing celery-grousset registers this plugin with pytest (a ``pytest11`` entry
+point named ``celery_grousset.contrib.pytest``): its fixtures are available with no
+``pytest_plugins`` line, and ``-p no:celery_grousset.contrib.pytest`` switches it off.
 
 Fixtures:
 

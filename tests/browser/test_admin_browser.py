@@ -1,22 +1,18 @@
-"""The journal admin in a real browser: headless Chromium against a real runserver.
+"""The journal admin in a real browser: headless Chromium against a live server.
 
-The test fills the SQLite ``default`` journal through the claim store, starts
-``django runserver`` on a free loopback port, and drives the admin as an
-operator would: log in, filter, search, read a memo, release a stale claim
-through its confirmation page; then checks that a view-only user is not offered
-the action. Screenshots land in ``tests/artifacts/screenshots/``.
+The test fills the SQLite ``default`` journal through the claim store, serves the
+admin with pytest-django's ``live_server`` (a real HTTP server, in a thread of the
+test process), and drives the admin as an operator would: log in, filter, search,
+read a memo, release a stale claim through its confirmation page; then checks that a
+view-only user is not offered the action. Screenshots land in ``tests/artifacts/screenshots/``.
 """
 
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -27,6 +23,10 @@ from celery_grousset.models import Outcome
 from celery_grousset.store import get_store
 from celery_grousset.store.base import Completion
 from tests import services
+
+if TYPE_CHECKING:
+    from pytest_django.fixtures import Settings
+    from pytest_django.live_server_helper import LiveServer
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -39,41 +39,12 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
-def server() -> Iterator[str]:
-    """``django runserver`` on the test settings and the ``default`` journal."""
+def server(live_server: LiveServer, settings: Settings) -> str:
+    """pytest-django's ``live_server`` on the test settings and the ``default`` journal."""
     services.require_database("default")
-    port = free_port()
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT),
-           "GROUSSET_TEST_DB": "default"}  # fmt: skip
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    log = (ARTIFACTS / "admin-runserver.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "django", "runserver", f"127.0.0.1:{port}", "--noreload",
-         "--insecure"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while not services.port_open("127.0.0.1", port, timeout=0.5):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"runserver did not start; see {log.name}", pytrace=False)
-            time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    settings.GROUSSET = {**settings.GROUSSET, "DATABASE": "default"}
+    return str(live_server.url)
 
 
 def put(processor: str, task: str, status: str, memo: bytes = b"") -> Outcome:

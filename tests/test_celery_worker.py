@@ -1,0 +1,81 @@
+"""Celery's own test fixtures with guarded tasks: ``celery_app`` and an in-process
+``celery_worker`` (``celery.contrib.pytest``, loaded by the pytest-celery plugin).
+
+pytest-celery 1.x names its Docker-based worker ``celery_worker`` too; no container
+images exist on these machines, so this module binds that name to Celery's in-process
+fixture, which takes precedence over the plugin's (docs/testing.md shows users the same).
+The worker is a thread of the test process on an in-memory broker; the journal and the
+effect ledger are the SQLite ``default`` database, so duplicate effects are counted.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from celery.contrib import pytest as celery_fixtures
+
+from celery_grousset import GroussetTask
+from celery_grousset.contrib.pytest import Journal
+from tests import services
+from tests.ledger.models import Effect
+from tests.tasks import effect
+
+if TYPE_CHECKING:
+    from celery import Celery
+    from celery.worker import WorkController
+    from pytest_django.fixtures import Settings
+
+#: Celery's in-process worker, in place of pytest-celery 1.x's Docker one
+celery_worker = celery_fixtures.celery_worker
+
+
+@pytest.fixture
+def sqlite_journal(settings: Settings) -> Journal:
+    services.require_database("default")
+    settings.GROUSSET = {**settings.GROUSSET, "DATABASE": "default"}
+    return Journal()
+
+
+def effects(key: str) -> int:
+    return Effect.objects.using("default").filter(key=key).count()
+
+
+def test_in_process_worker_answers_a_duplicate_from_the_memo(
+    celery_app: Celery, celery_worker: WorkController, sqlite_journal: Journal
+) -> None:
+    key = f"inproc-{uuid.uuid4().hex[:8]}"
+    # Given a guarded shared task, consumed by Celery's in-process worker
+    assert effect.app is celery_app
+    first = effect.delay(key).get(timeout=20)
+    # When the same call is published twice more (new task ids: a duplicate delivery)
+    again = [effect.delay(key).get(timeout=20) for _ in range(2)]
+    # Then the body ran once, in the worker; the duplicates got its memo
+    assert effects(key) == 1
+    assert again == [first, first] and first["key"] == key and first["fence"] == 1
+    record = sqlite_journal.get(effect, key)
+    assert record.status == "completed" and record.deliveries == 3
+    assert first["pid"] == os.getpid()  # the worker is a thread of this process
+
+
+def test_in_process_worker_runs_a_task_defined_in_the_test(
+    celery_app: Celery, celery_worker: WorkController, sqlite_journal: Journal
+) -> None:
+    calls: list[str] = []
+
+    @celery_app.task(base=GroussetTask, bind=True, max_processing_time=30,
+                     name=f"tests.inproc.charge.{uuid.uuid4().hex[:6]}")  # fmt: skip
+    def charge(self: Any, order: int) -> str:
+        calls.append(self.request.id)
+        return f"charged-{order}"
+
+    celery_worker.reload()  # the worker learns the new task
+    # Given a task registered on the test app after the worker started
+    # When it is published twice with the same arguments
+    results = [charge.delay(17).get(timeout=20) for _ in range(2)]
+    # Then it ran once, and the second delivery was answered from the journal
+    assert results == ["charged-17", "charged-17"]
+    assert len(calls) == 1
+    assert sqlite_journal.deliveries(charge, 17) == 2
