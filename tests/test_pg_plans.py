@@ -82,7 +82,7 @@ def test_statements_use_the_unique_key_without_statistics(
 
     sql, names = _positional(getattr(postgresql, statement))
     unanalysed_journal.execute(f"PREPARE plan_probe AS {sql}")
-    values = {"p": "'p'", "f": "'x'", "tok": "'t'", "mpt": "60", "exp": "3600", "maxt": "3"}
+    values = {"p": "'p'", "f": "'x'", "tok": "'t'", "mpt": "'60 s'", "exp": "'3600 s'", "maxt": "3"}
     args = ", ".join(values.get(name, "NULL") for name in names)
     (plan,) = unanalysed_journal.execute(
         f"EXPLAIN (FORMAT JSON) EXECUTE plan_probe({args})"
@@ -118,7 +118,7 @@ def _explain(conn: Any, sql: str, params: list[Any]) -> list[str]:
 
 def test_key_lookups_outside_the_store_use_the_unique_key(unanalysed_django_journal: Any) -> None:
     from celery_grousset.models import Outcome
-    from celery_grousset.store.postgresql import LOOKUP_SQL
+    from celery_grousset.store.pgops import LOOKUP_SQL
 
     # by_key: the wait-mode poll, the pytest helpers
     qs = Outcome.objects.db_manager("postgresql").by_key("p", "x").values_list("status")
