@@ -104,7 +104,7 @@ def charge(self, order_id, cents):
 one = charge.delay(7, 1000).get()
 two = charge.delay(7, 1000).get()
 print("GroussetTask (eager):", repr(one), repr(two), "runs:", len(charges))
-assert one == two == "charged 1000 for order 7 (fence 1)" and charges == [7]
+assert one == two and one.startswith("charged 1000 for order 7 (fence ") and charges == [7]
 
 rows = sorted(Outcome.objects.values_list("task_name", "status", "deliveries"))
 print("journal:", rows)
