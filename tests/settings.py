@@ -103,6 +103,9 @@ DATABASES = {
 GROUSSET = {
     "DATABASE": os.environ.get("GROUSSET_TEST_DB", "default"),
     "STORE_TIMEOUT": float(os.environ.get("GROUSSET_TEST_STORE_TIMEOUT", "5")),
+    # GROUSSET_TEST_WORKER_CLAIM=1: every test worker claims in its main process (the
+    # chaos suite run with the switch on: `GROUSSET_TEST_WORKER_CLAIM=1 make chaos`)
+    "WORKER_CLAIM": os.environ.get("GROUSSET_TEST_WORKER_CLAIM") == "1",
 }
 
 CELERY_BROKER_URL = os.environ.get("GROUSSET_TEST_BROKER", "redis://127.0.0.1:6379/14")
