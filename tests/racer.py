@@ -32,3 +32,31 @@ def race(
         for k in order
     }
     out.put(got)
+
+
+def claim_batches(
+    alias: str, keys: list[str], processor: str, barrier: Any, out: Any, env: dict[str, str]
+) -> None:
+    """Claim ``keys`` in a random order, in batches of 50 (``Store.claim_all``); put the
+    keys this process owns."""
+    os.environ.update(env)
+    import django
+
+    django.setup()
+    from celery_grousset.claim import ClaimRequest
+    from celery_grousset.store import get_store
+
+    store = get_store(alias)
+    order = list(keys)
+    random.shuffle(order)
+    barrier.wait(timeout=120)
+    owned = []
+    for start in range(0, len(order), 50):
+        batch = [
+            ClaimRequest(processor, fp, "t", f"{os.getpid()}-{fp}", os.urandom(8).hex(), "w",
+                         "", 60.0, 3600.0, 3)
+            for fp in order[start : start + 50]
+        ]  # fmt: skip
+        owned += [r.fingerprint for r, res in zip(batch, store.claim_all(batch), strict=True)
+                  if res.owned]
+    out.put(owned)

@@ -134,3 +134,18 @@ def test_key_lookups_outside_the_store_use_the_unique_key(unanalysed_django_jour
     for name, scans in lookups.items():
         assert scans, f"{name} scans no index"
         assert all("fingerprint" in index for index in scans), f"{name} scans {scans}"
+
+
+def test_the_batch_claim_uses_the_unique_key_without_statistics(unanalysed_journal: Any) -> None:
+    from celery_grousset.store import pgclaim
+
+    sql, names = _positional(pgclaim.BATCH_SQL)
+    unanalysed_journal.execute(f"PREPARE batch_probe AS {sql}")
+    values = {"p": "'{p,p}'", "f": "'{x,y}'", "tok": "'{t,u}'", "maxt": "'{3,3}'"}
+    args = ", ".join(values.get(name, "NULL") for name in names)
+    (plan,) = unanalysed_journal.execute(
+        f"EXPLAIN (FORMAT JSON) EXECUTE batch_probe({args})"
+    ).fetchone()
+    scans = list(_index_scans(plan if isinstance(plan, list) else json.loads(plan)))
+    assert scans, f"the batch claim scans no index: {plan}"
+    assert all("fingerprint" in name for name in scans), f"the batch claim scans {scans}"
