@@ -3,9 +3,12 @@ module level, so the spawned interpreter can set up Django first)."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
+import queue
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -57,6 +60,31 @@ def claim_batches(
                          "", 60.0, 3600.0, 3)
             for fp in order[start : start + 50]
         ]  # fmt: skip
-        owned += [r.fingerprint for r, res in zip(batch, store.claim_all(batch), strict=True)
-                  if res.owned]
+        owned += [
+            r.fingerprint for r, res in zip(batch, store.claim_all(batch), strict=True) if res.owned
+        ]
     out.put(owned)
+
+
+def run_racers(target: Callable[..., None], n: int, *args: Any, limit: float = 600) -> list[Any]:
+    """Start ``n`` spawned processes of ``target(*args, barrier, out, env)`` and return what
+    each put on ``out``; fail when one dies or they take more than ``limit`` seconds."""
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(n), ctx.Queue()
+    env = {k: v for k, v in os.environ.items() if k.startswith(("GROUSSET_", "DJANGO_"))}
+    procs = [ctx.Process(target=target, args=(*args, barrier, out, env)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    results = []
+    deadline = time.monotonic() + limit
+    while len(results) < len(procs):
+        assert time.monotonic() < deadline, f"racers did not finish in {limit:g} s"
+        try:
+            results.append(out.get(timeout=1))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            assert not dead, f"a racer process failed: exit codes {dead}"
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    return results

@@ -4,11 +4,7 @@ decisions and rows as one claim at a time, and no deadlock between batches."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import queue
 import random
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -21,7 +17,7 @@ from celery_grousset.claim import ENC_EXCEPTION, ClaimRequest, Kind
 from celery_grousset.exceptions import PoisonDelivery
 from celery_grousset.models import Outcome
 from celery_grousset.store import Completion, Store
-from tests.racer import claim_batches
+from tests.racer import claim_batches, run_racers
 from tests.test_store_contract import age, completed, req, row
 
 
@@ -210,34 +206,11 @@ def test_a_batch_commits_once(
 
 
 @pytest.mark.timeout(300)
-def test_four_processes_claim_overlapping_batches_each_key_once(
-    alias: str, processor: str
-) -> None:
+def test_four_processes_claim_overlapping_batches_each_key_once(alias: str, processor: str) -> None:
     # Given 4 OS processes behind a barrier, each claiming the same 200 keys in its own
     # random order, in batches of 50 (so the batches overlap in every way)
-    ctx = mp.get_context("spawn")
     keys = [uuid.uuid4().hex * 2 for _ in range(200)]
-    barrier, out = ctx.Barrier(4), ctx.Queue()
-    env = {k: v for k, v in os.environ.items() if k.startswith(("GROUSSET_", "DJANGO_"))}
-    procs = [
-        ctx.Process(target=claim_batches, args=(alias, keys, processor, barrier, out, env))
-        for _ in range(4)
-    ]
-    for p in procs:
-        p.start()
-    owned: list[str] = []
-    finished, deadline = 0, time.monotonic() + 240
-    while finished < len(procs):
-        assert time.monotonic() < deadline, "the claimers did not finish in 4 minutes"
-        try:
-            owned += out.get(timeout=1)
-            finished += 1
-        except queue.Empty:
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            assert not dead, f"a claimer failed (a deadlock, an error): exit codes {dead}"
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    owned = [fp for got in run_racers(claim_batches, 4, alias, keys, processor) for fp in got]
     # Then every key is owned by exactly one claim, and the journal has one row per key
     counts = Counter(owned)
     assert set(counts) == set(keys) and max(counts.values()) == 1

@@ -171,12 +171,15 @@ _DURABILITY = (
 )
 _ANSWERED_ONLY = f"prev.a IN {codes(Write.COUNT, Write.NOTHING)}"
 
+# The one row to upsert: the moment read after the lock, the decision, the row's task id.
+_ONE_ROW = (
+    f"(SELECT {NOW} AS t, coalesce(max(prev.a), '') AS a, max(prev.ptid) AS ptid "
+    "FROM prev) AS lock_first"
+)
 CLAIM_SQL = f"""
 WITH prev AS MATERIALIZED (
     SELECT {_LOCKED}
-), ins AS ({_upsert(
-    f"(SELECT {NOW} AS t, coalesce(max(prev.a), '') AS a, max(prev.ptid) AS ptid "
-    "FROM prev) AS lock_first", keys="")}
+), ins AS ({_upsert(_ONE_ROW, keys="")}
 ), d AS ({_RECORD})
 SELECT ins.*, coalesce(prev.a, ''), {_DURABILITY.format(answered=_ANSWERED_ONLY)}
 FROM ins LEFT JOIN prev ON true
@@ -187,8 +190,15 @@ assert len(CLAIM_SQL) <= 4096, "keep the claim statement cacheable by psycopg"
 
 # (a key with no row was not answered: it is new)
 _ALL_ANSWERED = f"bool_and(coalesce({_ANSWERED_ONLY}, false))"
-# The batch: r holds the requests (n: the ordinal), prev the locked rows in key order,
-# lock_first one row per request in key order; the answer names each row's ordinal.
+# The batch's rows to upsert: one per request, in key order, with its decision and the
+# locked row's task id; the batch's one moment, read after every lock.
+_ROWS = (
+    "(SELECT r.*, c.t, coalesce(prev.a, '') AS a, prev.ptid FROM r LEFT JOIN prev ON "
+    f"prev.n = r.n, (SELECT {NOW} AS t, count(*) FROM prev) AS c) AS lock_first "
+    "ORDER BY lock_first.p, lock_first.f"
+)
+# The batch: r holds the requests (n: the ordinal), prev the rows found, each locked by a
+# lookup through the unique key, in key order; the answer names each row's ordinal.
 _UNNEST = ", ".join(f"%({name})s::{kind}[]" for name, kind in PER_ROW.items())
 BATCH_SQL = f"""
 WITH r AS (
@@ -196,10 +206,7 @@ WITH r AS (
 ), prev AS MATERIALIZED (
     SELECT s.*, x.* FROM (SELECT * FROM r ORDER BY p, f) AS s,
     LATERAL (SELECT {_per_row(_LOCKED, "s")}) AS x
-), ins AS ({_per_row(_upsert(
-    "(SELECT r.*, c.t, coalesce(prev.a, '') AS a, prev.ptid FROM r LEFT JOIN prev ON "
-    f"prev.n = r.n, (SELECT {NOW} AS t, count(*) FROM prev) AS c) AS lock_first "
-    "ORDER BY lock_first.p, lock_first.f", keys="o.processor_id, o.fingerprint, "), "lock_first")}
+), ins AS ({_per_row(_upsert(_ROWS, keys="o.processor_id, o.fingerprint, "), "lock_first")}
 ), d AS ({_per_row(_RECORD, "prev")}
 ), durability AS (
     SELECT {_DURABILITY.format(answered=_ALL_ANSWERED)}
