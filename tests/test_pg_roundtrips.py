@@ -8,6 +8,7 @@ protocol) or is a simple ``Query``.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -224,3 +225,45 @@ def test_a_batch_waits_for_the_wal_flush_when_any_claim_takes_a_row(
     assert durability(again) == {"off"}
     assert durability([make(held[0].fingerprint), make(uuid.uuid4().hex * 2)]) == {owning}
     store.close()
+
+
+def test_a_batch_key_whose_first_insert_another_claim_won_is_sent_again(
+    tap: WireTap, pg_store: PostgresStore
+) -> None:
+    import threading
+
+    from celery_grousset.store.pgclaim import CLAIM_SQL
+
+    pg_store.claim_all([make(uuid.uuid4().hex * 2) for _ in range(2)])  # connect, prepare
+    db, raced, alone = driver(), make(uuid.uuid4().hex * 2), make(uuid.uuid4().hex * 2)
+    other = PostgresStore("postgresql", connections.settings["postgresql"], 10.0)
+    conn = other._connect()
+    # Given another claim's first insert of a key, not committed yet
+    db.execute(conn, "BEGIN")
+    db.execute(conn, CLAIM_SQL, other.claim_params(raced)).fetchone()
+    # When a batch with that key runs (its lookup finds no row; its insert waits)
+    late = [make(raced.fingerprint), alone]
+    done: dict[str, Any] = {}
+    batch = threading.Thread(target=lambda: done.update(got=tap.during(
+        lambda: pg_store.claim_all(late))))  # fmt: skip
+    batch.start()
+    with connections["postgresql"].cursor() as cur:
+        for _ in range(500):
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND query LIKE %s",
+                ["%WITH ORDINALITY%" if driver().name == "psycopg" else "EXECUTE grousset_%"],
+            )
+            if cur.fetchone()[0]:
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("the batch never waited for the other claim's insert")
+    # and the other claim commits
+    db.execute(conn, "COMMIT")
+    batch.join(30)
+    other.close()
+    results, sent, _rows = done["got"]
+    # Then the key is sent again and decided on the winner's row; the other key is new
+    assert [r.kind for r in results] == [Kind.IN_FLIGHT, Kind.NEW]
+    assert statements(sent) == 2 and round_trips(sent) == 2, sent
