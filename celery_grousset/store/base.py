@@ -94,6 +94,25 @@ def data_error(alias: str, exc: BaseException) -> PoisonDelivery:
     return PoisonDelivery(f"journal database {alias!r} refused the data of this call: {exc}")
 
 
+def distinct_keys(
+    reqs: Sequence[ClaimRequest],
+    claim_batch: Callable[[Sequence[ClaimRequest]], list[ClaimResult]],
+) -> list[ClaimResult]:
+    """``claim_batch`` of ``reqs`` whose keys are distinct (what one batch statement or
+    transaction needs); a key asked twice is claimed again in a later batch, after the
+    first claim of it committed, exactly as one claim after the other would be."""
+    first: dict[tuple[str, str], int] = {}
+    for i, req in enumerate(reqs):
+        first.setdefault((req.processor_id, req.fingerprint), i)
+    if len(first) == len(reqs):
+        return claim_batch(reqs)
+    head = list(first.values())
+    rest = [i for i in range(len(reqs)) if i not in set(head)]
+    results = dict(zip(head, claim_batch([reqs[i] for i in head]), strict=True))
+    results.update(zip(rest, distinct_keys([reqs[i] for i in rest], claim_batch), strict=True))
+    return [results[i] for i in range(len(reqs))]
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimResult:
     """What the claim decided and the row it left: the caller acts on ``kind``."""
