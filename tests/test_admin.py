@@ -151,6 +151,7 @@ def test_a_filtered_count_stops_at_the_cap(
             first = client.get(URL, params).content.decode()
             # Then it says "3+" (not 5), and its pages stop at the cap: 2 pages of 2
             assert ">3+</span> journal entries" in first and "5 journal entries" not in first
+            assert "Select all 3+ journal entries" in first and "All 3+ selected" in first
             assert sum(listed(first, *rows)) == 2
             assert sum(listed(client.get(URL, {**params, "p": 2}).content.decode(), *rows)) == 1
             assert client.get(URL, {**params, "p": 3}).status_code == 302  # out of range
@@ -158,6 +159,7 @@ def test_a_filtered_count_stops_at_the_cap(
             monkeypatch.setattr(OutcomeAdmin, "count_cap", 10)
             exact = client.get(URL, params).content.decode()
             assert "5 journal entries" in exact and "+</span>" not in exact
+            assert "Select all 5 journal entries" in exact
         finally:
             Outcome.objects.using(alias).filter(processor_id=processor).delete()
 
