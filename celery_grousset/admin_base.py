@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
+from django.core.exceptions import ImproperlyConfigured
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -59,6 +60,10 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
 
     def __init__(self, *args: Any, cap: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ImproperlyConfigured(
+                f"count_cap must be a whole number above 0, or None to count exactly; got {cap!r}"
+            )
         self.cap = cap
         self.capped = False
 

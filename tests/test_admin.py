@@ -164,6 +164,14 @@ def test_a_filtered_count_stops_at_the_cap(
             Outcome.objects.using(alias).filter(processor_id=processor).delete()
 
 
+@pytest.mark.parametrize("cap", [0, -1, 2.5, "10", True])
+def test_a_bad_count_cap_is_refused_with_what_is_allowed(cap: Any) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    with pytest.raises(ImproperlyConfigured, match="count_cap must be a whole number above 0"):
+        EstimatedCountPaginator(Outcome.objects.none(), 50, cap=cap)
+
+
 def test_search_by_fingerprint_prefix_and_exact_task_id(journal: str, processor: str) -> None:
     # Given two rows
     one, two = put(journal, processor), put(journal, processor)
