@@ -88,6 +88,16 @@ DATABASES = {
         "PORT": os.environ.get("GROUSSET_TEST_PG_PORT", "5432"),
         "TEST": {"NAME": PG_NAME},
     },
+    # The partitioned journal (docs/scale.md): its own database, converted by
+    # tests/services.require_partitioned.
+    "pgpart": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": f"{PG_NAME}_part",
+        "USER": os.environ.get("GROUSSET_TEST_PG_USER", "postgres"),
+        "HOST": os.environ.get("GROUSSET_TEST_PG_HOST", "127.0.0.1"),
+        "PORT": os.environ.get("GROUSSET_TEST_PG_PORT", "5432"),
+        "TEST": {"NAME": f"{PG_NAME}_part"},
+    },
     "mysql": {
         "ENGINE": "django.db.backends.mysql",
         "NAME": MYSQL_NAME,

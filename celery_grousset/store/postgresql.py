@@ -182,6 +182,8 @@ _LIBPQ_DROP = ("cursor_factory", "context", "prepare_threshold", "server_side_bi
 
 class PostgresStore(PostgresOperations, Store):
     vendor = "postgresql"
+    layout = "table"  # GROUSSET["JOURNAL_LAYOUT"]; claim_sql: what claim() sends
+    claim_sql = CLAIM_SQL
     _watchdog: Watchdog | None = None
 
     def _params(self) -> dict[str, Any]:
@@ -286,7 +288,7 @@ class PostgresStore(PostgresOperations, Store):
         params = self.claim_params(req)
 
         def op(conn: Any) -> Any:
-            return driver().execute(conn, CLAIM_SQL, params, prepare=True).fetchone()
+            return driver().execute(conn, self.claim_sql, params, prepare=True).fetchone()
 
         for _race in range(3):
             row = self._run(op)
