@@ -32,3 +32,25 @@ def race(
         for k in order
     }
     out.put(got)
+
+
+def run_all(procs: list[Any], out: Any, seconds: float = 600) -> list[Any]:
+    """Start ``procs``, collect one result from each off ``out`` (failing early if one of
+    them dies), wait for them to exit cleanly; the results."""
+    import queue
+
+    for p in procs:
+        p.start()
+    results: list[Any] = []
+    deadline = time.monotonic() + seconds
+    while len(results) < len(procs):
+        assert time.monotonic() < deadline, f"racers did not finish in {seconds:g} s"
+        try:
+            results.append(out.get(timeout=1))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            assert not dead, f"a racer process failed: exit codes {dead}"
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    return results

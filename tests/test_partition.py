@@ -8,8 +8,6 @@ from __future__ import annotations
 import io
 import multiprocessing as mp
 import os
-import queue
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -34,6 +32,7 @@ from celery_grousset.store.pgpartition import PartitionedStore
 from celery_grousset.store.postgresql import PostgresStore
 from tests import services
 from tests.partition_racer import race
+from tests.racer import run_all
 
 DONE = Completion("completed", b'"ok"', "application/json;utf-8")
 
@@ -232,19 +231,7 @@ def test_eight_processes_race_on_500_keys_across_a_generation_boundary(
         for n in range(8)
     ]
     try:
-        for p in procs:
-            p.start()
-        results = []
-        deadline = time.monotonic() + 600
-        while len(results) < len(procs):
-            assert time.monotonic() < deadline, "racers did not finish in 10 minutes"
-            try:
-                results.append(out.get(timeout=1))
-            except queue.Empty:
-                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-                assert not dead, f"a racer process failed: exit codes {dead}"
-        for p in procs:
-            p.join(60)
+        results = run_all(procs, out)
     finally:
         with connections[part].cursor() as cur:
             for sql in pgpartops._generation_functions(services.GENERATION_SECONDS):
