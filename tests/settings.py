@@ -98,6 +98,15 @@ DATABASES = {
         "PORT": os.environ.get("GROUSSET_TEST_PG_PORT", "5432"),
         "TEST": {"NAME": f"{PG_NAME}_part"},
     },
+    # A journal converted with rows in it, by tests/test_partition.py.
+    "pgconvert": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": f"{PG_NAME}_convert",
+        "USER": os.environ.get("GROUSSET_TEST_PG_USER", "postgres"),
+        "HOST": os.environ.get("GROUSSET_TEST_PG_HOST", "127.0.0.1"),
+        "PORT": os.environ.get("GROUSSET_TEST_PG_PORT", "5432"),
+        "TEST": {"NAME": f"{PG_NAME}_convert"},
+    },
     "mysql": {
         "ENGINE": "django.db.backends.mysql",
         "NAME": MYSQL_NAME,

@@ -22,7 +22,7 @@ from django.db import connections
 from django.db.models import F
 from django.test import override_settings
 
-from celery_grousset.claim import ClaimRequest
+from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.conf import GroussetSettingsError, validate_setting
 from celery_grousset.exceptions import ConfigurationError, StoreUnavailable
 from celery_grousset.models import Outcome
@@ -129,6 +129,38 @@ def test_convert_status_and_create_ahead(part: str) -> None:
         cur.execute(f"DROP TABLE IF EXISTS celery_grousset_outcome_g{now + 5}")
     assert f"{now + 5}]" in run("grousset_partition", "create-ahead", "--ahead", "5", database=part)
     assert exists(part, now + 5)
+
+
+def test_convert_keeps_the_rows_and_their_decisions(processor: str) -> None:
+    # Given a single-table journal with a completed key and an in-flight one
+    services.require_database("pgconvert")
+    reset_stores()
+    store = get_store("pgconvert")
+    done, flying = req(processor), req(processor)
+    first = store.claim(done)
+    assert store.finish(processor, done.fingerprint, done.token, DONE)
+    store.claim(flying)
+    top = Outcome.objects.using("pgconvert").order_by("-id").values_list("id", flat=True)[0]
+    # When it is converted (generations of a minute)
+    text = run("grousset_partition", "convert", "--generation", "60", database="pgconvert")
+    assert "(2 rows copied)" in text
+    # Then, on the partitioned store, the completed key answers its memo, same fence
+    with layout("pgconvert"):
+        store = get_store("pgconvert")
+        memo = store.claim(req(processor, done.fingerprint))
+        assert memo.kind is Kind.COMPLETED and memo.fence == first.fence and memo.result == b'"ok"'
+        # And the in-flight one is still held; a new key gets the next id
+        assert store.claim(req(processor, flying.fingerprint)).kind is Kind.IN_FLIGHT
+        new = req(processor)
+        assert store.claim(new).kind is Kind.NEW
+        assert Outcome.objects.using("pgconvert").get(fingerprint=new.fingerprint).pk > top
+    reset_stores()
+
+
+def test_batched_claims_go_one_by_one(part: str, processor: str) -> None:
+    a, b = req(processor), req(processor)
+    kinds = [r.kind for r in get_store(part).claim_all([a, b, req(processor, a.fingerprint)])]
+    assert kinds == [Kind.NEW, Kind.NEW, Kind.IN_FLIGHT]
 
 
 def test_convert_refuses_a_large_table_and_other_vendors() -> None:
