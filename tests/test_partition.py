@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import multiprocessing as mp
 import os
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -161,6 +162,59 @@ def test_batched_claims_go_one_by_one(part: str, processor: str) -> None:
     a, b = req(processor), req(processor)
     kinds = [r.kind for r in get_store(part).claim_all([a, b, req(processor, a.fingerprint)])]
     assert kinds == [Kind.NEW, Kind.NEW, Kind.IN_FLIGHT]
+
+
+def test_a_completion_that_meets_a_moving_row_is_sent_again(part: str, processor: str) -> None:
+    import threading
+
+    from celery_grousset.store.pgdriver import driver
+
+    store, now = get_store(part), pgpartops.current_generation(part)
+    r = req(processor)
+    store.claim(r)
+    into_generation(part, now - 30, fingerprint=r.fingerprint)
+    s = connections[part].settings_dict
+    other = services.pg_connect(
+        host=s["HOST"], port=int(s["PORT"]), user=s["USER"], dbname=s["NAME"]
+    )
+    db = driver()
+    try:
+        # Given another transaction moving the row into the current generation (as a claim
+        # of the key does), not yet committed
+        db.execute(other, "BEGIN")
+        db.execute(
+            other,
+            "UPDATE celery_grousset_outcome SET gen = %s WHERE fingerprint = %s",
+            (now, r.fingerprint),
+        )
+        # When the completion arrives on a new connection (the store's reconnect-and-resend
+        # of a stale one does not apply), waits for that row, and the move commits
+        store.close()
+        landed: list[bool] = []
+        worker = threading.Thread(
+            target=lambda: landed.append(store.finish(processor, r.fingerprint, r.token, DONE))
+        )
+        worker.start()
+        deadline = time.monotonic() + 30
+        while not waiting_for_a_lock(part):
+            assert time.monotonic() < deadline and worker.is_alive(), "the completion never waited"
+            time.sleep(0.01)
+        db.execute(other, "COMMIT")
+        worker.join(30)
+    finally:
+        other.close()
+    # Then it lands on the moved row (PostgreSQL answered 40001 the first time)
+    assert landed == [True]
+    assert Outcome.objects.using(part).get(fingerprint=r.fingerprint).status == "completed"
+
+
+def waiting_for_a_lock(alias: str) -> bool:
+    with connections[alias].cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND application_name = 'celery-grousset'"
+        )
+        return bool(cur.fetchone()[0])
 
 
 def test_convert_refuses_a_large_table_and_other_vendors() -> None:
