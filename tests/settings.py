@@ -125,6 +125,7 @@ GROUSSET = {
     # GROUSSET_TEST_WORKER_CLAIM=1: every test worker claims in its main process (the
     # chaos suite run with the switch on: `GROUSSET_TEST_WORKER_CLAIM=1 make chaos`)
     "WORKER_CLAIM": os.environ.get("GROUSSET_TEST_WORKER_CLAIM") == "1",
+    "JOURNAL_LAYOUT": os.environ.get("GROUSSET_TEST_LAYOUT", "table"),
 }
 
 CELERY_BROKER_URL = os.environ.get("GROUSSET_TEST_BROKER", "redis://127.0.0.1:6379/14")

@@ -368,3 +368,39 @@ def test_admin_changelist_and_grousset_stats_on_the_partitioned_journal(
     assert client.get(f"{url}{rec.pk}/change/").status_code == 200
     text = run("grousset_stats", processor_id=processor, database=part)
     assert "tests.effect" in text
+
+
+# -- real workers --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_real_workers_on_the_partitioned_journal_run_each_key_once() -> None:
+    from tests.ledger.models import Effect
+    from tests.tasks import effect
+    from tests.workers import workers
+
+    redis = services.require_redis()
+    part = services.require_partitioned()
+    queue_name = f"q-{uuid.uuid4().hex[:10]}"
+    keys = [f"part-{uuid.uuid4().hex[:8]}-{i}" for i in range(10)]
+    # Given two real workers whose journal is the partitioned one
+    env = {"GROUSSET_TEST_LAYOUT": "partitioned"}
+    with workers(queue_name, 2, database=part, broker=redis, concurrency=2, env=env):
+        # When each key is delivered 5 times
+        results = [effect.apply_async((k,), queue=queue_name) for k in keys for _ in range(5)]
+        for r in results:
+            r.get(timeout=120)
+    # Then each effect ran once and each key has one completed row, in the current generation
+    now = pgpartops.current_generation(part)
+    for key in keys:
+        assert Effect.objects.using(part).filter(key=key).count() == 1
+        fp = effect.grousset_fingerprint((key,), {})
+        with connections[part].cursor() as cur:
+            cur.execute(
+                "SELECT status, deliveries, gen FROM celery_grousset_outcome "
+                "WHERE fingerprint = %s",
+                [fp],
+            )
+            [(status, deliveries, gen)] = cur.fetchall()
+        assert status == "completed" and now - 1 <= gen <= now and deliveries >= 5
