@@ -39,6 +39,7 @@ T = TypeVar("T")
 
 _SERIALIZATION = "40001"  # the row was moved to another partition meanwhile
 _UNDEFINED_FUNCTION = "42883"
+_NO_PARTITION = "23514"  # check_violation: "no partition of relation … found for row"
 
 
 def sqlstate(exc: BaseException) -> str | None:
@@ -49,7 +50,6 @@ def sqlstate(exc: BaseException) -> str | None:
 class PartitionedStore(PostgresStore):
     """:class:`PostgresStore` on the partitioned journal (see the module doc)."""
 
-    layout = "partitioned"
     claim_sql = CALL_SQL
 
     def _watched(self, op: Callable[[Any], T], conn: Any) -> T:
@@ -64,6 +64,13 @@ class PartitionedStore(PostgresStore):
                     f"{self.alias!r} has not been converted (no grousset_claim function): "
                     f"run `manage.py grousset_partition convert --database {self.alias}`, or "
                     "set JOURNAL_LAYOUT to 'table'."
+                ) from exc
+            if state == _NO_PARTITION and "no partition" in str(exc):
+                raise StoreUnavailable(
+                    f"the partitioned journal of {self.alias!r} has no partition for the "
+                    "current generation: run `manage.py grousset_partition create-ahead "
+                    f"--database {self.alias}`, and run grousset_purge (or the purge_expired "
+                    "task) more often than every three generations."
                 ) from exc
             if state != _SERIALIZATION:
                 raise

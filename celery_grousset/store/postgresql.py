@@ -182,8 +182,7 @@ _LIBPQ_DROP = ("cursor_factory", "context", "prepare_threshold", "server_side_bi
 
 class PostgresStore(PostgresOperations, Store):
     vendor = "postgresql"
-    layout = "table"  # GROUSSET["JOURNAL_LAYOUT"]; claim_sql: what claim() sends
-    claim_sql = CLAIM_SQL
+    claim_sql = CLAIM_SQL  # what claim() sends (the partitioned store's differs)
     _watchdog: Watchdog | None = None
 
     def _params(self) -> dict[str, Any]:
