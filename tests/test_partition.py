@@ -258,14 +258,15 @@ def test_retention_drops_whole_generations_never_one_with_a_live_claim(
         expires_on=F("expires_on") - timedelta(days=2)
     )
     into_generation(part, old, processor_id=processor)
-    # And a generation with an expired row and a live in-flight claim
+    # And a generation with an expired row and a live in-flight claim past its expiry
+    # (a claim that outlived expires_after: the purge never takes a live claim)
     expired, live = req(f"{processor}-b"), req(f"{processor}-b")
     store.claim(expired)
     assert store.finish(expired.processor_id, expired.fingerprint, expired.token, DONE)
-    Outcome.objects.using(part).filter(fingerprint=expired.fingerprint).update(
+    store.claim(live)
+    Outcome.objects.using(part).filter(processor_id=f"{processor}-b").update(
         expires_on=F("expires_on") - timedelta(days=2)
     )
-    store.claim(live)
     into_generation(part, held, processor_id=f"{processor}-b")
     # And a generation ahead is missing
     with connections[part].cursor() as cur:
