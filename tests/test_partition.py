@@ -292,6 +292,64 @@ def test_retention_drops_whole_generations_never_one_with_a_live_claim(
     assert not exists(part, held)
 
 
+TABLE_CLOCK = (
+    "CREATE OR REPLACE FUNCTION grousset_generation() RETURNS int LANGUAGE sql VOLATILE "
+    "AS $$ SELECT g FROM grousset_test_clock $$"
+)
+
+
+def test_a_claim_that_waited_for_retention_writes_to_the_newer_generation(
+    part: str, processor: str
+) -> None:
+    import threading
+
+    from celery_grousset.store.pgdriver import driver
+
+    store, now = get_store(part), pgpartops.current_generation(part)
+    s = connections[part].settings_dict
+    other = services.pg_connect(
+        host=s["HOST"], port=int(s["PORT"]), user=s["USER"], dbname=s["NAME"]
+    )
+    db, claimed = driver(), []
+    try:
+        # Given a generation clock the test moves (a table), at the previous generation
+        with connections[part].cursor() as cur:
+            cur.execute("CREATE TABLE IF NOT EXISTS grousset_test_clock (g int)")
+            cur.execute("DELETE FROM grousset_test_clock")
+            cur.execute("INSERT INTO grousset_test_clock VALUES (%s)", [now - 1])
+            cur.execute(TABLE_CLOCK)
+            pgpartops.add_generation(cur, now - 1)
+        # And retention holding that generation's partition (its check, step 1)
+        db.execute(other, "BEGIN")
+        db.execute(other, f"LOCK TABLE celery_grousset_outcome_g{now - 1} IN SHARE MODE")
+        # When a claim of a new key reads that generation and waits for the partition
+        r = req(processor)
+        worker = threading.Thread(target=lambda: claimed.append(store.claim(r)))
+        worker.start()
+        deadline = time.monotonic() + 30
+        while not waiting_for_a_lock(part):
+            assert time.monotonic() < deadline and worker.is_alive(), "the claim never waited"
+            time.sleep(0.01)
+        # And the generation turns while retention finishes
+        with connections[part].cursor() as cur:
+            cur.execute("UPDATE grousset_test_clock SET g = %s", [now])
+        db.execute(other, "COMMIT")
+        worker.join(30)
+    finally:
+        other.close()
+        with connections[part].cursor() as cur:
+            for sql in pgpartops._generation_functions(services.GENERATION_SECONDS):
+                cur.execute(sql)
+            cur.execute("DROP TABLE IF EXISTS grousset_test_clock")
+    # Then the claim is written to the new generation, never to the one retention checked
+    assert [c.kind for c in claimed] == [Kind.NEW]
+    with connections[part].cursor() as cur:
+        cur.execute(
+            "SELECT gen FROM celery_grousset_outcome WHERE fingerprint = %s", [r.fingerprint]
+        )
+        assert cur.fetchall() == [(now,)]
+
+
 # -- the race across a generation boundary -------------------------------------------------
 
 TEST_GENERATION = (
