@@ -73,12 +73,18 @@ def run_racers(target: Callable[..., None], n: int, *args: Any, limit: float = 6
     barrier, out = ctx.Barrier(n), ctx.Queue()
     env = {k: v for k, v in os.environ.items() if k.startswith(("GROUSSET_", "DJANGO_"))}
     procs = [ctx.Process(target=target, args=(*args, barrier, out, env)) for _ in range(n)]
+    return run_all(procs, out, limit)
+
+
+def run_all(procs: list[Any], out: Any, seconds: float = 600) -> list[Any]:
+    """Start ``procs``, collect one result from each off ``out`` (failing early if one of
+    them dies), wait for them to exit cleanly; the results."""
     for p in procs:
         p.start()
-    results = []
-    deadline = time.monotonic() + limit
+    results: list[Any] = []
+    deadline = time.monotonic() + seconds
     while len(results) < len(procs):
-        assert time.monotonic() < deadline, f"racers did not finish in {limit:g} s"
+        assert time.monotonic() < deadline, f"racers did not finish in {seconds:g} s"
         try:
             results.append(out.get(timeout=1))
         except queue.Empty:

@@ -64,6 +64,16 @@ def purgeable(cutoff: datetime) -> Any:
     return settled | abandoned
 
 
+def purgeable_sql(alias: str, cutoff: datetime) -> tuple[str, tuple[Any, ...]]:
+    """:func:`purgeable` as a SQL condition on the journal table's columns, and its
+    parameters."""
+    from celery_grousset.models import Outcome
+
+    rows = Outcome.objects.using(alias).filter(purgeable(cutoff))
+    sql, params = rows.query.get_compiler(using=alias).compile(rows.query.where)
+    return sql, tuple(params)
+
+
 def check_claimable(req: ClaimRequest) -> None:
     """Raise :class:`PoisonDelivery` for a claim the journal can never store: a task id,
     task name or processor id over its column's length, with a NUL, or not UTF-8.
@@ -296,8 +306,7 @@ class Store(abc.ABC):
         batch = rows.values_list("id", flat=True)[:batch_size]
         sql, params = batch.query.get_compiler(using=self.alias).as_sql()
         # The same condition again, on the columns of the row the DELETE locks.
-        compiler = rows.query.get_compiler(using=self.alias)
-        recheck, recheck_params = compiler.compile(rows.query.where)
+        recheck, recheck_params = purgeable_sql(self.alias, cutoff)
         conn = connections[self.alias]
         table = conn.ops.quote_name(Outcome._meta.db_table)
         delete = self.purge_sql(table, sql, recheck)

@@ -70,6 +70,7 @@ _LIBPQ_DROP = ("cursor_factory", "context", "prepare_threshold", "server_side_bi
 
 class PostgresStore(PostgresOperations, Store):
     vendor = "postgresql"
+    claim_sql = CLAIM_SQL  # what claim() sends (the partitioned store's differs)
     _watchdog: Watchdog | None = None
 
     def _params(self) -> dict[str, Any]:
@@ -174,7 +175,7 @@ class PostgresStore(PostgresOperations, Store):
         params = self.claim_params(req)
 
         def op(conn: Any) -> Any:
-            return driver().execute(conn, CLAIM_SQL, params, prepare=True).fetchone()
+            return driver().execute(conn, self.claim_sql, params, prepare=True).fetchone()
 
         for _race in range(3):
             row = self._run(op)
