@@ -1,14 +1,14 @@
 """The partitioned journal's claim, as SQL (PostgreSQL; see
 :mod:`celery_grousset.store.pgpartition`): the function ``grousset_claim`` and the one
 statement that calls it, both derived from
-:data:`~celery_grousset.store.postgresql.CLAIM_SQL` (the same decision table, restricted
+:data:`~celery_grousset.store.pgclaim.CLAIM_SQL` (the same decision table, restricted
 to the current generation)."""
 
 from __future__ import annotations
 
 import re
 
-from celery_grousset.store.postgresql import CLAIM_SQL, KEY
+from celery_grousset.store.pgclaim import CLAIM_SQL, KEY
 
 TABLE = "celery_grousset_outcome"
 
