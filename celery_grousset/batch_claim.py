@@ -20,10 +20,12 @@ loop never waits on the database. Then, on the event loop:
   call whose arguments cannot be fingerprinted, a full queue) goes to the pool
   unclaimed, and the child takes the per-task path as without the switch.
 
-ETA and rate-limited requests reach the pool through Celery's timer, not through the
-strategy's hand-over: they take the per-task path. So do workers whose transport has no
-event loop (no hub). On warm shutdown, claims made for requests no pool child started
-are released once the pool has stopped.
+The claimer sits on the consumer's ``on_task_request``, the one hand-over every request
+takes: ETA and rate-limited requests, which reach it later through Celery's timer, are
+claimed when they are handed over (an ETA claim is never made hours early to go stale).
+Workers whose transport has no event loop (no hub) take the per-task path. On warm
+shutdown, claims made for requests no pool child started are released once the pool
+has stopped.
 """
 
 from __future__ import annotations
@@ -71,26 +73,12 @@ def enable(app: Any) -> list[str]:
 
 
 def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
-    """Celery's default strategy, handing requests to the pool through a :class:`Claimer`."""
+    """Celery's default strategy, on a consumer whose hand-over to the pool goes
+    through a :class:`Claimer` (see :meth:`Claimer.of`)."""
     from celery.worker.strategy import default
 
-    claimer = Claimer.of(consumer)
-    if claimer is None:  # no event loop to hand results back to: the per-task path
-        return default(task, app, consumer, **kwargs)
-    handle = consumer.on_task_request
-    view = _Consumer(consumer, lambda req: claimer.submit(req, handle))
-    return default(task, app, view, **kwargs)
-
-
-class _Consumer:
-    """The consumer as the default strategy sees it, with our hand-over to the pool."""
-
-    def __init__(self, consumer: Any, on_task_request: Callable[[Any], Any]) -> None:
-        self._consumer = consumer
-        self.on_task_request = on_task_request
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._consumer, name)
+    Claimer.of(consumer)  # None: no event loop to hand results back to (per-task path)
+    return default(task, app, consumer, **kwargs)
 
 
 @dataclass(slots=True)
@@ -130,6 +118,8 @@ class Claimer:
         self.done: deque[Job] = deque()
         #: owned requests handed to the pool, by task id (pruned once started)
         self.handed: dict[str, Job] = {}
+        #: the consumer's own hand-over to the pool (set by :meth:`of`)
+        self.handle: Callable[[Any], Any] = _no_pool
         self.cv = threading.Condition()
         self.stopping = False
         self.stores: dict[str, Store] = {}
@@ -151,12 +141,29 @@ class Claimer:
 
             claimer = cls(int(grousset_settings.WORKER_CLAIM_BATCH_SIZE))
             consumer._grousset_claimer = claimer
+        claimer.route(consumer)
         with contextlib.suppress(Exception):  # registered again after a consumer restart
             hub.remove_reader(claimer.read_fd)
         hub.add_reader(claimer.read_fd, claimer.on_readable)
         return claimer
 
+    def route(self, consumer: Any) -> None:
+        """Put this claimer on the consumer's hand-over to the pool (once).
+
+        ``on_task_request`` is the one seam every request of the consumer reaches the
+        pool through: the strategy's immediate path, the ETA timer (``apply_eta_task``)
+        and the rate-limit buckets (``_limit_move_to_pool``) all call it, at hand-over
+        time — an ETA request is claimed when it is due, not at receipt."""
+        handle = consumer.on_task_request
+        if getattr(handle, "__self__", None) is not self:
+            self.handle = handle
+            consumer.on_task_request = self.on_task_request
+
     # -- the event loop's side ---------------------------------------------------------------
+
+    def on_task_request(self, req: Any) -> Any:
+        """The consumer's hand-over to the pool, through this claimer."""
+        return self.submit(req, self.handle)
 
     def submit(self, req: Any, handle: Callable[[Any], Any]) -> Any:
         """Queue a request for its claim (the per-task path when it cannot be queued)."""
@@ -317,6 +324,10 @@ class Claimer:
                 self._store(job.database).release(c.processor_id, c.fingerprint, c.token)
             except Exception as exc:  # it turns stale at its stale_at
                 events.store_error(c, "release", exc)
+
+
+def _no_pool(req: Any) -> Any:  # pragma: no cover - replaced before the first request
+    raise RuntimeError("celery-grousset: the claimer has no consumer to hand requests to")
 
 
 def stop(sender: Any = None, **kwargs: Any) -> None:

@@ -96,6 +96,41 @@ def test_duplicates_of_a_completed_key_are_answered_by_the_main_process(
         assert not re.search(rf"Task tests\.tasks\.effect\[{r.id}\] succeeded", text)
 
 
+def test_eta_and_rate_limited_requests_are_claimed_by_the_main_process_when_due(
+    batch_worker: tuple[str, str, Worker],
+) -> None:
+    from tests.tasks import effect, limited
+
+    alias, queue, worker = batch_worker
+    key = f"eta-{uuid.uuid4().hex[:8]}"
+    keys = [f"limited-{uuid.uuid4().hex[:8]}-{i}" for i in range(4)]
+    # Given a call with a 1 s countdown and four calls of a rate-limited task (both reach
+    # the pool through Celery's timer, not through the strategy's immediate hand-over)
+    sent = time.time()
+    eta = effect.apply_async((key,), countdown=1, queue=queue)
+    values = [limited.apply_async((k,), queue=queue) for k in keys]
+    first = eta.get(timeout=60)
+    assert [v.get(timeout=60)["key"] for v in values] == keys
+    # Then each ran once, claimed by the worker's main process, not by a pool child
+    for task, k in [(effect, key)] + [(limited, k) for k in keys]:
+        assert Effect.objects.using(alias).filter(key=k).count() == 1
+        rec = records(alias, task, k)
+        assert rec.status == "completed" and rec.worker.endswith(f":{worker.proc.pid}"), rec.worker
+    # and the ETA call was claimed when due, not at receipt
+    assert records(alias, effect, key).started_at.timestamp() >= sent + 0.9
+    # When a duplicate of the completed ETA call arrives, with a countdown of its own
+    dup = effect.apply_async((key,), countdown=1, queue=queue)
+    # Then the main process answers it with the memo, no pool child running it
+    assert dup.get(timeout=30) == first
+    text = wait_for(
+        lambda: (t := worker.text()).count(f"task_id={dup.id}") and t, 10, "the duplicate's log"
+    )
+    line = next(ln for ln in text.splitlines() if "grousset.duplicate" in ln and dup.id in ln)
+    assert "/MainProcess]" in line, line
+    assert not re.search(rf"Task tests\.tasks\.effect\[{dup.id}\] succeeded", text)
+    assert Effect.objects.using(alias).filter(key=key).count() == 1
+
+
 def test_sigkill_of_a_child_mid_task_is_taken_over(batch_worker: tuple[str, str, Worker]) -> None:
     from tests.tasks import short_claim
 
