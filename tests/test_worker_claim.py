@@ -131,6 +131,44 @@ def test_eta_and_rate_limited_requests_are_claimed_by_the_main_process_when_due(
     assert Effect.objects.using(alias).filter(key=key).count() == 1
 
 
+@pytest.mark.parametrize("policy", ["retry", "wait"])
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
+def test_duplicates_of_a_key_in_flight_elsewhere_hold_no_pool_child(
+    redis_url: str, backend: str, policy: str
+) -> None:
+    from tests.tasks import effect, effect_wait
+
+    task = effect_wait if policy == "wait" else effect
+    alias = BACKENDS[backend]
+    services.require_database(alias)
+    q1, q2 = (f"q-{uuid.uuid4().hex[:10]}" for _ in range(2))
+    key, other = (f"{name}-{uuid.uuid4().hex[:8]}" for name in ("held", "other"))
+    one = ["-c", "1"]
+    with (
+        workers(q1, 1, database=alias, broker=redis_url, extra=one),
+        workers(q2, 1, database=alias, broker=redis_url, extra=["--grousset-batch", *one]) as [w2],
+    ):
+        # Given a call running for 5 s on worker 1
+        held = task.apply_async((key, 5.0), queue=q1)
+        wait_for(lambda: Effect.objects.using(alias).filter(key=key).exists(), 30, "the holder")
+        # When 5 duplicates of it reach worker 2 (one pool child), then another call
+        dups = [task.apply_async((key, 5.0), queue=q2) for _ in range(5)]
+        wait_for(lambda: w2.text().count("grousset.in_flight") >= 5, 30, "the duplicates")
+        assert task.apply_async((other,), queue=q2).get(timeout=30)["key"] == other
+        # Then that call ran at once: no duplicate held worker 2's child for the holder
+        assert not held.ready()
+        first = held.get(timeout=60)
+        assert [d.get(timeout=60) for d in dups] == [first] * 5
+        text = w2.text()
+    # each duplicate was decided in worker 2's main process, never by its pool child
+    for dup in dups:
+        lines = [ln for ln in text.splitlines() if dup.id in ln]
+        assert any("grousset.in_flight" in ln and f"action={policy}" in ln for ln in lines), lines
+        assert not [ln for ln in lines if "ForkPoolWorker" in ln], lines
+    assert Effect.objects.using(alias).filter(key=key).count() == 1
+    assert Effect.objects.using(alias).filter(key=other).count() == 1
+
+
 def test_sigkill_of_a_child_mid_task_is_taken_over(batch_worker: tuple[str, str, Worker]) -> None:
     from tests.tasks import short_claim
 
