@@ -169,6 +169,31 @@ def test_duplicates_of_a_key_in_flight_elsewhere_hold_no_pool_child(
     assert Effect.objects.using(alias).filter(key=other).count() == 1
 
 
+def test_the_flush_delay_gathers_a_burst_into_few_passes(redis_url: str) -> None:
+    from tests.tasks import effect
+
+    queue = f"q-{uuid.uuid4().hex[:10]}"
+    keys = [f"flush-{uuid.uuid4().hex[:8]}-{i}" for i in range(40)]
+    extra = ["--grousset-batch", "--prefetch-multiplier", "50"]
+    env = {"GROUSSET_TEST_WORKER_CLAIM_FLUSH_DELAY": "0.5"}
+    # Given a worker whose claim thread waits up to 0.5 s for company before a pass
+    with workers(queue, 1, database="postgresql", broker=redis_url, extra=extra, env=env) as [w]:
+        # When 40 calls arrive over 0.8 s (one every 20 ms: without the delay, each would
+        # find the thread idle and make a pass of its own)
+        results = []
+        for k in keys:
+            results.append(effect.apply_async((k,), queue=queue))
+            time.sleep(0.02)
+        assert [r.get(timeout=60)["key"] for r in results] == keys
+        w.stop(timeout=60)
+    # Then they were claimed in a few big passes, not one pass per request
+    stats = re.search(r"grousset\.worker_claim_stats passes=(\d+) requests=(\d+)", w.text())
+    assert stats, w.text()[-2000:]
+    passes, requests = int(stats[1]), int(stats[2])
+    assert requests == 40 and passes <= 8, (passes, requests)
+    assert Effect.objects.using("postgresql").filter(key__in=keys).count() == 40
+
+
 def test_sigkill_of_a_child_mid_task_is_taken_over(batch_worker: tuple[str, str, Worker]) -> None:
     from tests.tasks import short_claim
 
