@@ -62,6 +62,9 @@ def parser() -> argparse.ArgumentParser:
                    help="worker_prefetch_multiplier, the same for every variant (default 4)")
     p.add_argument("--dup-keys", type=int, default=None,
                    help="duplicates: distinct keys, each delivered 5x (default 2000)")
+    p.add_argument("--dup-variants", type=_csv, default=["grousset-pg"],
+                   help="duplicates: guarded variants beside plain Celery (default grousset-pg;"
+                   " e.g. grousset-pg,grousset-pg-batch)")
     p.add_argument("--store-iterations", type=int, default=None,
                    help="store: calls per measurement (default 3000)")
     p.add_argument("--scale-rows", type=_ints, default=None,
@@ -113,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             from bench import duplicates
 
             keys = args.dup_keys or (100 if quick else 2000)
-            duplicates.run(keys, rounds, args.prefetch, record)
+            duplicates.run(keys, rounds, args.prefetch, record, args.dup_variants)
         elif scenario == "store":
             from bench import store_micro
 

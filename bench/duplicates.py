@@ -4,7 +4,7 @@ The copies are published in five passes over the keys (keys 1…K, then 1…K
 again…), like redeliveries that arrive after the first one finished: most
 duplicates find a completed record and return its memo. Effects (task bodies
 that ran) and the distinct keys that got one are counted in the worker.
-Targets: wall <= 0.3 x plain; effects = unique keys.
+Targets: wall <= 0.3 x plain (0.22 x with WORKER_CLAIM); effects = unique keys.
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ from bench.throughput import VARIANTS, Variant
 
 COPIES = 5
 SLEEP = 0.020
+#: wall / plain wall, by variant (the main-process claim answers duplicates without a
+#: pool child, so it is held to more)
+TARGETS = {"grousset-pg-batch": 0.22}
+TARGET = 0.30
 
 
 def run_variant(variant: Variant, keys: int, prefetch: int) -> harness.RunStats:
@@ -38,11 +42,13 @@ def run_variant(variant: Variant, keys: int, prefetch: int) -> harness.RunStats:
     return stats
 
 
-def run(keys: int, rounds: int, prefetch: int, record: bool) -> dict[str, object]:
+def run(keys: int, rounds: int, prefetch: int, record: bool,
+        variants: list[str] | None = None) -> dict[str, object]:  # fmt: skip
     harness.setup_django()
-    chosen = [VARIANTS["plain"], VARIANTS["grousset-pg"]]
+    guarded = [VARIANTS[v] for v in (variants or ["grousset-pg"]) if v != "plain"]
+    chosen = [VARIANTS["plain"], *guarded]
     results: dict[str, list[harness.RunStats]] = {v.name: [] for v in chosen}
-    ratios: list[float] = []
+    ratios: dict[str, list[float]] = {v.name: [] for v in guarded}
     for r in range(rounds):
         order = chosen if r % 2 == 0 else list(reversed(chosen))
         walls: dict[str, float] = {}
@@ -53,26 +59,29 @@ def run(keys: int, rounds: int, prefetch: int, record: bool) -> dict[str, object
             harness.log(f"round {r + 1}/{rounds} {variant.name:12} wall {stats.seconds:7.2f}s "
                         f"effects {stats.effects} unique {stats.unique_effects} "
                         f"requeued {stats.retry}")  # fmt: skip
-        ratios.append(walls["grousset-pg"] / walls["plain"])
+        for variant in guarded:
+            ratios[variant.name].append(walls[variant.name] / walls["plain"])
     rows = []
     for variant in chosen:
         runs = results[variant.name]
         wall = statistics.median(s.seconds for s in runs)
-        ratio = statistics.median(ratios) if variant.name != "plain" else 1.0
+        ratio = statistics.median(ratios[variant.name]) if variant in guarded else 1.0
         rows.append([
             variant.label, f"{keys * COPIES}", f"{wall:.2f}", f"{ratio:.2f}x",
             f"{max(s.effects for s in runs)}", f"{min(s.unique_effects for s in runs)}",
             f"{max(s.retry for s in runs)}",
         ])  # fmt: skip
-    g = results["grousset-pg"]
-    ok_effects = all(s.effects == s.unique_effects == keys for s in g)
-    ratio = statistics.median(ratios)
-    notes = [
-        f"GroussetTask wall / plain wall (median): {ratio:.2f}x (target <= 0.30x): "
-        f"{'met' if ratio <= 0.30 else 'NOT met'}",
-        f"GroussetTask effects = unique keys = {keys} in every round: "
-        f"{'yes' if ok_effects else 'NO'}",
-    ]
+    notes = []
+    for variant in guarded:
+        ratio = statistics.median(ratios[variant.name])
+        target = TARGETS.get(variant.name, TARGET)
+        exact = all(s.effects == s.unique_effects == keys for s in results[variant.name])
+        notes += [
+            f"{variant.label} wall / plain wall (median): {ratio:.2f}x (target <= {target:.2f}x): "
+            f"{'met' if ratio <= target else 'NOT met'}",
+            f"{variant.label} effects = unique keys = {keys} in every round: "
+            f"{'yes' if exact else 'NO'}",
+        ]
     headers = ["variant", "deliveries", "wall s (median)", "vs plain", "effects (max)",
                "keys with an effect (min)", "requeued in flight (max)"]  # fmt: skip
     plot = report.bar_plot(
@@ -90,4 +99,4 @@ def run(keys: int, rounds: int, prefetch: int, record: bool) -> dict[str, object
     params = {"keys": keys, "copies": COPIES, "body": "time.sleep(0.020)", "rounds": rounds,
               "prefetch multiplier": prefetch}  # fmt: skip
     report.emit("duplicates", params, headers, rows, plot, record, notes)
-    return {"ratio": ratio, "exact": ok_effects}
+    return {"ratios": ratios}

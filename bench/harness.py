@@ -127,6 +127,22 @@ def truncate(alias: str) -> None:
     conn.close()
 
 
+def xact_commits(alias: str) -> int | None:
+    """Transactions committed in ``alias``'s database so far (PostgreSQL's
+    ``pg_stat_database``; None elsewhere). The bench's journal database is its own, so
+    the difference across a run is the run's commits (plus the harness's few)."""
+    from django.db import connections
+
+    conn = connections[alias]
+    if conn.vendor != "postgresql":
+        return None
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_stat_force_next_flush()")  # this session's own counts
+        cur.execute("SELECT pg_stat_clear_snapshot()")
+        cur.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+        return int(cur.fetchone()[0])
+
+
 def count_rows(alias: str, sql: str) -> int:
     from django.db import connections
 
@@ -175,6 +191,8 @@ class RunStats:
     fail: int
     effects: int
     unique_effects: int
+    #: journal commits per delivery (PostgreSQL variants; set by the scenario)
+    commits_per_task: float | None = None
 
     @property
     def seconds(self) -> float:

@@ -19,6 +19,8 @@ from typing import Any
 
 from celery import signals
 
+from celery_grousset.signals import duplicate_skipped
+
 STATS_KEY = os.environ.get("BENCH_STATS_KEY", "")
 RECORD_KEYS = bool(os.environ.get("BENCH_RECORD_KEYS"))
 URL = os.environ.get("BENCH_BACKEND", "redis://127.0.0.1:6379/11")
@@ -81,6 +83,32 @@ def _postrun(state: str | None = None, **_: Any) -> None:
             _state["retry"] += 1
         else:
             _state["fail"] += 1
+
+
+_main_pid: list[int] = []
+
+
+@signals.worker_ready.connect
+def _ready(**_: Any) -> None:
+    _main_pid.append(os.getpid())  # the worker's main process (pool children fork earlier)
+
+
+def _answered_in_main(**_: Any) -> None:
+    """A duplicate that ``WORKER_CLAIM`` answered in the worker's main process: it never
+    reaches a pool child (no ``task_prerun`` / ``task_postrun``), so it is counted here —
+    only here: in a pool child the per-task path's duplicate also ends in ``task_postrun``."""
+    if os.getpid() not in _main_pid:
+        return
+    now = time.time()
+    _ensure()
+    with _lock:
+        if _state["first"] is None:
+            _state["first"] = now
+        _state["last"] = now
+        _state["ok"] += 1
+
+
+duplicate_skipped.connect(_answered_in_main, weak=False, dispatch_uid="bench.probe")
 
 
 def effect(key: str) -> None:

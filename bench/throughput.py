@@ -79,6 +79,7 @@ def run_variant(variant: Variant, n: int, sleep: float, prefetch: int,
     env = {**variant.env, "BENCH_PREFETCH": str(prefetch)}
     if record_keys:
         env["BENCH_RECORD_KEYS"] = "1"
+    commits = harness.xact_commits(variant.alias) if variant.alias else None
     worker = harness.Worker(env, concurrency)
     try:
         if watch is not None:
@@ -87,6 +88,8 @@ def run_variant(variant: Variant, n: int, sleep: float, prefetch: int,
     finally:
         with slow("stopping the worker"):
             worker.stop()
+    if commits is not None:  # the worker's sessions have ended: their counts are flushed
+        stats.commits_per_task = (harness.xact_commits(variant.alias) - commits) / n
     if stats.fail:
         raise RuntimeError(f"{variant.name}: {stats.fail} deliveries failed: {worker.tail()}")
     if variant.check and variant.alias:
@@ -103,6 +106,7 @@ def run(n: int, rounds: int, variants: list[str], bodies: list[str], prefetch: i
     chosen = [VARIANTS["plain"]] + [VARIANTS[v] for v in variants if v != "plain"]
     rates: dict[tuple[str, str], list[float]] = {}
     ratios: dict[tuple[str, str], list[float]] = {}
+    commits: dict[tuple[str, str], list[float]] = {}
     for r in range(rounds):
         order = chosen if r % 2 == 0 else list(reversed(chosen))
         for body in bodies:
@@ -113,6 +117,9 @@ def run(n: int, rounds: int, variants: list[str], bodies: list[str], prefetch: i
                     stats = run_variant(variant, n, BODIES[body], prefetch,
                                         concurrency=concurrency)
                     rate = stats.ok / stats.seconds
+                    if stats.commits_per_task is not None:
+                        commits.setdefault((body, variant.name), []).append(
+                            stats.commits_per_task)
                 except RuntimeError as exc:  # reported, the other variants still run
                     harness.log(f"{variant.name} {body} FAILED: {exc}")
                     rate = math.nan
@@ -131,10 +138,12 @@ def run(n: int, rounds: int, variants: list[str], bodies: list[str], prefetch: i
     for body in bodies:
         for variant in chosen:
             key = (body, variant.name)
+            per_task = f"{med(commits[key]):.2f}" if key in commits else "n/a"
             rows.append([body, variant.label, f"{med(rates[key]):.1f}",
                          f"{med(ratios[key]):.2f}x",
-                         " / ".join(f"{x:.2f}" for x in ratios[key])])  # fmt: skip
-    headers = ["body", "variant", "tasks/s (median)", "vs plain (median)", "ratio per round"]
+                         " / ".join(f"{x:.2f}" for x in ratios[key]), per_task])  # fmt: skip
+    headers = ["body", "variant", "tasks/s (median)", "vs plain (median)", "ratio per round",
+               "journal commits/task"]  # fmt: skip
     worker = f"celery worker -P prefork -c {concurrency}, acks_late, Redis broker"
     params = {"n": n, "rounds": rounds, "prefetch multiplier": prefetch,
               "worker": worker}  # fmt: skip

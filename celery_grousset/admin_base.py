@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
+from django.core.exceptions import ImproperlyConfigured
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -20,6 +21,8 @@ from celery_grousset.store import get_store
 MAX_TERM = 255
 #: Below this planner estimate the real count is cheap enough to run.
 ESTIMATE_THRESHOLD = 10_000
+#: Where a filtered list stops counting (``ReadOnlyAdmin.count_cap``): "10,000+" beyond.
+COUNT_CAP = 10_000
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[Any]
@@ -50,8 +53,19 @@ def humanize(delta: timedelta | None) -> str:
 
 
 class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
-    """A paginator that does not ``COUNT(*)`` an unfiltered, large journal: the store's
-    estimate (PostgreSQL's planner statistics) stands in above 10,000 rows."""
+    """A paginator that does not ``COUNT(*)`` a large journal: the store's estimate
+    (PostgreSQL's planner statistics) stands in for an unfiltered count above 10,000
+    rows, and with a ``cap`` a filtered count stops at ``cap`` matching rows (it counts a
+    subquery limited to ``cap + 1`` rows): :attr:`capped` then says "cap+"."""
+
+    def __init__(self, *args: Any, cap: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ImproperlyConfigured(
+                f"count_cap must be a whole number above 0, or None to count exactly; got {cap!r}"
+            )
+        self.cap = cap
+        self.capped = False
 
     @cached_property
     def count(self) -> int:
@@ -62,13 +76,32 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
             estimate = get_store(qs.db).estimated_count()
             if estimate is not None and estimate > ESTIMATE_THRESHOLD:
                 return estimate
-        return int(qs.count())
+        if self.cap is None:
+            return int(qs.count())
+        # No ORDER BY: the scan stops at the (cap + 1)-th match in any order.
+        found = int(qs.order_by()[: self.cap + 1].count())
+        self.capped = found > self.cap
+        return min(found, self.cap)
+
+    @property
+    def count_label(self) -> str:
+        """The cap with thousands separators (the list shows it followed by "+")."""
+        return f"{self.cap or 0:,}"
 
 
 class ReadOnlyAdmin(_ModelAdmin):
     """A read-only list and detail page on the journal's database."""
 
     paginator = EstimatedCountPaginator
+    #: A filtered list counts its rows up to here, then shows "10,000+" (pages stop there).
+    count_cap = COUNT_CAP
+
+    def get_paginator(
+        self, request: HttpRequest, queryset: QuerySet[Any], per_page: int,
+        orphans: int = 0, allow_empty_first_page: bool = True,
+    ) -> EstimatedCountPaginator:  # fmt: skip
+        return EstimatedCountPaginator(queryset, per_page, orphans, allow_empty_first_page,
+                                       cap=self.count_cap)  # fmt: skip
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return super().get_queryset(request).using(journal_alias())

@@ -10,6 +10,7 @@
 ``celery_grousset.E012``    ``USE_TZ = False`` with a ``TIME_ZONE`` other than UTC
 ``celery_grousset.E013``    a guarded task's option has the wrong type or is out of range
 ``celery_grousset.E014``    a check could not run (an unexpected error; the message has it)
+``celery_grousset.E015``    ``JOURNAL_LAYOUT = "partitioned"`` on a journal that is not PostgreSQL
 ``celery_grousset.W001``    Redis/SQS ``visibility_timeout`` < a task's ``max_processing_time``
 ``celery_grousset.W002``    ``acks_late`` is off on a guarded task
 ``celery_grousset.W003``    ``reject_on_worker_lost`` is off on a guarded task
@@ -314,6 +315,10 @@ def _check_database() -> list[checks.CheckMessage]:
                 id="celery_grousset.W006",
             )
         )
+    if grousset_settings.JOURNAL_LAYOUT == "partitioned" and vendor != "postgresql":
+        why = f"the journal database {alias!r} is not PostgreSQL (the only one partitioned)."
+        fix = "Set it to 'table' (the default), or use PostgreSQL + `grousset_partition convert`."
+        found.append(checks.Error(f"GROUSSET['JOURNAL_LAYOUT'] is 'partitioned', but {why}", hint=fix, id="celery_grousset.E015"))  # noqa: E501  # fmt: skip
     level = str((settings.get("OPTIONS") or {}).get("isolation_level", "")).lower()
     if vendor == "mysql" and level == "repeatable read":
         found.append(

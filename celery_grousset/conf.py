@@ -136,6 +136,9 @@ SETTINGS: dict[str, Setting] = {
         # PostgreSQL: "durable" claims wait for the WAL flush; "async" ones do not (opt-in;
         # completions always do). See docs/performance.md.
         Setting("CLAIM_COMMIT", "durable", _choice, '"durable" or "async"'),
+        # PostgreSQL: the journal as one table, or partitioned by generation (opt-in, after
+        # `manage.py grousset_partition convert`). See docs/scale.md.
+        Setting("JOURNAL_LAYOUT", "table", _choice, '"table" or "partitioned"'),
         # Emergency switch: run every task unguarded, logging loudly.
         Setting("BYPASS", False, _boolean, "a bool"),
         # Claim guarded requests in the worker's main process before the pool runs them

@@ -343,4 +343,5 @@ _CHOICES = {
     "ON_IN_FLIGHT": ("retry", "wait"),
     "ON_FAILURE": ("release", "memoize"),
     "CLAIM_COMMIT": ("durable", "async"),
+    "JOURNAL_LAYOUT": ("table", "partitioned"),
 }

@@ -118,6 +118,29 @@ def require_database(alias: str) -> None:
         unavailable(f"database {alias!r}", error)
 
 
+#: the partitioned journal's alias, and the width of its generations (an hour: a row aged
+#: by more than that in the contract tests is past the purge's straggler cutoff)
+PARTITIONED = "pgpart"
+GENERATION_SECONDS = 3600
+
+
+def require_partitioned() -> str:
+    """A fresh PostgreSQL journal converted to the partitioned layout (once per session)."""
+    require_database(PARTITIONED)
+    if "converted" not in _prepared:
+        from django.core.management import call_command
+
+        try:
+            call_command("grousset_partition", "convert", database=PARTITIONED,
+                         generation=GENERATION_SECONDS, verbosity=0)  # fmt: skip
+            _prepared["converted"] = None
+        except Exception as exc:
+            _prepared["converted"] = f"{type(exc).__name__}: {exc}"
+    if _prepared["converted"]:
+        pytest.fail(f"converting {PARTITIONED!r} failed: {_prepared['converted']}")
+    return PARTITIONED
+
+
 def require_redis() -> str:
     url = os.environ.get("GROUSSET_TEST_BROKER", "redis://127.0.0.1:6379/14")
     if not port_open("127.0.0.1", 6379):

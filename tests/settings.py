@@ -88,6 +88,25 @@ DATABASES = {
         "PORT": os.environ.get("GROUSSET_TEST_PG_PORT", "5432"),
         "TEST": {"NAME": PG_NAME},
     },
+    # The partitioned journal (docs/scale.md): its own database, converted by
+    # tests/services.require_partitioned.
+    "pgpart": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": f"{PG_NAME}_part",
+        "USER": os.environ.get("GROUSSET_TEST_PG_USER", "postgres"),
+        "HOST": os.environ.get("GROUSSET_TEST_PG_HOST", "127.0.0.1"),
+        "PORT": os.environ.get("GROUSSET_TEST_PG_PORT", "5432"),
+        "TEST": {"NAME": f"{PG_NAME}_part"},
+    },
+    # A journal converted with rows in it, by tests/test_partition.py.
+    "pgconvert": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": f"{PG_NAME}_convert",
+        "USER": os.environ.get("GROUSSET_TEST_PG_USER", "postgres"),
+        "HOST": os.environ.get("GROUSSET_TEST_PG_HOST", "127.0.0.1"),
+        "PORT": os.environ.get("GROUSSET_TEST_PG_PORT", "5432"),
+        "TEST": {"NAME": f"{PG_NAME}_convert"},
+    },
     "mysql": {
         "ENGINE": "django.db.backends.mysql",
         "NAME": MYSQL_NAME,
@@ -103,6 +122,10 @@ DATABASES = {
 GROUSSET = {
     "DATABASE": os.environ.get("GROUSSET_TEST_DB", "default"),
     "STORE_TIMEOUT": float(os.environ.get("GROUSSET_TEST_STORE_TIMEOUT", "5")),
+    # GROUSSET_TEST_WORKER_CLAIM=1: every test worker claims in its main process (the
+    # chaos suite run with the switch on: `GROUSSET_TEST_WORKER_CLAIM=1 make chaos`)
+    "WORKER_CLAIM": os.environ.get("GROUSSET_TEST_WORKER_CLAIM") == "1",
+    "JOURNAL_LAYOUT": os.environ.get("GROUSSET_TEST_LAYOUT", "table"),
 }
 for _name in ("WORKER_CLAIM_FLUSH_DELAY", "WORKER_CLAIM_RENEW_AFTER"):  # worker tests
     if os.environ.get(f"GROUSSET_TEST_{_name}"):

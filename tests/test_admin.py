@@ -131,6 +131,47 @@ def test_status_task_processor_and_date_filters(journal: str, processor: str) ->
     assert f"?processor={processor}" in html and f"?processor={other}" in html
 
 
+@pytest.mark.parametrize("alias", ["default", "postgresql"])
+def test_a_filtered_count_stops_at_the_cap(
+    alias: str, processor: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery_grousset.admin import OutcomeAdmin
+
+    services.require_database(alias)
+    services.require_database("default")  # users and sessions
+    # Given 5 failed rows of one processor, a count cap of 3 and 2 rows a page
+    monkeypatch.setattr(OutcomeAdmin, "count_cap", 3, raising=False)
+    monkeypatch.setattr(OutcomeAdmin, "list_per_page", 2)
+    with journal_on(alias):
+        rows = [put(alias, processor, status="failed") for _ in range(5)]
+        client = client_for(make_user(superuser=True))
+        try:
+            # When the list is filtered on them
+            params = {"processor": processor, "status": "failed"}
+            first = client.get(URL, params).content.decode()
+            # Then it says "3+" (not 5), and its pages stop at the cap: 2 pages of 2
+            assert ">3+</span> journal entries" in first and "5 journal entries" not in first
+            assert "Select all 3+ journal entries" in first and "All 3+ selected" in first
+            assert sum(listed(first, *rows)) == 2
+            assert sum(listed(client.get(URL, {**params, "p": 2}).content.decode(), *rows)) == 1
+            assert client.get(URL, {**params, "p": 3}).status_code == 302  # out of range
+            # And below the cap the count stays exact
+            monkeypatch.setattr(OutcomeAdmin, "count_cap", 10)
+            exact = client.get(URL, params).content.decode()
+            assert "5 journal entries" in exact and "+</span>" not in exact
+            assert "Select all 5 journal entries" in exact
+        finally:
+            Outcome.objects.using(alias).filter(processor_id=processor).delete()
+
+
+@pytest.mark.parametrize("cap", [0, -1, 2.5, "10", True])
+def test_a_bad_count_cap_is_refused_with_what_is_allowed(cap: Any) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    with pytest.raises(ImproperlyConfigured, match="count_cap must be a whole number above 0"):
+        EstimatedCountPaginator(Outcome.objects.none(), 50, cap=cap)
+
+
 def test_search_by_fingerprint_prefix_and_exact_task_id(journal: str, processor: str) -> None:
     # Given two rows
     one, two = put(journal, processor), put(journal, processor)

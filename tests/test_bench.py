@@ -62,6 +62,7 @@ def test_every_scenario_runs_and_counts_what_it_claims() -> None:
         "throughput", "duplicates", "store", "scale",
         "--variants", "grousset-pg,grousset-sqlite,raw-pg,celery-once,powertools",
         "--bodies", "noop", "--n", "200", "--dup-keys", "40",
+        "--dup-variants", "grousset-pg,grousset-pg-batch",
         "--scale-rows", "2000", "--purge-rows", "5000",
     )  # fmt: skip
     # cost reads CPU counters between 5 % and 95 % of the deliveries: it needs a drain
@@ -72,10 +73,15 @@ def test_every_scenario_runs_and_counts_what_it_claims() -> None:
     throughput = {row[1]: row for row in _rows(out, "throughput")}
     assert len(throughput) == 6, throughput  # plain + the five variants asked for
     assert all(float(row[2]) > 0 for row in throughput.values()), throughput
+    # journal commits per task, read from pg_stat_database: a claim and a completion each
+    commits = float(throughput["GroussetTask (PostgreSQL)"][5])
+    assert 1.9 <= commits <= 2.5, throughput
+    assert throughput["plain Celery"][5] == "n/a", throughput
 
-    assert "effects = unique keys = 40 in every round: yes" in out, out[-4000:]
-    grousset = next(r for r in _rows(out, "duplicates") if r[0].startswith("GroussetTask"))
-    assert grousset[4] == "40", grousset  # effects: one per key, not one per delivery
+    assert out.count("effects = unique keys = 40 in every round: yes") == 2, out[-4000:]
+    guarded = [r for r in _rows(out, "duplicates") if r[0].startswith("GroussetTask")]
+    assert len(guarded) == 2, guarded  # the per-task claim and WORKER_CLAIM
+    assert all(r[4] == "40" for r in guarded), guarded  # one effect per key, not per delivery
 
     store = _rows(out, "store")
     dup = next(r for r in store if r[:3] == ["postgresql", "duplicate claim",

@@ -463,6 +463,55 @@ def test_stats_numbers(store: Store, alias: str, processor: str) -> None:
     assert "stale claims 1" in text
 
 
+def test_stats_count_the_last_day_unless_asked_for_more(
+    store: Store, alias: str, processor: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery_grousset.management.commands import grousset_stats
+
+    # Given an entry started now, one started 2 days ago and two started 10 days ago
+    # that expired 3 days ago
+    completed(store, processor)
+    old = completed(store, processor)
+    rows(alias, processor).filter(fingerprint=old.fingerprint).update(
+        started_at=F("started_at") - timedelta(days=2)
+    )
+    for _ in range(2):
+        gone = completed(store, processor)
+        rows(alias, processor).filter(fingerprint=gone.fingerprint).update(
+            started_at=F("started_at") - timedelta(days=10)
+        )
+        expire(alias, processor, gone.fingerprint, timedelta(days=3))
+
+    def stats(*argv: str) -> dict[str, Any]:
+        return dict(json.loads(run("grousset_stats", *argv, json=True, processor_id=processor,
+                                   database=alias)))  # fmt: skip
+
+    # When the stats are asked for without a window / Then only the last day's entry counts
+    day = stats()
+    assert day["entries"] == 1
+    assert day["since_seconds"] == 86400.0 and day["since"]
+    assert day["by_status"]["completed"] == 1 and day["by_task"][0]["entries"] == 1
+    # And the expired entries are those of the whole journal
+    assert (day["expired"], day["expired_capped"]) == (2, False)
+    # And --since widens the window, --all counts every entry
+    assert stats("--since", "3d")["entries"] == 2
+    every = stats("--all")
+    assert (every["entries"], every["since"], every["since_seconds"]) == (4, None, None)
+    # And the text says what it counted
+    text = run("grousset_stats", processor_id=processor, database=alias)
+    assert "counted      the entries started in the last 1 d (since " in text
+    assert "entries      1 (in_flight 0, completed 1, failed 0)" in text
+    all_text = run("grousset_stats", "--all", processor_id=processor, database=alias)
+    assert "counted      every entry (--all)" in all_text and "entries      4 (" in all_text
+    # And without --all the expired count stops at its cap, and says so
+    monkeypatch.setattr(grousset_stats, "EXPIRED_CAP", 1)
+    assert (stats()["expired"], stats()["expired_capped"]) == (1, True)
+    assert "expired      1+ (in the whole journal" in run(
+        "grousset_stats", processor_id=processor, database=alias
+    )
+    assert (stats("--all")["expired"], stats("--all")["expired_capped"]) == (2, False)
+
+
 # -- argument validation (issue 16, defect 12) --------------------------------------------
 
 
@@ -505,26 +554,31 @@ def test_purge_refuses_bad_arguments_with_what_is_allowed(
 
 
 @pytest.mark.parametrize(
-    ("argv", "options"),
+    ("argv", "options", "option", "needle"),
     [
-        (["--stale-after", "nan"], {}),
-        (["--stale-after", "inf"], {}),
-        (["--stale-after", "-1"], {}),
-        (["--stale-after", "0"], {}),
-        (["--stale-after", "1e400"], {}),
-        (["--stale-after", "soon"], {}),
-        ([], {"stale_after": float("nan")}),
-        ([], {"stale_after": "inf"}),
-        ([], {"stale_after": 10**12}),
+        (["--stale-after", "nan"], {}, "--stale-after", "must be"),
+        (["--stale-after", "inf"], {}, "--stale-after", "must be"),
+        (["--stale-after", "-1"], {}, "--stale-after", "must be"),
+        (["--stale-after", "0"], {}, "--stale-after", "must be"),
+        (["--stale-after", "1e400"], {}, "--stale-after", "must be"),
+        (["--stale-after", "soon"], {}, "--stale-after", "must be"),
+        ([], {"stale_after": float("nan")}, "--stale-after", "must be"),
+        ([], {"stale_after": "inf"}, "--stale-after", "must be"),
+        ([], {"stale_after": 10**12}, "--stale-after", "must be"),
+        (["--since", "0"], {}, "--since", "must be"),
+        (["--since", "soon"], {}, "--since", "must be"),
+        (["--since", "99999999999d"], {}, "--since", "must be"),
+        ([], {"since": float("nan")}, "--since", "must be"),
+        (["--since", "1h", "--all"], {}, "--since", "exclude each other"),
     ],
 )
-def test_stats_refuses_bad_stale_after_with_what_is_allowed(
-    migrated_default: str, argv: list[str], options: dict[str, Any]
+def test_stats_refuses_bad_durations_with_what_is_allowed(
+    migrated_default: str, argv: list[str], options: dict[str, Any], option: str, needle: str
 ) -> None:
     with pytest.raises(CommandError) as info:
         run("grousset_stats", *argv, database=migrated_default, **options)
     message = str(info.value)
-    assert "--stale-after" in message and "must be" in message, message
+    assert option in message and needle in message, message
 
 
 def test_good_arguments_still_work(migrated_default: str) -> None:

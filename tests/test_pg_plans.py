@@ -80,13 +80,17 @@ def test_statements_use_the_unique_key_without_statistics(
 ) -> None:
     from celery_grousset.store import postgresql
 
-    sql, names = _positional(getattr(postgresql, statement))
-    unanalysed_journal.execute(f"PREPARE plan_probe AS {sql}")
     values = {"p": "'p'", "f": "'x'", "tok": "'t'", "mpt": "'60 s'", "exp": "'3600 s'", "maxt": "3"}
+    _assert_unique_key(unanalysed_journal, statement, getattr(postgresql, statement), values)
+
+
+def _assert_unique_key(conn: Any, statement: str, sql: str, values: dict[str, str]) -> None:
+    """Every index the generic plan of ``sql`` scans is the unique key (``values``: the
+    parameters' literals; the others NULL)."""
+    sql, names = _positional(sql)
+    conn.execute(f"PREPARE plan_probe AS {sql}")
     args = ", ".join(values.get(name, "NULL") for name in names)
-    (plan,) = unanalysed_journal.execute(
-        f"EXPLAIN (FORMAT JSON) EXECUTE plan_probe({args})"
-    ).fetchone()
+    (plan,) = conn.execute(f"EXPLAIN (FORMAT JSON) EXECUTE plan_probe({args})").fetchone()
     scans = list(_index_scans(plan if isinstance(plan, list) else json.loads(plan)))
     assert scans, f"{statement} scans no index: {plan}"
     assert all("fingerprint" in name for name in scans), f"{statement} scans {scans}"
@@ -134,3 +138,10 @@ def test_key_lookups_outside_the_store_use_the_unique_key(unanalysed_django_jour
     for name, scans in lookups.items():
         assert scans, f"{name} scans no index"
         assert all("fingerprint" in index for index in scans), f"{name} scans {scans}"
+
+
+def test_the_batch_claim_uses_the_unique_key_without_statistics(unanalysed_journal: Any) -> None:
+    from celery_grousset.store import pgclaim
+
+    values = {"p": "'{p,p}'", "f": "'{x,y}'", "tok": "'{t,u}'", "maxt": "'{3,3}'"}
+    _assert_unique_key(unanalysed_journal, "BATCH_SQL", pgclaim.BATCH_SQL, values)

@@ -8,6 +8,7 @@ protocol) or is a simple ``Query``.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -177,3 +178,92 @@ def test_the_store_runs_on_the_driver_djangos_connection_uses(pg_store: Postgres
     assert pg_store.claim(make(uuid.uuid4().hex * 2)).kind is Kind.NEW
     assert driver().name == expected
     assert isinstance(pg_store._conn, raw)
+
+
+def test_a_batch_is_one_statement_one_round_trip_one_transaction(
+    tap: WireTap, pg_store: PostgresStore
+) -> None:
+    pg_store.claim_all([make(uuid.uuid4().hex * 2) for _ in range(3)])  # connect, prepare
+    held, done = make(uuid.uuid4().hex * 2), make(uuid.uuid4().hex * 2)
+    pg_store.claim_all([held, done])
+    pg_store.finish("rt", done.fingerprint, done.token, Completion("completed", b"7", "x"))
+    # Given a batch of 50: new keys, a key held by a fresh claim, a completed key
+    batch = [make(uuid.uuid4().hex * 2) for _ in range(48)]
+    batch += [make(held.fingerprint), make(done.fingerprint)]
+    # When it is claimed
+    results, sent = traced(tap, lambda: pg_store.claim_all(batch))
+    # Then each key got its decision, in ONE statement and ONE round trip (no BEGIN/COMMIT)
+    assert [r.kind for r in results] == [Kind.NEW] * 48 + [Kind.IN_FLIGHT, Kind.COMPLETED]
+    assert results[-1].result == b"7"
+    assert statements(sent) == 1 and round_trips(sent) == 1, sent
+    # and ONE transaction wrote every row: one commit for the batch
+    with connections["postgresql"].cursor() as cur:
+        cur.execute(
+            "SELECT count(DISTINCT xmin::text) FROM celery_grousset_outcome "
+            "WHERE processor_id = 'rt' AND fingerprint = ANY(%s)",
+            [[r.fingerprint for r in batch]],
+        )
+        assert cur.fetchone()[0] == 1
+
+
+@pytest.mark.parametrize(("claim_commit", "owning"), [("durable", "on"), ("async", "off")])
+def test_a_batch_waits_for_the_wal_flush_when_any_claim_takes_a_row(
+    tap: WireTap, claim_commit: str, owning: str
+) -> None:
+    store = tapped_store(tap, claim_commit)
+    store.claim_all([make(uuid.uuid4().hex * 2) for _ in range(2)])  # connect, prepare
+    held = [make(uuid.uuid4().hex * 2) for _ in range(2)]
+    store.claim_all(held)
+    again = [make(r.fingerprint) for r in held]
+
+    def durability(batch: list[ClaimRequest]) -> set[str]:
+        _, _sent, rows = tap.during(lambda: store.claim_all(batch))
+        return {(r[-1] or b"").decode() for r in rows}
+
+    # A batch of claims that only count a delivery never waits; one new key in it does
+    # (unless CLAIM_COMMIT is "async")
+    assert durability(again) == {"off"}
+    assert durability([make(held[0].fingerprint), make(uuid.uuid4().hex * 2)]) == {owning}
+    store.close()
+
+
+def test_a_batch_key_whose_first_insert_another_claim_won_is_sent_again(
+    tap: WireTap, pg_store: PostgresStore
+) -> None:
+    import threading
+
+    from celery_grousset.store.pgclaim import CLAIM_SQL
+
+    pg_store.claim_all([make(uuid.uuid4().hex * 2) for _ in range(2)])  # connect, prepare
+    db, raced, alone = driver(), make(uuid.uuid4().hex * 2), make(uuid.uuid4().hex * 2)
+    other = PostgresStore("postgresql", connections.settings["postgresql"], 10.0)
+    conn = other._connect()
+    # Given another claim's first insert of a key, not committed yet
+    db.execute(conn, "BEGIN")
+    db.execute(conn, CLAIM_SQL, other.claim_params(raced)).fetchone()
+    # When a batch with that key runs (its lookup finds no row; its insert waits)
+    late = [make(raced.fingerprint), alone]
+    done: dict[str, Any] = {}
+    batch = threading.Thread(target=lambda: done.update(got=tap.during(
+        lambda: pg_store.claim_all(late))))  # fmt: skip
+    batch.start()
+    with connections["postgresql"].cursor() as cur:
+        for _ in range(500):
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND query LIKE %s",
+                ["%WITH ORDINALITY%" if driver().name == "psycopg" else "EXECUTE grousset_%"],
+            )
+            if cur.fetchone()[0]:
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("the batch never waited for the other claim's insert")
+    # and the other claim commits
+    db.execute(conn, "COMMIT")
+    batch.join(30)
+    other.close()
+    results, sent, _rows = done["got"]
+    # Then the key is sent again and decided on the winner's row; the other key is new
+    assert [r.kind for r in results] == [Kind.IN_FLIGHT, Kind.NEW]
+    assert statements(sent) == 2 and round_trips(sent) == 2, sent

@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import queue
 import time
 import uuid
 from collections import Counter
@@ -22,7 +19,7 @@ from celery_grousset.models import Outcome
 from celery_grousset.protect import PROTECT_NAME
 from celery_grousset.store import reset_stores
 from tests.ledger.models import Effect
-from tests.racer import race
+from tests.racer import race, run_racers
 
 
 def test_runs_once_and_returns_memo(alias: str, processor: str) -> None:
@@ -209,28 +206,8 @@ def test_closed_port_fails_closed() -> None:
 @pytest.mark.timeout(900)
 def test_eight_processes_race_on_500_keys(alias: str, processor: str) -> None:
     # Given 8 OS processes behind a barrier, each calling protect() on the same 500 keys
-    ctx = mp.get_context("spawn")
     keys = [f"race-{i}-{uuid.uuid4().hex[:6]}" for i in range(500)]
-    barrier, out = ctx.Barrier(8), ctx.Queue()
-    env = {k: v for k, v in os.environ.items() if k.startswith(("GROUSSET_", "DJANGO_"))}
-    procs = [
-        ctx.Process(target=race, args=(alias, keys, processor, barrier, out, env)) for _ in range(8)
-    ]
-    for p in procs:
-        p.start()
-    results = []
-    deadline = time.monotonic() + 600
-    while len(results) < len(procs):
-        assert time.monotonic() < deadline, "racers did not finish in 10 minutes"
-        try:
-            results.append(out.get(timeout=1))
-        except queue.Empty:
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            assert not dead, f"a racer process failed: exit codes {dead}"
-
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    results = run_racers(race, 8, alias, keys, processor)
     # Then each key's effect ran exactly once (the ledger has no unique constraint)
     counts = Counter(
         Effect.objects.using(alias).filter(value=processor).values_list("key", flat=True)

@@ -40,6 +40,7 @@ CHOICES = {
     "ON_IN_FLIGHT": ("retry", "wait"),
     "ON_FAILURE": ("release", "memoize"),
     "CLAIM_COMMIT": ("durable", "async"),
+    "JOURNAL_LAYOUT": ("table", "partitioned"),
 }
 BOOLS = {
     "TRANSACTIONAL", "MEMOIZE", "VALIDATE_PAYLOAD", "BYPASS", "WORKER_CLAIM", "PERIODIC_SLOT",
@@ -54,7 +55,7 @@ TEXTS = {"DATABASE": (255, False), "PROCESSOR_ID": (128, True)}
 
 _REFUSED = object()
 CHOICE_WORDS = [
-    *("retry", "wait", "release", "memoize", "durable", "async"),
+    *("retry", "wait", "release", "memoize", "durable", "async", "table", "partitioned"),
     *("false", "true", "0", "default", "256KB", "7d", "x" * 129),
 ]
 

@@ -18,6 +18,27 @@ from celery_grousset import journal
 from celery_grousset.claim import ENC_EXCEPTION, ENC_GAVE_UP, ClaimRequest, Kind, clock_fence
 from celery_grousset.models import Outcome
 from celery_grousset.store.base import Completion, Store
+from tests import services
+from tests.conftest import BACKENDS
+
+#: the PostgreSQL journal in its partitioned layout (docs/scale.md), besides the three backends
+LAYOUTS = {**BACKENDS, "pg-partitioned": services.PARTITIONED}
+
+
+@pytest.fixture(params=list(LAYOUTS), scope="session")
+def alias(request: pytest.FixtureRequest) -> str:
+    """Each contract test runs on every backend, and on the partitioned PostgreSQL journal."""
+    if request.param == "pg-partitioned":
+        return services.require_partitioned()
+    services.require_database(LAYOUTS[request.param])
+    return LAYOUTS[request.param]
+
+
+@pytest.fixture(autouse=True)
+def _layout(alias: str, settings: pytest.FixtureRequest) -> None:
+    """Every store of the partitioned journal's alias is the partitioned one."""
+    if alias == services.PARTITIONED:
+        settings.GROUSSET = {**settings.GROUSSET, "JOURNAL_LAYOUT": "partitioned"}
 
 
 def req(processor: str, fp: str, token: str | None = None, **over: object) -> ClaimRequest:
@@ -47,6 +68,23 @@ def age(alias: str, processor: str, fp: str, seconds: float, field: str = "start
     Outcome.objects.using(alias).filter(processor_id=processor, fingerprint=fp).update(
         **{f: F(f) - timedelta(seconds=seconds) for f in fields}
     )
+    if alias == services.PARTITIONED and field == "expires_on":
+        into_past_generation(alias, processor, fp)
+
+
+def into_past_generation(alias: str, processor: str, fp: str) -> None:
+    """On the partitioned journal, retention drops whole past generations: an expired
+    row is one whose generation has passed (written two generations back; an in-flight
+    one three back, so that it never shares a generation with settled rows)."""
+    from django.db import connections
+
+    from celery_grousset.store import pgpartops
+
+    rec = row(alias, processor, fp)
+    gen = pgpartops.current_generation(alias) - (3 if rec.status == "in_flight" else 2)
+    with connections[alias].cursor() as cur:
+        pgpartops.add_generation(cur, gen)
+        cur.execute("UPDATE celery_grousset_outcome SET gen = %s WHERE id = %s", [gen, rec.pk])
 
 
 def completed(value: bytes = b"42") -> Completion:

@@ -103,6 +103,15 @@ def argparse_type(check: Callable[[object], object]) -> Callable[[str], object]:
     return convert
 
 
+def add_duration_argument(
+    parser: CommandParser, option: str, check: Callable[[object], object], help: str
+) -> None:
+    """A ``DURATION`` option (default None) whose value ``check`` turns into a duration."""
+    parser.add_argument(
+        option, type=argparse_type(check), default=None, metavar="DURATION", help=help
+    )
+
+
 def parse_duration(text: str) -> timedelta:
     """``"7d"``, ``"12h"``, ``"30m"``, ``"45s"``, ``"2w"`` or plain seconds (0 to 100 years)."""
     try:

@@ -83,6 +83,16 @@ def _new_store(alias: str) -> Store:
             f"in settings.DATABASES ({sorted(connections.settings)})."
         ) from exc
     cls = store_class(settings_dict["ENGINE"])
+    if grousset_settings.JOURNAL_LAYOUT == "partitioned":
+        if cls.vendor != "postgresql":
+            raise ConfigurationError(
+                f"GROUSSET['JOURNAL_LAYOUT'] is 'partitioned', but the journal database "
+                f"{alias!r} is not PostgreSQL: only PostgreSQL has the partitioned layout. "
+                "Set JOURNAL_LAYOUT to 'table' (the default)."
+            )
+        from celery_grousset.store.pgpartition import PartitionedStore
+
+        cls = PartitionedStore
     return cls(
         alias,
         settings_dict,

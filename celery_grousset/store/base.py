@@ -64,6 +64,16 @@ def purgeable(cutoff: datetime) -> Any:
     return settled | abandoned
 
 
+def purgeable_sql(alias: str, cutoff: datetime) -> tuple[str, tuple[Any, ...]]:
+    """:func:`purgeable` as a SQL condition on the journal table's columns, and its
+    parameters."""
+    from celery_grousset.models import Outcome
+
+    rows = Outcome.objects.using(alias).filter(purgeable(cutoff))
+    sql, params = rows.query.get_compiler(using=alias).compile(rows.query.where)
+    return sql, tuple(params)
+
+
 def check_claimable(req: ClaimRequest) -> None:
     """Raise :class:`PoisonDelivery` for a claim the journal can never store: a task id,
     task name or processor id over its column's length, with a NUL, or not UTF-8.
@@ -92,6 +102,25 @@ def data_error(alias: str, exc: BaseException) -> PoisonDelivery:
     """The permanent error of a statement the database refused for its data (too long,
     NUL, wrong encoding): retrying cannot help, so it is never StoreUnavailable."""
     return PoisonDelivery(f"journal database {alias!r} refused the data of this call: {exc}")
+
+
+def distinct_keys(
+    reqs: Sequence[ClaimRequest],
+    claim_batch: Callable[[Sequence[ClaimRequest]], list[ClaimResult]],
+) -> list[ClaimResult]:
+    """``claim_batch`` of ``reqs`` whose keys are distinct (what one batch statement or
+    transaction needs); a key asked twice is claimed again in a later batch, after the
+    first claim of it committed, exactly as one claim after the other would be."""
+    first: dict[tuple[str, str], int] = {}
+    for i, req in enumerate(reqs):
+        first.setdefault((req.processor_id, req.fingerprint), i)
+    if len(first) == len(reqs):
+        return claim_batch(reqs)
+    head = list(first.values())
+    rest = [i for i in range(len(reqs)) if i not in set(head)]
+    results = dict(zip(head, claim_batch([reqs[i] for i in head]), strict=True))
+    results.update(zip(rest, distinct_keys([reqs[i] for i in rest], claim_batch), strict=True))
+    return [results[i] for i in range(len(reqs))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,8 +306,7 @@ class Store(abc.ABC):
         batch = rows.values_list("id", flat=True)[:batch_size]
         sql, params = batch.query.get_compiler(using=self.alias).as_sql()
         # The same condition again, on the columns of the row the DELETE locks.
-        compiler = rows.query.get_compiler(using=self.alias)
-        recheck, recheck_params = compiler.compile(rows.query.where)
+        recheck, recheck_params = purgeable_sql(self.alias, cutoff)
         conn = connections[self.alias]
         table = conn.ops.quote_name(Outcome._meta.db_table)
         delete = self.purge_sql(table, sql, recheck)

@@ -3,6 +3,8 @@
 One short transaction: lock (``BEGIN IMMEDIATE`` / ``SELECT … FOR UPDATE``), read
 the row and the database clock, :func:`celery_grousset.claim.decide`, apply the
 decision's write (:data:`celery_grousset.claim.WRITES`, one method each), commit.
+A batch (``claim_all``) is one such transaction for all its keys: the rows locked in
+key order (two batches never wait on each other in a cycle), one commit.
 Subclasses supply the dialect: placeholders, the lock, the clock, and how a driver
 error maps to "retry the transaction" or "store unavailable".
 """
@@ -10,7 +12,7 @@ error maps to "retry the transaction" or "store unavailable".
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,7 +31,7 @@ from celery_grousset.claim import (
     next_fence,
     recorded,
 )
-from celery_grousset.store.base import RELEASED, ClaimResult, Completion, Store
+from celery_grousset.store.base import RELEASED, ClaimResult, Completion, Store, distinct_keys
 
 TABLE = "celery_grousset_outcome"
 DELIVERIES = "celery_grousset_delivery"
@@ -77,8 +79,8 @@ class LockingStore(Store):
         """A cursor on the private connection (connecting if needed)."""
 
     @abc.abstractmethod
-    def _begin_locked(self, cur: Any, req: ClaimRequest) -> tuple[tuple[Any, ...] | None, datetime]:
-        """Open the transaction, lock and read the row (``COLS``) and the database clock."""
+    def _lock_row(self, cur: Any, req: ClaimRequest) -> tuple[tuple[Any, ...] | None, datetime]:
+        """In the open transaction, lock and read the row (``COLS``) and the database clock."""
 
     @abc.abstractmethod
     def _commit(self, cur: Any) -> None: ...
@@ -105,23 +107,38 @@ class LockingStore(Store):
     # -- claim ---------------------------------------------------------------------------
 
     def claim(self, req: ClaimRequest) -> ClaimResult:
-        return self._guard(lambda: self._claim_once(req))  # type: ignore[no-any-return]
+        return self._guard(lambda: self._claim_together([req])[0])  # type: ignore[no-any-return]
 
-    def _claim_once(self, req: ClaimRequest) -> ClaimResult:
+    def claim_all(self, reqs: Sequence[ClaimRequest]) -> list[ClaimResult]:
+        """Several claims in ONE short transaction, one commit: the rows locked in key
+        order (two batches never deadlock), each decided and written as one claim."""
+        if len(reqs) < 2:
+            return [self.claim(req) for req in reqs]
+        return distinct_keys(reqs, lambda batch: self._guard(lambda: self._claim_together(batch)))
+
+    def _claim_together(self, reqs: Sequence[ClaimRequest]) -> list[ClaimResult]:
+        """The claims of ``reqs`` (distinct keys) in one transaction."""
+        order = sorted(range(len(reqs)), key=lambda i: (reqs[i].processor_id, reqs[i].fingerprint))
         cur = self._cursor()
         try:
-            row, now = self._begin_locked(cur, req)
-            found = Found(self, row) if row is not None else None
-            kind = decide(found.prev if found else None, now, req)
-            result = self._WRITERS[WRITES[kind]](self, cur, req, kind, found, now)
-            task_id = recorded(kind, found.prev, req) if found else None
-            if task_id is not None:
-                self._record(cur, req, task_id, kind, now)
+            self._begin_write(cur)
+            results = {i: self._claim_locked(cur, reqs[i]) for i in order}
             self._commit(cur)
-            return result
         except BaseException:
             self._rollback(cur)
             raise
+        return [results[i] for i in range(len(reqs))]
+
+    def _claim_locked(self, cur: Any, req: ClaimRequest) -> ClaimResult:
+        """Lock, read, decide and write one claim in the open transaction."""
+        row, now = self._lock_row(cur, req)
+        found = Found(self, row) if row is not None else None
+        kind = decide(found.prev if found else None, now, req)
+        result = self._WRITERS[WRITES[kind]](self, cur, req, kind, found, now)
+        task_id = recorded(kind, found.prev, req) if found else None
+        if task_id is not None:
+            self._record(cur, req, task_id, kind, now)
+        return result
 
     def _record(self, cur: Any, req: ClaimRequest, task_id: str, kind: Kind, now: datetime) -> None:
         """A delivery that is not the row's own (``claim.recorded``), in the claim's
@@ -315,7 +332,8 @@ class LockingStore(Store):
         return self._guard(op) == 1  # type: ignore[no-any-return]
 
     def _begin_write(self, cur: Any) -> None:
-        """Start the write transaction of finish / release (default: implicit)."""
+        """Start a write transaction: a claim's, a batch's, finish / release (default:
+        implicit)."""
 
 
 def _retry_in(stale_at: datetime, now: datetime) -> float:

@@ -69,7 +69,7 @@ class MySQLStore(LockingStore):
         conn = self._conn or self._connect()
         return conn.cursor()
 
-    def _begin_locked(self, cur: Any, req: ClaimRequest) -> tuple[tuple[Any, ...] | None, datetime]:
+    def _lock_row(self, cur: Any, req: ClaimRequest) -> tuple[tuple[Any, ...] | None, datetime]:
         cur.execute(_SELECT, (req.processor_id, req.fingerprint))
         row = cur.fetchone()
         now = row[-1].replace(tzinfo=timezone.utc)

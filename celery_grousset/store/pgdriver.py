@@ -45,6 +45,7 @@ class Driver:
         self.InterfaceError: type[Exception] = self.module.InterfaceError
         self.QueryCanceled: type[Exception] = errors.QueryCanceled
         self.LockNotAvailable: type[Exception] = errors.LockNotAvailable
+        self.DeadlockDetected: type[Exception] = errors.DeadlockDetected
         self.UndefinedTable: type[Exception] = errors.UndefinedTable
 
     def connect(self, params: dict[str, Any]) -> Any:

@@ -45,8 +45,8 @@ class SQLiteStore(LockingStore):
         conn = self._conn or self._connect()
         return conn.cursor()
 
-    def _begin_locked(self, cur: Any, req: ClaimRequest) -> tuple[tuple[Any, ...] | None, datetime]:
-        cur.execute("BEGIN IMMEDIATE")
+    def _lock_row(self, cur: Any, req: ClaimRequest) -> tuple[tuple[Any, ...] | None, datetime]:
+        # (the transaction's BEGIN IMMEDIATE took the database's write lock)
         cur.execute(
             f"SELECT {COLS} FROM {TABLE} WHERE processor_id = ? AND fingerprint = ?",
             (req.processor_id, req.fingerprint),
@@ -78,10 +78,10 @@ class SQLiteStore(LockingStore):
         parsed = datetime.fromisoformat(str(value))
         return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
-    def claim(self, req: ClaimRequest) -> ClaimResult:
+    def _claim_locked(self, cur: Any, req: ClaimRequest) -> ClaimResult:
         # SQLite does not enforce the columns' lengths: the store enforces the journal's.
         check_claimable(req)
-        return super().claim(req)
+        return super()._claim_locked(cur, req)
 
     def _guard(self, fn: Callable[[], T]) -> T:
         try:

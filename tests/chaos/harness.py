@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -114,15 +115,41 @@ def record_of(alias: str, task: Any, args: tuple[Any, ...],
 
 def holder_pid(alias: str, task: Any, args: tuple[Any, ...],
                kwargs: dict[str, Any] | None = None, timeout: float = 30) -> int:  # fmt: skip
-    """The pid of the worker child holding the claim (from the journal's ``worker``)."""
+    """The pid of the worker child holding the claim (from the journal's ``worker``).
+
+    With ``WORKER_CLAIM`` on, ``worker`` names the main process that claimed: the child
+    running the body is then the one of its pool children that recorded the key's latest
+    effect in the ledger, or (a transactional effect is not visible yet) the one a
+    ``stop`` fault has stopped."""
 
     def find() -> int | None:
         rec = record_of(alias, task, args, kwargs)
         if rec is None or rec.status != "in_flight":
             return None
-        return int(rec.worker.rsplit(":", 1)[1])
+        pid = int(rec.worker.rsplit(":", 1)[1])
+        children = _children(pid)
+        if not children:  # the per-task path: the child claimed for itself
+            return pid
+        ran = [p for p in _ledger_pids(alias, str(args[0])) if p in children]
+        if ran:
+            return ran[-1]
+        paused = [p for p in children if stopped(p)]
+        return paused[0] if len(paused) == 1 else None
 
     return int(wait_for(find, timeout, "a claim to be held"))
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
+    return [int(p) for p in out.stdout.split()]
+
+
+def _ledger_pids(alias: str, key: str) -> list[int]:
+    """The pids that recorded an effect for ``key``, oldest first (committed rows)."""
+    from tests.ledger.models import Effect
+
+    rows = Effect.objects.using(alias).filter(key=key).order_by("id").values_list("pid", flat=True)
+    return list(reconnecting(alias, lambda: list(rows)))
 
 
 def memo_of(rec: Any) -> Any:

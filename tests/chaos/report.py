@@ -96,7 +96,7 @@ def _commit() -> str:
     return f"{head}-dirty" if dirty else head
 
 
-def render(rows: list[dict[str, Any]], runs: int) -> str:
+def render(rows: list[dict[str, Any]], runs: int, mode: str = "") -> str:
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         groups[(row["scenario"], row["backend"])].append(row)
@@ -106,7 +106,8 @@ def render(rows: list[dict[str, Any]], runs: int) -> str:
         f"Generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} by "
         f"`python -m tests.chaos` on commit `{_commit()}` ({runs} run(s) requested). "
         "Counts are sums over the runs; "
-        "*max dup* is the largest number of extra effects of one call in any run.",
+        "*max dup* is the largest number of extra effects of one call in any run."
+        + (f" Mode: {mode}." if mode else ""),
         "",
         "| scenario | backend | runs | passed | deliveries | effects | takeovers | fence-outs "
         "| max dup | result |",

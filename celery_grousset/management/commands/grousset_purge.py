@@ -24,6 +24,7 @@ from celery_grousset.management import (
     MAX_BATCH_SIZE,
     MAX_DURATION_DAYS,
     add_database_argument,
+    add_duration_argument,
     argparse_type,
     count_option,
     duration_option,
@@ -59,12 +60,11 @@ class Command(BaseCommand):
             action="store_true",
             help="Count what would be deleted; delete nothing.",
         )
-        parser.add_argument(
+        add_duration_argument(
+            parser,
             "--older-than",
-            type=argparse_type(_older_than),
-            default=None,
-            metavar="DURATION",
-            help="Only rows that expired at least this long ago: seconds or 30m, 12h, 7d, 2w "
+            _older_than,
+            "Only rows that expired at least this long ago: seconds or 30m, 12h, 7d, 2w "
             f"(0 to {MAX_DURATION_DAYS}d).",
         )
         which = parser.add_mutually_exclusive_group()

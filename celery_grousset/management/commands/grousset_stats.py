@@ -6,6 +6,10 @@ again, in-flight requeues, re-claims: ``deliveries - entries - duplicates``), ta
 stale claims (in flight past their own ``stale_at``, i.e. older than their task's
 ``max_processing_time``; or, with ``--stale-after``, in flight for longer than that) and
 the entries ``grousset_purge`` would delete.
+
+By default only the entries started in the last 24 hours (``--since``, on the
+``started_at`` index) are counted, and the expired entries up to 10,000: a large
+journal answers in well under a second. ``--all`` counts every entry (a full scan).
 """
 
 from __future__ import annotations
@@ -22,13 +26,17 @@ from django.db.models import Count, Q, Sum
 from celery_grousset.management import (
     MAX_DURATION_DAYS,
     add_database_argument,
-    argparse_type,
+    add_duration_argument,
     duration_option,
     human_seconds,
     journal_alias,
 )
 
 TOP_TASKS = 20
+#: ``--since``'s default: the entries started in the last day
+DEFAULT_SINCE = timedelta(days=1)
+#: where the count of expired entries stops unless ``--all``
+EXPIRED_CAP = 10_000
 
 
 def _stale_after(value: object) -> timedelta | None:
@@ -48,6 +56,20 @@ def _stale(own_deadline: Q, now: datetime, stale_seconds: float | None) -> Q:
     return Q(status="in_flight", started_at__lt=now - timedelta(seconds=stale_seconds))
 
 
+def _since(value: object) -> timedelta | None:
+    return duration_option(value, option="--since", positive=True)
+
+
+def window(since: object, every: bool) -> float | None:
+    """Seconds of ``--since`` (default a day); None with ``--all``: every entry."""
+    if every:
+        if since is not None:
+            raise CommandError("--since and --all exclude each other: give one of them")
+        return None
+    value = _since(since)
+    return (value or DEFAULT_SINCE).total_seconds()
+
+
 def _deliveries(counts: Mapping[str, Any]) -> dict[str, int]:
     """Deliveries, the duplicates among them, and the rest beyond each entry's first claim
     (redeliveries, requeues, re-claims), from ``n_entries``, ``n_deliveries``, ``n_duplicates``."""
@@ -61,26 +83,23 @@ def _deliveries(counts: Mapping[str, Any]) -> dict[str, int]:
     }
 
 
-def collect(alias: str, processor_id: str | None, stale_seconds: float | None) -> dict[str, Any]:
-    """The numbers, JSON-ready."""
+def _expired(
+    alias: str, now: datetime, processor_id: str | None, cap: int | None
+) -> dict[str, Any]:
+    """What ``grousset_purge`` would delete now, counted up to ``cap`` (None: all)."""
     from celery_grousset import journal
-    from celery_grousset.models import Outcome, Status
 
-    now = journal.now(alias)
-    qs = Outcome.objects.using(alias).all()
-    if processor_id is not None:
-        qs = qs.filter(processor_id=processor_id)
-    totals = qs.aggregate(
-        n_entries=Count("pk"),
-        n_deliveries=Sum("deliveries"),
-        n_duplicates=Sum("duplicates"),
-        n_takeovers=Sum("takeovers"),
-        n_taken_over=Count("pk", filter=Q(takeovers__gt=0)),
-    )
-    entries = int(totals["n_entries"] or 0)
-    by_status = {str(s): 0 for s in Status.values}
-    for row in qs.order_by().values("status").annotate(n=Count("pk")):
-        by_status[row["status"]] = int(row["n"])
+    qs = journal.expired(alias, now, processor_id).order_by()
+    if cap is None:
+        return {"expired": int(qs.count()), "expired_capped": False}
+    found = int(qs[: cap + 1].count())
+    return {"expired": min(found, cap), "expired_capped": found > cap}
+
+
+def _by_task(qs: Any) -> list[dict[str, Any]]:
+    """The top tasks by entries, each with its deliveries, takeovers, in-flight and failed."""
+    from celery_grousset.models import Status
+
     tasks = (
         qs.order_by()
         .values("task_name")
@@ -94,9 +113,52 @@ def collect(alias: str, processor_id: str | None, stale_seconds: float | None) -
         )
         .order_by("-n_entries", "task_name")[:TOP_TASKS]
     )
+    return [
+        {
+            "task_name": t["task_name"],
+            "entries": int(t["n_entries"]),
+            **_deliveries(t),
+            "takeovers": int(t["n_takeovers"] or 0),
+            "in_flight": int(t["n_in_flight"]),
+            "failed": int(t["n_failed"]),
+        }
+        for t in tasks
+    ]
+
+
+def collect(
+    alias: str, processor_id: str | None, stale_seconds: float | None,
+    since_seconds: float | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The numbers, JSON-ready: of the entries started in the last ``since_seconds``
+    (on the ``started_at`` index), or of every entry (None)."""
+    from celery_grousset import journal
+    from celery_grousset.models import Outcome, Status
+
+    now = journal.now(alias)
+    qs = Outcome.objects.using(alias).all()
+    if processor_id is not None:
+        qs = qs.filter(processor_id=processor_id)
+    since = None if since_seconds is None else now - timedelta(seconds=since_seconds)
+    if since is not None:
+        qs = qs.filter(started_at__gte=since)
+    cap = None if since is None else EXPIRED_CAP
+    totals = qs.aggregate(
+        n_entries=Count("pk"),
+        n_deliveries=Sum("deliveries"),
+        n_duplicates=Sum("duplicates"),
+        n_takeovers=Sum("takeovers"),
+        n_taken_over=Count("pk", filter=Q(takeovers__gt=0)),
+    )
+    entries = int(totals["n_entries"] or 0)
+    by_status = {str(s): 0 for s in Status.values}
+    for row in qs.order_by().values("status").annotate(n=Count("pk")):
+        by_status[row["status"]] = int(row["n"])
     return {
         "database": alias,
         "processor_id": processor_id,
+        "since": since.isoformat() if since is not None else None,
+        "since_seconds": since_seconds,
         "entries": entries,
         "by_status": by_status,
         **_deliveries(totals),
@@ -104,18 +166,8 @@ def collect(alias: str, processor_id: str | None, stale_seconds: float | None) -
         "entries_taken_over": int(totals["n_taken_over"] or 0),
         "stale_claims": qs.filter(_stale(journal.stale(now), now, stale_seconds)).count(),
         "stale_after_seconds": stale_seconds,
-        "expired": journal.expired(alias, now, processor_id).count(),
-        "by_task": [
-            {
-                "task_name": t["task_name"],
-                "entries": int(t["n_entries"]),
-                **_deliveries(t),
-                "takeovers": int(t["n_takeovers"] or 0),
-                "in_flight": int(t["n_in_flight"]),
-                "failed": int(t["n_failed"]),
-            }
-            for t in tasks
-        ],
+        **_expired(alias, now, processor_id, cap),
+        "by_task": _by_task(qs),
     }
 
 
@@ -123,14 +175,27 @@ class Command(BaseCommand):
     help = "Journal statistics: entries by status and task, duplicates, takeovers, stale claims."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument(
+        add_duration_argument(
+            parser,
             "--stale-after",
-            type=argparse_type(_stale_after),
-            default=None,
-            metavar="DURATION",
-            help="Count in-flight claims older than this as stale: seconds or 30m, 12h, 7d "
+            _stale_after,
+            "Count in-flight claims older than this as stale: seconds or 30m, 12h, 7d "
             f"(above 0, at most {MAX_DURATION_DAYS}d; default: each claim's own deadline, "
             "started_at + its task's max_processing_time).",
+        )
+        add_duration_argument(
+            parser,
+            "--since",
+            _since,
+            "Count the entries started in this window: seconds or 30m, 12h, 7d "
+            f"(default 24h; at most {MAX_DURATION_DAYS}d). Expired entries are counted "
+            f"up to {EXPIRED_CAP:,}.",
+        )
+        parser.add_argument(
+            "--all",
+            action="store_true",
+            dest="every",
+            help="Count every entry and every expired one (a full scan of the journal).",
         )
         parser.add_argument("--processor-id", default=None, help="Only this processor's entries.")
         parser.add_argument("--json", action="store_true", help="Print JSON.")
@@ -138,9 +203,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         stale_seconds = stale_after(options["stale_after"])  # checked before any query
+        since_seconds = window(options.get("since"), bool(options.get("every")))
         alias = journal_alias(options["database"])
         try:
-            data = collect(alias, options["processor_id"], stale_seconds)
+            data = collect(alias, options["processor_id"], stale_seconds, since_seconds)
         except DatabaseError as exc:
             raise CommandError(f"could not read the journal on {alias!r}: {exc}") from exc
         if options["json"]:
@@ -154,8 +220,16 @@ class Command(BaseCommand):
             f", processor {data['processor_id']!r}" if data["processor_id"] else ""
         )
         status = ", ".join(f"{name} {n}" for name, n in data["by_status"].items())
+        expired = f"{data['expired']:,}+" if data["expired_capped"] else str(data["expired"])
         lines = [
             f"celery-grousset journal on {where}",
+            "  counted      "
+            + (
+                "every entry (--all)"
+                if data["since"] is None
+                else f"the entries started in the last {human_seconds(data['since_seconds'])}"
+                f" (since {data['since']}; --since to widen, --all for every entry)"
+            ),
             f"  entries      {data['entries']} ({status})",
             f"  deliveries   {data['deliveries']} ({data['duplicates']} duplicates answered "
             f"or deferred; {data['redeliveries']} redeliveries, requeues or re-claims)",
@@ -167,7 +241,7 @@ class Command(BaseCommand):
                 else f"in flight for more than {human_seconds(data['stale_after_seconds'])}"
             )
             + ")",
-            f"  expired      {data['expired']} (grousset_purge deletes them)",
+            f"  expired      {expired} (in the whole journal; grousset_purge deletes them)",
         ]
         if data["by_task"]:
             width = max(len(t["task_name"]) for t in data["by_task"])

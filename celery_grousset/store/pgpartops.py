@@ -1,0 +1,230 @@
+"""The partitioned journal's DDL (PostgreSQL): conversion from the single table, the
+generations created ahead, and retention by dropping whole generations.
+
+Everything runs on the Django connection of the journal's database alias. Partitions
+are named ``celery_grousset_outcome_g<gen>`` and cover ``[gen, gen + 1)``; the width of
+a generation in seconds lives in one place, the SQL function ``grousset_generation()``
+written by :func:`convert` (``grousset_generation_seconds()`` reads it back).
+
+Why retention is safe with claims running: :func:`retire` checks a generation under a
+``SHARE`` lock on its partition, which waits for every claim that may write there (the
+claim's ``UPDATE`` locks every partition) and holds back new ones; a claim that waited
+reads the generation again after its ``UPDATE`` (:mod:`celery_grousset.store.pgpartition`),
+so it writes to a newer one. Only generations older than the current one are considered,
+and only when every row in them is :func:`~celery_grousset.store.base.purgeable`: a
+generation holding a live in-flight row (or an unexpired one) stays.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+from celery_grousset.exceptions import InvalidArgument
+from celery_grousset.store.base import purgeable_sql
+from celery_grousset.store.pgpartsql import FUNCTION_SQL, ROW_COLUMNS, TABLE
+
+#: generations created ahead of the current one (convert, create-ahead, every purge)
+AHEAD = 3
+#: the largest table ``convert`` copies in its one transaction
+MAX_CONVERT_ROWS = 100_000
+
+_LOCK_KEY = "hashtext('celery_grousset.partitions')"  # one DDL run at a time
+_BOUND = re.compile(r"FROM \((-?\d+)\) TO")
+
+PARTITIONED_SQL = "SELECT count(*) FROM pg_partitioned_table WHERE partrelid = to_regclass(%s)"
+PARTITIONS_SQL = (
+    "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), i.inhdetachpending, "
+    "greatest(c.reltuples, 0)::int8 FROM pg_inherits AS i JOIN pg_class AS c "
+    "ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(%s)"
+)
+
+
+def _cursor(alias: str) -> Any:
+    from django.db import connections
+
+    return connections[alias].cursor()
+
+
+def is_partitioned(alias: str) -> bool:
+    """The journal table of ``alias`` is the partitioned layout."""
+    with _cursor(alias) as cur:
+        cur.execute(PARTITIONED_SQL, [TABLE])
+        return bool(cur.fetchone()[0])
+
+
+def partitions(alias: str) -> list[tuple[int, str, bool, int]]:
+    """``(gen, partition, detach_pending, estimated_rows)`` of every partition, oldest first."""
+    with _cursor(alias) as cur:
+        cur.execute(PARTITIONS_SQL, [TABLE])
+        found = [
+            (int(m.group(1)), name, bool(pending), int(rows))
+            for name, bound, pending, rows in cur.fetchall()
+            if (m := _BOUND.search(bound or ""))
+        ]
+    return sorted(found)
+
+
+def generation_seconds(alias: str) -> int:
+    with _cursor(alias) as cur:
+        cur.execute("SELECT grousset_generation_seconds()")
+        return int(cur.fetchone()[0])
+
+
+def current_generation(alias: str) -> int:
+    with _cursor(alias) as cur:
+        cur.execute("SELECT grousset_generation()")
+        return int(cur.fetchone()[0])
+
+
+def _generation_functions(seconds: int) -> list[str]:
+    return [
+        "CREATE OR REPLACE FUNCTION grousset_generation_seconds() RETURNS int "
+        f"LANGUAGE sql IMMUTABLE AS $$ SELECT {seconds} $$",
+        "CREATE OR REPLACE FUNCTION grousset_generation() RETURNS int LANGUAGE sql VOLATILE "
+        f"AS $$ SELECT floor(extract(epoch FROM clock_timestamp()) / {seconds})::int $$",
+    ]
+
+
+def _row_type(cur: Any) -> str:
+    cur.execute(
+        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+        "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
+        [TABLE],
+    )
+    types = dict(cur.fetchall())
+    cols = ", ".join(f"{name} {kind or types[name]}" for name, kind in ROW_COLUMNS)
+    return f"CREATE TYPE grousset_claim_row AS ({cols})"
+
+
+def add_generation(cur: Any, gen: int) -> bool:
+    """Create and attach the partition of ``gen`` (False: it exists already)."""
+    name = f"{TABLE}_g{gen}"
+    cur.execute("SELECT to_regclass(%s) IS NOT NULL", [name])
+    if cur.fetchone()[0]:
+        return False
+    cur.execute(
+        f"CREATE TABLE {name} (LIKE {TABLE} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) "
+        "WITH (fillfactor = 80)"
+    )
+    # ATTACH takes SHARE UPDATE EXCLUSIVE on the journal: claims go on meanwhile.
+    cur.execute(
+        f"ALTER TABLE {TABLE} ATTACH PARTITION {name} FOR VALUES FROM ({gen}) TO ({gen + 1})"
+    )
+    return True
+
+
+def create_ahead(alias: str, ahead: int = AHEAD) -> list[int]:
+    """Partitions for the current generation and the next ``ahead``; the created ones."""
+    from django.db import transaction
+
+    with transaction.atomic(using=alias), _cursor(alias) as cur:
+        cur.execute(f"SELECT pg_advisory_xact_lock({_LOCK_KEY}), grousset_generation()")
+        now = int(cur.fetchone()[1])
+        return [g for g in range(now, now + ahead + 1) if add_generation(cur, g)]
+
+
+def convert(
+    alias: str, *, seconds: int, ahead: int = AHEAD, max_rows: int = MAX_CONVERT_ROWS
+) -> int:
+    """Turn the single table into the partitioned layout in ONE transaction (claims wait
+    for it); its rows go to the current generation. Returns how many rows were copied."""
+    from django.db import transaction
+
+    if not 60 <= seconds <= 366 * 86400:
+        raise InvalidArgument("the generation width must be from 60 seconds to 366 days")
+    with transaction.atomic(using=alias), _cursor(alias) as cur:
+        cur.execute(f"SELECT pg_advisory_xact_lock({_LOCK_KEY})")
+        cur.execute(PARTITIONED_SQL, [TABLE])
+        if cur.fetchone()[0]:
+            raise InvalidArgument(f"the journal of {alias!r} is partitioned already")
+        cur.execute(f"LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE")
+        cur.execute(f"SELECT count(*), coalesce(max(id), 0) FROM {TABLE}")
+        rows, top = cur.fetchone()
+        if rows > max_rows:
+            raise InvalidArgument(
+                f"the journal of {alias!r} has {rows} rows, more than {max_rows} to copy in one "
+                "transaction: follow the online procedure of docs/scale.md, or raise --max-rows."
+            )
+        _rebuild(cur, seconds, ahead, top)
+    return int(rows)
+
+
+def _rebuild(cur: Any, seconds: int, ahead: int, top: int) -> None:
+    """The single table's rows into a new partitioned table of the same name, its
+    indexes (with ``gen`` in the unique ones) and the claim function."""
+    cur.execute(
+        "SELECT indexdef FROM pg_indexes WHERE tablename = %s AND indexdef NOT LIKE "
+        "'CREATE UNIQUE%%'",
+        [TABLE],
+    )
+    indexes = [row[0] for row in cur.fetchall()]
+    for sql in _generation_functions(seconds):
+        cur.execute(sql)
+    seq = "grousset_outcome_gen_id_seq"
+    cur.execute(f"ALTER TABLE {TABLE} RENAME TO {TABLE}_single")
+    cur.execute(
+        f"CREATE TABLE {TABLE} (LIKE {TABLE}_single INCLUDING DEFAULTS INCLUDING "
+        "CONSTRAINTS, gen int NOT NULL DEFAULT grousset_generation()) PARTITION BY RANGE (gen)"
+    )
+    cur.execute(f"CREATE SEQUENCE IF NOT EXISTS {seq}")
+    cur.execute(f"SELECT setval('{seq}', %s + 1, false)", [top])
+    cur.execute(f"ALTER TABLE {TABLE} ALTER id SET DEFAULT nextval('{seq}')")
+    cur.execute(f"ALTER SEQUENCE {seq} OWNED BY {TABLE}.id")
+    cur.execute("SELECT grousset_generation()")
+    now = int(cur.fetchone()[0])
+    for gen in range(now, now + ahead + 1):
+        add_generation(cur, gen)
+    cur.execute(f"INSERT INTO {TABLE} SELECT *, %s FROM {TABLE}_single", [now])
+    cur.execute(f"DROP TABLE {TABLE}_single")
+    cur.execute(f"ALTER TABLE {TABLE} ADD PRIMARY KEY (id, gen)")
+    cur.execute(
+        f"ALTER TABLE {TABLE} ADD CONSTRAINT grousset_outcome_key "
+        "UNIQUE (fingerprint, processor_id, gen)"
+    )
+    for sql in indexes:
+        cur.execute(sql)
+    cur.execute("DROP TYPE IF EXISTS grousset_claim_row CASCADE")
+    cur.execute(_row_type(cur))
+    cur.execute(FUNCTION_SQL)
+
+
+def retire(alias: str, cutoff: datetime) -> int:
+    """Detach and drop every generation older than the current one whose rows are all
+    purgeable at ``cutoff``; the number of rows dropped with them."""
+    from django.db import transaction
+
+    from celery_grousset.conf import grousset_settings
+
+    recheck, params = purgeable_sql(alias, cutoff)
+    timeout = max(1, int(float(grousset_settings.STORE_TIMEOUT) * 1000))
+    dropped = 0
+    for gen, name, pending, _rows in partitions(alias):
+        with _cursor(alias) as cur:
+            if pending:  # a detach interrupted earlier
+                cur.execute(f"ALTER TABLE {TABLE} DETACH PARTITION {name} FINALIZE")
+                cur.execute(f"DROP TABLE {name}")
+                continue
+            # Unexpired rows keep it (one probe of its expires_on index, no lock taken)
+            cur.execute(f"SELECT max(expires_on) > %s FROM {name}", [cutoff])
+            if cur.fetchone()[0]:
+                continue
+            with transaction.atomic(using=alias):
+                cur.execute(f"SET LOCAL lock_timeout = {timeout}")
+                cur.execute(f"LOCK TABLE {name} IN SHARE MODE")
+                cur.execute("SELECT grousset_generation()")
+                if gen >= int(cur.fetchone()[0]):
+                    break
+                cur.execute(
+                    f"SELECT count(*), count(*) FILTER (WHERE ({recheck}) IS NOT TRUE) "
+                    f"FROM {name} AS {TABLE}",
+                    params,
+                )
+                rows, kept = cur.fetchone()
+            if kept:
+                continue
+            cur.execute(f"ALTER TABLE {TABLE} DETACH PARTITION {name} CONCURRENTLY")
+            cur.execute(f"DROP TABLE {name}")
+            dropped += int(rows)
+    return dropped

@@ -1,0 +1,66 @@
+"""The partitioned journal's claim, as SQL (PostgreSQL; see
+:mod:`celery_grousset.store.pgpartition`): the function ``grousset_claim`` and the one
+statement that calls it, both derived from
+:data:`~celery_grousset.store.pgclaim.CLAIM_SQL` (the same decision table, restricted
+to the current generation)."""
+
+from __future__ import annotations
+
+import re
+
+from celery_grousset.store.pgclaim import CLAIM_SQL, KEY
+
+TABLE = "celery_grousset_outcome"
+
+# The parameters of CLAIM_SQL, in order of first use, and their SQL types (text if unlisted).
+PARAMS = tuple(dict.fromkeys(re.findall(r"%\((\w+)\)s", CLAIM_SQL)))
+_TYPES = {"exp": "interval", "mpt": "interval", "maxt": "int", "async": "boolean",
+          "bounce": "boolean"}  # fmt: skip
+
+# The product's claim, restricted to the current generation: the same text with `gen`
+# added to the row lookup, the inserted row and the conflict target.
+_STMT = CLAIM_SQL
+for _old, _new in (
+    ("FOR UPDATE", "AND o.gen = _cur FOR UPDATE"),
+    (f"INSERT INTO {TABLE} AS o ( processor_id,", f"INSERT INTO {TABLE} AS o ( gen, processor_id,"),
+    ("SELECT %(p)s, %(f)s,", "SELECT _cur, %(p)s, %(f)s,"),
+    ("ON CONFLICT (processor_id, fingerprint)", "ON CONFLICT (processor_id, fingerprint, gen)"),
+):
+    _STMT = _STMT.replace(_old, _new, 1)
+if _STMT.count("_cur") != 2 or "fingerprint, gen)" not in _STMT:  # pragma: no cover
+    raise RuntimeError("CLAIM_SQL changed shape: update celery_grousset/store/pgpartition.py")
+_STMT = re.sub(r"%\((\w+)\)s", r"_\1", _STMT)
+_MOVE_KEY = re.sub(r"%\((\w+)\)s", r"_\1", KEY.format(t=""))
+
+#: The columns the claim returns (CLAIM_SQL's RETURNING, then its decision code and the
+#: commit mode); those named after a table column take its type (read at conversion).
+ROW_COLUMNS = (
+    ("fence", None), ("status", None), ("deliveries", None), ("takeovers", None),
+    ("result", None), ("result_encoding", None), ("error", None), ("task_id", None),
+    ("started_at", None), ("completed_at", None), ("retry_in", "float8"),
+    ("payload_hash", None), ("code", "text"), ("durability", "text"),
+)  # fmt: skip
+
+FUNCTION_SQL = f"""
+CREATE OR REPLACE FUNCTION grousset_claim(
+    {", ".join(f"_{n} {_TYPES.get(n, 'text')}" for n in PARAMS)})
+RETURNS SETOF grousset_claim_row LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE _cur int; _now int;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(_p || chr(31) || _f, 7));
+    _cur := grousset_generation();
+    LOOP
+        UPDATE {TABLE} SET gen = _cur WHERE {_MOVE_KEY} AND gen <> _cur;
+        _now := grousset_generation();
+        EXIT WHEN _now = _cur;
+        _cur := _now;
+    END LOOP;
+    RETURN QUERY {_STMT};
+END $fn$
+"""
+
+CALL_SQL = (
+    "SELECT * FROM grousset_claim("
+    + ", ".join(f"%({n})s::{_TYPES.get(n, 'text')}" for n in PARAMS)
+    + ")"
+)

@@ -1,0 +1,475 @@
+"""The partitioned journal (``GROUSSET["JOURNAL_LAYOUT"] = "partitioned"``, PostgreSQL):
+the setting, the conversion command, retention by generation, the race across a
+generation boundary, and the admin and ``grousset_stats`` on it (docs/scale.md). The
+store contract suite runs on it too (tests/test_store_contract.py, ``pg-partitioned``)."""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import os
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connections
+from django.db.models import F
+from django.test import override_settings
+
+from celery_grousset.claim import ClaimRequest, Kind
+from celery_grousset.conf import GroussetSettingsError, validate_setting
+from celery_grousset.exceptions import ConfigurationError, StoreUnavailable
+from celery_grousset.models import Outcome
+from celery_grousset.store import get_store, pgpartops, reset_stores
+from celery_grousset.store.base import Completion
+from celery_grousset.store.pgpartition import PartitionedStore
+from celery_grousset.store.postgresql import PostgresStore
+from tests import services
+from tests.partition_racer import race
+from tests.racer import run_all
+
+DONE = Completion("completed", b'"ok"', "application/json;utf-8")
+
+
+def layout(alias: str, value: str = "partitioned") -> Any:
+    return override_settings(
+        GROUSSET={**settings.GROUSSET, "DATABASE": alias, "JOURNAL_LAYOUT": value}
+    )
+
+
+@pytest.fixture
+def part() -> Iterator[str]:
+    """The partitioned journal, its stores the partitioned ones."""
+    alias = services.require_partitioned()
+    with layout(alias):
+        yield alias
+
+
+def req(processor: str, fp: str | None = None) -> ClaimRequest:
+    return ClaimRequest(
+        processor_id=processor, fingerprint=fp or uuid.uuid4().hex * 2, task_name="tests.effect",
+        task_id=f"task-{uuid.uuid4().hex[:8]}", token=uuid.uuid4().hex, worker="w:1",
+        args_repr="(1,)", max_processing_time=60.0, expires_after=3600.0, max_takeovers=3,
+    )  # fmt: skip
+
+
+def run(*args: Any, **options: Any) -> str:
+    out = io.StringIO()
+    call_command(*args, stdout=out, stderr=io.StringIO(), **options)
+    return out.getvalue()
+
+
+def exists(alias: str, gen: int) -> bool:
+    return any(g == gen for g, *_ in pgpartops.partitions(alias))
+
+
+def into_generation(alias: str, gen: int, **where: Any) -> None:
+    """Move rows into an older generation, as if their last claim had been then."""
+    ids = list(Outcome.objects.using(alias).filter(**where).values_list("id", flat=True))
+    with connections[alias].cursor() as cur:
+        pgpartops.add_generation(cur, gen)
+        cur.execute("UPDATE celery_grousset_outcome SET gen = %s WHERE id = ANY(%s)", [gen, ids])
+
+
+# -- the setting ---------------------------------------------------------------------------
+
+
+def test_the_layout_setting_is_validated_and_chooses_the_store() -> None:
+    # A value that is not a layout is refused, naming both
+    with pytest.raises(GroussetSettingsError, match="'table' or 'partitioned'"):
+        validate_setting("JOURNAL_LAYOUT", "sharded")
+    services.require_database("postgresql")
+    # The default is the single table; "partitioned" gives the partitioned store
+    reset_stores()
+    assert type(get_store("postgresql")) is PostgresStore
+    with layout("postgresql"):
+        assert isinstance(get_store("postgresql"), PartitionedStore)
+    reset_stores()
+
+
+def test_partitioned_on_another_vendor_is_a_check_error_and_refused() -> None:
+    from celery_grousset.checks import _check_database
+
+    services.require_database("default")
+    with layout("default"):
+        # Then `manage.py check` names the problem and the fix
+        [error] = [m for m in _check_database() if m.id == "celery_grousset.E015"]
+        assert "not PostgreSQL" in error.msg and "'table'" in (error.hint or "")
+        # And no store is made for it (fails closed)
+        with pytest.raises(ConfigurationError, match="only PostgreSQL"):
+            get_store("default")
+
+
+def test_an_unconverted_journal_fails_closed_naming_the_command() -> None:
+    services.require_database("postgresql")
+    with layout("postgresql"), pytest.raises(StoreUnavailable, match="partition convert --data"):
+        get_store("postgresql").claim(req("unconverted"))
+
+
+# -- the command ---------------------------------------------------------------------------
+
+
+def test_convert_status_and_create_ahead(part: str) -> None:
+    # Given the converted journal: converting again is refused
+    with pytest.raises(CommandError, match="partitioned already"):
+        run("grousset_partition", "convert", database=part)
+    # status names the width and the current generation
+    now = pgpartops.current_generation(part)
+    text = run("grousset_partition", "status", database=part)
+    assert f"generations of {services.GENERATION_SECONDS} s, current {now}" in text
+    assert f"celery_grousset_outcome_g{now} " in text
+    # create-ahead makes the missing ones (and says which)
+    with connections[part].cursor() as cur:
+        cur.execute(f"DROP TABLE IF EXISTS celery_grousset_outcome_g{now + 5}")
+    assert f"{now + 5}]" in run("grousset_partition", "create-ahead", "--ahead", "5", database=part)
+    assert exists(part, now + 5)
+
+
+def test_convert_keeps_the_rows_and_their_decisions(processor: str) -> None:
+    # Given a single-table journal with a completed key and an in-flight one
+    services.require_database("pgconvert")
+    reset_stores()
+    store = get_store("pgconvert")
+    done, flying = req(processor), req(processor)
+    first = store.claim(done)
+    assert store.finish(processor, done.fingerprint, done.token, DONE)
+    store.claim(flying)
+    top = Outcome.objects.using("pgconvert").order_by("-id").values_list("id", flat=True)[0]
+    # When it is converted (generations of a minute)
+    text = run("grousset_partition", "convert", "--generation", "60", database="pgconvert")
+    assert "(2 rows copied)" in text
+    # Then, on the partitioned store, the completed key answers its memo, same fence
+    with layout("pgconvert"):
+        store = get_store("pgconvert")
+        memo = store.claim(req(processor, done.fingerprint))
+        assert memo.kind is Kind.COMPLETED and memo.fence == first.fence and memo.result == b'"ok"'
+        # And the in-flight one is still held; a new key gets the next id
+        assert store.claim(req(processor, flying.fingerprint)).kind is Kind.IN_FLIGHT
+        new = req(processor)
+        assert store.claim(new).kind is Kind.NEW
+        assert Outcome.objects.using("pgconvert").get(fingerprint=new.fingerprint).pk > top
+        # When the generations ahead run out, a claim fails closed, naming the fix
+        now = pgpartops.current_generation("pgconvert")
+        with connections["pgconvert"].cursor() as cur:
+            for gen, name, *_ in pgpartops.partitions("pgconvert"):
+                if gen >= now:
+                    cur.execute(f"DROP TABLE {name}")
+        with pytest.raises(StoreUnavailable, match="grousset_partition create-ahead"):
+            store.claim(req(processor))
+        run("grousset_partition", "create-ahead", database="pgconvert")
+        assert store.claim(req(processor)).kind is Kind.NEW
+    reset_stores()
+
+
+def test_batched_claims_go_one_by_one(part: str, processor: str) -> None:
+    a, b = req(processor), req(processor)
+    kinds = [r.kind for r in get_store(part).claim_all([a, b, req(processor, a.fingerprint)])]
+    assert kinds == [Kind.NEW, Kind.NEW, Kind.IN_FLIGHT]
+
+
+def test_a_completion_that_meets_a_moving_row_is_sent_again(part: str, processor: str) -> None:
+    import threading
+
+    from celery_grousset.store.pgdriver import driver
+
+    store, now = get_store(part), pgpartops.current_generation(part)
+    r = req(processor)
+    store.claim(r)
+    into_generation(part, now - 30, fingerprint=r.fingerprint)
+    s = connections[part].settings_dict
+    other = services.pg_connect(
+        host=s["HOST"], port=int(s["PORT"]), user=s["USER"], dbname=s["NAME"]
+    )
+    db = driver()
+    try:
+        # Given another transaction moving the row into the current generation (as a claim
+        # of the key does), not yet committed
+        db.execute(other, "BEGIN")
+        db.execute(
+            other,
+            "UPDATE celery_grousset_outcome SET gen = %s WHERE fingerprint = %s",
+            (now, r.fingerprint),
+        )
+        # When the completion arrives on a new connection (the store's reconnect-and-resend
+        # of a stale one does not apply), waits for that row, and the move commits
+        store.close()
+        landed: list[bool] = []
+        worker = threading.Thread(
+            target=lambda: landed.append(store.finish(processor, r.fingerprint, r.token, DONE))
+        )
+        worker.start()
+        deadline = time.monotonic() + 30
+        while not waiting_for_a_lock(part):
+            assert time.monotonic() < deadline and worker.is_alive(), "the completion never waited"
+            time.sleep(0.01)
+        db.execute(other, "COMMIT")
+        worker.join(30)
+    finally:
+        other.close()
+    # Then it lands on the moved row (PostgreSQL answered 40001 the first time)
+    assert landed == [True]
+    assert Outcome.objects.using(part).get(fingerprint=r.fingerprint).status == "completed"
+
+
+def waiting_for_a_lock(alias: str) -> bool:
+    with connections[alias].cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND application_name = 'celery-grousset'"
+        )
+        return bool(cur.fetchone()[0])
+
+
+def test_convert_refuses_a_large_table_and_other_vendors() -> None:
+    services.require_database("postgresql")
+    store = get_store("postgresql")
+    for _ in range(2):
+        store.claim(req("convert-refusal"))
+    with pytest.raises(CommandError, match=r"online procedure of docs/scale\.md"):
+        run("grousset_partition", "convert", "--max-rows", "1", database="postgresql")
+    assert not pgpartops.is_partitioned("postgresql")  # rolled back, nothing changed
+    with pytest.raises(CommandError, match="only PostgreSQL"):
+        run("grousset_partition", "convert", database="default")
+    with pytest.raises(CommandError, match="is not partitioned"):
+        run("grousset_partition", "status", database="postgresql")
+
+
+# -- retention -----------------------------------------------------------------------------
+
+
+def test_retention_drops_whole_generations_never_one_with_a_live_claim(
+    part: str, processor: str
+) -> None:
+    store, now = get_store(part), pgpartops.current_generation(part)
+    old, held = now - 20, now - 19
+    # Given a generation of expired, completed rows only
+    for _ in range(3):
+        r = req(processor)
+        store.claim(r)
+        assert store.finish(processor, r.fingerprint, r.token, DONE)
+    Outcome.objects.using(part).filter(processor_id=processor).update(
+        expires_on=F("expires_on") - timedelta(days=2)
+    )
+    into_generation(part, old, processor_id=processor)
+    # And a generation with an expired row and a live in-flight claim past its expiry
+    # (a claim that outlived expires_after: the purge never takes a live claim)
+    expired, live = req(f"{processor}-b"), req(f"{processor}-b")
+    store.claim(expired)
+    assert store.finish(expired.processor_id, expired.fingerprint, expired.token, DONE)
+    store.claim(live)
+    Outcome.objects.using(part).filter(processor_id=f"{processor}-b").update(
+        expires_on=F("expires_on") - timedelta(days=2)
+    )
+    into_generation(part, held, processor_id=f"{processor}-b")
+    # And a generation ahead is missing
+    with connections[part].cursor() as cur:
+        cur.execute(f"DROP TABLE IF EXISTS celery_grousset_outcome_g{now + 3}")
+    # When grousset_purge runs
+    text = run("grousset_purge", "--no-outbox", database=part)
+    # Then the first generation is gone whole, its rows with it
+    assert not exists(part, old) and "purged" in text
+    assert not Outcome.objects.using(part).filter(processor_id=processor).exists()
+    # And the one holding the live claim stays, both rows in it
+    assert exists(part, held)
+    assert Outcome.objects.using(part).filter(processor_id=f"{processor}-b").count() == 2
+    # And the generations ahead exist again
+    assert exists(part, now + 3)
+    # When the claim completes and expires, the beat task drops its generation too
+    from celery_grousset.tasks import purge_expired
+
+    assert store.finish(live.processor_id, live.fingerprint, live.token, DONE)
+    Outcome.objects.using(part).filter(fingerprint=live.fingerprint).update(
+        expires_on=F("expires_on") - timedelta(days=2)
+    )
+    assert purge_expired(database=part, outbox=False) >= 2
+    assert not exists(part, held)
+
+
+TABLE_CLOCK = (
+    "CREATE OR REPLACE FUNCTION grousset_generation() RETURNS int LANGUAGE sql VOLATILE "
+    "AS $$ SELECT g FROM grousset_test_clock $$"
+)
+
+
+def test_a_claim_that_waited_for_retention_writes_to_the_newer_generation(
+    part: str, processor: str
+) -> None:
+    import threading
+
+    from celery_grousset.store.pgdriver import driver
+
+    store, now = get_store(part), pgpartops.current_generation(part)
+    s = connections[part].settings_dict
+    other = services.pg_connect(
+        host=s["HOST"], port=int(s["PORT"]), user=s["USER"], dbname=s["NAME"]
+    )
+    db, claimed = driver(), []
+    try:
+        # Given a generation clock the test moves (a table), at the previous generation
+        with connections[part].cursor() as cur:
+            cur.execute("CREATE TABLE IF NOT EXISTS grousset_test_clock (g int)")
+            cur.execute("DELETE FROM grousset_test_clock")
+            cur.execute("INSERT INTO grousset_test_clock VALUES (%s)", [now - 1])
+            cur.execute(TABLE_CLOCK)
+            pgpartops.add_generation(cur, now - 1)
+        # And retention holding that generation's partition (its check, step 1)
+        db.execute(other, "BEGIN")
+        db.execute(other, f"LOCK TABLE celery_grousset_outcome_g{now - 1} IN SHARE MODE")
+        # When a claim of a new key reads that generation and waits for the partition
+        r = req(processor)
+        worker = threading.Thread(target=lambda: claimed.append(store.claim(r)))
+        worker.start()
+        deadline = time.monotonic() + 30
+        while not waiting_for_a_lock(part):
+            assert time.monotonic() < deadline and worker.is_alive(), "the claim never waited"
+            time.sleep(0.01)
+        # And the generation turns while retention finishes
+        with connections[part].cursor() as cur:
+            cur.execute("UPDATE grousset_test_clock SET g = %s", [now])
+        db.execute(other, "COMMIT")
+        worker.join(30)
+    finally:
+        other.close()
+        with connections[part].cursor() as cur:
+            for sql in pgpartops._generation_functions(services.GENERATION_SECONDS):
+                cur.execute(sql)
+            cur.execute("DROP TABLE IF EXISTS grousset_test_clock")
+    # Then the claim is written to the new generation, never to the one retention checked
+    assert [c.kind for c in claimed] == [Kind.NEW]
+    with connections[part].cursor() as cur:
+        cur.execute(
+            "SELECT gen FROM celery_grousset_outcome WHERE fingerprint = %s", [r.fingerprint]
+        )
+        assert cur.fetchall() == [(now,)]
+
+
+# -- the race across a generation boundary -------------------------------------------------
+
+TEST_GENERATION = (
+    "CREATE OR REPLACE FUNCTION grousset_generation() RETURNS int LANGUAGE sql VOLATILE AS $$ "
+    "SELECT coalesce(nullif(current_setting('grousset.test_generation', true), '')::int, "
+    "floor(extract(epoch FROM clock_timestamp()) / {w})::int) $$"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_eight_processes_race_on_500_keys_across_a_generation_boundary(
+    part: str, processor: str
+) -> None:
+    store, g = get_store(part), pgpartops.current_generation(part)
+    keys = [uuid.uuid4().hex * 2 for _ in range(500)]
+    # Given 250 keys whose expired rows sit in the previous generation, 250 new keys
+    for key in keys[:250]:
+        r = req(processor, key)
+        store.claim(r)
+        assert store.finish(processor, key, r.token, DONE)
+    Outcome.objects.using(part).filter(processor_id=processor).update(
+        expires_on=F("expires_on") - timedelta(days=2)
+    )
+    into_generation(part, g - 1, processor_id=processor)
+    # And 8 processes behind a barrier, half claiming in generation g, half in g + 1
+    with connections[part].cursor() as cur:
+        cur.execute(TEST_GENERATION.format(w=services.GENERATION_SECONDS))
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(8), ctx.Queue()
+    env = {k: v for k, v in os.environ.items() if k.startswith(("GROUSSET_", "DJANGO_"))}
+    procs = [
+        ctx.Process(target=race, args=(part, keys, processor, g + n % 2, barrier, out, env))
+        for n in range(8)
+    ]
+    try:
+        results = run_all(procs, out)
+    finally:
+        with connections[part].cursor() as cur:
+            for sql in pgpartops._generation_functions(services.GENERATION_SECONDS):
+                cur.execute(sql)
+    # Then each key was owned exactly once, and no claim or completion failed
+    owners = Counter(k for owned, _ in results for k in owned)
+    assert set(owners) == set(keys) and set(owners.values()) == {1}, Counter(owners.values())
+    errors = [e for _, errs in results for e in errs]
+    assert errors == []
+    # And each key has one row, in g or g + 1 (none left in the previous generation)
+    with connections[part].cursor() as cur:
+        cur.execute(
+            "SELECT fingerprint, count(*), min(gen), max(gen) FROM celery_grousset_outcome "
+            "WHERE processor_id = %s GROUP BY fingerprint",
+            [processor],
+        )
+        rows = cur.fetchall()
+    assert len(rows) == 500 and {n for _, n, _, _ in rows} == {1}
+    assert {lo for _, _, lo, _ in rows} <= {g, g + 1} and {hi for *_, hi in rows} <= {g, g + 1}
+
+
+# -- the admin and grousset_stats ----------------------------------------------------------
+
+
+def test_admin_changelist_and_grousset_stats_on_the_partitioned_journal(
+    part: str, processor: str
+) -> None:
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    store = get_store(part)
+    for status in ("in_flight", "completed"):
+        r = req(processor)
+        store.claim(r)
+        if status == "completed":
+            assert store.finish(processor, r.fingerprint, r.token, DONE)
+    rec = Outcome.objects.using(part).filter(processor_id=processor).first()
+    assert rec is not None
+    name = f"u-{uuid.uuid4().hex[:10]}"
+    user = User.objects.db_manager("default").create_superuser(name, f"{name}@x.test", "pw")
+    client = Client()
+    client.force_login(user)
+    url = "/admin/celery_grousset/outcome/"
+    for params in ({}, {"processor": processor}, {"status": "in_flight"}, {"q": rec.fingerprint}):
+        resp = client.get(url, params)
+        assert resp.status_code == 200, params
+    assert rec.fingerprint[:12] in client.get(url, {"processor": processor}).content.decode()
+    assert client.get(f"{url}{rec.pk}/change/").status_code == 200
+    text = run("grousset_stats", processor_id=processor, database=part)
+    assert "tests.effect" in text
+
+
+# -- real workers --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_real_workers_on_the_partitioned_journal_run_each_key_once() -> None:
+    from tests.ledger.models import Effect
+    from tests.tasks import effect
+    from tests.workers import workers
+
+    redis = services.require_redis()
+    part = services.require_partitioned()
+    queue_name = f"q-{uuid.uuid4().hex[:10]}"
+    keys = [f"part-{uuid.uuid4().hex[:8]}-{i}" for i in range(10)]
+    # Given two real workers whose journal is the partitioned one
+    env = {"GROUSSET_TEST_LAYOUT": "partitioned"}
+    with workers(queue_name, 2, database=part, broker=redis, concurrency=2, env=env):
+        # When each key is delivered 5 times
+        results = [effect.apply_async((k,), queue=queue_name) for k in keys for _ in range(5)]
+        for r in results:
+            r.get(timeout=120)
+    # Then each effect ran once and each key has one completed row, in the current generation
+    now = pgpartops.current_generation(part)
+    for key in keys:
+        assert Effect.objects.using(part).filter(key=key).count() == 1
+        fp = effect.grousset_fingerprint((key,), {})
+        with connections[part].cursor() as cur:
+            cur.execute(
+                "SELECT status, deliveries, gen FROM celery_grousset_outcome "
+                "WHERE fingerprint = %s",
+                [fp],
+            )
+            [(status, deliveries, gen)] = cur.fetchall()
+        assert status == "completed" and now - 1 <= gen <= now and deliveries >= 5
