@@ -22,8 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from celery_grousset import events, guard, memo
+from celery_grousset import carry, events, guard, memo
 from celery_grousset.claim import ClaimRequest, Kind, payload_differs
+from celery_grousset.exceptions import StoreUnavailable
 from celery_grousset.store import ClaimResult, Store, check_claimable
 from celery_grousset.task import KEY_HEADER, GroussetTaskMixin, worker_caller
 
@@ -73,8 +74,17 @@ def claim_pass(store_of: Callable[[str], Store], batch: list[Job]) -> None:
     for alias in {database for database, _, _ in keys}:
         groups = [jobs for (database, _, _), jobs in keys.items() if database == alias]
         try:
-            results = guard.claim(store_of(alias), [jobs[0].claim for jobs in groups])
-        except Exception:  # store down or refused: the per-task path fails closed
+            store = store_of(alias)
+        except Exception:  # not configured: the per-task path reports it
+            continue
+        try:
+            results = guard.claim(store, [jobs[0].claim for jobs in groups])
+        except StoreUnavailable:  # down, or the answer lost: the per-task path decides
+            if store.remote:  # the claims may have committed: the children find out
+                for jobs in groups:
+                    lost(jobs[0])
+            continue
+        except Exception:  # refused: the per-task path fails closed
             continue
         for jobs, res in zip(groups, results, strict=True):
             if res.owned:  # the others of the pass are in flight under this claim
@@ -90,6 +100,14 @@ def claim_pass(store_of: Callable[[str], Store], batch: list[Job]) -> None:
             elif res.kind is Kind.IN_FLIGHT:
                 for job in jobs:
                     in_flight(job, res)
+
+
+def lost(job: Job) -> None:
+    """The claim sent for ``job`` may have committed without its answer reaching us: the
+    request carries the claim's token to the pool (as a requeued delivery would,
+    :func:`celery_grousset.carry.lost_claim`), and the child releases exactly that claim
+    before it claims, instead of waiting for it to turn stale."""
+    job.req.request_dict.setdefault(carry.HEADER, carry.lost_claim(job.claim))
 
 
 def answer(job: Job, res: ClaimResult) -> None:
