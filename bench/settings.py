@@ -75,6 +75,8 @@ GROUSSET = {
     "CLAIM_COMMIT": os.environ.get("BENCH_CLAIM_COMMIT", "durable"),
     # the opt-in main-process claim (the grousset-pg-batch variant)
     "WORKER_CLAIM": os.environ.get("BENCH_WORKER_CLAIM") == "1",
+    # its flush delay (seconds; default 0): BENCH_WORKER_CLAIM_FLUSH_DELAY=0.002
+    "WORKER_CLAIM_FLUSH_DELAY": float(os.environ.get("BENCH_WORKER_CLAIM_FLUSH_DELAY", "0")),
 }
 
 #: Redis db 12 for the broker, db 11 for results (and the Redis-based competitors).

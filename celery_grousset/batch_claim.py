@@ -16,14 +16,19 @@ loop never waits on the database. Then, on the event loop:
   backend (``AsyncResult.get()`` returns it), the message is acked, and the duplicate
   log line, signal and metric fire (and a ``task-succeeded`` event, when the worker
   sends events) — no pool child is used;
-* anything else (a fresh claim held elsewhere, a memoized failure, the store down, a
-  call whose arguments cannot be fingerprinted, a full queue) goes to the pool
-  unclaimed, and the child takes the per-task path as without the switch.
+* a key in flight elsewhere follows the task's ``on_in_flight`` here, holding no pool
+  child: ``"retry"`` publishes the delivery again with the per-task countdown and acks
+  it; ``"wait"`` claims it again later from the hub's timer (:meth:`Claimer._wait`);
+* anything else (a memoized failure, the store down, a call whose arguments cannot be
+  fingerprinted, a full queue) goes to the pool unclaimed, and the child takes the
+  per-task path as without the switch.
 
-ETA and rate-limited requests reach the pool through Celery's timer, not through the
-strategy's hand-over: they take the per-task path. So do workers whose transport has no
-event loop (no hub). On warm shutdown, claims made for requests no pool child started
-are released once the pool has stopped.
+The claimer sits on the consumer's ``on_task_request``, the one hand-over every request
+takes: ETA and rate-limited requests, which reach it later through Celery's timer, are
+claimed when they are handed over (an ETA claim is never made hours early to go stale).
+Workers whose transport has no event loop (no hub) take the per-task path. On warm
+shutdown, claims made for requests no pool child started are released once the pool
+has stopped.
 """
 
 from __future__ import annotations
@@ -33,15 +38,24 @@ import fcntl
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from celery_grousset import events, guard, memo, preclaim
-from celery_grousset.claim import ClaimRequest, Kind
-from celery_grousset.store import ClaimResult, Store, check_claimable
-from celery_grousset.task import KEY_HEADER, GroussetTaskMixin
+from celery_grousset import events, preclaim
+from celery_grousset.batch_pass import (
+    ANSWERED,
+    DEFERRED,
+    OWNED,
+    PER_TASK,
+    WAITING,
+    Job,
+    claim_pass,
+    job_of,
+)  # fmt: skip
+from celery_grousset.store import Store
+from celery_grousset.task import GroussetTaskMixin
 
 logger = logging.getLogger("celery_grousset")
 
@@ -49,11 +63,9 @@ logger = logging.getLogger("celery_grousset")
 STRATEGY = "celery_grousset.batch_claim:strategy"
 #: requests waiting for a claim at most; past it a request takes the per-task path
 QUEUE_LIMIT = 1000
-#: what the event loop does with a request once the claimer is done with it
-OWNED, ANSWERED, PER_TASK = "owned", "answered", "per-task"
-#: request fields that make a duplicate's answer more than a stored result (callbacks,
-#: chains, chords): such duplicates take the per-task path, where Celery's tracer runs them
-_EMBEDDED = ("callbacks", "errbacks", "chain", "chord")
+#: ``on_in_flight="wait"`` in the main process: first delay before a waiting request is
+#: claimed again, doubling up to the cap (never past the holder's claim turning stale)
+WAIT_FIRST, WAIT_CAP = 0.05, 1.0
 
 
 def enable(app: Any) -> list[str]:
@@ -71,65 +83,29 @@ def enable(app: Any) -> list[str]:
 
 
 def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
-    """Celery's default strategy, handing requests to the pool through a :class:`Claimer`."""
+    """Celery's default strategy, on a consumer whose hand-over to the pool goes
+    through a :class:`Claimer` (see :meth:`Claimer.of`)."""
     from celery.worker.strategy import default
 
-    claimer = Claimer.of(consumer)
-    if claimer is None:  # no event loop to hand results back to: the per-task path
-        return default(task, app, consumer, **kwargs)
-    handle = consumer.on_task_request
-    view = _Consumer(consumer, lambda req: claimer.submit(req, handle))
-    return default(task, app, view, **kwargs)
-
-
-class _Consumer:
-    """The consumer as the default strategy sees it, with our hand-over to the pool."""
-
-    def __init__(self, consumer: Any, on_task_request: Callable[[Any], Any]) -> None:
-        self._consumer = consumer
-        self.on_task_request = on_task_request
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._consumer, name)
-
-
-@dataclass(slots=True)
-class Job:
-    """One request waiting for, or done with, its claim."""
-
-    req: Any  #: celery.worker.request.Request
-    handle: Callable[[Any], Any]  #: the consumer's hand-over to the pool
-    claim: ClaimRequest
-    database: str
-    delivery: str
-    action: str = PER_TASK
-    result: ClaimResult | None = None
-    value: Any = None
-
-
-def job_of(req: Any, handle: Callable[[Any], Any]) -> Job | None:
-    """The claim of a request, computed on the event loop (no I/O); None: per-task path."""
-    task = req.task
-    if not isinstance(task, GroussetTaskMixin):
-        return None
-    opts = task.grousset_options()
-    call = task.grousset_call(req.args, req.kwargs, req.request_dict.get(KEY_HEADER), req)
-    fp, args_repr, payload = guard.identity(call, opts.validate_payload)
-    creq = guard.request(opts, fp, call.name, call.task_id, args_repr, payload_hash=payload)
-    check_claimable(creq)
-    return Job(req, handle, creq, opts.database, call.delivery)
+    Claimer.of(consumer)  # None: no event loop to hand results back to (per-task path)
+    return default(task, app, consumer, **kwargs)
 
 
 class Claimer:
     """The claim thread of one consumer and its hand-back to the event loop."""
 
-    def __init__(self, batch_size: int) -> None:
-        self.batch_size = batch_size
+    def __init__(self, batch_size: int, flush_delay: float = 0.0) -> None:
+        self.batch_size, self.flush_delay = batch_size, flush_delay
+        self.passes = self.claimed = 0  #: claim passes made, requests claimed in them
         self.jobs: deque[Job] = deque()
         self.releases: deque[Job] = deque()
         self.done: deque[Job] = deque()
         #: owned requests handed to the pool, by task id (pruned once started)
         self.handed: dict[str, Job] = {}
+        #: the consumer's own hand-over to the pool (set by :meth:`of`)
+        self.handle: Callable[[Any], Any] = _no_pool
+        self.hub: Any = None  #: the consumer's event loop (set by :meth:`of`)
+        self.consumer: Any = None
         self.cv = threading.Condition()
         self.stopping = False
         self.stores: dict[str, Store] = {}
@@ -149,14 +125,35 @@ class Claimer:
         if claimer is None:
             from celery_grousset.conf import grousset_settings
 
-            claimer = cls(int(grousset_settings.WORKER_CLAIM_BATCH_SIZE))
+            claimer = cls(
+                int(grousset_settings.WORKER_CLAIM_BATCH_SIZE),
+                float(grousset_settings.WORKER_CLAIM_FLUSH_DELAY),
+            )
             consumer._grousset_claimer = claimer
+        claimer.route(consumer)
+        claimer.hub, claimer.consumer = hub, consumer
         with contextlib.suppress(Exception):  # registered again after a consumer restart
             hub.remove_reader(claimer.read_fd)
         hub.add_reader(claimer.read_fd, claimer.on_readable)
         return claimer
 
+    def route(self, consumer: Any) -> None:
+        """Put this claimer on the consumer's hand-over to the pool (once).
+
+        ``on_task_request`` is the one seam every request of the consumer reaches the
+        pool through: the strategy's immediate path, the ETA timer (``apply_eta_task``)
+        and the rate-limit buckets (``_limit_move_to_pool``) all call it, at hand-over
+        time — an ETA request is claimed when it is due, not at receipt."""
+        handle = consumer.on_task_request
+        if getattr(handle, "__self__", None) is not self:
+            self.handle = handle
+            consumer.on_task_request = self.on_task_request
+
     # -- the event loop's side ---------------------------------------------------------------
+
+    def on_task_request(self, req: Any) -> Any:
+        """The consumer's hand-over to the pool, through this claimer."""
+        return self.submit(req, self.handle)
 
     def submit(self, req: Any, handle: Callable[[Any], Any]) -> Any:
         """Queue a request for its claim (the per-task path when it cannot be queued)."""
@@ -187,6 +184,8 @@ class Claimer:
 
     def _dispatch(self, job: Job) -> None:
         req = job.req
+        if job.waits and job.action != WAITING:  # done waiting: counted in the prefetch again
+            self.consumer.qos.decrement_eventually()
         if job.action == OWNED and job.result is not None:
             if req.revoked():  # revoked or expired while its claim was made: give it up
                 self._release(job)
@@ -194,15 +193,43 @@ class Claimer:
             preclaim.carry(req.request_dict, job.claim, job.result)
             job.handle(req)
             self._hand(job)
-        elif job.action == ANSWERED:
+        elif job.action in (ANSWERED, DEFERRED):
             from celery.utils.saferepr import saferepr
             from celery.worker.state import task_ready
 
             req.acknowledge()
             task_ready(req)
-            req.send_event("task-succeeded", result=saferepr(job.value), runtime=0.0)
+            if job.action == ANSWERED:
+                req.send_event("task-succeeded", result=saferepr(job.value), runtime=0.0)
+        elif job.action == WAITING and job.result is not None:
+            self._wait(job, job.result.retry_in)
         else:
             job.handle(req)
+
+    def _wait(self, job: Job, stale_in: float) -> None:
+        """``on_in_flight="wait"``: claim the request again later, from the event loop's
+        timer, with capped backoff (no pool child held; like an ETA request, it is not
+        counted against the prefetch while it waits)."""
+        if job.req.revoked():  # revoked meanwhile: Celery has acked it, nothing is held
+            if job.waits:
+                self.consumer.qos.decrement_eventually()
+            return
+        if job.waits == 0:
+            self.consumer.qos.increment_eventually()
+        delay = min(WAIT_FIRST * 2.0**job.waits, WAIT_CAP, max(stale_in, 0.0))
+        self.hub.call_later(delay, self._again, job)
+
+    def _again(self, job: Job) -> None:
+        """A waiting request's next claim."""
+        job.waits += 1
+        job.action, job.result = PER_TASK, None
+        if len(self.jobs) >= QUEUE_LIMIT or self.stopping or not self.thread.is_alive():
+            self.consumer.qos.decrement_eventually()
+            job.handle(job.req)
+            return
+        with self.cv:
+            self.jobs.append(job)
+            self.cv.notify()
 
     def _hand(self, job: Job) -> None:
         if len(self.handed) >= QUEUE_LIMIT:  # forget those a child has started
@@ -233,6 +260,7 @@ class Claimer:
             with self.cv:
                 while not (self.jobs or self.releases or self.stopping):
                     self.cv.wait()
+                self._gather()
                 stopping = self.stopping
                 size = 0 if stopping else min(len(self.jobs), self.batch_size)
                 batch = [self.jobs.popleft() for _ in range(size)]
@@ -241,6 +269,7 @@ class Claimer:
                 self._shut()
                 return
             if batch:
+                self.passes, self.claimed = self.passes + 1, self.claimed + len(batch)
                 try:
                     self.claim(batch)
                 except Exception:  # never let the thread die: these take the per-task path
@@ -249,9 +278,27 @@ class Claimer:
                 with contextlib.suppress(BlockingIOError):
                     os.write(self.write_fd, b"\0")
 
+    def _gather(self) -> None:
+        """``WORKER_CLAIM_FLUSH_DELAY``: wait (holding ``cv``) up to that long from the
+        first queued request for more, until a full batch or shutdown."""
+        if self.flush_delay <= 0 or not self.jobs:
+            return
+        deadline = time.monotonic() + self.flush_delay
+        while len(self.jobs) < self.batch_size and not self.stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self.cv.wait(left)
+
     def _shut(self) -> None:
         """Release the claims of requests never handed to the pool; close the connections
         (on this thread: an SQLite connection may be used only by the thread that made it)."""
+        logger.info(
+            "grousset.worker_claim_stats passes=%d requests=%d average_batch=%.2f "
+            "batch_size=%d flush_delay=%gs",
+            self.passes, self.claimed, self.claimed / max(self.passes, 1), self.batch_size,
+            self.flush_delay,
+        )  # fmt: skip
         while self.done:
             job = self.done.popleft()
             if job.action == OWNED:
@@ -270,44 +317,8 @@ class Claimer:
         return store
 
     def claim(self, batch: list[Job]) -> None:
-        """Claim a batch: one claim per key and database (``claim_all``); each job's
-        ``action`` says what the event loop does with it."""
-        keys: dict[tuple[str, str, str], list[Job]] = {}
-        for job in batch:
-            c = job.claim
-            keys.setdefault((job.database, c.processor_id, c.fingerprint), []).append(job)
-        for alias in {database for database, _, _ in keys}:
-            groups = [jobs for (database, _, _), jobs in keys.items() if database == alias]
-            try:
-                results = guard.claim(self._store(alias), [jobs[0].claim for jobs in groups])
-            except Exception:  # store down or refused: the per-task path fails closed
-                continue
-            for jobs, res in zip(groups, results, strict=True):
-                if res.owned:  # the others of the pass are in-flight duplicates
-                    jobs[0].action, jobs[0].result = OWNED, res
-                elif res.kind is Kind.COMPLETED:
-                    for job in jobs:
-                        self._answer(job, res)
-
-    def _answer(self, job: Job, res: ClaimResult) -> None:
-        """Store a completed key's memo as this delivery's result (else: per-task path)."""
-        req, creq = job.req, job.claim
-        if creq.payload_hash and res.payload_hash and creq.payload_hash != res.payload_hash:
-            return  # the per-task path raises PayloadMismatch
-        _, _, embed = req._payload
-        if any((embed or {}).get(name) for name in _EMBEDDED):
-            return
-        try:
-            accept = memo.app_accept(req.task.app)
-            value = memo.decode(
-                res.result, res.result_encoding, res.error, creq.fingerprint, accept=accept
-            )
-            if not req.task.ignore_result:
-                req.task.backend.mark_as_done(req.id, value, request=req._context)
-        except Exception:  # a memoized error, a memo not stored, the backend down
-            return
-        events.duplicate(creq, res, job.delivery)
-        job.action, job.value = ANSWERED, value
+        """Claim a batch (:func:`celery_grousset.batch_pass.claim_pass`)."""
+        claim_pass(self._store, batch)
 
     def _release_all(self) -> None:
         while self.releases:
@@ -317,6 +328,10 @@ class Claimer:
                 self._store(job.database).release(c.processor_id, c.fingerprint, c.token)
             except Exception as exc:  # it turns stale at its stale_at
                 events.store_error(c, "release", exc)
+
+
+def _no_pool(req: Any) -> Any:  # pragma: no cover - replaced before the first request
+    raise RuntimeError("celery-grousset: the claimer has no consumer to hand requests to")
 
 
 def stop(sender: Any = None, **kwargs: Any) -> None:

@@ -30,6 +30,7 @@ from celery_grousset.settings_values import (
     _choice,
     _duration,
     _expires_after,
+    _flush_delay,
     _integer,
     _optional_duration,
     _redact_keys,
@@ -146,6 +147,13 @@ SETTINGS: dict[str, Setting] = {
         # Most claims the main process sends in one pass (per database).
         Setting(
             "WORKER_CLAIM_BATCH_SIZE", 100, _integer(1, 10_000), "an int from 1 to 10000"
+        ),
+        # Seconds the claim thread waits for more requests before a pass (0: at once).
+        Setting(
+            "WORKER_CLAIM_FLUSH_DELAY",
+            0.0,
+            _flush_delay,
+            "0 or a duration of at most 1 s; read back as float seconds",
         ),
         # A child starting later than this after the main process's claim renews it first.
         # None: a tenth of the task's max_processing_time.

@@ -11,8 +11,8 @@ its token; when the renewal fails another attempt owns the key (or settled it), 
 delivery is decided by an ordinary claim with the same token instead: the body runs
 only if that claim owns the key.
 
-Without the field (the switch is off, the request came through an ETA or rate limit,
-the main process could not claim it) the child claims as before.
+Without the field (the switch is off, the main process could not claim it) the child
+claims as before.
 """
 
 from __future__ import annotations

@@ -138,6 +138,23 @@ def _optional_duration(name: str, value: object) -> float | None:
     return seconds(value, name=name)
 
 
+#: the longest ``WORKER_CLAIM_FLUSH_DELAY`` (seconds): a pass waits for company, not longer
+MAX_FLUSH_DELAY = 1.0
+
+
+def _flush_delay(name: str, value: object) -> float:
+    """0 (no delay) or a duration of at most :data:`MAX_FLUSH_DELAY`."""
+    number = as_seconds(value)
+    if number is None or not (math.isfinite(number) and 0 <= number <= MAX_FLUSH_DELAY):
+        raise _fail(
+            name,
+            f"{name} must be 0 or a number of seconds (or a timedelta) of at most "
+            f"{MAX_FLUSH_DELAY:g} s, got {_shown(value)}.",
+            f"Write e.g. {name}=0.002 (2 ms), or remove it for 0 (claim at once).",
+        )
+    return number
+
+
 def _expires_after(name: str, value: object) -> float:
     if value is None:
         raise _fail(

@@ -278,9 +278,12 @@ class GroussetTaskMixin:
         cap = float(grousset_settings.STORE_RETRY_BACKOFF_MAX)
         return min(base * 2.0**n, cap) * random.uniform(0.5, 1.0)
 
-    def _requeue(self, countdown: float, exc: BaseException | None, extra: Any = None) -> NoReturn:
-        """Send this delivery again after ``countdown`` without using up max_retries."""
-        request = self.request
+    def _requeue(
+        self, countdown: float, exc: BaseException | None, extra: Any = None, request: Any = None
+    ) -> NoReturn:
+        """Send this delivery (``request``, default: the one running) again after
+        ``countdown`` without using up max_retries."""
+        request = self.request if request is None else request
         n = int(_header(request, REQUEUES_HEADER) or 0)
         headers = {**(request.headers or {}), REQUEUES_HEADER: n + 1, **(extra or {})}
         for name in (KEY_HEADER, periodic.SLOT_HEADER):  # the call's identity travels on
@@ -314,12 +317,13 @@ class _TaskCaller:
         return "wait" if opts.on_in_flight == "wait" or self.local else "retry"
 
     def defer(self, req: ClaimRequest, res: ClaimResult) -> NoReturn:
-        self.task._requeue(self.task._in_flight_countdown(self.request, res.retry_in), None)
+        countdown = self.task._in_flight_countdown(self.request, res.retry_in)
+        self.task._requeue(countdown, None, request=self.request)
 
     def store_unavailable(self, exc: StoreUnavailable, extra: Any = None) -> NoReturn:
         if self.local:
             raise exc
-        self.task._requeue(self.task._store_countdown(self.request), exc, extra)
+        self.task._requeue(self.task._store_countdown(self.request), exc, extra, self.request)
 
     def carry(self, outcome: dict[str, Any], exc: StoreUnavailable) -> NoReturn:
         self.store_unavailable(exc, {carry.HEADER: outcome})  # celery_grousset.carry
@@ -329,6 +333,15 @@ class _TaskCaller:
 
     def poison(self, exc: PoisonDelivery) -> NoReturn:
         raise exc if self.local else Reject(exc, requeue=False)
+
+
+def worker_caller(task: GroussetTaskMixin, context: Any) -> _TaskCaller:
+    """The hooks of a delivery the worker's main process decides (``WORKER_CLAIM``),
+    ``context`` its request's ``celery.app.task.Context``: as a pool child's, not a
+    direct call's."""
+    from celery.app.task import Context
+
+    return _TaskCaller(task, Context(vars(context), called_directly=False), lambda: None)
 
 
 if TYPE_CHECKING:

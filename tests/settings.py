@@ -127,6 +127,9 @@ GROUSSET = {
     "WORKER_CLAIM": os.environ.get("GROUSSET_TEST_WORKER_CLAIM") == "1",
     "JOURNAL_LAYOUT": os.environ.get("GROUSSET_TEST_LAYOUT", "table"),
 }
+for _name in ("WORKER_CLAIM_FLUSH_DELAY", "WORKER_CLAIM_RENEW_AFTER"):  # worker tests
+    if os.environ.get(f"GROUSSET_TEST_{_name}"):
+        GROUSSET[_name] = float(os.environ[f"GROUSSET_TEST_{_name}"])
 
 CELERY_BROKER_URL = os.environ.get("GROUSSET_TEST_BROKER", "redis://127.0.0.1:6379/14")
 CELERY_RESULT_BACKEND = os.environ.get("GROUSSET_TEST_BACKEND", "redis://127.0.0.1:6379/15")

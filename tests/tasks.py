@@ -40,6 +40,22 @@ def effect(self: Any, key: str, sleep: float = 0.0) -> dict[str, Any]:
     return {"key": key, "pid": os.getpid(), "fence": self.grousset.fence}
 
 
+@shared_task(base=GroussetTask, bind=True, max_processing_time=30, rate_limit="20/s")
+def limited(self: Any, key: str) -> dict[str, Any]:
+    """``effect`` under a rate limit: its requests reach the pool through Celery's
+    token buckets and timer."""
+    record(key, "limited")
+    return {"key": key, "pid": os.getpid(), "fence": self.grousset.fence}
+
+
+@shared_task(base=GroussetTask, bind=True, max_processing_time=30, on_in_flight="wait")
+def effect_wait(self: Any, key: str, sleep: float = 0.0) -> dict[str, Any]:
+    """``effect`` whose deliveries wait for a key in flight elsewhere instead of retrying."""
+    record(key, "wait")
+    _pause(sleep)
+    return {"key": key, "pid": os.getpid(), "fence": self.grousset.fence}
+
+
 @shared_task(base=GroussetTask, bind=True, max_processing_time=3)
 def short_claim(self: Any, key: str, sleep: float = 0.0) -> dict[str, Any]:
     """max_processing_time 3 s: takeover tests."""

@@ -111,6 +111,11 @@ def test_redact_keys_read_back_as_a_tuple(value: object, expected: tuple[str, ..
         ("ON_IN_FLIGHT", "RETRY"),
         ("ON_FAILURE", None),
         ("CLAIM_COMMIT", "fast"),
+        ("WORKER_CLAIM_FLUSH_DELAY", -0.001),
+        ("WORKER_CLAIM_FLUSH_DELAY", 2),  # at most 1 s
+        ("WORKER_CLAIM_FLUSH_DELAY", None),
+        ("WORKER_CLAIM_FLUSH_DELAY", "2ms"),
+        ("WORKER_CLAIM_FLUSH_DELAY", math.nan),
     ],
 )
 def test_bad_values_are_refused_naming_the_setting(name: str, value: object) -> None:
@@ -177,6 +182,9 @@ def test_defaults_read_back_unchanged() -> None:
         ("MAX_TAKEOVERS", 0, 0),
         ("PROCESSOR_ID", "billing", "billing"),
         ("ON_IN_FLIGHT", "wait", "wait"),
+        ("WORKER_CLAIM_FLUSH_DELAY", 0, 0.0),
+        ("WORKER_CLAIM_FLUSH_DELAY", 0.002, 0.002),
+        ("WORKER_CLAIM_FLUSH_DELAY", timedelta(milliseconds=5), 0.005),
     ],
 )
 def test_valid_values_read_back_as_documented(name: str, value: object, expected: object) -> None:

@@ -73,6 +73,10 @@ def documented(name: str, value: object) -> object:
             return _REFUSED
         ok = math.isfinite(number) and 0 < number <= DURATIONS[name]
         return number if ok else _REFUSED
+    if name == "WORKER_CLAIM_FLUSH_DELAY":
+        number = value.total_seconds() if isinstance(value, timedelta) else value
+        ok = isinstance(number, (int, float)) and not isinstance(number, bool)
+        return float(number) if ok and 0 <= number <= 1.0 else _REFUSED
     if name in CHOICES:
         return value if isinstance(value, str) and value in CHOICES[name] else _REFUSED
     if name in BOOLS:

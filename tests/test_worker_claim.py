@@ -96,6 +96,104 @@ def test_duplicates_of_a_completed_key_are_answered_by_the_main_process(
         assert not re.search(rf"Task tests\.tasks\.effect\[{r.id}\] succeeded", text)
 
 
+def test_eta_and_rate_limited_requests_are_claimed_by_the_main_process_when_due(
+    batch_worker: tuple[str, str, Worker],
+) -> None:
+    from tests.tasks import effect, limited
+
+    alias, queue, worker = batch_worker
+    key = f"eta-{uuid.uuid4().hex[:8]}"
+    keys = [f"limited-{uuid.uuid4().hex[:8]}-{i}" for i in range(4)]
+    # Given a call with a 1 s countdown and four calls of a rate-limited task (both reach
+    # the pool through Celery's timer, not through the strategy's immediate hand-over)
+    sent = time.time()
+    eta = effect.apply_async((key,), countdown=1, queue=queue)
+    values = [limited.apply_async((k,), queue=queue) for k in keys]
+    first = eta.get(timeout=60)
+    assert [v.get(timeout=60)["key"] for v in values] == keys
+    # Then each ran once, claimed by the worker's main process, not by a pool child
+    for task, k in [(effect, key)] + [(limited, k) for k in keys]:
+        assert Effect.objects.using(alias).filter(key=k).count() == 1
+        rec = records(alias, task, k)
+        assert rec.status == "completed" and rec.worker.endswith(f":{worker.proc.pid}"), rec.worker
+    # and the ETA call was claimed when due, not at receipt
+    assert records(alias, effect, key).started_at.timestamp() >= sent + 0.9
+    # When a duplicate of the completed ETA call arrives, with a countdown of its own
+    dup = effect.apply_async((key,), countdown=1, queue=queue)
+    # Then the main process answers it with the memo, no pool child running it
+    assert dup.get(timeout=30) == first
+    text = wait_for(
+        lambda: (t := worker.text()).count(f"task_id={dup.id}") and t, 10, "the duplicate's log"
+    )
+    line = next(ln for ln in text.splitlines() if "grousset.duplicate" in ln and dup.id in ln)
+    assert "/MainProcess]" in line, line
+    assert not re.search(rf"Task tests\.tasks\.effect\[{dup.id}\] succeeded", text)
+    assert Effect.objects.using(alias).filter(key=key).count() == 1
+
+
+@pytest.mark.parametrize("policy", ["retry", "wait"])
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
+def test_duplicates_of_a_key_in_flight_elsewhere_hold_no_pool_child(
+    redis_url: str, backend: str, policy: str
+) -> None:
+    from tests.tasks import effect, effect_wait
+
+    task = effect_wait if policy == "wait" else effect
+    alias = BACKENDS[backend]
+    services.require_database(alias)
+    q1, q2 = (f"q-{uuid.uuid4().hex[:10]}" for _ in range(2))
+    key, other = (f"{name}-{uuid.uuid4().hex[:8]}" for name in ("held", "other"))
+    one = ["-c", "1"]
+    with (
+        workers(q1, 1, database=alias, broker=redis_url, extra=one),
+        workers(q2, 1, database=alias, broker=redis_url, extra=["--grousset-batch", *one]) as [w2],
+    ):
+        # Given a call running for 5 s on worker 1
+        held = task.apply_async((key, 5.0), queue=q1)
+        wait_for(lambda: Effect.objects.using(alias).filter(key=key).exists(), 30, "the holder")
+        # When 5 duplicates of it reach worker 2 (one pool child), then another call
+        dups = [task.apply_async((key, 5.0), queue=q2) for _ in range(5)]
+        wait_for(lambda: w2.text().count("grousset.in_flight") >= 5, 30, "the duplicates")
+        assert task.apply_async((other,), queue=q2).get(timeout=30)["key"] == other
+        # Then that call ran at once: no duplicate held worker 2's child for the holder
+        assert not held.ready()
+        first = held.get(timeout=60)
+        assert [d.get(timeout=60) for d in dups] == [first] * 5
+        text = w2.text()
+    # each duplicate was decided in worker 2's main process, never by its pool child
+    for dup in dups:
+        lines = [ln for ln in text.splitlines() if dup.id in ln]
+        assert any("grousset.in_flight" in ln and f"action={policy}" in ln for ln in lines), lines
+        assert not [ln for ln in lines if "ForkPoolWorker" in ln], lines
+    assert Effect.objects.using(alias).filter(key=key).count() == 1
+    assert Effect.objects.using(alias).filter(key=other).count() == 1
+
+
+def test_the_flush_delay_gathers_a_burst_into_few_passes(redis_url: str) -> None:
+    from tests.tasks import effect
+
+    queue = f"q-{uuid.uuid4().hex[:10]}"
+    keys = [f"flush-{uuid.uuid4().hex[:8]}-{i}" for i in range(40)]
+    extra = ["--grousset-batch", "--prefetch-multiplier", "50"]
+    env = {"GROUSSET_TEST_WORKER_CLAIM_FLUSH_DELAY": "0.5"}
+    # Given a worker whose claim thread waits up to 0.5 s for company before a pass
+    with workers(queue, 1, database="postgresql", broker=redis_url, extra=extra, env=env) as [w]:
+        # When 40 calls arrive over 0.8 s (one every 20 ms: without the delay, each would
+        # find the thread idle and make a pass of its own)
+        results = []
+        for k in keys:
+            results.append(effect.apply_async((k,), queue=queue))
+            time.sleep(0.02)
+        assert [r.get(timeout=60)["key"] for r in results] == keys
+        w.stop(timeout=60)
+    # Then they were claimed in a few big passes, not one pass per request
+    stats = re.search(r"grousset\.worker_claim_stats passes=(\d+) requests=(\d+)", w.text())
+    assert stats, w.text()[-2000:]
+    passes, requests = int(stats[1]), int(stats[2])
+    assert requests == 40 and passes <= 8, (passes, requests)
+    assert Effect.objects.using("postgresql").filter(key__in=keys).count() == 40
+
+
 def test_sigkill_of_a_child_mid_task_is_taken_over(batch_worker: tuple[str, str, Worker]) -> None:
     from tests.tasks import short_claim
 

@@ -63,6 +63,14 @@ COVERAGE: dict[int, tuple[str, str]] = {
     30: ("done", "half-open connection (the proxy stops forwarding, nothing closes): the claim "
                  "fails closed within 15 s (STORE_TIMEOUT 2 s), then 1 effect (PostgreSQL, "
                  "MariaDB)"),
+    31: ("done", "WORKER_CLAIM: the main process SIGKILLed after claiming 3 requests "
+                 "prefetched behind a running body: a second worker takes each stale claim "
+                 "over, 1 effect each (3 backends)"),
+    32: ("done", "WORKER_CLAIM: a request revoked while it waits for its ETA, claimed with "
+                 "its batch when due: released, never run; the others once (3 backends)"),
+    33: ("done", "WORKER_CLAIM: 200 duplicates, 2 workers x 2: one effect (3 backends)"),
+    34: ("done", "WORKER_CLAIM: a queue wait (1.5 s) longer than WORKER_CLAIM_RENEW_AFTER "
+                 "(0.5 s): the child renews the claim, 1 effect, no takeover (3 backends)"),
 }
 
 

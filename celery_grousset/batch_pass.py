@@ -1,0 +1,154 @@
+"""One pass of the worker's claim thread (:mod:`celery_grousset.batch_claim`): the
+requests queued since the last pass claimed together, and what the event loop does
+with each (``Job.action``).
+
+Decided here, on the claim thread, never on the event loop:
+
+* ``OWNED``: the claim travels with the request to the pool;
+* ``ANSWERED``: a completed key's memo is stored as this delivery's result;
+* ``DEFERRED``: a key in flight elsewhere (or owned by another delivery of the same
+  pass), ``on_in_flight="retry"``: the delivery was published again with the per-task
+  path's countdown (:meth:`GroussetTaskMixin._in_flight_countdown`, same header count,
+  same max_retries semantics, same ``grousset.in_flight`` line) and is acked;
+* ``WAITING``: the same with ``on_in_flight="wait"``: claimed again later from the
+  event loop's timer, holding no pool child;
+* ``PER_TASK``: anything else goes to the pool unclaimed (the child decides).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from celery_grousset import carry, events, guard, memo
+from celery_grousset.claim import ClaimRequest, Kind, payload_differs
+from celery_grousset.exceptions import StoreUnavailable
+from celery_grousset.store import ClaimResult, Store, check_claimable
+from celery_grousset.task import KEY_HEADER, GroussetTaskMixin, worker_caller
+
+#: what the event loop does with a request once the claimer is done with it
+OWNED, ANSWERED, PER_TASK = "owned", "answered", "per-task"
+DEFERRED, WAITING = "deferred", "waiting"
+#: request fields that make a duplicate's answer more than a stored result (callbacks,
+#: chains, chords): such duplicates take the per-task path, where Celery's tracer runs them
+_EMBEDDED = ("callbacks", "errbacks", "chain", "chord")
+
+
+@dataclass(slots=True)
+class Job:
+    """One request waiting for, or done with, its claim."""
+
+    req: Any  #: celery.worker.request.Request
+    handle: Callable[[Any], Any]  #: the consumer's hand-over to the pool
+    claim: ClaimRequest
+    database: str
+    delivery: str
+    action: str = PER_TASK
+    result: ClaimResult | None = None
+    value: Any = None
+    waits: int = 0  #: passes this request waited through (``on_in_flight="wait"``)
+
+
+def job_of(req: Any, handle: Callable[[Any], Any]) -> Job | None:
+    """The claim of a request, computed on the event loop (no I/O); None: per-task path."""
+    task = req.task
+    if not isinstance(task, GroussetTaskMixin):
+        return None
+    opts = task.grousset_options()
+    call = task.grousset_call(req.args, req.kwargs, req.request_dict.get(KEY_HEADER), req)
+    fp, args_repr, payload = guard.identity(call, opts.validate_payload)
+    creq = guard.request(opts, fp, call.name, call.task_id, args_repr, payload_hash=payload)
+    check_claimable(creq)
+    return Job(req, handle, creq, opts.database, call.delivery)
+
+
+def claim_pass(store_of: Callable[[str], Store], batch: list[Job]) -> None:
+    """Claim a batch: one claim per key and database (``claim_all``); each job's
+    ``action`` says what the event loop does with it."""
+    keys: dict[tuple[str, str, str], list[Job]] = {}
+    for job in batch:
+        c = job.claim
+        keys.setdefault((job.database, c.processor_id, c.fingerprint), []).append(job)
+    for alias in {database for database, _, _ in keys}:
+        groups = [jobs for (database, _, _), jobs in keys.items() if database == alias]
+        try:
+            store = store_of(alias)
+        except Exception:  # not configured: the per-task path reports it
+            continue
+        try:
+            results = guard.claim(store, [jobs[0].claim for jobs in groups])
+        except StoreUnavailable:  # down, or the answer lost: the per-task path decides
+            if store.remote:  # the claims may have committed: the children find out
+                for jobs in groups:
+                    lost(jobs[0])
+            continue
+        except Exception:  # refused: the per-task path fails closed
+            continue
+        for jobs, res in zip(groups, results, strict=True):
+            if res.owned:  # the others of the pass are in flight under this claim
+                jobs[0].action, jobs[0].result = OWNED, res
+                held = dataclasses.replace(
+                    res, kind=Kind.IN_FLIGHT, retry_in=jobs[0].claim.max_processing_time
+                )
+                for job in jobs[1:]:
+                    in_flight(job, held)
+            elif res.kind is Kind.COMPLETED:
+                for job in jobs:
+                    answer(job, res)
+            elif res.kind is Kind.IN_FLIGHT:
+                for job in jobs:
+                    in_flight(job, res)
+
+
+def lost(job: Job) -> None:
+    """The claim sent for ``job`` may have committed without its answer reaching us: the
+    request carries the claim's token to the pool (as a requeued delivery would,
+    :func:`celery_grousset.carry.lost_claim`), and the child releases exactly that claim
+    before it claims, instead of waiting for it to turn stale."""
+    job.req.request_dict.setdefault(carry.HEADER, carry.lost_claim(job.claim))
+
+
+def answer(job: Job, res: ClaimResult) -> None:
+    """Store a completed key's memo as this delivery's result (else: per-task path)."""
+    req, creq = job.req, job.claim
+    if payload_differs(res.payload_hash, creq.payload_hash):
+        return  # the per-task path raises PayloadMismatch
+    _, _, embed = req._payload
+    if any((embed or {}).get(name) for name in _EMBEDDED):
+        return
+    try:
+        accept = memo.app_accept(req.task.app)
+        value = memo.decode(
+            res.result, res.result_encoding, res.error, creq.fingerprint, accept=accept
+        )
+        if not req.task.ignore_result:
+            req.task.backend.mark_as_done(req.id, value, request=req._context)
+    except Exception:  # a memoized error, a memo not stored, the backend down
+        return
+    events.duplicate(creq, res, job.delivery)
+    job.action, job.value = ANSWERED, value
+
+
+def in_flight(job: Job, res: ClaimResult) -> None:
+    """A key held by another attempt: follow the task's ``on_in_flight`` here, as the
+    per-task path would in a child (else: per-task path)."""
+    from celery.exceptions import Retry
+
+    creq = job.claim
+    if payload_differs(res.payload_hash, creq.payload_hash):
+        return  # the per-task path raises PayloadMismatch
+    caller = worker_caller(job.req.task, job.req._context)
+    policy = caller.in_flight_policy(job.req.task.grousset_options())
+    if job.waits == 0:  # logged once per delivery, as the per-task path's wait does
+        events.in_flight(creq, res, policy)
+    if policy == "wait":
+        job.action, job.result = WAITING, res
+        return
+    try:
+        caller.defer(creq, res)  # publishes the delivery again, then raises Retry
+    except Retry:
+        job.action = DEFERRED
+    except Exception:  # could not publish it: the child's per-task path decides
+        return

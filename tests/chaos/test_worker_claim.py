@@ -1,0 +1,142 @@
+"""Scenarios 31-34: the chaos suite with the main-process claim on (``--grousset-batch``,
+docs/performance.md "Claiming in the worker's main process")."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import pytest
+
+import tests.chaos_tasks as ct
+from tests.chaos.conftest import need
+from tests.chaos.harness import effects, new_key, record_of, wait_for, workers
+from tests.chaos.test_duplicates import _two_hundred
+
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
+
+#: backend id -> Django alias
+BACKENDS = {"postgresql": "postgresql", "mariadb": "mysql", "sqlite": "default"}
+BATCH = ["--grousset-batch"]
+#: one pool child with requests prefetched behind it: claimed by the main process, not started
+DEEP = [*BATCH, "--prefetch-multiplier", "4"]
+
+
+def claimed_by(alias: str, task: Any, args: tuple[Any, ...], pid: int) -> bool:
+    """The call's claim is in flight, made by the process ``pid`` (the journal's worker)."""
+    rec = record_of(alias, task, args)
+    return rec is not None and rec.status == "in_flight" and rec.worker.endswith(f":{pid}")
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_31_sigkill_of_the_main_process_after_its_claims(
+    broker: str, queue: str, tally: Any, backend: str
+) -> None:
+    alias = need(BACKENDS[backend])
+    t = tally("31 WORKER_CLAIM: SIGKILL of the main process after its claims", backend)
+    busy, keys = new_key("s31-busy"), [new_key(f"s31-{i}") for i in range(3)]
+    with workers(queue, 1, database=alias, extra=DEEP) as [w1]:
+        # Given a worker whose only child runs a 2 s body and whose main process has
+        # claimed three more calls prefetched behind it (max_processing_time 3 s)
+        results = [ct.effect.apply_async((busy, 2.0), queue=queue)]
+        wait_for(lambda: effects(alias, busy), 30, "the busy body")
+        results += [ct.effect.apply_async((k,), queue=queue) for k in keys]
+        for k in keys:
+            wait_for(lambda k=k: claimed_by(alias, ct.effect, (k,), w1.proc.pid), 30, "claims")
+        # When the main process is SIGKILLed (its orphaned child too: the machine is gone)
+        children = w1.children()
+        os.kill(w1.proc.pid, signal.SIGKILL)
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+        w1.proc.wait(10)
+    # Then a second worker gets the messages back (visibility timeout 2 s), takes the
+    # stale claims over and runs each call once
+    with workers(queue, 1, database=alias, extra=BATCH, env={"GROUSSET_TEST_VISIBILITY": "2"}):
+        values = [r.get(timeout=120) for r in results]
+    assert [v["key"] for v in values] == [busy, *keys]
+    for k in keys:
+        rec = record_of(alias, ct.effect, (k,))
+        t.add_key(alias, k, rec)
+        assert effects(alias, k) == 1 and rec.status == "completed" and rec.takeovers == 1
+    rec = record_of(alias, ct.effect, (busy, 2.0))
+    t.add_key(alias, busy, rec)
+    # the call killed mid-body: the documented window (its effect may happen twice)
+    assert rec.status == "completed" and rec.takeovers == 1 and effects(alias, busy) <= 2
+    t.notes.append("the body killed mid-run is the documented window (<= 2 effects)")
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_32_revoked_request_in_a_claimed_batch(
+    broker: str, queue: str, tally: Any, backend: str
+) -> None:
+    from tests.celeryapp import app
+
+    alias = need(BACKENDS[backend])
+    t = tally("32 WORKER_CLAIM: revoked request in a claimed batch", backend)
+    keys = [new_key(f"s32-{i}") for i in range(4)]
+    with workers(queue, 1, database=alias, concurrency=2, extra=DEEP) as [w]:
+        # Given four calls due together in 3 s (claimed in one pass when Celery's timer
+        # hands them over), one of them revoked while it waits for its ETA
+        results = [ct.slow.apply_async((k,), countdown=3, queue=queue) for k in keys]
+        app.control.revoke(results[1].id)
+        # When they come due
+        for i in (0, 2, 3):
+            assert results[i].get(timeout=60)["key"] == keys[i]
+        revoked = wait_for(lambda: record_of(alias, ct.slow, (keys[1],)), 30, "its claim")
+        wait_for(lambda: record_of(alias, ct.slow, (keys[1],)).status != "in_flight", 30, "rel")
+        main = w.proc.pid
+    # Then the revoked one was claimed by the main process and released, never run
+    assert revoked.worker.endswith(f":{main}")
+    assert effects(alias, keys[1]) == 0
+    assert record_of(alias, ct.slow, (keys[1],)).status != "in_flight"
+    for i in (0, 2, 3):
+        rec = record_of(alias, ct.slow, (keys[i],))
+        t.add_key(alias, keys[i], rec)
+        assert effects(alias, keys[i]) == 1 and rec.worker.endswith(f":{main}")
+    t.add_key(alias, keys[1], record_of(alias, ct.slow, (keys[1],)))
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_33_200_duplicates_two_workers_with_the_switch_on(
+    broker: str, queue: str, tally: Any, backend: str
+) -> None:
+    alias = need(BACKENDS[backend])
+    t = tally("33 WORKER_CLAIM: 200 duplicates / 2 workers", backend)
+    key = new_key("s33")
+    with workers(queue, 2, database=alias, concurrency=2, extra=BATCH) as ws:
+        rec = _two_hundred(alias, queue, key)
+        pids = [w.proc.pid for w in ws]
+    t.add_key(alias, key, rec)
+    t.add_logs(ws)
+    # one effect, and the claim that ran it was a main process's
+    assert effects(alias, key) == 1 and int(rec.worker.rsplit(":", 1)[1]) in pids
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_34_queue_wait_longer_than_renew_after(
+    broker: str, queue: str, tally: Any, backend: str
+) -> None:
+    alias = need(BACKENDS[backend])
+    t = tally("34 WORKER_CLAIM: queue wait > WORKER_CLAIM_RENEW_AFTER", backend)
+    busy, key = new_key("s34-busy"), new_key("s34")
+    env = {"GROUSSET_TEST_WORKER_CLAIM_RENEW_AFTER": "0.5"}
+    with workers(queue, 1, database=alias, extra=DEEP, env=env) as [w]:
+        # Given a call claimed by the main process while the only child runs a 2 s body
+        # (max_processing_time 30 s, WORKER_CLAIM_RENEW_AFTER 0.5 s)
+        first = ct.slow.apply_async((busy, 2.0), queue=queue)
+        wait_for(lambda: effects(alias, busy), 30, "the busy body")
+        result = ct.slow.apply_async((key, 1.0), queue=queue)
+        wait_for(lambda: claimed_by(alias, ct.slow, (key, 1.0), w.proc.pid), 30, "its claim")
+        # When the child starts it, about 1.5 s later
+        wait_for(lambda: effects(alias, key), 30, "its body")
+        running = record_of(alias, ct.slow, (key, 1.0))
+        value = result.get(timeout=60)
+        first.get(timeout=60)
+    # Then the child renewed the claim (stale_at pushed to its start + 30 s) and ran once
+    assert running.status == "in_flight"
+    assert (running.stale_at - running.started_at).total_seconds() > 30 + 1.0
+    rec = record_of(alias, ct.slow, (key, 1.0))
+    t.add_key(alias, key, rec)
+    assert effects(alias, key) == 1 and rec.status == "completed" and rec.takeovers == 0
+    assert value["fence"] == rec.fence
