@@ -56,6 +56,11 @@ def job_of(req: Any, handle: Callable[[Any], Any]) -> Job | None:
     task = req.task
     if not isinstance(task, GroussetTaskMixin):
         return None
+    if req.request_dict.get(carry.HEADER) is not None:
+        # A requeued delivery carrying an outcome or a lost claim (celery_grousset.carry):
+        # the child writes or settles it under its own token first. A claim made here
+        # would take the key over from that token and fence its carried outcome out.
+        return None
     opts = task.grousset_options()
     call = task.grousset_call(req.args, req.kwargs, req.request_dict.get(KEY_HEADER), req)
     fp, args_repr, payload = guard.identity(call, opts.validate_payload)

@@ -61,13 +61,13 @@ class Paused:
 
 
 @contextmanager
-def paused_after_effect(queue: str, backend: str, proxy: TcpProxy, task: Any,
-                        prefix: str) -> Iterator[Paused]:  # fmt: skip
+def paused_after_effect(queue: str, backend: str, proxy: TcpProxy, task: Any, prefix: str,
+                        extra: list[str] | None = None) -> Iterator[Paused]:  # fmt: skip
     alias = ALIASES[backend]
     env, armfile = fault_env("after_effect:stop")
     key = new_key(prefix)
     with workers(queue, 1, database=alias, concurrency=1,
-                 env=_env(backend, proxy, **env)) as ws:  # fmt: skip
+                 env=_env(backend, proxy, **env), extra=extra) as ws:  # fmt: skip
         arm(armfile)
         result = task.apply_async((key,), queue=queue)
         pid = holder_pid(alias, task, (key,))
@@ -76,13 +76,20 @@ def paused_after_effect(queue: str, backend: str, proxy: TcpProxy, task: Any,
 
 
 @pytest.mark.quick
+@pytest.mark.parametrize("claims", ["child", "main-process"])
 @pytest.mark.parametrize("db_proxy", BACKENDS, indirect=True)
 def test_27_completion_unwritable_is_carried(broker: str, queue: str, tally: Any,
-                                            db_proxy: tuple[str, TcpProxy]) -> None:  # fmt: skip
+                                            db_proxy: tuple[str, TcpProxy],
+                                            claims: str) -> None:  # fmt: skip
     backend, proxy = db_proxy
-    t = tally("27 completion write fails after the effect, then recovers", backend)
+    # main-process: the worker claims in its main process (WORKER_CLAIM), which must leave
+    # the requeued delivery that carries the outcome to the child, unclaimed
+    main = claims == "main-process"
+    t = tally("27 completion write fails after the effect, then recovers"
+              + (" (WORKER_CLAIM)" if main else ""), backend)  # fmt: skip
     # Given an attempt paused after its effect, before its completion
-    with paused_after_effect(queue, backend, proxy, ct.effect, "s27") as p:
+    with paused_after_effect(queue, backend, proxy, ct.effect, "s27",
+                             ["--grousset-batch"] if main else None) as p:  # fmt: skip
         alias, key, ws, result, pid = p.alias, p.key, p.ws, p.result, p.pid
         # When the database becomes unreachable and the attempt resumes: every try of
         # its completion fails
