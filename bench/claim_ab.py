@@ -8,6 +8,7 @@ change of the machine. The scratch table is the current schema with ``stale_at``
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -24,8 +25,8 @@ SCRATCH = "grousset_claim_ab"
 def old_statement(rev: str) -> str:
     src = subprocess.run(["git", "show", f"{rev}:celery_grousset/store/postgresql.py"],
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    src = "\n".join(line for line in src.splitlines()
-                    if not line.startswith("from celery_grousset.claim import"))
+    # the claim module's names are supplied below (a one-line or a parenthesized import)
+    src = re.sub(r"^from celery_grousset\.claim import (\([^)]*\)|.*)$", "", src, flags=re.M)
     module = types.ModuleType("old_store")
     from celery_grousset import claim
 
@@ -50,7 +51,8 @@ def main(rev: str, calls: int = 2000) -> None:
         admin.execute(f"DROP DATABASE IF EXISTS {SCRATCH}")
         admin.execute(f"CREATE DATABASE {SCRATCH}")
     schema = subprocess.run(["pg_dump", "-h", "127.0.0.1", "-U", "postgres", "-s", "-t",
-                             "celery_grousset_outcome", "grousset_bench"],
+                             "celery_grousset_outcome", "-t", "celery_grousset_delivery",
+                             "grousset_bench"],
                             capture_output=True, text=True, check=True).stdout
     conn = psycopg.connect(f"{DSN} dbname={SCRATCH}", autocommit=True,
                            options="-c plan_cache_mode=force_generic_plan -c TimeZone=UTC")
