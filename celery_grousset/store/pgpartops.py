@@ -6,13 +6,18 @@ are named ``celery_grousset_outcome_g<gen>`` and cover ``[gen, gen + 1)``; the w
 a generation in seconds lives in one place, the SQL function ``grousset_generation()``
 written by :func:`convert` (``grousset_generation_seconds()`` reads it back).
 
-Why retention is safe with claims running: :func:`retire` checks a generation under a
-``SHARE`` lock on its partition, which waits for every claim that may write there (the
-claim's ``UPDATE`` locks every partition) and holds back new ones; a claim that waited
-reads the generation again after its ``UPDATE`` (:mod:`celery_grousset.store.pgpartition`),
-so it writes to a newer one. Only generations older than the current one are considered,
-and only when every row in them is :func:`~celery_grousset.store.base.purgeable`: a
-generation holding a live in-flight row (or an unexpired one) stays.
+Why retention is safe with claims running: :func:`retire` first passes a barrier on a
+generation's partition: a ``SHARE`` lock, taken and released in one short transaction,
+waits for every claim that may write there (the claim's ``UPDATE`` locks every
+partition); a claim that waited reads the generation again after its ``UPDATE``
+(:mod:`celery_grousset.store.pgpartition`), so it writes to a newer one. Past the
+barrier rows only leave a past generation, so the scan that finds the rows that are not
+:func:`~celery_grousset.store.base.purgeable` runs without a lock that claims wait for.
+A generation holding a live in-flight row (or an unexpired one) stays. Only generations
+older than the current one are considered. After ``DETACH … CONCURRENTLY`` no statement
+reaches the partition; the same census runs once more on its final rows, and a row made
+live meanwhile (a completion or renewal of a claim that had been abandoned) puts the
+partition back (``ATTACH``) instead of dropping it.
 """
 
 from __future__ import annotations
@@ -192,12 +197,10 @@ def _rebuild(cur: Any, seconds: int, ahead: int, top: int) -> None:
 
 def retire(alias: str, cutoff: datetime) -> int:
     """Detach and drop every generation older than the current one whose rows are all
-    purgeable at ``cutoff``; the number of rows dropped with them."""
-    from django.db import transaction
-
+    purgeable at ``cutoff``; the number of rows dropped with them. No claim waits for
+    the scans: see the module doc."""
     from celery_grousset.conf import grousset_settings
 
-    recheck, params = purgeable_sql(alias, cutoff)
     timeout = max(1, int(float(grousset_settings.STORE_TIMEOUT) * 1000))
     dropped = 0
     for gen, name, pending, _rows in partitions(alias):
@@ -206,25 +209,58 @@ def retire(alias: str, cutoff: datetime) -> int:
                 cur.execute(f"ALTER TABLE {TABLE} DETACH PARTITION {name} FINALIZE")
                 cur.execute(f"DROP TABLE {name}")
                 continue
-            # Unexpired rows keep it (one probe of its expires_on index, no lock taken)
-            cur.execute(f"SELECT max(expires_on) > %s FROM {name}", [cutoff])
-            if cur.fetchone()[0]:
-                continue
-            with transaction.atomic(using=alias):
-                cur.execute(f"SET LOCAL lock_timeout = {timeout}")
-                cur.execute(f"LOCK TABLE {name} IN SHARE MODE")
-                cur.execute("SELECT grousset_generation()")
-                if gen >= int(cur.fetchone()[0]):
-                    break
-                cur.execute(
-                    f"SELECT count(*), count(*) FILTER (WHERE ({recheck}) IS NOT TRUE) "
-                    f"FROM {name} AS {TABLE}",
-                    params,
-                )
-                rows, kept = cur.fetchone()
-            if kept:
+            if gen >= _generation(cur):
+                break
+            if not _settled_generation(alias, cur, gen, name, cutoff, timeout):
                 continue
             cur.execute(f"ALTER TABLE {TABLE} DETACH PARTITION {name} CONCURRENTLY")
+            # Detached: no statement on the journal reaches it now, its rows are final.
+            rows, kept = _census(alias, cur, name, cutoff)
+            if kept:  # a late completion or renewal made a row live meanwhile: put it back
+                cur.execute(
+                    f"ALTER TABLE {TABLE} ATTACH PARTITION {name} "
+                    f"FOR VALUES FROM ({gen}) TO ({gen + 1})"
+                )
+                continue
             cur.execute(f"DROP TABLE {name}")
-            dropped += int(rows)
+            dropped += rows
     return dropped
+
+
+def _generation(cur: Any) -> int:
+    cur.execute("SELECT grousset_generation()")
+    return int(cur.fetchone()[0])
+
+
+def _settled_generation(
+    alias: str, cur: Any, gen: int, name: str, cutoff: datetime, timeout: int
+) -> bool:
+    """Every row of the (past) generation ``gen`` is purgeable, and stays so."""
+    from django.db import transaction
+
+    # Unexpired rows keep it (one probe of its expires_on index, no lock taken)
+    cur.execute(f"SELECT max(expires_on) > %s FROM {name}", [cutoff])
+    if cur.fetchone()[0]:
+        return False
+    # A barrier, held for milliseconds: SHARE waits for the claims that may be writing
+    # into this partition (a claim's UPDATE locks every partition) and they read the
+    # generation again after it. Past it, rows only leave a past generation.
+    with transaction.atomic(using=alias):
+        cur.execute(f"SET LOCAL lock_timeout = {timeout}")
+        cur.execute(f"LOCK TABLE {name} IN SHARE MODE")
+        if gen >= _generation(cur):
+            return False
+    # The scan runs without that lock: claims go on meanwhile.
+    return _census(alias, cur, name, cutoff)[1] == 0
+
+
+def _census(alias: str, cur: Any, name: str, cutoff: datetime) -> tuple[int, int]:
+    """``(rows, rows not purgeable at cutoff)`` of one partition (one scan)."""
+    recheck, params = purgeable_sql(alias, cutoff)
+    cur.execute(
+        f"SELECT count(*), count(*) FILTER (WHERE ({recheck}) IS NOT TRUE) "
+        f"FROM {name} AS {TABLE}",
+        params,
+    )
+    rows, kept = cur.fetchone()
+    return int(rows), int(kept)
