@@ -337,12 +337,12 @@ def main(argv: list[str] | None = None) -> None:
     save(result)
 
 
-def fresh_database() -> None:
+def fresh_database(alias: str = ALIAS) -> None:
     """Drop and re-create the scratch database (never one the tests use)."""
     import psycopg
     from django.db import connections
 
-    name = connections.settings[ALIAS]["NAME"]
+    name = connections.settings[alias]["NAME"]
     if "scale" not in name:
         raise SystemExit(f"BENCH_PG_NAME={name!r}: use a scratch database named *scale*")
     with psycopg.connect(host="127.0.0.1", user="postgres", dbname="postgres",

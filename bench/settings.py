@@ -57,6 +57,14 @@ DATABASES = {
         "HOST": os.environ.get("BENCH_PG_HOST", "127.0.0.1"),
         "PORT": os.environ.get("BENCH_PG_PORT", "5432"),
     },
+    # the partitioned layout's scratch database (python -m bench.scale_ab)
+    "pgpart": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": PG_NAME + "_part",
+        "USER": os.environ.get("BENCH_PG_USER", "postgres"),
+        "HOST": os.environ.get("BENCH_PG_HOST", "127.0.0.1"),
+        "PORT": os.environ.get("BENCH_PG_PORT", "5432"),
+    },
     "mysql": {
         "ENGINE": "django.db.backends.mysql",
         "NAME": MYSQL_NAME,
