@@ -10,6 +10,8 @@ Scenarios (default: all but ``profile``):
 * ``store`` — the claim store per call (claim + complete, duplicate claim) on
   PostgreSQL, SQLite and MariaDB against raw-driver floors; statements per call.
 * ``scale`` — claim latency with 0 / 1M / 10M rows in the journal; purge rate and RSS.
+  With ``--scale-layouts``: the single table and the partitioned journal side by side
+  (``bench.scale_ab``: 0 / 10M / 50M rows, retention of a day, WAL; docs/scale.md).
 * ``cost`` — CPU per task by process (pool children, worker parent, PostgreSQL,
   Redis) and the pool child's wall time per task, plain vs GroussetTask vs the raw
   claim; the round trips a guard cannot avoid and the ratio they bound it to.
@@ -69,6 +71,10 @@ def parser() -> argparse.ArgumentParser:
                    help="store: calls per measurement (default 3000)")
     p.add_argument("--scale-rows", type=_ints, default=None,
                    help="scale: journal sizes after empty (default 1000000,10000000)")
+    p.add_argument("--scale-layouts", action="store_true",
+                   help="scale: the single table vs the partitioned journal side by side "
+                   "(bench.scale_ab; BENCH_PG_NAME must name a *scale* scratch database; "
+                   "default sizes 10000000,50000000)")
     p.add_argument("--purge-rows", type=int, default=None,
                    help="scale: expired rows to purge (default 1000000)")
     p.add_argument("--profile-seconds", type=int, default=15,
@@ -122,12 +128,17 @@ def main(argv: list[str] | None = None) -> int:
 
             store_micro.run(args.store_iterations or (300 if quick else 3000), record)
         elif scenario == "scale":
-            from bench import scale
+            from bench import scale, scale_ab
 
-            sizes = args.scale_rows or ([10_000, 100_000] if quick else [1_000_000, 10_000_000])
-            purge = args.purge_rows or (50_000 if quick else 1_000_000)
             samples = 300 if quick else 2000
-            scale.run(sizes, purge, samples, record)
+            if args.scale_layouts:
+                sizes = args.scale_rows or ([100_000] if quick else [10_000_000, 50_000_000])
+                scale_ab.main(["--sizes", ",".join(map(str, sizes)), "--samples", str(samples),
+                               *(["--record"] if record else [])])  # fmt: skip
+            else:
+                sizes = args.scale_rows or ([10_000, 100_000] if quick else [1_000_000, 10_000_000])
+                purge = args.purge_rows or (50_000 if quick else 1_000_000)
+                scale.run(sizes, purge, samples, record)
         elif scenario == "cost":
             from bench import cost
 

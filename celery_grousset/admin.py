@@ -11,6 +11,7 @@ and every query-string value cleaned (no NUL, bounded) before the database.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Callable
@@ -170,6 +171,26 @@ class OutcomeAdmin(ReadOnlyAdmin):
         if _HEX.fullmatch(term.lower()):
             match |= journal.fingerprint_prefix(term.lower())
         return (queryset.filter(match) if term else queryset), False
+
+    def narrowed(self, request: HttpRequest) -> list[HttpRequest]:
+        """Past the query budget: the same filters, on the claims of the last hour (the
+        ``started_at`` index bounds the rows read)."""
+        if request.GET.get("started") == "1h":
+            return []
+        narrow = copy.copy(request)
+        params = request.GET.copy()
+        params["started"] = "1h"
+        narrow.GET = params  # type: ignore[assignment]
+        return [narrow]
+
+    def narrowed_note(self, shown: HttpRequest | None) -> str:
+        if shown is None:
+            return super().narrowed_note(shown)
+        return (
+            f"These filters need more than {self.query_budget} s per query on the whole "
+            "journal: showing the claims started in the last hour. Pick a wider 'started' "
+            "window to look further back (it is narrowed again if it needs more)."
+        )
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
         # Only the list filters above filter the list: no ad-hoc ?field=value lookups.

@@ -4,6 +4,7 @@ the helpers that clean and show values."""
 
 from __future__ import annotations
 
+import copy
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -11,11 +12,13 @@ from django.contrib import admin
 from django.core.exceptions import ImproperlyConfigured
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, QueryDict
+from django.template.response import TemplateResponse
 from django.utils.functional import cached_property
 
 from celery_grousset.conf import grousset_settings
 from celery_grousset.store import get_store
+from celery_grousset.store.budget import BudgetExceeded, statement_budget
 
 #: Longest search term or filter value that reaches the database.
 MAX_TERM = 255
@@ -23,6 +26,8 @@ MAX_TERM = 255
 ESTIMATE_THRESHOLD = 10_000
 #: Where a filtered list stops counting (``ReadOnlyAdmin.count_cap``): "10,000+" beyond.
 COUNT_CAP = 10_000
+#: Seconds a statement of a list page may take (``ReadOnlyAdmin.query_budget``).
+QUERY_BUDGET = 0.4
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[Any]
@@ -103,8 +108,57 @@ class ReadOnlyAdmin(_ModelAdmin):
         return EstimatedCountPaginator(queryset, per_page, orphans, allow_empty_first_page,
                                        cap=self.count_cap)  # fmt: skip
 
+    #: Seconds each statement of the list page may take on PostgreSQL and MariaDB (None:
+    #: no limit). A page past it is shown again narrowed (:meth:`narrowed`), with a note.
+    query_budget: float | None = QUERY_BUDGET
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return super().get_queryset(request).using(journal_alias())
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """The list, its statements within :attr:`query_budget`; a list that needs more
+        (a filter the indexes cannot serve, on a large journal) is shown narrowed. Only
+        a GET: an action (POST) runs as Django runs it, once."""
+        if request.method != "GET" or self.query_budget is None:
+            return super().changelist_view(request, extra_context)
+        for attempt in [request, *self.narrowed(request)]:
+            note = (
+                {}
+                if attempt is request
+                else {
+                    "grousset_note": self.narrowed_note(attempt),
+                    "grousset_note_level": "warning",
+                }
+            )
+            try:
+                with statement_budget(journal_alias(), self.query_budget):
+                    response = super().changelist_view(attempt, {**(extra_context or {}), **note})
+                    if isinstance(response, TemplateResponse):
+                        response.render()  # the list's queries run here, inside the budget
+                return response
+            except BudgetExceeded:
+                continue
+        plain = copy.copy(request)
+        plain.GET = QueryDict(mutable=True)  # type: ignore[assignment]
+        note = {"grousset_note": self.narrowed_note(None), "grousset_note_level": "error"}
+        return super().changelist_view(plain, {**(extra_context or {}), **note})
+
+    def narrowed(self, request: HttpRequest) -> list[HttpRequest]:
+        """Narrower versions of a list request to try when it runs past the budget
+        (none here; the journal's admin narrows by when the claim was taken)."""
+        return []
+
+    def narrowed_note(self, shown: HttpRequest | None) -> str:
+        """What the page says when it shows a narrowed list (None: the unfiltered one)."""
+        if shown is None:
+            return (
+                f"This list needs more than {self.query_budget} s per query on a journal this "
+                "size, even narrowed: the unfiltered list is shown. Add a narrower filter "
+                "(task, processor, a shorter 'started' window)."
+            )
+        return f"This list needs more than {self.query_budget} s per query on a journal this size."
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -1,0 +1,70 @@
+"""A time budget for the statements of a read-only page on the journal's database.
+
+The admin's lists and filters run through the ORM on the journal's Django connection;
+on a journal of tens of millions of rows a filter the indexes cannot serve (a rare
+status: ``status`` has no index, on purpose — docs/scale.md) reads every row. Inside
+:func:`statement_budget` each statement stops after ``seconds`` and the block raises
+:class:`BudgetExceeded` instead of keeping the page (and a server backend) busy:
+
+* PostgreSQL: ``SET LOCAL statement_timeout`` in a transaction around the block;
+* MariaDB: ``max_statement_time`` for the session, put back after the block;
+* SQLite and MySQL: no limit (an embedded or small journal).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_PG_CANCELED = "57014"  # query_canceled: the statement_timeout
+_MARIADB_TIMEOUT = 1969  # ER_STATEMENT_TIMEOUT: max_statement_time exceeded
+
+
+class BudgetExceeded(Exception):
+    """A statement ran past the block's time budget and was stopped by the server."""
+
+
+def _stopped(exc: BaseException) -> bool:
+    cause = exc.__cause__
+    if getattr(cause, "sqlstate", None) == _PG_CANCELED or getattr(cause, "pgcode", None) == (
+        _PG_CANCELED
+    ):
+        return True
+    return bool(exc.args) and exc.args[0] == _MARIADB_TIMEOUT
+
+
+@contextmanager
+def statement_budget(alias: str, seconds: float | None) -> Iterator[None]:
+    """Every statement the block runs on ``alias`` stops after ``seconds`` (None: no
+    limit); one that does raises :class:`BudgetExceeded` (the block's reads are lost)."""
+    from django.db import DatabaseError, connections, transaction
+
+    conn = connections[alias]
+    if seconds is None or conn.vendor not in ("postgresql", "mysql"):
+        yield
+        return
+    if conn.vendor == "mysql" and not getattr(conn, "mysql_is_mariadb", False):
+        yield
+        return
+    try:
+        if conn.vendor == "postgresql":
+            with transaction.atomic(using=alias):
+                with conn.cursor() as cur:
+                    cur.execute(f"SET LOCAL statement_timeout = {max(1, int(seconds * 1000))}")
+                yield
+                with conn.cursor() as cur:  # (a savepoint in an outer transaction keeps it)
+                    cur.execute("SET LOCAL statement_timeout TO DEFAULT")
+            return
+        with conn.cursor() as cur:
+            cur.execute("SELECT @@SESSION.max_statement_time")
+            before = float(cur.fetchone()[0])
+            cur.execute(f"SET SESSION max_statement_time = {max(0.001, float(seconds))}")
+        try:
+            yield
+        finally:
+            with conn.cursor() as cur:
+                cur.execute(f"SET SESSION max_statement_time = {before}")
+    except DatabaseError as exc:
+        if _stopped(exc):
+            raise BudgetExceeded(f"a statement on {alias!r} ran past {seconds} s") from exc
+        raise
