@@ -25,7 +25,13 @@ DISTINCT_SQL = (
     "WHERE x IS NOT NULL LIMIT %s"
 )
 
-ESTIMATE_SQL = "SELECT reltuples FROM pg_class WHERE oid = to_regclass('celery_grousset_outcome')"
+# The planner's row estimate; on the partitioned journal the sum of its partitions' (the
+# parent's own is -1 until someone runs ANALYZE on it: autovacuum never does).
+ESTIMATE_SQL = (
+    "SELECT CASE WHEN c.relkind = 'p' THEN (SELECT coalesce(sum(greatest(p.reltuples, 0)), 0) "
+    "FROM pg_inherits AS i JOIN pg_class AS p ON p.oid = i.inhrelid WHERE i.inhparent = c.oid) "
+    "ELSE c.reltuples END FROM pg_class AS c WHERE c.oid = to_regclass('celery_grousset_outcome')"
+)
 
 
 class PostgresOperations:
