@@ -89,7 +89,7 @@ def test_a_row_made_live_before_the_detach_keeps_its_generation(
     assert store.claim(req(processor, late.fingerprint)).kind is Kind.IN_FLIGHT
 
 
-def test_the_admin_estimate_counts_the_partitions(part: str, processor: str) -> None:
+def test_the_admin_estimate_counts_the_partitions(part: str, processor: str) -> None:  # noqa: F811
     """The unfiltered admin list shows the planner's estimate instead of counting a
     large journal: on the partitioned layout that is the partitions' estimates (the
     parent's own stays -1 until an ANALYZE of the parent, which autovacuum never runs)."""
