@@ -34,9 +34,11 @@ class NoLockStore(proto.ProtoStore):
 
 def worker(n: int, salt: str, lock: bool, barrier: Any, out: Any) -> None:
     harness.setup_django()
-    from celery_grousset.store import Completion
+    from celery_grousset.store import Completion, get_store
 
-    store = sl.new_store("partitioned")
+    base = get_store(sl.ALIAS)
+    store = proto.ProtoStore(sl.ALIAS, dict(base.settings_dict), base.timeout, base.claim_commit)
+    store.cur_gen = sl.TODAY
     if not lock:
         store = NoLockStore(store.alias, store.settings_dict, store.timeout)
     store.cur_gen = GEN + n % 2

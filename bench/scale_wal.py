@@ -2,19 +2,17 @@
 
     BENCH_PG_NAME=grousset_scale .venv/bin/python -m bench.scale_wal
 
-Runs after ``bench.scale_ab`` on the database it left (both layouts filled). The
-server's WAL is shared with every other database on it, so the LSN difference alone
-counts other people's writes too; here ``pg_walinspect`` reads the WAL records of the
-interval and sums those that touch this database (``block_ref`` names its oid) or
-belong to a transaction that did (its commit record). Measures, per layout: 1,000
-claims + completions of new keys, 1,000 duplicate claims; then the product's purge of
-the day-2 rows expired by now (single table) and the drop of the whole day-2 partition
-(prototype).
+Runs after ``bench.scale_ab`` on the databases it left (both layouts filled, one
+database each). The server's WAL is shared with every other database on it, so the LSN
+difference alone counts other people's writes too; here ``pg_walinspect`` reads the
+WAL records of the interval and sums those that touch the layout's database
+(``block_ref`` names its oid) or belong to a transaction that did (its commit record).
+Measures, per layout: 1,000 claims + completions of new keys, 1,000 duplicate claims.
+(Retention's WAL: ``bench.scale_ab``.)
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import uuid
@@ -32,10 +30,10 @@ WHERE block_ref LIKE %(db)s OR xid IN (SELECT xid FROM mine)
 """
 
 
-def start() -> str:
+def start(alias: str) -> str:
     from django.db import connections
 
-    with connections[sl.ALIAS].cursor() as cur:
+    with connections[alias].cursor() as cur:
         cur.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
         cur.execute("CHECKPOINT")  # the next writes start after one: the FPI upper bound
         # the server recycles WAL fast under other people's writes: a slot keeps this
@@ -46,10 +44,10 @@ def start() -> str:
         return str(cur.fetchone()[0])
 
 
-def own_wal(lsn: str) -> dict[str, int]:
+def own_wal(alias: str, lsn: str) -> dict[str, int]:
     from django.db import connections
 
-    with connections[sl.ALIAS].cursor() as cur:
+    with connections[alias].cursor() as cur:
         try:
             cur.execute("SELECT pg_switch_wal()")  # flush what is written so far
             cur.execute("SELECT oid FROM pg_database WHERE datname = current_database()")
@@ -67,44 +65,25 @@ def claims(store: Any, n: int) -> dict[str, Any]:
     done = Completion("completed", b'"ok"', "application/json;utf-8")
     salt = uuid.uuid4().hex
     keys = [hashlib.sha256(f"{salt}-{i}".encode()).hexdigest() for i in range(n)]
-    lsn = start()
+    lsn = start(store.alias)
     for key in keys:
         req = sl.request(key)
         store.claim(req)
         store.finish(sl.PROCESSOR, key, req.token, done)
-    new = own_wal(lsn)
-    lsn = start()
+    new = own_wal(store.alias, lsn)
+    lsn = start(store.alias)
     for key in keys:
         store.claim(sl.request(key))
     return {"claim_complete_per_call": new["bytes"] / n, "claim_complete": new,
-            "duplicate_per_call": own_wal(lsn)["bytes"] / n}  # fmt: skip
+            "duplicate_per_call": own_wal(store.alias, lsn)["bytes"] / n}  # fmt: skip
 
 
 def main() -> None:
     harness.setup_django()
-    from django.db import connections
-
-    from celery_grousset import journal
-
-    stores = [sl.new_store("single"), sl.new_store("partitioned", scale_ab.SCHEMA)]
     out: dict[str, Any] = {"layout": "wal", "commit": sl.commit()}
-    for store, layout in zip(stores, ("single", "partitioned"), strict=True):
+    for store, layout in zip(scale_ab.stores(), scale_ab.LAYOUTS, strict=True):
         out[layout] = claims(store, 1000)
         harness.log(f"wal: {layout}: {json.dumps(out[layout])}")
-    lsn = start()
-    n = journal.purge_expired(sl.ALIAS, batch_size=10_000, before=dt.datetime.now(dt.UTC))
-    out["purge"] = {"rows": n} | own_wal(lsn)
-    with connections[sl.ALIAS].cursor() as cur:
-        cur.execute(f"SELECT count(*) FROM {scale_ab.SCHEMA}.celery_grousset_outcome_g1002")
-        rows = cur.fetchone()[0]
-    lsn = start()
-    with connections[sl.ALIAS].cursor() as cur:
-        cur.execute(f"SET search_path = {scale_ab.SCHEMA}, public")
-        from bench import partition_proto as proto
-
-        proto.drop_partition(cur, sl.BASE_GEN + 2)
-    out["drop_partition"] = {"rows": rows} | own_wal(lsn)
-    harness.log(f"wal: {json.dumps(out)}")
     harness.WORK.mkdir(parents=True, exist_ok=True)
     (harness.WORK / "scale-wal.json").write_text(json.dumps(out, indent=1))
 
