@@ -181,6 +181,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--samples", type=int, default=2000)
     p.add_argument("--resume", action="store_true",
                    help="continue the run recorded in bench/.work/scale-ab.json")  # fmt: skip
+    p.add_argument("--prewarm", action="store_true",
+                   help="then read every index into the OS cache (pg_prewarm) and sample the "
+                   "largest size again: the journal's indexes in memory")  # fmt: skip
     p.add_argument("--record", action="store_true",
                    help="append the tables and plots to bench/RESULTS.md")  # fmt: skip
     args = p.parse_args(argv)
@@ -209,11 +212,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["retention"] = retention(both, result["t0"], args.samples)
         harness.log(f"ab: retention {json.dumps(result['retention'], default=str)}")
         sl.save(result)
+    if args.prewarm and "warm" not in result:
+        result["warm"] = warm(both, result)
+        harness.log(f"ab: warm {json.dumps(result['warm'], default=str)}")
+        sl.save(result)
     if args.record:
         from bench import scale_report
 
         scale_report.record(result)
     return result
+
+
+def warm(both: list[Any], result: dict[str, Any]) -> dict[str, Any]:
+    """The latencies again after every index of both journals was read into the OS
+    cache (``pg_prewarm(…, 'read')``; shared_buffers is far smaller): what memory for
+    the indexes buys, at the size left after retention."""
+    from django.db import connections
+
+    read = {}
+    for layout, alias in LAYOUTS.items():
+        with connections[alias].cursor() as cur:
+            cur.execute("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+            cur.execute("SELECT sum(pg_prewarm(i.indexrelid, 'read')) FROM pg_index AS i "
+                        "JOIN pg_class AS c ON c.oid = i.indrelid WHERE c.relname ~ "
+                        "'^celery_grousset_outcome(_g[0-9]+)?$' AND c.relkind = 'r'")  # fmt: skip
+            read[layout] = int(cur.fetchone()[0] or 0) * 8192
+        connections[alias].close()
+    rows = result["points"][-1]["rows"]
+    state = {"rows": rows, "salt": result["salt"], "shift": 1_000_003}
+    lat = sl.interleaved(both, state, 2000)
+    return {"index_bytes_read": read, "single": lat[0], "partitioned": lat[1]}
 
 
 def retire(store: Any, layout: str, day: int, t0: str) -> dict[str, Any]:

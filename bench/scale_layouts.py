@@ -88,7 +88,9 @@ def interleaved(stores: list[Any], state: dict[str, Any], samples: int) -> list[
             key = hashlib.sha256(f"{salt}-{i}".encode()).hexdigest()
             # a row of day 3 (g % 9 == 3): five days old, live; on the partitioned layout
             # the first touch moves the row into today's generation
-            old = fill_fp(state["salt"], 9 * (day - i * 997 % day) + 3) if day > 0 else None
+            # (``shift``: another run on the same fill touches other rows)
+            g = 9 * (day - (i * 997 + state.get("shift", 0)) % day) + 3
+            old = fill_fp(state["salt"], g) if day > 0 else None
             sample = one_sample(store, key, old)
             if i >= 50:  # the first 50 warm up the connection and the prepared statements
                 for name, value in sample.items():
