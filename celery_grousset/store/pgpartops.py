@@ -26,6 +26,7 @@ import re
 from datetime import datetime
 from typing import Any
 
+from celery_grousset.claim import Status
 from celery_grousset.exceptions import InvalidArgument
 from celery_grousset.store.base import purgeable_sql
 from celery_grousset.store.pgpartsql import FUNCTION_SQL, ROW_COLUMNS, TABLE
@@ -211,17 +212,22 @@ def retire(alias: str, cutoff: datetime) -> int:
                 continue
             if gen >= _generation(cur):
                 break
-            if not _settled_generation(alias, cur, gen, name, cutoff, timeout):
+            census = _settled_generation(alias, cur, gen, name, cutoff, timeout)
+            if census is None:
                 continue
+            rows, _kept, abandoned = census
             cur.execute(f"ALTER TABLE {TABLE} DETACH PARTITION {name} CONCURRENTLY")
-            # Detached: no statement on the journal reaches it now, its rows are final.
-            rows, kept = _census(alias, cur, name, cutoff)
-            if kept:  # a late completion or renewal made a row live meanwhile: put it back
-                cur.execute(
-                    f"ALTER TABLE {TABLE} ATTACH PARTITION {name} "
-                    f"FOR VALUES FROM ({gen}) TO ({gen + 1})"
-                )
-                continue
+            # An abandoned claim in it may have been renewed since the scan; detached, no
+            # statement on the journal reaches it now: count its final rows once more.
+            # (Without an in-flight row nothing can make a row of it live again.)
+            if abandoned:
+                rows, kept, _ = _census(alias, cur, name, cutoff)
+                if kept:  # put it back: its bound is already checked by DETACH's constraint
+                    cur.execute(
+                        f"ALTER TABLE {TABLE} ATTACH PARTITION {name} "
+                        f"FOR VALUES FROM ({gen}) TO ({gen + 1})"
+                    )
+                    continue
             cur.execute(f"DROP TABLE {name}")
             dropped += rows
     return dropped
@@ -234,14 +240,15 @@ def _generation(cur: Any) -> int:
 
 def _settled_generation(
     alias: str, cur: Any, gen: int, name: str, cutoff: datetime, timeout: int
-) -> bool:
-    """Every row of the (past) generation ``gen`` is purgeable, and stays so."""
+) -> tuple[int, int, int] | None:
+    """The census of the (past) generation ``gen`` if every row of it is purgeable
+    (None: it stays)."""
     from django.db import transaction
 
     # Unexpired rows keep it (one probe of its expires_on index, no lock taken)
     cur.execute(f"SELECT max(expires_on) > %s FROM {name}", [cutoff])
     if cur.fetchone()[0]:
-        return False
+        return None
     # A barrier, held for milliseconds: SHARE waits for the claims that may be writing
     # into this partition (a claim's UPDATE locks every partition) and they read the
     # generation again after it. Past it, rows only leave a past generation.
@@ -249,18 +256,20 @@ def _settled_generation(
         cur.execute(f"SET LOCAL lock_timeout = {timeout}")
         cur.execute(f"LOCK TABLE {name} IN SHARE MODE")
         if gen >= _generation(cur):
-            return False
+            return None
     # The scan runs without that lock: claims go on meanwhile.
-    return _census(alias, cur, name, cutoff)[1] == 0
+    census = _census(alias, cur, name, cutoff)
+    return census if census[1] == 0 else None
 
 
-def _census(alias: str, cur: Any, name: str, cutoff: datetime) -> tuple[int, int]:
-    """``(rows, rows not purgeable at cutoff)`` of one partition (one scan)."""
+def _census(alias: str, cur: Any, name: str, cutoff: datetime) -> tuple[int, int, int]:
+    """``(rows, rows not purgeable at cutoff, in-flight rows)`` of one partition (one
+    scan: ``status`` has no index, on purpose)."""
     recheck, params = purgeable_sql(alias, cutoff)
     cur.execute(
-        f"SELECT count(*), count(*) FILTER (WHERE ({recheck}) IS NOT TRUE) "
-        f"FROM {name} AS {TABLE}",
-        params,
+        f"SELECT count(*), count(*) FILTER (WHERE ({recheck}) IS NOT TRUE), "
+        f"count(*) FILTER (WHERE status = %s) FROM {name} AS {TABLE}",
+        [*params, Status.IN_FLIGHT.value],
     )
-    rows, kept = cur.fetchone()
-    return int(rows), int(kept)
+    rows, kept, in_flight = cur.fetchone()
+    return int(rows), int(kept), int(in_flight)
