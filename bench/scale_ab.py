@@ -184,6 +184,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--prewarm", action="store_true",
                    help="then read every index into the OS cache (pg_prewarm) and sample the "
                    "largest size again: the journal's indexes in memory")  # fmt: skip
+    p.add_argument("--retention-again", action="store_true",
+                   help="then fill days 0 and 1 of the partitioned journal again and measure "
+                   "its retention once more (after a change to it)")  # fmt: skip
     p.add_argument("--record", action="store_true",
                    help="append the tables and plots to bench/RESULTS.md")  # fmt: skip
     args = p.parse_args(argv)
@@ -216,6 +219,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["warm"] = warm(both, result)
         harness.log(f"ab: warm {json.dumps(result['warm'], default=str)}")
         sl.save(result)
+    if args.retention_again and "retention_again" not in result:
+        result["retention_again"] = retention_again(both[1], result)
+        harness.log(f"ab: retention again {json.dumps(result['retention_again'], default=str)}")
+        sl.save(result)
     if args.record:
         from bench import scale_report
 
@@ -242,6 +249,37 @@ def warm(both: list[Any], result: dict[str, Any]) -> dict[str, Any]:
     state = {"rows": rows, "salt": result["salt"], "shift": 1_000_003}
     lat = sl.interleaved(both, state, 2000)
     return {"index_bytes_read": read, "single": lat[0], "partitioned": lat[1]}
+
+
+def retention_again(store: Any, result: dict[str, Any]) -> dict[str, Any]:
+    """Days 0 and 1 of the partitioned journal filled again (their generations
+    re-created; the indexes stay), then retention of each as in :func:`retention`."""
+    from django.db import connections, transaction
+
+    from celery_grousset.store import pgpartops
+
+    first, t0 = result["first_gen"], result["t0"]
+    rows = result["points"][-1]["rows"]
+    sql = sl.FILL.format(gcol=", gen", gval=f", {first} + g %% 9").replace(
+        "FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g,",
+        "FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g0, "
+        "LATERAL (SELECT g0 * 9 + d AS g FROM (VALUES (0), (1)) AS v(d)) AS gg,",
+    )
+    with cursor("pgpart") as cur:
+        for gen in (first, first + 1):
+            pgpartops.add_generation(cur, gen)
+        for lo in range(0, rows // 9, 500_000):
+            with transaction.atomic(using="pgpart"):
+                cur.execute(sql, {"p": sl.PROCESSOR, "salt": result["salt"], "lo": lo,
+                                  "hi": min(rows // 9, lo + 500_000) - 1, "t0": t0})  # fmt: skip
+        for gen in (first, first + 1):
+            cur.execute(f"VACUUM ANALYZE celery_grousset_outcome_g{gen}")
+    connections["pgpart"].close()
+    out: dict[str, Any] = {"day0": retire(store, "partitioned", 0, t0) | sizes("pgpart")}
+    out["claim_idle"] = sl.interleaved([store], {"rows": 0}, 2000)[0]["claim"]
+    during = sl.claims_during(store, lambda: retire(store, "partitioned", 1, t0))
+    out["day1_with_claims"] = during | sizes("pgpart")
+    return out
 
 
 def retire(store: Any, layout: str, day: int, t0: str) -> dict[str, Any]:
