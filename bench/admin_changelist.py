@@ -134,7 +134,11 @@ def main(argv: list[str] | None = None) -> int:
             median = statistics.median(times)
             worst = max(worst, median)
             ok = "yes" if median < 1.0 else "NO"
-            print(f"{label:<28} {median * 1000:>10.1f} {max(times) * 1000:>8.1f}  {ok}")
+            body = resp.content.decode()
+            marks = {'data-grousset-note="warning"': "narrowed", 'data-grousset-note="error"': "unfiltered"}  # noqa: E501
+            note = "".join(f"  (shown {how} by the query budget)" for mark, how in marks.items()
+                           if mark in body)  # fmt: skip
+            print(f"{label:<28} {median * 1000:>10.1f} {max(times) * 1000:>8.1f}  {ok}{note}")
     finally:
         user.delete()
     return 0 if worst < 1.0 else 1

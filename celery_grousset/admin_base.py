@@ -27,7 +27,7 @@ ESTIMATE_THRESHOLD = 10_000
 #: Where a filtered list stops counting (``ReadOnlyAdmin.count_cap``): "10,000+" beyond.
 COUNT_CAP = 10_000
 #: Seconds a statement of a list page may take (``ReadOnlyAdmin.query_budget``).
-QUERY_BUDGET = 0.4
+QUERY_BUDGET = 0.25
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[Any]
