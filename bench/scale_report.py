@@ -61,6 +61,29 @@ def record(result: dict[str, Any]) -> None:
     params = {"commit": result["commit"], "sizes": ", ".join(f"{s:,}" for s in sizes),
               "layouts": "single, partitioned (1 generation a day)"}  # fmt: skip
     report.emit("scale-layouts", params, headers, latency_rows(result), plot, True)
+    warm = result.get("warm")
+    if warm:
+        rows = []
+        for lay in LAYOUTS:
+            empty = result["points"][0][lay]["claim"]["p99_ms"]
+            cells = [f"{warm[lay][op]['p50_ms']:.2f} / {warm[lay][op]['p99_ms']:.2f}" for op in OPS]
+            rows.append([lay, *cells, f"{warm[lay]['claim']['p99_ms'] / empty:.2f}x"])
+        read = ", ".join(f"{k} {v / 1e9:.1f} GB" for k, v in warm["index_bytes_read"].items())
+        report.emit("scale-warm", {"indexes read into the OS cache": read},
+                    ["layout", *(f"{op} p50 / p99 ms" for op in OPS), "claim p99 vs empty"],
+                    rows, None, True)  # fmt: skip
+    again = result.get("retention_again")
+    if again:
+        d0, d1, idle = again["day0"], again["day1_with_claims"], again["claim_idle"]
+        during = d1["claim_during"]
+        report.emit("scale-retention-again", {"layout": "partitioned, one scan"},
+                    ["rows a day", "day 0 s", "day 1 s (claims running)", "WAL MB day 0 / day 1",
+                     "claim p99 ms idle → during"],
+                    [[f"{d0['rows']:,}", f"{d0['seconds']:.2f}", f"{d1['seconds']:.2f}",
+                      f"{d0['wal_bytes'] / 1e6:.2f} / {d1['wal_bytes'] / 1e6:.2f}",
+                      f"{idle['p99_ms']:.2f} → {during['p99_ms']:.2f} "
+                      f"({during['p99_ms'] / idle['p99_ms']:.2f}x, n={during['n']})"]],
+                    None, True)  # fmt: skip
     ret = result.get("retention")
     if not ret:
         return
