@@ -254,9 +254,7 @@ def test_retention_drops_whole_generations_never_one_with_a_live_claim(
         r = req(processor)
         store.claim(r)
         assert store.finish(processor, r.fingerprint, r.token, DONE)
-    Outcome.objects.using(part).filter(processor_id=processor).update(
-        expires_on=F("expires_on") - timedelta(days=2)
-    )
+    aged(part, processor_id=processor)
     into_generation(part, old, processor_id=processor)
     # And a generation with an expired row and a live in-flight claim past its expiry
     # (a claim that outlived expires_after: the purge never takes a live claim)
@@ -264,7 +262,8 @@ def test_retention_drops_whole_generations_never_one_with_a_live_claim(
     store.claim(expired)
     assert store.finish(expired.processor_id, expired.fingerprint, expired.token, DONE)
     store.claim(live)
-    Outcome.objects.using(part).filter(processor_id=f"{processor}-b").update(
+    aged(part, fingerprint=expired.fingerprint)
+    Outcome.objects.using(part).filter(fingerprint=live.fingerprint).update(
         expires_on=F("expires_on") - timedelta(days=2)
     )
     into_generation(part, held, processor_id=f"{processor}-b")
@@ -285,11 +284,19 @@ def test_retention_drops_whole_generations_never_one_with_a_live_claim(
     from celery_grousset.tasks import purge_expired
 
     assert store.finish(live.processor_id, live.fingerprint, live.token, DONE)
-    Outcome.objects.using(part).filter(fingerprint=live.fingerprint).update(
-        expires_on=F("expires_on") - timedelta(days=2)
-    )
+    aged(part, fingerprint=live.fingerprint, days=0)
     assert purge_expired(database=part, outbox=False) >= 2
     assert not exists(part, held)
+
+
+def aged(alias: str, days: int = 2, **where: Any) -> None:
+    """Rows as if claimed ``days`` days earlier (and their stale_at, 60 s after the
+    claim, long past): a day's generation as retention meets it."""
+    Outcome.objects.using(alias).filter(**where).update(
+        expires_on=F("expires_on") - timedelta(days=days),
+        started_at=F("started_at") - timedelta(days=2),
+        stale_at=F("stale_at") - timedelta(days=2),
+    )
 
 
 TABLE_CLOCK = (
