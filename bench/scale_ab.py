@@ -287,6 +287,8 @@ def retire(store: Any, layout: str, day: int, t0: str) -> dict[str, Any]:
     from django.db import connections
 
     cutoff = dt.datetime.fromisoformat(t0) - dt.timedelta(days=1 - day, microseconds=1)
+    if layout == "partitioned":  # its index rule waits for each row's stale_at too (the
+        cutoff += dt.timedelta(seconds=60)  # fill's claims: max_processing_time 60 s)
     lsn = sl.wal_lsn()
     start = time.perf_counter()
     n = type(store)(store.alias, store.settings_dict, store.timeout, store.claim_commit
