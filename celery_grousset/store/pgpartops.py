@@ -11,13 +11,14 @@ generation's partition: a ``SHARE`` lock, taken and released in one short transa
 waits for every claim that may write there (the claim's ``UPDATE`` locks every
 partition); a claim that waited reads the generation again after its ``UPDATE``
 (:mod:`celery_grousset.store.pgpartition`), so it writes to a newer one. Past the
-barrier rows only leave a past generation, so the scan that finds the rows that are not
-:func:`~celery_grousset.store.base.purgeable` runs without a lock that claims wait for.
-A generation holding a live in-flight row (or an unexpired one) stays. Only generations
-older than the current one are considered. After ``DETACH … CONCURRENTLY`` no statement
-reaches the partition; the same census runs once more on its final rows, and a row made
-live meanwhile (a completion or renewal of a claim that had been abandoned) puts the
-partition back (``ATTACH``) instead of dropping it.
+barrier rows only leave a past generation, so the check that every row of it is
+:func:`~celery_grousset.store.base.purgeable` runs without a lock that claims wait for:
+one probe of the index on each row's "abandoned after" instant (:data:`ABANDON`), or one
+scan when a journal lacks that index. A generation holding a live in-flight row (or an
+unexpired one) stays. Only generations older than the current one are considered.
+After ``DETACH … CONCURRENTLY`` no statement reaches the partition; it is checked once
+more, and a row made live meanwhile (the renewal of a claim that had been abandoned)
+puts the partition back (``ATTACH``) instead of dropping it.
 """
 
 from __future__ import annotations
