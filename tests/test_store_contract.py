@@ -69,6 +69,12 @@ def age(alias: str, processor: str, fp: str, seconds: float, field: str = "start
         **{f: F(f) - timedelta(seconds=seconds) for f in fields}
     )
     if alias == services.PARTITIONED and field == "expires_on":
+        if row(alias, processor, fp).status != "in_flight":
+            # a settled row that expired was claimed as long before: its stale_at (which
+            # the partitioned retention's index also waits for) is long past too
+            Outcome.objects.using(alias).filter(processor_id=processor, fingerprint=fp).update(
+                stale_at=F("stale_at") - timedelta(seconds=seconds)
+            )
         into_past_generation(alias, processor, fp)
 
 
