@@ -36,6 +36,8 @@ from celery_grousset.store.pgpartsql import FUNCTION_SQL, ROW_COLUMNS, TABLE
 AHEAD = 3
 #: the largest table ``convert`` copies in its one transaction
 MAX_CONVERT_ROWS = 100_000
+#: a retired generation's rows are counted up to here; beyond, its planner estimate
+EXACT_COUNT_UP_TO = 100_000
 
 _LOCK_KEY = "hashtext('celery_grousset.partitions')"  # one DDL run at a time
 _BOUND = re.compile(r"FROM \((-?\d+)\) TO")
@@ -226,7 +228,7 @@ def retire(alias: str, cutoff: datetime) -> int:
 
     timeout = max(1, int(float(grousset_settings.STORE_TIMEOUT) * 1000))
     dropped = 0
-    for gen, name, pending, _rows in partitions(alias):
+    for gen, name, pending, estimate in partitions(alias):
         with _cursor(alias) as cur:
             if pending:  # a detach interrupted earlier
                 cur.execute(f"ALTER TABLE {TABLE} DETACH PARTITION {name} FINALIZE")
@@ -249,9 +251,12 @@ def retire(alias: str, cutoff: datetime) -> int:
                     f"FOR VALUES FROM ({gen}) TO ({gen + 1})"
                 )
                 continue
-            if rows is None:
-                cur.execute(f"SELECT count(*) FROM {name}")
-                rows = int(cur.fetchone()[0])
+            if rows is None:  # counted when small; beyond, the planner's estimate (a
+                # count of millions of rows would compete with the claims for the disk)
+                rows = estimate
+                if estimate < EXACT_COUNT_UP_TO:
+                    cur.execute(f"SELECT count(*) FROM {name}")
+                    rows = int(cur.fetchone()[0])
             cur.execute(f"DROP TABLE {name}")
             dropped += rows
     return dropped
