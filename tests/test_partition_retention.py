@@ -72,10 +72,10 @@ def test_claims_go_on_while_retention_checks_a_generation(
     store, seen = get_store(part), []
     clear = pgpartops._clear
 
-    def claim_meanwhile(alias: str, cur: Any, name: str, cutoff: Any) -> Any:
+    def claim_meanwhile(*args: Any) -> Any:
         if not seen:  # the first check of the generation: a claim runs right now
             seen.append(store.claim(req(f"{processor}-new")).kind)
-        return clear(alias, cur, name, cutoff)
+        return clear(*args)
 
     monkeypatch.setattr(pgpartops, "_clear", claim_meanwhile)
     # When retention scans the expired generation and a claim is made meanwhile

@@ -228,6 +228,9 @@ def retire(alias: str, cutoff: datetime) -> int:
 
     timeout = max(1, int(float(grousset_settings.STORE_TIMEOUT) * 1000))
     dropped = 0
+    with _cursor(alias) as cur:  # one look for the index, not one per partition
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", [ABANDON_INDEX])
+        indexed = bool(cur.fetchone()[0])
     for gen, name, pending, estimate in partitions(alias):
         with _cursor(alias) as cur:
             if pending:  # a detach interrupted earlier
@@ -238,13 +241,13 @@ def retire(alias: str, cutoff: datetime) -> int:
                 break
             if not _past_barrier(alias, cur, gen, name, cutoff, timeout):
                 continue
-            clear, may_change, rows = _clear(alias, cur, name, cutoff)
+            clear, may_change, rows = _clear(alias, cur, name, cutoff, indexed)
             if not clear:
                 continue
             cur.execute(f"ALTER TABLE {TABLE} DETACH PARTITION {name} CONCURRENTLY")
             # An abandoned claim in it may have been renewed since the check; detached, no
             # statement on the journal reaches it now: check its final rows once more.
-            if may_change and not _clear(alias, cur, name, cutoff)[0]:
+            if may_change and not _clear(alias, cur, name, cutoff, indexed)[0]:
                 # put it back: its bound is already checked by DETACH's constraint
                 cur.execute(
                     f"ALTER TABLE {TABLE} ATTACH PARTITION {name} "
@@ -287,7 +290,9 @@ def _past_barrier(
         return gen < _generation(cur)
 
 
-def _clear(alias: str, cur: Any, name: str, cutoff: datetime) -> tuple[bool, bool, int | None]:
+def _clear(
+    alias: str, cur: Any, name: str, cutoff: datetime, indexed: bool
+) -> tuple[bool, bool, int | None]:
     """``(every row of the partition is purgeable at cutoff, a row of it could still
     become live (an in-flight row, whose claim may be renewed), its rows if counted)``.
 
@@ -295,8 +300,7 @@ def _clear(alias: str, cur: Any, name: str, cutoff: datetime) -> tuple[bool, boo
     row is purgeable once its instant has passed, so a generation goes when its newest
     instant has (up to a ``max_processing_time`` after the exact rule would let it).
     Without it: one scan with the exact rule (:func:`_census`)."""
-    cur.execute("SELECT to_regclass(%s) IS NOT NULL", [ABANDON_INDEX])
-    if cur.fetchone()[0]:
+    if indexed:
         cur.execute(
             f"SELECT coalesce(max({ABANDON}) <= extract(epoch FROM %s::timestamptz), true) "
             f"FROM {name}",
