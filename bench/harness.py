@@ -193,6 +193,10 @@ class RunStats:
     unique_effects: int
     #: journal commits per delivery (PostgreSQL variants; set by the scenario)
     commits_per_task: float | None = None
+    #: statements sent through psycopg by the worker's processes, per delivery
+    statements_per_task: float | None = None
+    #: requests per claim pass of the main-process claim thread (``WORKER_CLAIM``)
+    average_batch: float | None = None
 
     @property
     def seconds(self) -> float:
@@ -242,6 +246,7 @@ class Worker:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=fh,
                                          stderr=subprocess.STDOUT)  # fmt: skip
         self.client = redis_client(STATE_URL)
+        self.final: dict[str, int] = {"statements": 0, "passes": 0, "claimed": 0}
 
     def children(self) -> list[int]:
         out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
@@ -270,7 +275,14 @@ class Worker:
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
 
+    def totals(self) -> dict[str, int]:
+        """Statements (pool children and main process), claim passes and claims: final
+        once the worker has stopped (the main process writes its part at shutdown)."""
+        rows = [json.loads(v) for v in self.client.hgetall(self.stats_key).values()]
+        return {k: sum(r.get(k, 0) for r in rows) for k in ("statements", "passes", "claimed")}
+
     def stop(self) -> None:
+        """Warm shutdown (SIGTERM); ``self.final`` keeps :meth:`totals` from after it."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -281,4 +293,5 @@ class Worker:
                         os.kill(pid, signal.SIGKILL)
                 self.proc.kill()
                 self.proc.wait(10)
+        self.final = self.totals()
         self.client.delete(self.stats_key, f"{self.stats_key}:keys")

@@ -7,6 +7,11 @@ to a Redis hash every 0.2 s (and the keys whose effect ran, when
 ``BENCH_RECORD_KEYS`` is set), so the per-task cost is two clock reads and a few
 dict updates — the same for every variant — and the harness learns the run is
 over without the worker doing any I/O per task.
+
+Every process also counts the statements it sends through psycopg (a wrapper around
+``psycopg.Cursor.execute``: one integer increment per statement, the same for every
+variant). The worker's main process writes its own count, and its claim thread's
+passes and claims (``WORKER_CLAIM``), to the same hash when the worker shuts down.
 """
 
 from __future__ import annotations
@@ -30,7 +35,30 @@ _state: dict[str, Any] = {"pid": 0}
 _new_keys: list[str] = []
 
 
+#: the worker's main process (set when it is ready)
+_main_pid: list[int] = []
+#: statements this process sent through psycopg (see :func:`_count_statements`)
+_statements = [0]
+
+
+def _count_statements() -> None:
+    import psycopg
+
+    execute = psycopg.Cursor.execute
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _statements[0] += 1
+        return execute(self, *args, **kwargs)
+
+    psycopg.Cursor.execute = counted  # type: ignore[method-assign]
+
+
+_count_statements()
+
+
 def _reset() -> None:
+    if os.getpid() not in _main_pid:  # a pool child counts from its first task
+        _statements[0] = 0
     _state.update(pid=os.getpid(), first=None, last=None, ok=0, retry=0, fail=0, effects=0)
     _new_keys.clear()
     if STATS_KEY:
@@ -52,6 +80,8 @@ def flush(client: Any) -> None:
         keys = list(_new_keys)
         _new_keys.clear()
         data = {k: v for k, v in _state.items() if k != "pid"}
+        if os.getpid() not in _main_pid:  # the main process reports at shutdown
+            data["statements"] = _statements[0]
     pipe = client.pipeline(transaction=False)
     if keys:
         pipe.sadd(f"{STATS_KEY}:keys", *keys)
@@ -85,9 +115,6 @@ def _postrun(state: str | None = None, **_: Any) -> None:
             _state["fail"] += 1
 
 
-_main_pid: list[int] = []
-
-
 @signals.worker_ready.connect
 def _ready(**_: Any) -> None:
     _main_pid.append(os.getpid())  # the worker's main process (pool children fork earlier)
@@ -106,6 +133,20 @@ def _answered_in_main(**_: Any) -> None:
             _state["first"] = now
         _state["last"] = now
         _state["ok"] += 1
+
+
+@signals.worker_shutdown.connect
+def _main_summary(sender: Any = None, **_: Any) -> None:
+    """The worker's main process: its statements (the claim thread's, with
+    ``WORKER_CLAIM``) and the claim thread's passes and claims, under ``main:<pid>``."""
+    if not STATS_KEY:
+        return
+    import redis
+
+    claimer = getattr(getattr(sender, "consumer", None), "_grousset_claimer", None)
+    data = {"statements": _statements[0], "passes": getattr(claimer, "passes", 0),
+            "claimed": getattr(claimer, "claimed", 0)}  # fmt: skip
+    redis.Redis.from_url(URL).hset(STATS_KEY, f"main:{os.getpid()}", json.dumps(data))
 
 
 duplicate_skipped.connect(_answered_in_main, weak=False, dispatch_uid="bench.probe")

@@ -90,6 +90,10 @@ def run_variant(variant: Variant, n: int, sleep: float, prefetch: int,
             worker.stop()
     if commits is not None:  # the worker's sessions have ended: their counts are flushed
         stats.commits_per_task = (harness.xact_commits(variant.alias) - commits) / n
+    if worker.final["statements"]:
+        stats.statements_per_task = worker.final["statements"] / n
+    if worker.final["passes"]:
+        stats.average_batch = worker.final["claimed"] / worker.final["passes"]
     if stats.fail:
         raise RuntimeError(f"{variant.name}: {stats.fail} deliveries failed: {worker.tail()}")
     if variant.check and variant.alias:
@@ -107,6 +111,8 @@ def run(n: int, rounds: int, variants: list[str], bodies: list[str], prefetch: i
     rates: dict[tuple[str, str], list[float]] = {}
     ratios: dict[tuple[str, str], list[float]] = {}
     commits: dict[tuple[str, str], list[float]] = {}
+    statements: dict[tuple[str, str], list[float]] = {}
+    batches: dict[tuple[str, str], list[float]] = {}
     for r in range(rounds):
         order = chosen if r % 2 == 0 else list(reversed(chosen))
         for body in bodies:
@@ -117,9 +123,11 @@ def run(n: int, rounds: int, variants: list[str], bodies: list[str], prefetch: i
                     stats = run_variant(variant, n, BODIES[body], prefetch,
                                         concurrency=concurrency)
                     rate = stats.ok / stats.seconds
-                    if stats.commits_per_task is not None:
-                        commits.setdefault((body, variant.name), []).append(
-                            stats.commits_per_task)
+                    for into, value in ((commits, stats.commits_per_task),
+                                        (statements, stats.statements_per_task),
+                                        (batches, stats.average_batch)):  # fmt: skip
+                        if value is not None:
+                            into.setdefault((body, variant.name), []).append(value)
                 except RuntimeError as exc:  # reported, the other variants still run
                     harness.log(f"{variant.name} {body} FAILED: {exc}")
                     rate = math.nan
@@ -138,12 +146,14 @@ def run(n: int, rounds: int, variants: list[str], bodies: list[str], prefetch: i
     for body in bodies:
         for variant in chosen:
             key = (body, variant.name)
-            per_task = f"{med(commits[key]):.2f}" if key in commits else "n/a"
+            per_task = [f"{med(d[key]):.2f}" if key in d else "n/a"
+                        for d in (commits, statements, batches)]  # fmt: skip
             rows.append([body, variant.label, f"{med(rates[key]):.1f}",
                          f"{med(ratios[key]):.2f}x",
-                         " / ".join(f"{x:.2f}" for x in ratios[key]), per_task])  # fmt: skip
+                         " / ".join(f"{x:.2f}" for x in ratios[key]), *per_task])  # fmt: skip
     headers = ["body", "variant", "tasks/s (median)", "vs plain (median)", "ratio per round",
-               "journal commits/task"]  # fmt: skip
+               "journal commits/task", "psycopg statements/task",
+               "average claim batch"]  # fmt: skip
     worker = f"celery worker -P prefork -c {concurrency}, acks_late, Redis broker"
     params = {"n": n, "rounds": rounds, "prefetch multiplier": prefetch,
               "worker": worker}  # fmt: skip
