@@ -71,6 +71,10 @@ COVERAGE: dict[int, tuple[str, str]] = {
     33: ("done", "WORKER_CLAIM: 200 duplicates, 2 workers x 2: one effect (3 backends)"),
     34: ("done", "WORKER_CLAIM: a queue wait (1.5 s) longer than WORKER_CLAIM_RENEW_AFTER "
                  "(0.5 s): the child renews the claim, 1 effect, no takeover (3 backends)"),
+    35: ("done", "WORKER_CLAIM: the journal slow for seconds (another session holds the "
+                 "record's row lock, STORE_TIMEOUT 8 s): the claim waiting is the main "
+                 "process's, which answers 5 control pings meanwhile, each within 1 s; then "
+                 "the memo, 1 effect (PostgreSQL, MariaDB)"),
 }
 
 

@@ -1,10 +1,15 @@
-"""Scenarios 31-34: the chaos suite with the main-process claim on (``--grousset-batch``,
+"""Scenarios 31-35: the chaos suite with the main-process claim on (``--grousset-batch``,
 docs/performance.md "Claiming in the worker's main process")."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -143,3 +148,83 @@ def test_34_queue_wait_longer_than_renew_after(
     t.add_key(alias, key, rec)
     assert effects(alias, key) == 1 and rec.status == "completed" and rec.takeovers == 0
     assert value["fence"] == rec.fence
+
+
+#: the sessions waiting on a row lock, by the client's TCP port
+LOCK_WAITERS = {
+    "postgresql": "SELECT client_port FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+    "AND datname = current_database()",
+    # (a claim waiting on the row in MariaDB's optimizer is not listed in INNODB_TRX)
+    "mysql": "SELECT HOST FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID() "
+    "AND INFO LIKE '%%FOR UPDATE%%' AND TIME_MS > 200",
+}
+
+
+@contextmanager
+def row_locked(alias: str, pk: int) -> Iterator[None]:
+    """Another session holds the journal row's lock (a journal slow for seconds)."""
+    from django.db import connections, transaction
+
+    with transaction.atomic(using=alias), connections[alias].cursor() as cur:
+        cur.execute("SELECT 1 FROM celery_grousset_outcome WHERE id = %s FOR UPDATE", [pk])
+        yield
+
+
+def lock_waiter_pids(alias: str) -> list[int]:
+    """The local processes whose journal sessions wait on a row lock (``ss`` maps each
+    session's client port to its process); asked on the lock holder's own session."""
+    from django.db import connections
+
+    vendor = connections[alias].vendor
+    with connections[alias].cursor() as cur:
+        if vendor == "postgresql":  # a fresh view of the activity inside the transaction
+            cur.execute("SELECT pg_stat_clear_snapshot()")
+        cur.execute(LOCK_WAITERS[vendor])
+        ports = [int(str(row[0]).rsplit(":", 1)[-1]) for row in cur.fetchall() if row[0]]
+    pids = []
+    for port in ports:
+        out = subprocess.run(["ss", "-tnpH", f"sport = :{port}"], capture_output=True,
+                             text=True, check=False).stdout  # fmt: skip
+        pids += [int(p) for p in re.findall(r"pid=(\d+)", out)]
+    return pids
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
+def test_35_a_slow_journal_does_not_stop_the_event_loop(
+    broker: str, queue: str, tally: Any, backend: str
+) -> None:
+    from tests.celeryapp import app
+
+    alias = need(BACKENDS[backend])
+    t = tally("35 WORKER_CLAIM: journal slow for seconds, the event loop keeps serving", backend)
+    key = new_key("s35")
+    env = {"GROUSSET_TEST_STORE_TIMEOUT": "8"}
+    with workers(queue, 1, database=alias, extra=BATCH, env=env) as [w]:
+        first = ct.effect.apply_async((key,), queue=queue).get(timeout=60)
+        rec = record_of(alias, ct.effect, (key,))
+        with row_locked(alias, rec.pk):
+            # Given the journal slow for seconds: another session holds the record's row
+            # lock (STORE_TIMEOUT 8 s), and a duplicate's claim waits on it in the main
+            # process's claim thread
+            dup = ct.effect.apply_async((key,), queue=queue)
+            waiters = wait_for(lambda: lock_waiter_pids(alias), 10, "the claim to wait")
+            # When the worker is pinged five times while the claim waits
+            pings = []
+            for _ in range(5):
+                t0 = time.monotonic()
+                replies = app.control.ping(timeout=1.0)
+                names = [name for reply in replies for name in reply]
+                pings.append((any(n.startswith(f"{w.name}@") for n in names),
+                              time.monotonic() - t0))  # fmt: skip
+                time.sleep(0.3)
+            still = lock_waiter_pids(alias)
+        value = dup.get(timeout=60)
+    rec.refresh_from_db(using=alias)
+    t.add_key(alias, key, rec)
+    t.notes.append("pings answered in " + ", ".join(f"{s:.2f}s" for _, s in pings))
+    # Then the claim that waited was the main process's, it waited through every ping,
+    # and the event loop (the same process) answered each ping within its 1 s timeout
+    assert waiters == [w.proc.pid] and still == [w.proc.pid]
+    assert all(ok for ok, _ in pings), pings
+    # and once the lock went, the duplicate got the memo: one effect
+    assert value == first and effects(alias, key) == 1
