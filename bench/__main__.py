@@ -13,8 +13,9 @@ Scenarios (default: all but ``profile``):
   With ``--scale-layouts``: the single table and the partitioned journal side by side
   (``bench.scale_ab``: 0 / 10M / 50M rows, retention of a day, WAL; docs/scale.md).
 * ``cost`` — CPU per task by process (pool children, worker parent, PostgreSQL,
-  Redis) and the pool child's wall time per task, plain vs GroussetTask vs the raw
-  claim; the round trips a guard cannot avoid and the ratio they bound it to.
+  Redis) and the pool child's wall time per task, plain vs GroussetTask (per-task
+  claim and WORKER_CLAIM) vs the raw claim; the round trips a guard cannot avoid and
+  the ratio they bound it to.
 * ``profile`` — py-spy on a worker child of the GroussetTask (PostgreSQL) variant.
 
 Every scenario prints its table, appends it to bench/RESULTS.md and draws a PNG

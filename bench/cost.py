@@ -1,13 +1,14 @@
 """Scenario ``cost``: where each task's time goes, by process, plain Celery vs the guard.
 
-The same deliveries as ``throughput`` (no-op and 5 ms bodies, one ``celery worker -P prefork``)
-for plain Celery, ``GroussetTask`` on PostgreSQL and the hand-rolled raw psycopg
-claim, in alternating order over several rounds. While a worker drains its queue,
-the CPU time every process on the machine has used (``/proc/<pid>/stat``; Linux
-only) is read at 5 % and at 95 % of the deliveries, and the difference is divided
-by the tasks done in between and grouped: the pool children, the worker's parent
-process, the PostgreSQL server (its backends, reaped ones included), the Redis
-server, everything else; and the machine's busy CPU time (``/proc/stat``).
+The same deliveries as ``throughput`` (no-op and 5 ms bodies, one ``celery worker -P
+prefork``) for plain Celery, ``GroussetTask`` on PostgreSQL (per-task claim and
+``WORKER_CLAIM``) and the hand-rolled raw psycopg claim, in alternating order over
+several rounds. While a worker drains its queue, the CPU time every process on the
+machine has used (``/proc/<pid>/stat``; Linux only) is read at 5 % and at 95 % of the
+deliveries, and the difference is divided by the tasks done in between and grouped: the
+pool children, the worker's parent process, the PostgreSQL server (its backends, reaped
+ones included), the Redis server, everything else; and the machine's busy CPU time
+(``/proc/stat``).
 
 From the same window: the *child cycle*, the wall time one pool child spends per
 task (concurrency x wall time / tasks), and what the guard adds to it. Before the
@@ -32,7 +33,7 @@ from bench import harness, report
 from bench.store_micro import _connect
 from bench.throughput import BODIES, VARIANTS, run_variant
 
-CHOSEN = ("plain", "grousset-pg", "raw-pg")
+CHOSEN = ("plain", "grousset-pg", "grousset-pg-batch", "raw-pg")
 GROUPS = ("pool children", "worker parent", "PostgreSQL", "Redis", "other")
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -200,6 +201,12 @@ def run(n: int, rounds: int, bodies: list[str], concurrency: int, prefetch: int,
             f"pool child, with no CPU of its own, reaches at most plain cycle / (plain cycle "
             f"+ 2 x {durable:.0f} µs) = {plain_cycle:.0f} / {plain_cycle + 2 * durable:.0f} "
             f"= {bounds[body]:.2f}x of plain Celery here."
+        )
+        notes.append(
+            f"Bound, {body} body, WORKER_CLAIM (the claim leaves the pool child; its durable "
+            f"completion stays): {plain_cycle:.0f} / {plain_cycle + durable:.0f} = "
+            f"{plain_cycle / (plain_cycle + durable):.2f}x, if the worker's main process "
+            "keeps up."
         )
     first = bodies[0]
     plot = report.bar_plot(

@@ -48,6 +48,12 @@ VARIANTS: dict[str, Variant] = {
         Variant("grousset-pg-batch", "GroussetTask (PostgreSQL, WORKER_CLAIM)",
                 "bench.grousset", "postgresql",
                 {"BENCH_GROUSSET_DB": "postgresql", "BENCH_WORKER_CLAIM": "1"}, JOURNAL_DONE),
+        # ... with the claim thread waiting up to 2 ms for more requests before a pass
+        Variant("grousset-pg-batch-2ms",
+                "GroussetTask (PostgreSQL, WORKER_CLAIM, flush delay 2 ms)",
+                "bench.grousset", "postgresql",
+                {"BENCH_GROUSSET_DB": "postgresql", "BENCH_WORKER_CLAIM": "1",
+                 "BENCH_WORKER_CLAIM_FLUSH_DELAY": "0.002"}, JOURNAL_DONE),
         Variant("grousset-sqlite", "GroussetTask (SQLite)", "bench.grousset", "default",
                 {"BENCH_GROUSSET_DB": "default"}, JOURNAL_DONE),
         Variant("raw-pg", "raw psycopg INSERT…ON CONFLICT + UPDATE", "bench.raw_pg",

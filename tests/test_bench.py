@@ -60,7 +60,7 @@ def test_every_scenario_runs_and_counts_what_it_claims() -> None:
     _require_bench()
     out = _run_bench(
         "throughput", "duplicates", "store", "scale",
-        "--variants", "grousset-pg,grousset-sqlite,raw-pg,celery-once,powertools",
+        "--variants", "grousset-pg,grousset-pg-batch,grousset-sqlite,raw-pg,celery-once,powertools",
         "--bodies", "noop", "--n", "200", "--dup-keys", "40",
         "--dup-variants", "grousset-pg,grousset-pg-batch",
         "--scale-rows", "2000", "--purge-rows", "5000",
@@ -71,12 +71,19 @@ def test_every_scenario_runs_and_counts_what_it_claims() -> None:
     assert "FAILED" not in out, out[-4000:]
 
     throughput = {row[1]: row for row in _rows(out, "throughput")}
-    assert len(throughput) == 6, throughput  # plain + the five variants asked for
+    assert len(throughput) == 7, throughput  # plain + the six variants asked for
     assert all(float(row[2]) > 0 for row in throughput.values()), throughput
     # journal commits per task, read from pg_stat_database: a claim and a completion each
     commits = float(throughput["GroussetTask (PostgreSQL)"][5])
     assert 1.9 <= commits <= 2.5, throughput
     assert throughput["plain Celery"][5] == "n/a", throughput
+    # statements sent through psycopg by the worker's processes (probe-counted): the
+    # claim and the completion; the claim thread's batches only with WORKER_CLAIM
+    statements = float(throughput["GroussetTask (PostgreSQL)"][6])
+    assert 1.9 <= statements <= 2.5, throughput
+    assert throughput["plain Celery"][6:] == ["n/a", "n/a"], throughput
+    assert throughput["GroussetTask (PostgreSQL)"][7] == "n/a", throughput
+    assert float(throughput["GroussetTask (PostgreSQL, WORKER_CLAIM)"][7]) >= 1.0, throughput
 
     assert out.count("effects = unique keys = 40 in every round: yes") == 2, out[-4000:]
     guarded = [r for r in _rows(out, "duplicates") if r[0].startswith("GroussetTask")]
@@ -93,6 +100,7 @@ def test_every_scenario_runs_and_counts_what_it_claims() -> None:
 
     cost = {row[1]: row for row in _rows(out, "cost")}
     assert set(cost) == {"plain Celery", "GroussetTask (PostgreSQL)",
+                         "GroussetTask (PostgreSQL, WORKER_CLAIM)",
                          "raw psycopg INSERT…ON CONFLICT + UPDATE"}, cost  # fmt: skip
     # The process groups are found: pool children and the worker parent use CPU in
     # every variant, and the PostgreSQL server where claims are made.
