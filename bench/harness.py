@@ -219,6 +219,10 @@ def _read_stats(client: Any, key: str) -> RunStats:
     )
 
 
+#: what the worker's processes add up at the end of a run (see :meth:`Worker.totals`)
+TOTALS = ("statements", "passes", "claimed")
+
+
 class Worker:
     """One ``celery -A bench.app worker -P prefork -c 2`` process."""
 
@@ -246,7 +250,7 @@ class Worker:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=fh,
                                          stderr=subprocess.STDOUT)  # fmt: skip
         self.client = redis_client(STATE_URL)
-        self.final: dict[str, int] = {"statements": 0, "passes": 0, "claimed": 0}
+        self.final: dict[str, int] = dict.fromkeys(TOTALS, 0)
 
     def children(self) -> list[int]:
         out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
@@ -279,7 +283,7 @@ class Worker:
         """Statements (pool children and main process), claim passes and claims: final
         once the worker has stopped (the main process writes its part at shutdown)."""
         rows = [json.loads(v) for v in self.client.hgetall(self.stats_key).values()]
-        return {k: sum(r.get(k, 0) for r in rows) for k in ("statements", "passes", "claimed")}
+        return {k: sum(r.get(k, 0) for r in rows) for k in TOTALS}
 
     def stop(self) -> None:
         """Warm shutdown (SIGTERM); ``self.final`` keeps :meth:`totals` from after it."""
