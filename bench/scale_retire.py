@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--again", type=int, default=0,
                    help="fill days 0 and 1 again and repeat, this many times")  # fmt: skip
     p.add_argument("--unlink-probe", type=float, default=0.0, metavar="GB",
-                   help="only measure removing GB of files on this file system, then stop")  # fmt: skip
+                   help="only time removing GB of files on this file system")  # fmt: skip
     args = p.parse_args(argv)
     if args.unlink_probe:
         return unlink_probe(args.unlink_probe)

@@ -64,7 +64,7 @@ def past_generation(alias: str, processor: str) -> int:
 
 
 def test_claims_go_on_while_retention_checks_a_generation(
-    check: str, processor: str, monkeypatch: Any
+    check: str, processor: str, monkeypatch: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     part = check  # noqa: F811
     old = past_generation(part, processor)
@@ -80,11 +80,18 @@ def test_claims_go_on_while_retention_checks_a_generation(
     monkeypatch.setattr(pgpartops, "_clear", claim_meanwhile)
     # When retention scans the expired generation and a claim is made meanwhile
     # (same thread: a claim that waited for retention's lock would time out)
-    dropped = pgpartops.retire(part, timezone.now())
+    with caplog.at_level("INFO", logger="celery_grousset"):
+        dropped = pgpartops.retire(part, timezone.now())
     # Then the claim went through, and the generation was dropped with its rows
     assert seen == [Kind.NEW]
     assert dropped >= 2 and not exists(part, old)
     assert not Outcome.objects.using(part).filter(processor_id=processor).exists()
+    # And the log says how long its checks and detach, and its DROP TABLE, took
+    retired = [r.grousset for r in caplog.records  # type: ignore[attr-defined]
+               if getattr(r, "grousset", {}).get("generation") == old]  # fmt: skip
+    assert len(retired) == 1, retired
+    assert retired[0]["event"] == "grousset.generation_retired" and retired[0]["rows"] >= 2
+    assert retired[0]["detach_seconds"] >= 0 and retired[0]["drop_seconds"] >= 0
 
 
 def test_a_row_made_live_before_the_detach_keeps_its_generation(
