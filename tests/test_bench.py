@@ -110,3 +110,43 @@ def test_every_scenario_runs_and_counts_what_it_claims() -> None:
         if label != "plain Celery":
             assert postgres > 0, row
     assert "Bound, noop body" in out
+
+
+def test_scale_retire_times_every_statement_of_a_retention(tmp_path: Path) -> None:
+    """``bench.scale_retire`` on a small journal: both days are dropped whole, every
+    statement of the purge is timed (the DROP TABLE among them), claims ran during day 1;
+    and the file-system probe times a removal with flushes alongside."""
+    _require_bench()
+    import json
+
+    import psycopg
+
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env["BENCH_PG_NAME"] = "grousset_scale_ci"
+    out = tmp_path / "retire.json"
+    args = ["--rows-per-day", "3000", "--live-per-day", "500", "--samples", "50"]
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench.scale_retire", *args, "--out", str(out)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    finally:
+        with psycopg.connect(host="127.0.0.1", user="postgres", dbname="postgres",
+                             autocommit=True) as conn:  # fmt: skip
+            for name in ("grousset_scale_ci", "grousset_scale_ci_part"):
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    (one,) = json.loads(out.read_text())["rounds"]
+    for day in ("day0", "day1"):
+        assert one[day]["rows"] == 3000, one[day]
+        drops = [s for s in one[day]["steps"] if s[0].startswith("DROP TABLE")]
+        assert len(drops) == 1 and drops[0][2] > 0, one[day]["steps"]
+        assert one[day]["seconds"] >= drops[0][2]
+    assert one["day1"]["claim_during"]["n"] > 0 and one["claim_idle"]["n"] == 50
+    probe = subprocess.run(
+        [sys.executable, "-m", "bench.scale_retire", "--unlink-probe", "0.002"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    found = json.loads(probe.stdout.split("unlink probe ", 1)[1].splitlines()[0])
+    assert found["during_seconds"] > 0 and found["flush_idle"]["n"] > 0, found
