@@ -72,10 +72,7 @@ def load(alias: str, ddl: dict[str, list[list[str]]], state: dict[str, Any], hi:
     sql = sl.FILL.format(gcol=", gen" if gen else "", gval=f", {gen} + g %% 9" if gen else "")
     t0 = time.perf_counter()
     if have < hi:
-        for name, _ in ddl["unique"]:
-            cur.execute(f"ALTER TABLE celery_grousset_outcome DROP CONSTRAINT IF EXISTS {name}")
-        for name, _ in ddl["index"]:
-            cur.execute(f"DROP INDEX IF EXISTS {name}")
+        drop_indexes(cur, ddl)
     while have < hi:
         top = min(hi, have + chunk)
         with transaction.atomic(using=alias):
@@ -85,6 +82,26 @@ def load(alias: str, ddl: dict[str, list[list[str]]], state: dict[str, Any], hi:
             cur.execute("INSERT INTO bench_scale_progress VALUES (%s)", [top])
         have = top
     t1 = time.perf_counter()
+    build_indexes(cur, ddl)
+    t2 = time.perf_counter()
+    cur.execute("VACUUM ANALYZE celery_grousset_outcome")
+    t3 = time.perf_counter()
+    cur.close()
+    connections[alias].close()
+    return {"rows": hi, "insert_s": t1 - t0, "index_s": t2 - t1, "vacuum_s": t3 - t2,
+            "insert_rows_per_s": (hi - start) / max(t1 - t0, 1e-9)}  # fmt: skip
+
+
+def drop_indexes(cur: Any, ddl: dict[str, list[list[str]]]) -> None:
+    """Drop the journal's indexes of :func:`index_ddl` (a load goes faster without)."""
+    for name, _ in ddl["unique"]:
+        cur.execute(f"ALTER TABLE celery_grousset_outcome DROP CONSTRAINT IF EXISTS {name}")
+    for name, _ in ddl["index"]:
+        cur.execute(f"DROP INDEX IF EXISTS {name}")
+
+
+def build_indexes(cur: Any, ddl: dict[str, list[list[str]]]) -> None:
+    """Build the indexes of :func:`index_ddl` that are missing."""
     cur.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'celery_grousset_outcome'")
     present = {r[0] for r in cur.fetchall()}
     for name, definition in ddl["unique"]:
@@ -93,13 +110,6 @@ def load(alias: str, ddl: dict[str, list[list[str]]], state: dict[str, Any], hi:
     for name, definition in ddl["index"]:
         if name not in present:  # a partitioned index: on the partitions too
             cur.execute(definition.replace(" ON ONLY ", " ON ", 1))
-    t2 = time.perf_counter()
-    cur.execute("VACUUM ANALYZE celery_grousset_outcome")
-    t3 = time.perf_counter()
-    cur.close()
-    connections[alias].close()
-    return {"rows": hi, "insert_s": t1 - t0, "index_s": t2 - t1, "vacuum_s": t3 - t2,
-            "insert_rows_per_s": (hi - start) / max(t1 - t0, 1e-9)}  # fmt: skip
 
 
 def sizes(alias: str) -> dict[str, float]:
@@ -254,26 +264,11 @@ def warm(both: list[Any], result: dict[str, Any]) -> dict[str, Any]:
 def retention_again(store: Any, result: dict[str, Any]) -> dict[str, Any]:
     """Days 0 and 1 of the partitioned journal filled again (their generations
     re-created; the indexes stay), then retention of each as in :func:`retention`."""
-    from django.db import connections, transaction
+    from django.db import connections
 
-    from celery_grousset.store import pgpartops
-
-    first, t0 = result["first_gen"], result["t0"]
-    rows = result["points"][-1]["rows"]
-    sql = sl.FILL.format(gcol=", gen", gval=f", {first} + g %% 9").replace(
-        "FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g,",
-        "FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g0, "
-        "LATERAL (SELECT g0 * 9 + d AS g FROM (VALUES (0), (1)) AS v(d)) AS gg,",
-    )
+    t0 = result["t0"]
     with cursor("pgpart") as cur:
-        for gen in (first, first + 1):
-            pgpartops.add_generation(cur, gen)
-        for lo in range(0, rows // 9, 500_000):
-            with transaction.atomic(using="pgpart"):
-                cur.execute(sql, {"p": sl.PROCESSOR, "salt": result["salt"], "lo": lo,
-                                  "hi": min(rows // 9, lo + 500_000) - 1, "t0": t0})  # fmt: skip
-        for gen in (first, first + 1):
-            cur.execute(f"VACUUM ANALYZE celery_grousset_outcome_g{gen}")
+        sl.refill_expired(cur, "pgpart", result, result["points"][-1]["rows"] // 9)
     connections["pgpart"].close()
     out: dict[str, Any] = {"day0": retire(store, "partitioned", 0, t0) | sizes("pgpart")}
     out["claim_idle"] = sl.interleaved([store], {"rows": 0}, 2000)[0]["claim"]

@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from bench import harness
@@ -37,6 +38,38 @@ FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g,
 LATERAL (SELECT %(t0)s::timestamptz - (9 - g %% 9) * interval '1 day'
     + (g * 7919 %% 86400) * interval '1 second' AS t) AS s
 """
+
+#: FILL restricted to some days (``%(days)s``, of 0-8): ``lo..hi`` rows into each of them
+FILL_DAYS = FILL.replace(
+    "FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g,",
+    "FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g0, "
+    "LATERAL (SELECT g0 * 9 + d AS g FROM unnest(%(days)s::int[]) AS v(d)) AS gg,",
+)
+
+
+def fill_days(cur: Any, alias: str, state: dict[str, Any], days: list[int], per_day: int) -> None:
+    """``per_day`` rows into each of ``days`` of the partitioned journal (``state``:
+    ``salt``, ``t0``, ``first_gen``), in committed chunks of 500,000."""
+    from django.db import transaction
+
+    sql = FILL_DAYS.format(gcol=", gen", gval=f", {state['first_gen']} + g %% 9")
+    for lo in range(0, per_day, 500_000):
+        with transaction.atomic(using=alias):
+            cur.execute(sql, {"p": PROCESSOR, "salt": state["salt"], "lo": lo, "days": days,
+                              "hi": min(per_day, lo + 500_000) - 1, "t0": state["t0"]})  # fmt: skip
+
+
+def refill_expired(cur: Any, alias: str, state: dict[str, Any], per_day: int) -> None:
+    """Days 0 and 1 (the expired ones) of the partitioned journal again, after a
+    retention dropped them: their generations re-created, filled, analysed."""
+    from celery_grousset.store import pgpartops
+
+    first = state["first_gen"]
+    for gen in (first, first + 1):
+        pgpartops.add_generation(cur, gen)
+    fill_days(cur, alias, state, [0, 1], per_day)
+    for gen in (first, first + 1):
+        cur.execute(f"VACUUM ANALYZE celery_grousset_outcome_g{gen}")
 
 
 def fill_fp(salt: str, g: int) -> str:
@@ -174,8 +207,8 @@ def commit() -> str:
     return out.stdout.strip()
 
 
-def save(result: dict[str, Any]) -> None:
-    harness.WORK.mkdir(parents=True, exist_ok=True)
-    path = harness.WORK / f"scale-{result['layout']}.json"
+def save(result: dict[str, Any], path: Path | None = None) -> None:
+    """``result`` as JSON, by default to ``bench/.work/scale-<layout>.json``."""
+    path = path or harness.WORK / f"scale-{result['layout']}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1, default=str))
-

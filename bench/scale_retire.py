@@ -25,6 +25,7 @@ import json
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from bench import harness
@@ -32,25 +33,15 @@ from bench import scale_ab as ab
 from bench import scale_layouts as sl
 
 ALIAS = "pgpart"
-DAYS = sl.FILL.replace(
-    "FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g,",
-    "FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g0, "
-    "LATERAL (SELECT g0 * 9 + d AS g FROM unnest(%(days)s::int[]) AS v(d)) AS gg,",
-)
 
 
 def fill(state: dict[str, Any], days: list[int], per_day: int) -> float:
-    """``per_day`` rows into each of ``days`` (committed chunks); seconds taken."""
-    from django.db import connections, transaction
+    """``per_day`` rows into each of ``days``; seconds taken."""
+    from django.db import connections
 
-    sql = DAYS.format(gcol=", gen", gval=f", {state['first_gen']} + g %% 9")
     t0 = time.perf_counter()
     with ab.cursor(ALIAS) as cur:
-        for lo in range(0, per_day, 500_000):
-            with transaction.atomic(using=ALIAS):
-                cur.execute(sql, {"p": sl.PROCESSOR, "salt": state["salt"], "lo": lo,
-                                  "hi": min(per_day, lo + 500_000) - 1, "t0": state["t0"],
-                                  "days": days})  # fmt: skip
+        sl.fill_days(cur, ALIAS, state, days, per_day)
     connections[ALIAS].close()
     return time.perf_counter() - t0
 
@@ -76,19 +67,13 @@ def prepare(rows_per_day: int, live_per_day: int) -> dict[str, Any]:
     state = {"t0": t0, "salt": uuid.uuid4().hex[:6], "first_gen": first}
     ddl = ab.index_ddl(ALIAS)
     with ab.cursor(ALIAS) as cur:
-        for name, _ in ddl["unique"]:
-            cur.execute(f"ALTER TABLE celery_grousset_outcome DROP CONSTRAINT {name}")
-        for name, _ in ddl["index"]:
-            cur.execute(f"DROP INDEX {name}")
+        ab.drop_indexes(cur, ddl)
     state["fill_s"] = fill(state, [0, 1], rows_per_day) + fill(
         state, list(range(2, 9)), live_per_day
     )
     t1 = time.perf_counter()
     with ab.cursor(ALIAS) as cur:
-        for name, definition in ddl["unique"]:
-            cur.execute(f"ALTER TABLE celery_grousset_outcome ADD CONSTRAINT {name} {definition}")
-        for _, definition in ddl["index"]:
-            cur.execute(definition.replace(" ON ONLY ", " ON ", 1))
+        ab.build_indexes(cur, ddl)
         cur.execute("VACUUM ANALYZE celery_grousset_outcome")
     state["index_s"] = time.perf_counter() - t1
     connections[ALIAS].close()
@@ -258,32 +243,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.unlink_probe:
         return unlink_probe(args.unlink_probe)
     harness.setup_django()
-    from celery_grousset.store import pgpartops
-
     state = prepare(args.rows_per_day, args.live_per_day)
     harness.log(f"retire: filled {json.dumps(state)}")
     store = ab.stores()[1]
     result = {"layout": "retire", "commit": sl.commit(), "args": vars(args), **state,
               "rounds": [round_of(store, state, args.samples)]}  # fmt: skip
-    save(result, args.out)
+    sl.save(result, Path(args.out))
     for _ in range(args.again):
         with ab.cursor(ALIAS) as cur:
-            for gen in (state["first_gen"], state["first_gen"] + 1):
-                pgpartops.add_generation(cur, gen)
-        fill(state, [0, 1], args.rows_per_day)
-        with ab.cursor(ALIAS) as cur:
-            for gen in (state["first_gen"], state["first_gen"] + 1):
-                cur.execute(f"VACUUM ANALYZE celery_grousset_outcome_g{gen}")
+            sl.refill_expired(cur, ALIAS, state, args.rows_per_day)
         result["rounds"].append(round_of(store, state, args.samples))
-        save(result, args.out)
+        sl.save(result, Path(args.out))
     return result
-
-
-def save(result: dict[str, Any], path: str) -> None:
-    from pathlib import Path
-
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(result, indent=1, default=str))
 
 
 if __name__ == "__main__":

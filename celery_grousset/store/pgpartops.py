@@ -41,8 +41,6 @@ MAX_CONVERT_ROWS = 100_000
 #: a retired generation's rows are counted up to here; beyond, its planner estimate
 EXACT_COUNT_UP_TO = 100_000
 
-logger = logging.getLogger("celery_grousset")
-
 _LOCK_KEY = "hashtext('celery_grousset.partitions')"  # one DDL run at a time
 _BOUND = re.compile(r"FROM \((-?\d+)\) TO")
 
@@ -275,14 +273,12 @@ def retire(alias: str, cutoff: datetime) -> int:
 def _retired(alias: str, gen: int, rows: int, detach_s: float, drop_s: float) -> None:
     """The log line of a dropped generation: how long its checks and detach took (the
     journal's work) and its ``DROP TABLE`` (mostly the file system freeing its files)."""
-    fields = {"generation": gen, "rows": rows, "detach_seconds": round(detach_s, 3),
-              "drop_seconds": round(drop_s, 3), "database": alias}  # fmt: skip
-    logger.info(
-        "grousset.generation_retired generation=%d rows=%d detach_seconds=%.3f "
-        "drop_seconds=%.3f database=%s",
-        gen, rows, detach_s, drop_s, alias,
-        extra={"grousset": {"event": "grousset.generation_retired", **fields}},
-    )  # fmt: skip
+    from celery_grousset import events
+
+    events.emit(logging.INFO, "grousset.generation_retired", {
+        "generation": gen, "rows": rows, "detach_seconds": round(detach_s, 3),
+        "drop_seconds": round(drop_s, 3), "database": alias,
+    })  # fmt: skip
 
 
 def _generation(cur: Any) -> int:
