@@ -41,62 +41,64 @@ FLAG_NAMES = (
 )
 
 
+#: the heading of the flags in ``celery worker --help``
+HELP_GROUP = "celery-grousset Options"
+
+
+def _option(*args: Any, **kwargs: Any) -> Any:
+    """A plain ``click.Option`` carrying the ``help_group`` attribute that Celery's help
+    formatter groups by. Not Celery's own option class: importing ``celery.bin.base``
+    compiles a syntax highlighter, about 0.1 s added to every process that imports the
+    app (``manage.py`` commands, web servers) for flags only ``celery worker`` reads."""
+    from click import Option
+
+    option = Option(*args, **kwargs)
+    option.help_group = HELP_GROUP  # type: ignore[attr-defined]
+    return option
+
+
 def _options() -> list[Any]:
-    try:  # Celery's option class groups the flags under their own heading in --help
-        from celery.bin.base import CeleryOption as Option
-
-        extra: dict[str, Any] = {"help_group": "celery-grousset Options"}
-    except ImportError:  # pragma: no cover - older Celery 5
-        from click import Option  # type: ignore[assignment]
-
-        extra = {}
     return [
-        Option(
+        _option(
             ("--grousset-processor-id",),
             default=None,
             metavar="ID",
             help="Default processor_id of guarded tasks (who deduplicates).",
-            **extra,
         ),
-        Option(
+        _option(
             ("--grousset-max-processing-time",),
             type=float,
             default=None,
             metavar="SECONDS",
             help="Default max_processing_time of guarded tasks (seconds).",
-            **extra,
         ),
-        Option(
+        _option(
             ("--grousset-metrics-port",),
             type=int,
             default=None,
             metavar="PORT",
             help="Serve Prometheus metrics of this worker on PORT "
             "(needs celery-grousset[prometheus]).",
-            **extra,
         ),
-        Option(
+        _option(
             ("--grousset-bypass",),
             is_flag=True,
             default=False,
             help="EMERGENCY ONLY: run every task unguarded (no deduplication, no "
             "journal), logging a warning per task.",
-            **extra,
         ),
-        Option(
+        _option(
             ("--grousset-relay",),
             is_flag=True,
             default=False,
             help="Publish the transactional outbox (GROUSSET['DATABASE']) from a thread "
             "of this worker, like `manage.py grousset_relay`.",
-            **extra,
         ),
-        Option(
+        _option(
             ("--grousset-batch/--no-grousset-batch",),
             default=None,
             help="Claim guarded tasks in the worker's main process, before the pool runs "
             "them (default: GROUSSET['WORKER_CLAIM'], off).",
-            **extra,
         ),
     ]
 

@@ -512,6 +512,29 @@ def test_stats_count_the_last_day_unless_asked_for_more(
     assert (stats("--all")["expired"], stats("--all")["expired_capped"]) == (2, False)
 
 
+def test_stats_answer_on_a_project_whose_system_checks_fail(migrated_default: str) -> None:
+    from django.core import checks
+
+    from celery_grousset.management.commands.grousset_stats import Command
+
+    def broken(**kwargs: Any) -> list[checks.CheckMessage]:
+        return [checks.Error("a broken project", id="tests.E999")]
+
+    # Given a project whose system checks report an error (and take their time to)
+    checks.register(broken)
+    try:
+        # When the read-only report is asked for, as `manage.py grousset_stats` runs it
+        out, command = io.StringIO(), Command(stdout=io.StringIO())
+        parser = command.create_parser("manage.py", "grousset_stats")
+        options = vars(parser.parse_args(["--database", migrated_default]))
+        command.execute(**options | {"stdout": out, "skip_checks": False})
+        text = out.getvalue()
+    finally:
+        checks.registry.registry.registered_checks.discard(broken)
+    # Then it answers: a journal report does not run the project's checks first
+    assert "celery-grousset journal on 'default'" in text
+
+
 # -- argument validation (issue 16, defect 12) --------------------------------------------
 
 

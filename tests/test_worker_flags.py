@@ -87,6 +87,23 @@ def test_help_shows_the_flags() -> None:
     assert "celery-grousset Options" in proc.stdout
 
 
+def test_installing_the_flags_leaves_the_celery_command_line_unimported() -> None:
+    # Given the test app, whose module calls install(app) (as a project's celery.py does)
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
+    code = (
+        f"import sys, {FLAG_APP} as m; "
+        "assert any(o.name == 'grousset_batch' for o in m.app.user_options['worker']); "
+        "print(sorted(n for n in ('celery.bin.base', 'pygments') if n in sys.modules))"
+    )
+    # When a process that is not `celery worker` imports it (manage.py, a web server)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    # Then the flags are there without Celery's command line (and its syntax highlighter,
+    # about 0.1 s of every start) being imported
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
 def test_install_is_idempotent() -> None:
     from celery import Celery, _state
 
