@@ -150,3 +150,30 @@ def test_scale_retire_times_every_statement_of_a_retention(tmp_path: Path) -> No
     assert probe.returncode == 0, probe.stderr[-2000:]
     found = json.loads(probe.stdout.split("unlink probe ", 1)[1].splitlines()[0])
     assert found["during_seconds"] > 0 and found["flush_idle"]["n"] > 0, found
+
+
+def test_stats_cli_times_the_command_as_an_operator_runs_it(processor: str) -> None:
+    """``bench.stats_cli`` against the test PostgreSQL journal: real ``manage.py``
+    processes of the example project; the window it reports is the command's own."""
+    services.require_database("postgresql")
+    import uuid
+
+    from django.conf import settings
+
+    from bench import stats_cli
+    from celery_grousset.claim import ClaimRequest
+    from celery_grousset.store import get_store
+
+    for n in range(2):  # two entries of this processor, started now
+        get_store("postgresql").claim(ClaimRequest(
+            processor_id=processor, fingerprint=uuid.uuid4().hex * 2, task_name="tests.cli",
+            task_id=f"t{n}", token=uuid.uuid4().hex, worker="w:1", args_repr="()",
+            max_processing_time=60.0, expires_after=3600.0, max_takeovers=3,
+        ))  # fmt: skip
+    db = settings.DATABASES["postgresql"]
+    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    (one,) = stats_cli.main(["--url", url, "--repeat", "1", "--processor-id", processor])
+    assert (one["entries"], one["expired"]) == (2, 0)
+    assert (one["window_s"], one["narrowed"]) == (86400.0, False)
+    assert one["version"]["median_s"] > 0 and one["stats"]["median_s"] > 0
+    assert one["stats_1h"]["max_s"] >= one["stats_1h"]["median_s"] > 0
