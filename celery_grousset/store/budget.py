@@ -9,12 +9,17 @@ status: ``status`` has no index, on purpose — docs/scale.md) reads every row. 
 * PostgreSQL: ``SET LOCAL statement_timeout`` in a transaction around the block;
 * MariaDB: ``max_statement_time`` for the session, put back after the block;
 * SQLite and MySQL: no limit (an embedded or small journal).
+
+:func:`estimated_rows` asks PostgreSQL's planner how many rows a query would return,
+so a caller can skip a query that could not fit its budget without running it.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 _PG_CANCELED = "57014"  # query_canceled: the statement_timeout
 _MARIADB_TIMEOUT = 1969  # ER_STATEMENT_TIMEOUT: max_statement_time exceeded
@@ -68,3 +73,22 @@ def statement_budget(alias: str, seconds: float | None) -> Iterator[None]:
         if _stopped(exc):
             raise BudgetExceeded(f"a statement on {alias!r} ran past {seconds} s") from exc
         raise
+
+
+def estimated_rows(qs: Any) -> int | None:
+    """The planner's estimate of the rows ``qs`` returns, without reading them (one
+    ``EXPLAIN``; PostgreSQL only, None elsewhere or when the plan cannot be read)."""
+    from django.db import DatabaseError, connections
+
+    conn = connections[qs.db]
+    if conn.vendor != "postgresql":
+        return None
+    sql, params = qs.query.sql_with_params()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+            doc = cur.fetchone()[0]
+        doc = json.loads(doc) if isinstance(doc, str) else doc
+        return int(doc[0]["Plan"]["Plan Rows"])
+    except (DatabaseError, ValueError, LookupError, TypeError):
+        return None
