@@ -11,7 +11,8 @@ By default only the entries started in the last 24 hours (``--since``, on the
 ``started_at`` index) are counted, in one statement, and the expired entries up to
 10,000: a large journal answers in well under a second. On PostgreSQL and MariaDB the
 default window is narrowed (to the last hour, then 10 minutes) when its statement needs
-more than ``STATS_BUDGET`` seconds, and the expired entries are left uncounted when
+more than ``STATS_BUDGET`` seconds (on PostgreSQL, without starting it, when the planner
+expects more than ``STATS_ROWS`` entries in it), and the expired entries are left uncounted when
 their count needs more; the output says so. An explicit ``--since`` is counted whatever
 it takes. ``--all`` counts every entry (a full scan). The command skips Django's
 system checks: it only reads.
