@@ -19,7 +19,7 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import F
 from django.test import override_settings
 
@@ -480,3 +480,42 @@ def test_real_workers_on_the_partitioned_journal_run_each_key_once() -> None:
             )
             [(status, deliveries, gen)] = cur.fetchall()
         assert status == "completed" and now - 1 <= gen <= now and deliveries >= 5
+
+
+def test_the_claim_probes_past_generations_through_the_hash_index(
+    part: str, processor: str
+) -> None:
+    import re
+
+    from celery_grousset.store.pgpartsql import MOVE_SQL
+
+    # Given 20,000 rows left in a past generation (on a handful, a B-tree of one page is
+    # the cheaper probe, and the planner rightly takes it)
+    first = req(processor)
+    get_store(part).claim(first)
+    now = pgpartops.current_generation(part)
+    into_generation(part, now - 1, processor_id=processor)
+    past = f"celery_grousset_outcome_g{now - 1}"
+    cols = [f.column for f in Outcome._meta.concrete_fields if f.column not in ("id",)]
+    copy = ", ".join("md5(g::text) || md5(%s || g::text)" if c == "fingerprint" else c
+                     for c in cols)  # fmt: skip
+    with connections[part].cursor() as cur:
+        cur.execute(f"INSERT INTO celery_grousset_outcome (gen, {', '.join(cols)}) SELECT gen, "
+                    f"{copy} FROM celery_grousset_outcome, generate_series(1, 20000) AS g "
+                    "WHERE fingerprint = %s", [processor, first.fingerprint])  # fmt: skip
+        cur.execute(f"ANALYZE {past}")
+        cur.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s AND indexdef LIKE "
+                    "'%%USING hash (fingerprint)%%'", [past])  # fmt: skip
+        hashed = [row[0] for row in cur.fetchall()]
+        # When the claim's step 2 (the move of the key's row) is planned, with the plain
+        # scans ruled out as a table of millions of rows rules them out
+        sql = re.sub(r"\b_(cur|f|p)\b", "%s", MOVE_SQL)
+        with transaction.atomic(using=part):
+            cur.execute("SET LOCAL enable_seqscan = off")
+            cur.execute("SET LOCAL enable_bitmapscan = off")
+            cur.execute("EXPLAIN " + sql, [now, uuid.uuid4().hex * 2, processor, now])
+            plan = "\n".join(row[0] for row in cur.fetchall())
+    # Then every past generation is probed through its hash index on fingerprint (a
+    # quarter of the unique key's size: it stays in memory on a large journal)
+    assert len(hashed) == 1, hashed
+    assert f"Index Scan using {hashed[0]} on {past}" in plan, plan

@@ -108,6 +108,14 @@ ABANDON_FUNCTION_SQL = (
 )
 
 
+#: A hash index on ``fingerprint`` in every generation: the claim's probe of the past
+#: generations (``pgpartsql.MOVE_SQL``, one probe per non-empty generation) reads this
+#: index instead of the unique key's B-tree, a quarter of its size (about 29 B a row
+#: against 110), so the probes of a large journal stay in memory: at 50M rows, claim p50
+#: 3.9-4.3 ms without it, 1.8-2.1 ms with it (docs/scale.md).
+PROBE_INDEX = "grousset_outcome_probe"
+
+
 def _generation_functions(seconds: int) -> list[str]:
     return [
         "CREATE OR REPLACE FUNCTION grousset_generation_seconds() RETURNS int "
@@ -217,6 +225,7 @@ def _rebuild(cur: Any, seconds: int, ahead: int, top: int) -> None:
         cur.execute(sql)
     cur.execute(ABANDON_FUNCTION_SQL)
     cur.execute(f"CREATE INDEX {ABANDON_INDEX} ON {TABLE} ({ABANDON})")
+    cur.execute(f"CREATE INDEX {PROBE_INDEX} ON {TABLE} USING hash (fingerprint)")
     cur.execute("DROP TYPE IF EXISTS grousset_claim_row CASCADE")
     cur.execute(_row_type(cur))
     cur.execute(FUNCTION_SQL)

@@ -31,6 +31,9 @@ if _STMT.count("_cur") != 2 or "fingerprint, gen)" not in _STMT:  # pragma: no c
     raise RuntimeError("CLAIM_SQL changed shape: update celery_grousset/store/pgpartition.py")
 _STMT = re.sub(r"%\((\w+)\)s", r"_\1", _STMT)
 _MOVE_KEY = re.sub(r"%\((\w+)\)s", r"_\1", KEY.format(t=""))
+#: Step 2 of the claim: the key's row, in whichever past generation it was left, moves
+#: into the current one (one probe per non-empty past generation, on ``PROBE_INDEX``)
+MOVE_SQL = f"UPDATE {TABLE} SET gen = _cur WHERE {_MOVE_KEY} AND gen <> _cur"
 
 #: The columns the claim returns (CLAIM_SQL's RETURNING, then its decision code and the
 #: commit mode); those named after a table column take its type (read at conversion).
@@ -50,7 +53,7 @@ BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended(_p || chr(31) || _f, 7));
     _cur := grousset_generation();
     LOOP
-        UPDATE {TABLE} SET gen = _cur WHERE {_MOVE_KEY} AND gen <> _cur;
+        {MOVE_SQL};
         _now := grousset_generation();
         EXIT WHEN _now = _cur;
         _cur := _now;
