@@ -1,0 +1,122 @@
+"""The partitioned journal's probe index, A/B: claim latency with the hash index on
+``fingerprint`` (``grousset_outcome_probe``, docs/scale.md) dropped, then created again,
+in alternating rounds on the same journal.
+
+    BENCH_PG_NAME=grousset_scale .venv/bin/python -m bench.scale_ab --sizes 50000000
+    BENCH_PG_NAME=grousset_scale .venv/bin/python -m bench.scale_probe --rounds 2
+
+Runs on the partitioned journal ``bench.scale_ab`` filled (its ``bench/.work/
+scale-ab.json`` names the fill): each round drops or creates the index (on the parent:
+every generation at once), runs ``ANALYZE``, then takes ``--samples`` claim, claim +
+complete and duplicate samples (``bench.scale_layouts``; a fresh part of the fill's old
+rows each round). Leaves the index in place.
+
+``--empty NAME`` (a pair of empty journals made by ``BENCH_PG_NAME=NAME python -m
+bench.scale_ab --sizes 0``): then the claims of both layouts at the fill's size and of
+both empty ones, the four stores taking turns sample by sample, for the ratio to the
+empty journal measured at the same moments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from bench import harness
+from bench import scale_layouts as sl
+
+#: the samples of ``bench.scale_layouts.interleaved``, in its order
+KINDS = ("claim", "claim_complete", "duplicate", "duplicate_old_row")
+CREATE = (
+    "CREATE INDEX IF NOT EXISTS grousset_outcome_probe ON celery_grousset_outcome "
+    "USING hash (fingerprint)"
+)
+DROP = "DROP INDEX IF EXISTS grousset_outcome_probe"
+
+
+def toggle(create: bool) -> float:
+    """Create or drop the probe index on the partitioned journal; the seconds it took."""
+    from django.db import connections
+
+    t0 = time.perf_counter()
+    with connections["pgpart"].cursor() as cur:
+        cur.execute(CREATE if create else DROP)
+        cur.execute("ANALYZE celery_grousset_outcome")
+    return time.perf_counter() - t0
+
+
+def against_empty(big: list[Any], name: str, samples: int) -> list[list[Any]]:
+    """Both layouts at the fill's size and empty (database ``name``/``name_part``), the
+    four stores in turns (fresh keys only: the empty journals have no old rows)."""
+    from django.db import connections
+
+    from celery_grousset.store.pgpartition import PartitionedStore
+    from celery_grousset.store.postgresql import PostgresStore
+
+    empty = []
+    for kind, alias, db in ((PostgresStore, "postgresql", name), (PartitionedStore, "pgpart",
+                                                                   f"{name}_part")):  # fmt: skip
+        conf = dict(connections.settings[alias]) | {"NAME": db}
+        connections.settings[f"empty_{alias}"] = conf
+        empty.append(kind(f"empty_{alias}", conf, big[0].timeout, big[0].claim_commit))
+    res = sl.interleaved([*big, *empty], {"rows": 0, "salt": "empty"}, samples)
+    labels = ["single, full", "partitioned, full", "single, empty", "partitioned, empty"]
+    rows = [[label, *(f"{r[k]['p50_ms']:.2f} / {r[k]['p99_ms']:.2f}" for k in KINDS[:3])]
+            for label, r in zip(labels, res, strict=True)]  # fmt: skip
+    for full, bare in ((0, 2), (1, 3)):
+        rows[full].append(f"{res[full]['claim']['p99_ms'] / res[bare]['claim']['p99_ms']:.2f}x")
+        rows[bare].append("-")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=2, help="pairs of rounds (without, with)")
+    p.add_argument("--samples", type=int, default=800)
+    p.add_argument("--record", action="store_true", help="append the table to bench/RESULTS.md")
+    p.add_argument("--empty", default=None, help="the empty pair of journals to compare with")
+    args = p.parse_args(argv)
+    harness.setup_django()
+    from bench import report, scale_ab
+
+    fill = json.loads((harness.WORK / "scale-ab.json").read_text())
+    rows = max(point["rows"] for point in fill["points"])
+    big = scale_ab.stores()
+    part = big[1]
+    out: dict[str, Any] = {"rows": rows, "rounds": []}
+    for i in range(2 * args.rounds):
+        create = bool(i % 2)
+        seconds = toggle(create)
+        state = {"rows": rows, "salt": fill["salt"], "shift": 1000 + 97 * i}
+        sample = sl.latencies(part, state, args.samples)
+        out["rounds"].append({"probe_index": create, "toggle_s": seconds, **sample})
+        harness.log(f"probe index {'on' if create else 'off'}: {json.dumps(sample)}")
+    if not out["rounds"]:
+        toggle(True)  # (the comparison below is of the product's layout)
+    else:
+        table = [
+            [i + 1, "hash on fingerprint" if r["probe_index"] else "unique key's B-tree only",
+             *(f"{r[k]['p50_ms']:.2f} / {r[k]['p99_ms']:.2f}" for k in KINDS if k in r)]
+            for i, r in enumerate(out["rounds"])
+        ]  # fmt: skip
+        kinds = [k for k in KINDS if k in out["rounds"][0]]
+        report.emit(
+            "scale-probe (the partitioned journal's probe index, A/B)",
+            {"rows": f"{rows:,}", "samples": args.samples, "commit of the fill": fill["commit"]},
+            ["round", "past generations probed through", *(f"{k} p50 / p99 ms" for k in kinds)],
+            table, None, args.record,
+        )  # fmt: skip
+    if args.empty:
+        report.emit(
+            "scale-probe (full journal vs empty, interleaved)",
+            {"rows": f"{rows:,}", "samples": args.samples, "empty": args.empty},
+            ["journal", *(f"{k} p50 / p99 ms" for k in KINDS[:3]), "claim p99 vs empty"],
+            against_empty(big, args.empty, args.samples), None, args.record,
+        )  # fmt: skip
+    return out
+
+
+if __name__ == "__main__":
+    main()
