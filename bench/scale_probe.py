@@ -29,6 +29,7 @@ from bench import scale_layouts as sl
 
 #: the samples of ``bench.scale_layouts.interleaved``, in its order
 KINDS = ("claim", "claim_complete", "duplicate", "duplicate_old_row")
+LAYOUTS = ("single", "partitioned")
 CREATE = (
     "CREATE INDEX IF NOT EXISTS grousset_outcome_probe ON celery_grousset_outcome "
     "USING hash (fingerprint)"
@@ -47,27 +48,34 @@ def toggle(create: bool) -> float:
     return time.perf_counter() - t0
 
 
-def against_empty(big: list[Any], name: str, samples: int) -> list[list[Any]]:
-    """Both layouts at the fill's size and empty (database ``name``/``name_part``), the
-    four stores in turns (fresh keys only: the empty journals have no old rows)."""
+def against_empty(
+    big: list[Any], name: str, samples: int, layouts: tuple[str, ...] = LAYOUTS
+) -> list[list[Any]]:
+    """``layouts`` at the fill's size and empty (database ``name``/``name_part``), the
+    stores in turns (fresh keys only: the empty journals have no old rows). A layout
+    left out is not touched: the other one has the machine's memory to itself."""
     from django.db import connections
 
     from celery_grousset.store.pgpartition import PartitionedStore
     from celery_grousset.store.postgresql import PostgresStore
 
-    empty = []
-    for kind, alias, db in ((PostgresStore, "postgresql", name), (PartitionedStore, "pgpart",
-                                                                   f"{name}_part")):  # fmt: skip
+    full, empty = [], []
+    kinds = {"single": (PostgresStore, "postgresql", name, big[0]),
+             "partitioned": (PartitionedStore, "pgpart", f"{name}_part", big[1])}  # fmt: skip
+    for layout in layouts:
+        kind, alias, db, store = kinds[layout]
         conf = dict(connections.settings[alias]) | {"NAME": db}
         connections.settings[f"empty_{alias}"] = conf
+        full.append(store)
         empty.append(kind(f"empty_{alias}", conf, big[0].timeout, big[0].claim_commit))
-    res = sl.interleaved([*big, *empty], {"rows": 0, "salt": "empty"}, samples)
-    labels = ["single, full", "partitioned, full", "single, empty", "partitioned, empty"]
+    res = sl.interleaved([*full, *empty], {"rows": 0, "salt": "empty"}, samples)
+    labels = [f"{layout}, {size}" for size in ("full", "empty") for layout in layouts]
     rows = [[label, *(f"{r[k]['p50_ms']:.2f} / {r[k]['p99_ms']:.2f}" for k in KINDS[:3])]
             for label, r in zip(labels, res, strict=True)]  # fmt: skip
-    for full, bare in ((0, 2), (1, 3)):
-        rows[full].append(f"{res[full]['claim']['p99_ms'] / res[bare]['claim']['p99_ms']:.2f}x")
-        rows[bare].append("-")
+    n = len(layouts)
+    for i in range(n):
+        rows[i].append(f"{res[i]['claim']['p99_ms'] / res[n + i]['claim']['p99_ms']:.2f}x")
+        rows[n + i].append("-")
     return rows
 
 
@@ -77,6 +85,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--samples", type=int, default=800)
     p.add_argument("--record", action="store_true", help="append the table to bench/RESULTS.md")
     p.add_argument("--empty", default=None, help="the empty pair of journals to compare with")
+    p.add_argument("--layouts", default=",".join(LAYOUTS),
+                   help="the layouts --empty compares (the others are left untouched)")  # fmt: skip
     args = p.parse_args(argv)
     harness.setup_django()
     from bench import report, scale_ab
@@ -111,9 +121,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.empty:
         report.emit(
             "scale-probe (full journal vs empty, interleaved)",
-            {"rows": f"{rows:,}", "samples": args.samples, "empty": args.empty},
+            {"rows": f"{rows:,}", "samples": args.samples, "empty": args.empty,
+             "layouts": args.layouts},
             ["journal", *(f"{k} p50 / p99 ms" for k in KINDS[:3]), "claim p99 vs empty"],
-            against_empty(big, args.empty, args.samples), None, args.record,
+            against_empty(big, args.empty, args.samples, tuple(args.layouts.split(","))),
+            None, args.record,
         )  # fmt: skip
     return out
 
