@@ -46,15 +46,21 @@ def fill(state: dict[str, Any], days: list[int], per_day: int) -> float:
     return time.perf_counter() - t0
 
 
-def prepare(rows_per_day: int, live_per_day: int) -> dict[str, Any]:
+def prepare(rows_per_day: int, live_per_day: int, tablespace: str | None = None) -> dict[str, Any]:
     """The scratch journal: converted, 9 past generations, filled (indexes dropped for
-    the load and built after, as ``bench.scale_ab`` does)."""
+    the load and built after, as ``bench.scale_ab`` does); the partitioned journal's
+    tables and indexes in ``tablespace`` when given (the WAL stays where it is)."""
     from django.db import connections
 
     from celery_grousset.store import pgpartops
 
     sl.fresh_database(ALIAS)
     harness.truncate(ALIAS)
+    if tablespace:
+        with connections[ALIAS].cursor() as cur:
+            name = connections.settings[ALIAS]["NAME"]
+            cur.execute(f'ALTER DATABASE "{name}" SET default_tablespace = %s', [tablespace])
+        connections[ALIAS].close()  # (the setting applies to the sessions opened after)
     harness.prepare_database("postgresql")  # WAL positions are read through it
     with connections[ALIAS].cursor() as cur:  # 2 minutes back: day 1's claims (60 s
         cur.execute("SELECT (now() - interval '2 minutes')::text")  # max_processing_time)
@@ -165,14 +171,14 @@ def round_of(store: Any, state: dict[str, Any], samples: int) -> dict[str, Any]:
     return out
 
 
-def unlink_probe(gigabytes: float) -> dict[str, Any]:
+def unlink_probe(gigabytes: float, where: Path | None = None) -> dict[str, Any]:
     """The file system alone, no PostgreSQL: write ``gigabytes`` in 1 GB files (as a
     table's segments), flush them, then remove them while another thread appends 8 kB
     and ``fdatasync``s in a loop (as a commit flushes WAL): the removal's time and the
     flushes' p50 / p99 / max before and during it."""
     import os
 
-    where = harness.WORK / "unlink-probe"
+    where = (where or harness.WORK) / "unlink-probe"
     where.mkdir(parents=True, exist_ok=True)
     block, left, files = os.urandom(1 << 20), int(gigabytes * 1024), []
     while left > 0:
@@ -194,7 +200,7 @@ def unlink_probe(gigabytes: float) -> dict[str, Any]:
             out.append(time.perf_counter() - start)
         os.close(fd)
 
-    result: dict[str, Any] = {"gigabytes": gigabytes, "mount": mount_options()}
+    result: dict[str, Any] = {"gigabytes": gigabytes, "mount": mount_options(where)}
     for phase in ("idle", "during"):
         stop, times = threading.Event(), []
         t = threading.Thread(target=flushes, args=(stop, times))
@@ -215,12 +221,12 @@ def unlink_probe(gigabytes: float) -> dict[str, Any]:
     return result
 
 
-def mount_options() -> str:
-    """The options of the file system that holds ``bench/.work`` (Linux)."""
+def mount_options(path: Path | None = None) -> str:
+    """The options of the file system that holds ``path`` (``bench/.work``; Linux)."""
     import os
 
     best = ("", "")
-    target = os.path.realpath(harness.WORK)
+    target = os.path.realpath(path or harness.WORK)
     with open("/proc/mounts") as f:
         for line in f:
             _, point, kind, options, *_ = line.split()
@@ -239,11 +245,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="fill days 0 and 1 again and repeat, this many times")  # fmt: skip
     p.add_argument("--unlink-probe", type=float, default=0.0, metavar="GB",
                    help="only time removing GB of files on this file system")  # fmt: skip
+    p.add_argument("--where", type=Path, default=None,
+                   help="the unlink probe's directory (default bench/.work)")  # fmt: skip
+    p.add_argument("--tablespace", default=None,
+                   help="put the partitioned journal in this tablespace (another file system)")
     args = p.parse_args(argv)
     if args.unlink_probe:
-        return unlink_probe(args.unlink_probe)
+        return unlink_probe(args.unlink_probe, args.where)
     harness.setup_django()
-    state = prepare(args.rows_per_day, args.live_per_day)
+    state = prepare(args.rows_per_day, args.live_per_day, args.tablespace)
     harness.log(f"retire: filled {json.dumps(state)}")
     store = ab.stores()[1]
     result = {"layout": "retire", "commit": sl.commit(), "args": vars(args), **state,
