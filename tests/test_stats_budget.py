@@ -129,11 +129,7 @@ def test_a_window_the_planner_expects_to_be_too_large_is_not_started(
     monkeypatch.setattr(grousset_stats, "STATS_ROWS", 0)
     data = json.loads(stats(json=True, processor_id=processor, database=server))
     assert data["entries"] == 1
-    if server == "postgresql":
-        # Then the day and the hour are skipped without a statement started for them,
-        # and the report says from what it narrowed
-        assert started == [600.0]
-        assert data["since_seconds"] == 600.0 and data["narrowed_from_seconds"] == 86400.0
-    else:
-        # (MariaDB: no planner estimate is asked for; the budget alone narrows)
-        assert started == [86400.0] and data["narrowed_from_seconds"] is None
+    # Then the day and the hour are skipped without a statement started for them, and
+    # the report says from what it narrowed
+    assert started == [600.0]
+    assert data["since_seconds"] == 600.0 and data["narrowed_from_seconds"] == 86400.0

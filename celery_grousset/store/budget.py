@@ -10,7 +10,7 @@ status: ``status`` has no index, on purpose — docs/scale.md) reads every row. 
 * MariaDB: ``max_statement_time`` for the session, put back after the block;
 * SQLite and MySQL: no limit (an embedded or small journal).
 
-:func:`estimated_rows` asks PostgreSQL's planner how many rows a query would return,
+:func:`estimated_rows` asks the planner (PostgreSQL, MariaDB) how many rows a query would return,
 so a caller can skip a query that could not fit its budget without running it.
 """
 
@@ -77,18 +77,38 @@ def statement_budget(alias: str, seconds: float | None) -> Iterator[None]:
 
 def estimated_rows(qs: Any) -> int | None:
     """The planner's estimate of the rows ``qs`` returns, without reading them (one
-    ``EXPLAIN``; PostgreSQL only, None elsewhere or when the plan cannot be read)."""
+    ``EXPLAIN``; PostgreSQL and MariaDB, None elsewhere or when the plan cannot be read)."""
     from django.db import DatabaseError, connections
 
     conn = connections[qs.db]
-    if conn.vendor != "postgresql":
+    mariadb = conn.vendor == "mysql" and getattr(conn, "mysql_is_mariadb", False)
+    if conn.vendor != "postgresql" and not mariadb:
         return None
-    sql, params = qs.query.sql_with_params()
+    sql, params = qs.query.get_compiler(using=qs.db).as_sql()  # the journal's own dialect
+    explain = "EXPLAIN (FORMAT JSON) " if conn.vendor == "postgresql" else "EXPLAIN FORMAT=JSON "
     try:
         with conn.cursor() as cur:
-            cur.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+            cur.execute(explain + sql, params)
             doc = cur.fetchone()[0]
         doc = json.loads(doc) if isinstance(doc, str) else doc
-        return int(doc[0]["Plan"]["Plan Rows"])
+        if conn.vendor == "postgresql":
+            return int(doc[0]["Plan"]["Plan Rows"])
+        return _mariadb_rows(doc)
     except (DatabaseError, ValueError, LookupError, TypeError):
         return None
+
+
+def _mariadb_rows(doc: Any) -> int | None:
+    """The rows of the (one) table node of a MariaDB JSON plan, wherever it is nested,
+    times its ``filtered`` share."""
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            table = node.get("table")
+            if isinstance(table, dict) and "rows" in table:
+                return int(float(table["rows"]) * float(table.get("filtered", 100)) / 100)
+            stack.extend(node.values())
+    return None

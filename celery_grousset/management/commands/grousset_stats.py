@@ -11,7 +11,7 @@ By default only the entries started in the last 24 hours (``--since``, on the
 ``started_at`` index) are counted, in one statement, and the expired entries up to
 10,000: a large journal answers in well under a second. On PostgreSQL and MariaDB the
 default window is narrowed (to the last hour, then 10 minutes) when its statement needs
-more than ``STATS_BUDGET`` seconds (on PostgreSQL, without starting it, when the planner
+more than ``STATS_BUDGET`` seconds (without starting it when the planner
 expects more than ``STATS_ROWS`` entries in it), and the expired entries are left uncounted when
 their count needs more; the output says so. An explicit ``--since`` is counted whatever
 it takes. ``--all`` counts every entry (a full scan). The command skips Django's
@@ -48,7 +48,7 @@ STATS_BUDGET = 0.25
 #: the narrower windows the default falls back to, in turn (the last one unbudgeted)
 NARROWER = (3600.0, 600.0)
 #: a window the planner expects to hold more entries is skipped without being started
-#: (PostgreSQL): about what STATS_BUDGET reads from a cold cache, 5-7 us an entry
+#: (PostgreSQL, MariaDB): about what STATS_BUDGET reads from a cold cache, 5-7 us an entry
 #: measured on a 50M-row journal
 STATS_ROWS = 50_000
 
