@@ -26,24 +26,20 @@ from typing import Any
 
 from bench import harness
 from bench import scale_layouts as sl
+from bench.scale_report import OPS, pq
 
-#: the samples of ``bench.scale_layouts.interleaved``, in its order
-KINDS = ("claim", "claim_complete", "duplicate", "duplicate_old_row")
 LAYOUTS = ("single", "partitioned")
-CREATE = (
-    "CREATE INDEX IF NOT EXISTS grousset_outcome_probe ON celery_grousset_outcome "
-    "USING hash (fingerprint)"
-)
-DROP = "DROP INDEX IF EXISTS grousset_outcome_probe"
 
 
 def toggle(create: bool) -> float:
     """Create or drop the probe index on the partitioned journal; the seconds it took."""
     from django.db import connections
 
+    from celery_grousset.store.pgpartops import PROBE_INDEX, PROBE_INDEX_SQL
+
     t0 = time.perf_counter()
     with connections["pgpart"].cursor() as cur:
-        cur.execute(CREATE if create else DROP)
+        cur.execute(PROBE_INDEX_SQL if create else f"DROP INDEX IF EXISTS {PROBE_INDEX}")
         cur.execute("ANALYZE celery_grousset_outcome")
     return time.perf_counter() - t0
 
@@ -70,7 +66,7 @@ def against_empty(
         empty.append(kind(f"empty_{alias}", conf, big[0].timeout, big[0].claim_commit))
     res = sl.interleaved([*full, *empty], {"rows": 0, "salt": "empty"}, samples)
     labels = [f"{layout}, {size}" for size in ("full", "empty") for layout in layouts]
-    rows = [[label, *(f"{r[k]['p50_ms']:.2f} / {r[k]['p99_ms']:.2f}" for k in KINDS[:3])]
+    rows = [[label, *(pq(r[k]) for k in OPS[:3])]
             for label, r in zip(labels, res, strict=True)]  # fmt: skip
     n = len(layouts)
     for i in range(n):
@@ -108,10 +104,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         table = [
             [i + 1, "hash on fingerprint" if r["probe_index"] else "unique key's B-tree only",
-             *(f"{r[k]['p50_ms']:.2f} / {r[k]['p99_ms']:.2f}" for k in KINDS if k in r)]
+             *(pq(r[k]) for k in OPS if k in r)]
             for i, r in enumerate(out["rounds"])
         ]  # fmt: skip
-        kinds = [k for k in KINDS if k in out["rounds"][0]]
+        kinds = [k for k in OPS if k in out["rounds"][0]]
         report.emit(
             "scale-probe (the partitioned journal's probe index, A/B)",
             {"rows": f"{rows:,}", "samples": args.samples, "commit of the fill": fill["commit"]},
@@ -123,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "scale-probe (full journal vs empty, interleaved)",
             {"rows": f"{rows:,}", "samples": args.samples, "empty": args.empty,
              "layouts": args.layouts},
-            ["journal", *(f"{k} p50 / p99 ms" for k in KINDS[:3]), "claim p99 vs empty"],
+            ["journal", *(f"{k} p50 / p99 ms" for k in OPS[:3]), "claim p99 vs empty"],
             against_empty(big, args.empty, args.samples, tuple(args.layouts.split(","))),
             None, args.record,
         )  # fmt: skip

@@ -15,6 +15,11 @@ from typing import Any
 from bench import harness, report
 
 OPS = ("claim", "claim_complete", "duplicate", "duplicate_old_row")
+
+
+def pq(s: dict[str, Any]) -> str:
+    """A sample's ``p50 / p99`` cell, ms."""
+    return f"{s['p50_ms']:.2f} / {s['p99_ms']:.2f}"
 LAYOUTS = ("single", "partitioned")
 
 
@@ -26,7 +31,7 @@ def latency_rows(result: dict[str, Any]) -> list[list[str]]:
             cells = [f"{point['rows']:,}", lay]
             for op in OPS:
                 s = point[lay].get(op)
-                cells.append(f"{s['p50_ms']:.2f} / {s['p99_ms']:.2f}" if s else "-")
+                cells.append(pq(s) if s else "-")
             cells.append(f"{point[lay]['claim']['p99_ms'] / empty[lay]:.2f}x")
             rows.append(cells)
     return rows
@@ -66,7 +71,7 @@ def record(result: dict[str, Any]) -> None:
         rows = []
         for lay in LAYOUTS:
             empty = result["points"][0][lay]["claim"]["p99_ms"]
-            cells = [f"{warm[lay][op]['p50_ms']:.2f} / {warm[lay][op]['p99_ms']:.2f}" for op in OPS]
+            cells = [pq(warm[lay][op]) for op in OPS]
             rows.append([lay, *cells, f"{warm[lay]['claim']['p99_ms'] / empty:.2f}x"])
         read = ", ".join(f"{k} {v / 1e9:.1f} GB" for k, v in warm["index_bytes_read"].items())
         report.emit("scale-warm", {"indexes read into the OS cache": read},
