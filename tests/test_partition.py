@@ -168,12 +168,6 @@ def test_convert_keeps_the_rows_and_their_decisions(processor: str) -> None:
     reset_stores()
 
 
-def test_batched_claims_go_one_by_one(part: str, processor: str) -> None:
-    a, b = req(processor), req(processor)
-    kinds = [r.kind for r in get_store(part).claim_all([a, b, req(processor, a.fingerprint)])]
-    assert kinds == [Kind.NEW, Kind.NEW, Kind.IN_FLIGHT]
-
-
 def test_a_completion_that_meets_a_moving_row_is_sent_again(part: str, processor: str) -> None:
     import threading
 
@@ -225,6 +219,56 @@ def waiting_for_a_lock(alias: str) -> bool:
             "AND wait_event_type = 'Lock' AND application_name = 'celery-grousset'"
         )
         return bool(cur.fetchone()[0])
+
+
+def test_a_batch_waits_for_a_key_holding_no_partition(part: str, processor: str) -> None:
+    """A batch takes every key's lock before it touches the journal: a batch that waited
+    for a key while holding the partitions its first claims locked would deadlock with
+    a claim of that key queued behind retention's barrier (docs/scale.md)."""
+    import threading
+
+    from celery_grousset.store.pgdriver import driver
+    from celery_grousset.store.pgpartsql import LOCK_KEY
+
+    store, first, second = get_store(part), req(processor, "0" * 64), req(processor, "f" * 64)
+    s = connections[part].settings_dict
+    other = services.pg_connect(
+        host=s["HOST"], port=int(s["PORT"]), user=s["USER"], dbname=s["NAME"]
+    )
+    db, got = driver(), []
+    try:
+        # Given another transaction holding the lock of the batch's second key (in key order)
+        db.execute(other, "BEGIN")
+        lock = LOCK_KEY.replace("_p", "%s::text").replace("_f", "%s::text")
+        db.execute(other, f"SELECT pg_advisory_xact_lock({lock})", (processor, second.fingerprint))
+        # When the batch runs, and waits for that key
+        batch = threading.Thread(target=lambda: got.extend(store.claim_all([first, second])))
+        batch.start()
+        deadline = time.monotonic() + 30
+        with connections[part].cursor() as cur:
+            while True:
+                cur.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event = 'advisory' AND application_name = 'celery-grousset'"
+                )
+                waiting = [pid for (pid,) in cur.fetchall()]
+                if waiting:
+                    break
+                assert time.monotonic() < deadline and batch.is_alive(), "the batch never waited"
+                time.sleep(0.01)
+            # Then it holds no lock on the journal's table or any of its partitions
+            cur.execute(
+                "SELECT c.relname FROM pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation "
+                "WHERE l.pid = %s AND c.relname LIKE 'celery_grousset_outcome%%'",
+                [waiting[0]],
+            )
+            assert cur.fetchall() == []
+        db.execute(other, "COMMIT")
+        batch.join(30)
+    finally:
+        other.close()
+    # and, the key released, claims both
+    assert [r.kind for r in got] == [Kind.NEW, Kind.NEW]
 
 
 def test_convert_refuses_a_large_table_and_other_vendors() -> None:

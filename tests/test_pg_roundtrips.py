@@ -24,6 +24,7 @@ from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.models import Outcome
 from celery_grousset.store.base import Completion, Store
 from celery_grousset.store.pgdriver import driver
+from celery_grousset.store.pgpartition import PartitionedStore
 from celery_grousset.store.postgresql import PostgresStore
 from tests import services
 from tests.pgwire import WireTap, tapped
@@ -37,13 +38,23 @@ def tap() -> Iterator[WireTap]:
         yield wire
 
 
-def tapped_store(tap: WireTap, claim_commit: str = "durable") -> PostgresStore:
-    """The journal's store, connected through ``tap`` (plain protocol, no TLS)."""
-    s = connections.settings["postgresql"]
+def tapped_store(
+    tap: WireTap, claim_commit: str = "durable", alias: str = "postgresql"
+) -> PostgresStore:
+    """The journal's store, connected through ``tap`` (plain protocol, no TLS); on the
+    partitioned journal's alias, the partitioned store."""
+    s = connections.settings[alias]
     options = {**s["OPTIONS"], "sslmode": "disable", "gssencmode": "disable"}
     conf = {**s, "HOST": "127.0.0.1", "PORT": str(tap.port), "OPTIONS": options}
     timeout = float(settings.GROUSSET.get("STORE_TIMEOUT", 5))
-    return PostgresStore("postgresql", conf, timeout, claim_commit)
+    kind = PartitionedStore if alias == services.PARTITIONED else PostgresStore
+    return kind(alias, conf, timeout, claim_commit)
+
+
+@pytest.fixture(params=["postgresql", "pg-partitioned"])
+def journal(request: pytest.FixtureRequest) -> str:
+    """The single table's alias, or the partitioned journal's (converted)."""
+    return "postgresql" if request.param == "postgresql" else services.require_partitioned()
 
 
 @pytest.fixture
@@ -181,8 +192,9 @@ def test_the_store_runs_on_the_driver_djangos_connection_uses(pg_store: Postgres
 
 
 def test_a_batch_is_one_statement_one_round_trip_one_transaction(
-    tap: WireTap, pg_store: PostgresStore
+    tap: WireTap, journal: str
 ) -> None:
+    pg_store = tapped_store(tap, alias=journal)
     pg_store.claim_all([make(uuid.uuid4().hex * 2) for _ in range(3)])  # connect, prepare
     held, done = make(uuid.uuid4().hex * 2), make(uuid.uuid4().hex * 2)
     pg_store.claim_all([held, done])
@@ -197,20 +209,21 @@ def test_a_batch_is_one_statement_one_round_trip_one_transaction(
     assert results[-1].result == b"7"
     assert statements(sent) == 1 and round_trips(sent) == 1, sent
     # and ONE transaction wrote every row: one commit for the batch
-    with connections["postgresql"].cursor() as cur:
+    with connections[journal].cursor() as cur:
         cur.execute(
             "SELECT count(DISTINCT xmin::text) FROM celery_grousset_outcome "
             "WHERE processor_id = 'rt' AND fingerprint = ANY(%s)",
             [[r.fingerprint for r in batch]],
         )
         assert cur.fetchone()[0] == 1
+    pg_store.close()
 
 
 @pytest.mark.parametrize(("claim_commit", "owning"), [("durable", "on"), ("async", "off")])
 def test_a_batch_waits_for_the_wal_flush_when_any_claim_takes_a_row(
-    tap: WireTap, claim_commit: str, owning: str
+    tap: WireTap, claim_commit: str, owning: str, journal: str
 ) -> None:
-    store = tapped_store(tap, claim_commit)
+    store = tapped_store(tap, claim_commit, journal)
     store.claim_all([make(uuid.uuid4().hex * 2) for _ in range(2)])  # connect, prepare
     held = [make(uuid.uuid4().hex * 2) for _ in range(2)]
     store.claim_all(held)

@@ -1,6 +1,7 @@
-"""``Store.claim_all`` of a batch (the worker's main-process claim), on PostgreSQL, SQLite
-and MariaDB: ONE statement (PostgreSQL) or ONE short transaction (the others), the same
-decisions and rows as one claim at a time, and no deadlock between batches."""
+"""``Store.claim_all`` of a batch (the worker's main-process claim), on PostgreSQL (both
+journal layouts), SQLite and MariaDB: ONE statement (PostgreSQL) or ONE short
+transaction (the others), the same decisions and rows as one claim at a time, and no
+deadlock between batches."""
 
 from __future__ import annotations
 
@@ -17,8 +18,13 @@ from celery_grousset.claim import ENC_EXCEPTION, ClaimRequest, Kind
 from celery_grousset.exceptions import PoisonDelivery
 from celery_grousset.models import Outcome
 from celery_grousset.store import Completion, Store
+from tests import services
 from tests.racer import claim_batches, run_racers
-from tests.test_store_contract import age, completed, req, row
+from tests.test_store_contract import _layout, age, alias, completed, req, row
+
+# Every test here runs on each backend and on the partitioned PostgreSQL journal too
+# (the contract suite's fixtures: its layouts, its stores).
+__all__ = ["_layout", "alias"]
 
 
 def key(first: str) -> str:
@@ -206,7 +212,11 @@ def test_a_batch_commits_once(
 
 
 @pytest.mark.timeout(300)
-def test_four_processes_claim_overlapping_batches_each_key_once(alias: str, processor: str) -> None:
+def test_four_processes_claim_overlapping_batches_each_key_once(
+    alias: str, processor: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if alias == services.PARTITIONED:  # the racers' settings: the partitioned store
+        monkeypatch.setenv("GROUSSET_TEST_LAYOUT", "partitioned")
     # Given 4 OS processes behind a barrier, each claiming the same 200 keys in its own
     # random order, in batches of 50 (so the batches overlap in every way)
     keys = [uuid.uuid4().hex * 2 for _ in range(200)]

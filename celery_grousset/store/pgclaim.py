@@ -199,10 +199,14 @@ _ROWS = (
 )
 # The batch: r holds the requests (n: the ordinal), prev the rows found, each locked by a
 # lookup through the unique key, in key order; the answer names each row's ordinal.
-_UNNEST = ", ".join(f"%({name})s::{kind}[]" for name, kind in PER_ROW.items())
+#: A batch's requests as rows: one array parameter per PER_ROW field, n the ordinal.
+REQUESTS = (
+    "SELECT * FROM unnest("
+    + ", ".join(f"%({name})s::{kind}[]" for name, kind in PER_ROW.items())
+    + f") WITH ORDINALITY AS r({', '.join(PER_ROW)}, n)"
+)
 BATCH_SQL = f"""
-WITH r AS (
-    SELECT * FROM unnest({_UNNEST}) WITH ORDINALITY AS r({", ".join(PER_ROW)}, n)
+WITH r AS ({REQUESTS}
 ), prev AS MATERIALIZED (
     SELECT s.*, x.* FROM (SELECT * FROM r ORDER BY p, f) AS s,
     LATERAL (SELECT {_per_row(_LOCKED, "s")}) AS x

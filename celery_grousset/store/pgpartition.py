@@ -17,6 +17,10 @@ which
 3. runs :data:`~celery_grousset.store.postgresql.CLAIM_SQL` itself, restricted to
    ``gen = _cur``: the same decision table, derived here by text substitution.
 
+A batch (``claim_all``, the worker's main-process claim) is one statement too
+(:data:`~celery_grousset.store.pgpartsql.BATCH_CALL_SQL`): every key's lock first, then
+one call of the function per request, one commit for the batch.
+
 Completions and releases are the table layout's statements on the parent table; one
 that meets a row a concurrent claim is moving (``40001``) is sent once more. Retention
 (``purge_expired``) drops whole generations (docs/scale.md, "The partitioned layout").
@@ -24,15 +28,13 @@ that meets a row a concurrent claim is moving (``40001``) is sent once more. Ret
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from celery_grousset.claim import ClaimRequest
 from celery_grousset.exceptions import InvalidArgument, StoreUnavailable
-from celery_grousset.store.base import ClaimResult
 from celery_grousset.store.pgdriver import driver
-from celery_grousset.store.pgpartsql import CALL_SQL
+from celery_grousset.store.pgpartsql import BATCH_CALL_SQL, CALL_SQL
 from celery_grousset.store.postgresql import PostgresStore
 
 T = TypeVar("T")
@@ -51,6 +53,7 @@ class PartitionedStore(PostgresStore):
     """:class:`PostgresStore` on the partitioned journal (see the module doc)."""
 
     claim_sql = CALL_SQL
+    batch_sql = BATCH_CALL_SQL
 
     def _watched(self, op: Callable[[Any], T], conn: Any) -> T:
         db = driver()
@@ -75,10 +78,6 @@ class PartitionedStore(PostgresStore):
             if state != _SERIALIZATION:
                 raise
         return super()._watched(op, conn)  # once more: the moved row is in its new place
-
-    def claim_all(self, reqs: Sequence[ClaimRequest]) -> list[ClaimResult]:
-        """One by one: each claim is its own call (its key's lock, its own commit)."""
-        return [self.claim(req) for req in reqs]
 
     def purge_expired(
         self,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from celery_grousset.store.pgclaim import CLAIM_SQL, KEY
+from celery_grousset.store.pgclaim import CLAIM_SQL, KEY, PER_ROW, REQUESTS
 
 TABLE = "celery_grousset_outcome"
 
@@ -35,6 +35,10 @@ _MOVE_KEY = re.sub(r"%\((\w+)\)s", r"_\1", KEY.format(t=""))
 #: into the current one (one probe per non-empty past generation, on ``PROBE_INDEX``)
 MOVE_SQL = f"UPDATE {TABLE} SET gen = _cur WHERE {_MOVE_KEY} AND gen <> _cur"
 
+#: The advisory lock of a key (``_p``, ``_f``: the function's parameters): claims of one
+#: key queue on it until the holder commits.
+LOCK_KEY = "hashtextextended(_p || chr(31) || _f, 7)"
+
 #: The columns the claim returns (CLAIM_SQL's RETURNING, then its decision code and the
 #: commit mode); those named after a table column take its type (read at conversion).
 ROW_COLUMNS = (
@@ -50,7 +54,7 @@ CREATE OR REPLACE FUNCTION grousset_claim(
 RETURNS SETOF grousset_claim_row LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE _cur int; _now int;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended(_p || chr(31) || _f, 7));
+    PERFORM pg_advisory_xact_lock({LOCK_KEY});
     _cur := grousset_generation();
     LOOP
         {MOVE_SQL};
@@ -67,3 +71,30 @@ CALL_SQL = (
     + ", ".join(f"%({n})s::{_TYPES.get(n, 'text')}" for n in PARAMS)
     + ")"
 )
+
+# A batch (``claim_all``): ONE statement, ONE commit. First every key's lock, in the
+# order of the locks' ids (the sort needs them all before it yields a row), so the batch
+# never waits for a key's lock while it holds a partition's or a row's (a claim waiting
+# behind retention's barrier may hold the key it wants); then one call of the function
+# per request, in key order, each taking its lock again (held already: no wait). The
+# calls' commit settings are replaced by the batch's: the commit waits for the WAL flush
+# unless every claim only answered (or CLAIM_COMMIT is "async"), as on the single table.
+_ROW = {n: f"r.{n}::{_TYPES.get(n, 'text')}" for n in PER_ROW}
+_ARGS = ", ".join(_ROW.get(n, f"%({n})s::{_TYPES.get(n, 'text')}") for n in PARAMS)
+_RESULT = ", ".join(f"c.{name}" for name, _ in ROW_COLUMNS[:-1])
+_ROW_LOCK = LOCK_KEY.replace("_p", "r.p").replace("_f", "r.f")
+BATCH_CALL_SQL = f"""
+WITH r AS ({REQUESTS}
+), locks AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock(k) FROM (SELECT {_ROW_LOCK} AS k FROM r ORDER BY 1) AS l
+), c AS MATERIALIZED (
+    SELECT r.n, r.p, r.f, g.* FROM (
+        SELECT r.* FROM r, (SELECT count(*) FROM locks) AS held ORDER BY r.p, r.f
+    ) AS r, LATERAL grousset_claim({_ARGS}) AS g
+), durability AS (
+    SELECT set_config('synchronous_commit', CASE WHEN bool_and(c.durability = 'off')
+        THEN 'off' ELSE 'on' END, true) FROM c
+)
+SELECT c.n, c.p, c.f, {_RESULT}, durability.* FROM c, durability
+"""
+BATCH_CALL_SQL = " ".join(BATCH_CALL_SQL.split())

@@ -71,6 +71,7 @@ _LIBPQ_DROP = ("cursor_factory", "context", "prepare_threshold", "server_side_bi
 class PostgresStore(PostgresOperations, Store):
     vendor = "postgresql"
     claim_sql = CLAIM_SQL  # what claim() sends (the partitioned store's differs)
+    batch_sql = BATCH_SQL  # what claim_all() sends for a batch, likewise
     _watchdog: Watchdog | None = None
 
     def _params(self) -> dict[str, Any]:
@@ -208,15 +209,14 @@ class PostgresStore(PostgresOperations, Store):
             f"key or a deadlock ({BATCH_ATTEMPTS} attempts)"
         )
 
-    @staticmethod
-    def _send_batch(params: dict[str, Any], conn: Any) -> list[Any]:
+    def _send_batch(self, params: dict[str, Any], conn: Any) -> list[Any]:
         """The batch's rows; none when the server broke a deadlock by cancelling it: a
         key locked by this batch's lookup and wanted by another batch's insert, while
         this one waits to insert a key that other batch inserted first (rare: both
         batches must see different rows committed). Nothing was written: send it again."""
         db = driver()
         try:
-            return list(db.execute(conn, BATCH_SQL, params, prepare=True).fetchall())
+            return list(db.execute(conn, self.batch_sql, params, prepare=True).fetchall())
         except db.DeadlockDetected:
             return []
 
