@@ -193,11 +193,12 @@ def fresh_database(alias: str = ALIAS) -> None:
     import psycopg
     from django.db import connections
 
-    name = connections.settings[alias]["NAME"]
+    conf = connections.settings[alias]
+    name = conf["NAME"]
     if "scale" not in name:
         raise SystemExit(f"BENCH_PG_NAME={name!r}: use a scratch database named *scale*")
-    with psycopg.connect(host="127.0.0.1", user="postgres", dbname="postgres",
-                         autocommit=True) as c:  # fmt: skip
+    with psycopg.connect(host=conf["HOST"], port=conf["PORT"], user=conf["USER"],
+                         dbname="postgres", autocommit=True) as c:  # fmt: skip
         c.execute(f'DROP DATABASE IF EXISTS "{name}"')
 
 

@@ -14,7 +14,9 @@ rows each round). Leaves the index in place.
 ``--empty NAME`` (a pair of empty journals made by ``BENCH_PG_NAME=NAME python -m
 bench.scale_ab --sizes 0``): then the claims of both layouts at the fill's size and of
 both empty ones, the four stores taking turns sample by sample, for the ratio to the
-empty journal measured at the same moments.
+empty journal measured at the same moments. ``--layouts`` keeps it to some layouts (the
+others are not touched); ``--prewarm`` first reads the indexes a claim reads at random
+into the OS cache (``--rounds 0``: the comparison alone).
 """
 
 from __future__ import annotations
@@ -42,6 +44,35 @@ def toggle(create: bool) -> float:
         cur.execute(PROBE_INDEX_SQL if create else f"DROP INDEX IF EXISTS {PROBE_INDEX}")
         cur.execute("ANALYZE celery_grousset_outcome")
     return time.perf_counter() - t0
+
+
+#: the indexes a new key's claim reads at random (the others it touches at their newest
+#: end): the single table's unique key and task-id index; on the partitioned journal,
+#: every generation's probe index and the current generation's indexes
+HOT_INDEXES = {
+    "single": ("postgresql", "SELECT indexrelid FROM pg_index WHERE indexrelid IN "
+               "('grousset_outcome_key'::regclass, 'grousset_outcome_task_id'::regclass)"),
+    "partitioned": ("pgpart", "SELECT i.indexrelid FROM pg_index AS i JOIN pg_class AS c ON "
+                    "c.oid = i.indexrelid WHERE c.relname LIKE 'celery_grousset_outcome_g%' "
+                    "AND (c.relname LIKE '%fingerprint_idx' OR i.indrelid = "
+                    "format('celery_grousset_outcome_g%s', grousset_generation())::regclass)"),
+}  # fmt: skip
+
+
+def prewarm(layouts: tuple[str, ...]) -> dict[str, int]:
+    """Read each layout's :data:`HOT_INDEXES` into the OS cache (``pg_prewarm(…, 'read')``):
+    a journal server with memory for them, as docs/scale.md sizes it. Bytes read."""
+    from django.db import connections
+
+    read = {}
+    for layout in layouts:
+        alias, sql = HOT_INDEXES[layout]
+        with connections[alias].cursor() as cur:
+            cur.execute("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+            cur.execute(f"SELECT sum(pg_prewarm(x.indexrelid, 'read')) FROM ({sql}) AS x")
+            read[layout] = int(cur.fetchone()[0] or 0) * 8192
+        harness.log(f"prewarm {layout}: {read[layout] / 1e9:.2f} GB of indexes read")
+    return read
 
 
 def against_empty(
@@ -83,8 +114,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--empty", default=None, help="the empty pair of journals to compare with")
     p.add_argument("--layouts", default=",".join(LAYOUTS),
                    help="the layouts --empty compares (the others are left untouched)")  # fmt: skip
+    p.add_argument("--prewarm", action="store_true",
+                   help="first read the indexes a claim reads at random into the OS cache")
     args = p.parse_args(argv)
     harness.setup_django()
+    layouts = tuple(args.layouts.split(","))
+    read = prewarm(layouts) if args.prewarm else {}
     from bench import report, scale_ab
 
     fill = json.loads((harness.WORK / "scale-ab.json").read_text())
@@ -118,9 +153,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report.emit(
             "scale-probe (full journal vs empty, interleaved)",
             {"rows": f"{rows:,}", "samples": args.samples, "empty": args.empty,
-             "layouts": args.layouts},
+             "layouts": args.layouts, "commit of the fill": fill["commit"],
+             **({"prewarmed": ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in read.items())}
+                if read else {})},
             ["journal", *(f"{k} p50 / p99 ms" for k in OPS[:3]), "claim p99 vs empty"],
-            against_empty(big, args.empty, args.samples, tuple(args.layouts.split(","))),
+            against_empty(big, args.empty, args.samples, layouts),
             None, args.record,
         )  # fmt: skip
     return out

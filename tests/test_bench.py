@@ -177,3 +177,19 @@ def test_stats_cli_times_the_command_as_an_operator_runs_it(processor: str) -> N
     assert (one["window_s"], one["narrowed"]) == (86400.0, False)
     assert one["version"]["median_s"] > 0 and one["stats"]["median_s"] > 0
     assert one["stats_1h"]["max_s"] >= one["stats_1h"]["median_s"] > 0
+
+
+def test_claim_batch_claims_each_batch_on_both_layouts() -> None:
+    """``bench.claim_batch`` on the test PostgreSQL server: every (layout, way) variant is
+    timed, and every new key of every batch was owned (the bench stops otherwise)."""
+    services.require_database("postgresql")
+    services.require_partitioned()
+    from bench import claim_batch
+
+    rows = claim_batch.main(["--sizes", "3", "--rounds", "1"])
+    assert sorted((r[0], r[2]) for r in rows) == [
+        ("partitioned", "batch"), ("partitioned", "one by one"),
+        ("single", "batch"), ("single", "one by one"),
+    ]  # fmt: skip
+    assert all(float(r[3]) > 0 for r in rows)
+    assert {r[5] for r in rows if r[2] == "one by one"} == {"1.00x"}
