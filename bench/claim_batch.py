@@ -18,9 +18,8 @@ import time
 import uuid
 from typing import Any
 
-from bench import harness, report
-
-LAYOUTS = {"single": "postgresql", "partitioned": "pgpart"}
+from bench import harness, report, scale_ab
+from bench.scale_ab import LAYOUTS
 
 
 def stores() -> dict[str, Any]:
@@ -28,8 +27,7 @@ def stores() -> dict[str, Any]:
     journal of up to ``MAX_CONVERT_ROWS`` rows)."""
     from django.db import connections
 
-    from celery_grousset.store import get_store, pgpartops
-    from celery_grousset.store.pgpartition import PartitionedStore
+    from celery_grousset.store import pgpartops
 
     for alias in LAYOUTS.values():
         harness.prepare_database(alias)
@@ -38,10 +36,7 @@ def stores() -> dict[str, Any]:
         converted = bool(cur.fetchone()[0])
     if not converted:
         pgpartops.convert("pgpart", seconds=86400)
-    base = get_store("postgresql")
-    part = PartitionedStore("pgpart", connections.settings["pgpart"], base.timeout,
-                            base.claim_commit)  # fmt: skip
-    return {"single": base, "partitioned": part}
+    return dict(zip(LAYOUTS, scale_ab.stores(), strict=True))
 
 
 def batch(size: int) -> list[Any]:

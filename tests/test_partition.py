@@ -239,7 +239,7 @@ def test_a_batch_waits_for_a_key_holding_no_partition(part: str, processor: str)
     try:
         # Given another transaction holding the lock of the batch's second key (in key order)
         db.execute(other, "BEGIN")
-        lock = LOCK_KEY.replace("_p", "%s::text").replace("_f", "%s::text")
+        lock = LOCK_KEY.format(p="%s::text", f="%s::text")
         db.execute(other, f"SELECT pg_advisory_xact_lock({lock})", (processor, second.fingerprint))
         # When the batch runs, and waits for that key
         batch = threading.Thread(target=lambda: got.extend(store.claim_all([first, second])))

@@ -35,9 +35,9 @@ _MOVE_KEY = re.sub(r"%\((\w+)\)s", r"_\1", KEY.format(t=""))
 #: into the current one (one probe per non-empty past generation, on ``PROBE_INDEX``)
 MOVE_SQL = f"UPDATE {TABLE} SET gen = _cur WHERE {_MOVE_KEY} AND gen <> _cur"
 
-#: The advisory lock of a key (``_p``, ``_f``: the function's parameters): claims of one
-#: key queue on it until the holder commits.
-LOCK_KEY = "hashtextextended(_p || chr(31) || _f, 7)"
+#: The advisory lock of a key (``p``, ``f``: SQL for its processor id and fingerprint):
+#: claims of one key queue on it until the holder commits.
+LOCK_KEY = "hashtextextended({p} || chr(31) || {f}, 7)"
 
 #: The columns the claim returns (CLAIM_SQL's RETURNING, then its decision code and the
 #: commit mode); those named after a table column take its type (read at conversion).
@@ -54,7 +54,7 @@ CREATE OR REPLACE FUNCTION grousset_claim(
 RETURNS SETOF grousset_claim_row LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE _cur int; _now int;
 BEGIN
-    PERFORM pg_advisory_xact_lock({LOCK_KEY});
+    PERFORM pg_advisory_xact_lock({LOCK_KEY.format(p="_p", f="_f")});
     _cur := grousset_generation();
     LOOP
         {MOVE_SQL};
@@ -66,11 +66,18 @@ BEGIN
 END $fn$
 """
 
-CALL_SQL = (
-    "SELECT * FROM grousset_claim("
-    + ", ".join(f"%({n})s::{_TYPES.get(n, 'text')}" for n in PARAMS)
-    + ")"
-)
+
+def _call(row: str | None = None) -> str:
+    """The call of ``grousset_claim``, each argument cast to its type: a statement
+    parameter, or (``row``: a batch) the column of ``row`` for a per-request one."""
+    args = []
+    for n in PARAMS:
+        source = f"{row}.{n}" if row and n in PER_ROW else f"%({n})s"
+        args.append(f"{source}::{_TYPES.get(n, 'text')}")
+    return f"grousset_claim({', '.join(args)})"
+
+
+CALL_SQL = f"SELECT * FROM {_call()}"
 
 # A batch (``claim_all``): ONE statement, ONE commit. First every key's lock, in the
 # order of the locks' ids (the sort needs them all before it yields a row), so the batch
@@ -79,18 +86,16 @@ CALL_SQL = (
 # per request, in key order, each taking its lock again (held already: no wait). The
 # calls' commit settings are replaced by the batch's: the commit waits for the WAL flush
 # unless every claim only answered (or CLAIM_COMMIT is "async"), as on the single table.
-_ROW = {n: f"r.{n}::{_TYPES.get(n, 'text')}" for n in PER_ROW}
-_ARGS = ", ".join(_ROW.get(n, f"%({n})s::{_TYPES.get(n, 'text')}") for n in PARAMS)
 _RESULT = ", ".join(f"c.{name}" for name, _ in ROW_COLUMNS[:-1])
-_ROW_LOCK = LOCK_KEY.replace("_p", "r.p").replace("_f", "r.f")
 BATCH_CALL_SQL = f"""
 WITH r AS ({REQUESTS}
 ), locks AS MATERIALIZED (
-    SELECT pg_advisory_xact_lock(k) FROM (SELECT {_ROW_LOCK} AS k FROM r ORDER BY 1) AS l
+    SELECT pg_advisory_xact_lock(k) FROM (
+        SELECT {LOCK_KEY.format(p="r.p", f="r.f")} AS k FROM r ORDER BY 1) AS l
 ), c AS MATERIALIZED (
     SELECT r.n, r.p, r.f, g.* FROM (
         SELECT r.* FROM r, (SELECT count(*) FROM locks) AS held ORDER BY r.p, r.f
-    ) AS r, LATERAL grousset_claim({_ARGS}) AS g
+    ) AS r, LATERAL {_call("r")} AS g
 ), durability AS (
     SELECT set_config('synchronous_commit', CASE WHEN bool_and(c.durability = 'off')
         THEN 'off' ELSE 'on' END, true) FROM c
