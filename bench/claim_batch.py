@@ -27,7 +27,7 @@ def stores() -> dict[str, Any]:
     journal of up to ``MAX_CONVERT_ROWS`` rows)."""
     from django.db import connections
 
-    from celery_grousset.store import pgpartops
+    from celery_grousset.store import pgpartconvert
 
     for alias in LAYOUTS.values():
         harness.prepare_database(alias)
@@ -35,7 +35,7 @@ def stores() -> dict[str, Any]:
         cur.execute("SELECT to_regproc('grousset_claim') IS NOT NULL")
         converted = bool(cur.fetchone()[0])
     if not converted:
-        pgpartops.convert("pgpart", seconds=86400)
+        pgpartconvert.convert("pgpart", seconds=86400)
     return dict(zip(LAYOUTS, scale_ab.stores(), strict=True))
 
 

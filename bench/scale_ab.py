@@ -147,7 +147,7 @@ def prepare() -> dict[str, Any]:
     with one generation a day and the 9 past generations of the fill."""
     from django.db import connections
 
-    from celery_grousset.store import pgpartops
+    from celery_grousset.store import pgpartconvert, pgpartops
 
     for alias in LAYOUTS.values():
         sl.fresh_database(alias)
@@ -155,7 +155,7 @@ def prepare() -> dict[str, Any]:
     with connections["postgresql"].cursor() as cur:
         cur.execute("SELECT now()::text")
         t0 = cur.fetchone()[0]
-    pgpartops.convert("pgpart", seconds=DAY)
+    pgpartconvert.convert("pgpart", seconds=DAY)
     today = pgpartops.current_generation("pgpart")
     with connections["pgpart"].cursor() as cur:
         for gen in range(today - 9, today):

@@ -188,6 +188,21 @@ def claims_during(store: Any, job: Any) -> dict[str, Any]:
     return box | {"claim_during": stats(during or [float("nan")])}
 
 
+def statement_timer(steps: list[list[Any]], base: float) -> Any:
+    """A Django ``execute_wrapper`` that appends ``[statement, start, seconds]`` (the
+    statement's first 90 characters, its start in seconds from ``base``) to ``steps``."""
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            end = time.perf_counter()
+            steps.append([" ".join(sql.split())[:90], start - base, end - start])
+
+    return wrapper
+
+
 def fresh_database(alias: str = ALIAS) -> None:
     """Drop and re-create the scratch database (never one the tests use)."""
     import psycopg

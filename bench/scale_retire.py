@@ -52,7 +52,7 @@ def prepare(rows_per_day: int, live_per_day: int, tablespace: str | None = None)
     tables and indexes in ``tablespace`` when given (the WAL stays where it is)."""
     from django.db import connections
 
-    from celery_grousset.store import pgpartops
+    from celery_grousset.store import pgpartconvert, pgpartops
 
     sl.fresh_database(ALIAS)
     harness.truncate(ALIAS)
@@ -65,7 +65,7 @@ def prepare(rows_per_day: int, live_per_day: int, tablespace: str | None = None)
     with connections[ALIAS].cursor() as cur:  # 2 minutes back: day 1's claims (60 s
         cur.execute("SELECT (now() - interval '2 minutes')::text")  # max_processing_time)
         t0 = cur.fetchone()[0]  # are abandoned by retention time even after a small fill
-    pgpartops.convert(ALIAS, seconds=ab.DAY)
+    pgpartconvert.convert(ALIAS, seconds=ab.DAY)
     first = pgpartops.current_generation(ALIAS) - 9
     with connections[ALIAS].cursor() as cur:
         for gen in range(first, first + 9):
@@ -92,21 +92,12 @@ def timed_retire(store: Any, day: int, t0: str, base: float) -> dict[str, Any]:
     from django.db import connections
 
     steps: list[list[Any]] = []
-
-    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return execute(sql, params, many, context)
-        finally:
-            end = time.perf_counter()
-            steps.append([" ".join(sql.split())[:90], start - base, end - start])
-
     cutoff = dt.datetime.fromisoformat(t0) - dt.timedelta(days=1 - day, microseconds=1)
     cutoff += dt.timedelta(seconds=60)  # the fill's claims: max_processing_time 60 s
     lsn = sl.wal_lsn()
     part = type(store)(store.alias, store.settings_dict, store.timeout, store.claim_commit)
     start = time.perf_counter()
-    with connections[ALIAS].execute_wrapper(wrapper):
+    with connections[ALIAS].execute_wrapper(sl.statement_timer(steps, base)):
         rows = part.purge_expired(batch_size=10_000, before=cutoff)
     out = {"day": day, "rows": rows, "start": start - base,
            "seconds": time.perf_counter() - start, "wal_bytes": sl.wal_since(lsn),

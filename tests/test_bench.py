@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,6 +113,29 @@ def test_every_scenario_runs_and_counts_what_it_claims() -> None:
     assert "Bound, noop body" in out
 
 
+def run_scale_bench(module: str, args: list[str], database: str, out: Path) -> dict[str, Any]:
+    """``python -m bench.<module> … --out out`` on the scratch database ``database`` (and
+    its ``_part`` twin), dropped afterwards; the JSON it wrote."""
+    import json
+
+    import psycopg
+
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env["BENCH_PG_NAME"] = database
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", f"bench.{module}", *args, "--out", str(out)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    finally:
+        with psycopg.connect(host="127.0.0.1", user="postgres", dbname="postgres",
+                             autocommit=True) as conn:  # fmt: skip
+            for name in (database, f"{database}_part"):
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    return dict(json.loads(out.read_text()))
+
+
 def test_scale_retire_times_every_statement_of_a_retention(tmp_path: Path) -> None:
     """``bench.scale_retire`` on a small journal: both days are dropped whole, every
     statement of the purge is timed (the DROP TABLE among them), claims ran during day 1;
@@ -119,30 +143,16 @@ def test_scale_retire_times_every_statement_of_a_retention(tmp_path: Path) -> No
     _require_bench()
     import json
 
-    import psycopg
-
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env["BENCH_PG_NAME"] = "grousset_scale_ci"
-    out = tmp_path / "retire.json"
     args = ["--rows-per-day", "3000", "--live-per-day", "500", "--samples", "50"]
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "bench.scale_retire", *args, "--out", str(out)],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    finally:
-        with psycopg.connect(host="127.0.0.1", user="postgres", dbname="postgres",
-                             autocommit=True) as conn:  # fmt: skip
-            for name in ("grousset_scale_ci", "grousset_scale_ci_part"):
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-    (one,) = json.loads(out.read_text())["rounds"]
+    result = run_scale_bench("scale_retire", args, "grousset_scale_ci", tmp_path / "retire.json")
+    (one,) = result["rounds"]
     for day in ("day0", "day1"):
         assert one[day]["rows"] == 3000, one[day]
         drops = [s for s in one[day]["steps"] if s[0].startswith("DROP TABLE")]
         assert len(drops) == 1 and drops[0][2] > 0, one[day]["steps"]
         assert one[day]["seconds"] >= drops[0][2]
     assert one["day1"]["claim_during"]["n"] > 0 and one["claim_idle"]["n"] == 50
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     probe = subprocess.run(
         [sys.executable, "-m", "bench.scale_retire", "--unlink-probe", "0.002"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
@@ -150,6 +160,22 @@ def test_scale_retire_times_every_statement_of_a_retention(tmp_path: Path) -> No
     assert probe.returncode == 0, probe.stderr[-2000:]
     found = json.loads(probe.stdout.split("unlink probe ", 1)[1].splitlines()[0])
     assert found["during_seconds"] > 0 and found["flush_idle"]["n"] > 0, found
+
+
+def test_scale_convert_prepares_and_converts_a_journal_with_claims_running(
+    tmp_path: Path,
+) -> None:
+    """``bench.scale_convert`` on a small journal: prepare ran while claims did, the
+    conversion copied nothing (same file), and each layout's claims were sampled."""
+    _require_bench()
+    result = run_scale_bench("scale_convert", ["--rows", "3000", "--samples", "20"],
+                             "grousset_scale_ci_convert", tmp_path / "convert.json")  # fmt: skip
+    assert len(result["prepare"]["done"]) == 6 and result["prepare"]["claim_during"]["n"] > 0
+    convert = result["convert"]
+    assert convert["copied"] is False and convert["same_file"] is True, convert
+    assert result["sizes_partitioned"]["tables"] >= 5  # the old table and 4 generations
+    for phase in ("idle_single", "idle_prepared", "idle_partitioned"):
+        assert result[phase]["duplicate_old_row"]["n"] == 20, result[phase]
 
 
 def test_stats_cli_times_the_command_as_an_operator_runs_it(processor: str) -> None:

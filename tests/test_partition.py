@@ -27,7 +27,7 @@ from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.conf import GroussetSettingsError, validate_setting
 from celery_grousset.exceptions import ConfigurationError, StoreUnavailable
 from celery_grousset.models import Outcome
-from celery_grousset.store import get_store, pgpartops, reset_stores
+from celery_grousset.store import get_store, pgpartconvert, pgpartops, reset_stores
 from celery_grousset.store.base import Completion
 from celery_grousset.store.pgpartition import PartitionedStore
 from celery_grousset.store.postgresql import PostgresStore
@@ -276,7 +276,7 @@ def test_convert_refuses_a_large_table_and_other_vendors() -> None:
     store = get_store("postgresql")
     for _ in range(2):
         store.claim(req("convert-refusal"))
-    with pytest.raises(CommandError, match=r"online procedure of docs/scale\.md"):
+    with pytest.raises(CommandError, match=r"run `manage.py grousset_partition prepare` first"):
         run("grousset_partition", "convert", "--max-rows", "1", database="postgresql")
     assert not pgpartops.is_partitioned("postgresql")  # rolled back, nothing changed
     with pytest.raises(CommandError, match="only PostgreSQL"):
@@ -389,7 +389,7 @@ def test_a_claim_that_waited_for_retention_writes_to_the_newer_generation(
     finally:
         other.close()
         with connections[part].cursor() as cur:
-            for sql in pgpartops._generation_functions(services.GENERATION_SECONDS):
+            for sql in pgpartconvert.generation_functions(services.GENERATION_SECONDS):
                 cur.execute(sql)
             cur.execute("DROP TABLE IF EXISTS grousset_test_clock")
     # Then the claim is written to the new generation, never to the one retention checked
@@ -440,7 +440,7 @@ def test_eight_processes_race_on_500_keys_across_a_generation_boundary(
         results = run_all(procs, out)
     finally:
         with connections[part].cursor() as cur:
-            for sql in pgpartops._generation_functions(services.GENERATION_SECONDS):
+            for sql in pgpartconvert.generation_functions(services.GENERATION_SECONDS):
                 cur.execute(sql)
     # Then each key was owned exactly once, and no claim or completion failed
     owners = Counter(k for owned, _ in results for k in owned)

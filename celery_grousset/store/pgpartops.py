@@ -1,10 +1,11 @@
-"""The partitioned journal's DDL (PostgreSQL): conversion from the single table, the
-generations created ahead, and retention by dropping whole generations.
+"""The partitioned journal's DDL (PostgreSQL): the generations created ahead, and
+retention by dropping whole generations (the conversion from the single table is
+:mod:`celery_grousset.store.pgpartconvert`).
 
 Everything runs on the Django connection of the journal's database alias. Partitions
 are named ``celery_grousset_outcome_g<gen>`` and cover ``[gen, gen + 1)``; the width of
 a generation in seconds lives in one place, the SQL function ``grousset_generation()``
-written by :func:`convert` (``grousset_generation_seconds()`` reads it back).
+written by the conversion (``grousset_generation_seconds()`` reads it back).
 
 Why retention is safe with claims running: :func:`retire` first passes a barrier on a
 generation's partition: a ``SHARE`` lock, taken and released in one short transaction,
@@ -30,18 +31,15 @@ from datetime import datetime
 from typing import Any
 
 from celery_grousset.claim import Status
-from celery_grousset.exceptions import InvalidArgument
 from celery_grousset.store.base import purgeable_sql
-from celery_grousset.store.pgpartsql import FUNCTION_SQL, ROW_COLUMNS, TABLE
+from celery_grousset.store.pgpartsql import TABLE
 
 #: generations created ahead of the current one (convert, create-ahead, every purge)
 AHEAD = 3
-#: the largest table ``convert`` copies in its one transaction
-MAX_CONVERT_ROWS = 100_000
 #: a retired generation's rows are counted up to here; beyond, its planner estimate
 EXACT_COUNT_UP_TO = 100_000
 
-_LOCK_KEY = "hashtext('celery_grousset.partitions')"  # one DDL run at a time
+DDL_LOCK = "hashtext('celery_grousset.partitions')"  # one DDL run at a time
 _BOUND = re.compile(r"FROM \((-?\d+)\) TO")
 
 PARTITIONED_SQL = "SELECT count(*) FROM pg_partitioned_table WHERE partrelid = to_regclass(%s)"
@@ -114,27 +112,8 @@ ABANDON_FUNCTION_SQL = (
 #: against 110), so the probes of a large journal stay in memory: at 50M rows, claim p50
 #: 3.4-3.8 ms without it, 1.3-1.5 ms with it (docs/scale.md).
 PROBE_INDEX = "grousset_outcome_probe"
-PROBE_INDEX_SQL = f"CREATE INDEX IF NOT EXISTS {PROBE_INDEX} ON {TABLE} USING hash (fingerprint)"
-
-
-def _generation_functions(seconds: int) -> list[str]:
-    return [
-        "CREATE OR REPLACE FUNCTION grousset_generation_seconds() RETURNS int "
-        f"LANGUAGE sql IMMUTABLE AS $$ SELECT {seconds} $$",
-        "CREATE OR REPLACE FUNCTION grousset_generation() RETURNS int LANGUAGE sql VOLATILE "
-        f"AS $$ SELECT floor(extract(epoch FROM clock_timestamp()) / {seconds})::int $$",
-    ]
-
-
-def _row_type(cur: Any) -> str:
-    cur.execute(
-        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
-        "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
-        [TABLE],
-    )
-    types = dict(cur.fetchall())
-    cols = ", ".join(f"{name} {kind or types[name]}" for name, kind in ROW_COLUMNS)
-    return f"CREATE TYPE grousset_claim_row AS ({cols})"
+PROBE_SHAPE = "USING hash (fingerprint)"
+PROBE_INDEX_SQL = f"CREATE INDEX IF NOT EXISTS {PROBE_INDEX} ON {TABLE} {PROBE_SHAPE}"
 
 
 def add_generation(cur: Any, gen: int) -> bool:
@@ -159,86 +138,24 @@ def create_ahead(alias: str, ahead: int = AHEAD) -> list[int]:
     from django.db import transaction
 
     with transaction.atomic(using=alias), _cursor(alias) as cur:
-        cur.execute(f"SELECT pg_advisory_xact_lock({_LOCK_KEY}), grousset_generation()")
+        cur.execute(f"SELECT pg_advisory_xact_lock({DDL_LOCK}), grousset_generation()")
         now = int(cur.fetchone()[1])
         return [g for g in range(now, now + ahead + 1) if add_generation(cur, g)]
 
 
-def convert(
-    alias: str, *, seconds: int, ahead: int = AHEAD, max_rows: int = MAX_CONVERT_ROWS
-) -> int:
-    """Turn the single table into the partitioned layout in ONE transaction (claims wait
-    for it); its rows go to the current generation. Returns how many rows were copied."""
-    from django.db import transaction
+def lock_timeout_ms() -> int:
+    """How long the DDL here waits for a lock on the journal (``STORE_TIMEOUT``): claims
+    queue behind a lock request, so none is left waiting longer than a claim may."""
+    from celery_grousset.conf import grousset_settings
 
-    if not 60 <= seconds <= 366 * 86400:
-        raise InvalidArgument("the generation width must be from 60 seconds to 366 days")
-    with transaction.atomic(using=alias), _cursor(alias) as cur:
-        cur.execute(f"SELECT pg_advisory_xact_lock({_LOCK_KEY})")
-        cur.execute(PARTITIONED_SQL, [TABLE])
-        if cur.fetchone()[0]:
-            raise InvalidArgument(f"the journal of {alias!r} is partitioned already")
-        cur.execute(f"LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE")
-        cur.execute(f"SELECT count(*), coalesce(max(id), 0) FROM {TABLE}")
-        rows, top = cur.fetchone()
-        if rows > max_rows:
-            raise InvalidArgument(
-                f"the journal of {alias!r} has {rows} rows, more than {max_rows} to copy in one "
-                "transaction: follow the online procedure of docs/scale.md, or raise --max-rows."
-            )
-        _rebuild(cur, seconds, ahead, top)
-    return int(rows)
-
-
-def _rebuild(cur: Any, seconds: int, ahead: int, top: int) -> None:
-    """The single table's rows into a new partitioned table of the same name, its
-    indexes (with ``gen`` in the unique ones) and the claim function."""
-    cur.execute(
-        "SELECT indexdef FROM pg_indexes WHERE tablename = %s AND indexdef NOT LIKE "
-        "'CREATE UNIQUE%%'",
-        [TABLE],
-    )
-    indexes = [row[0] for row in cur.fetchall()]
-    for sql in _generation_functions(seconds):
-        cur.execute(sql)
-    seq = "grousset_outcome_gen_id_seq"
-    cur.execute(f"ALTER TABLE {TABLE} RENAME TO {TABLE}_single")
-    cur.execute(
-        f"CREATE TABLE {TABLE} (LIKE {TABLE}_single INCLUDING DEFAULTS INCLUDING "
-        "CONSTRAINTS, gen int NOT NULL DEFAULT grousset_generation()) PARTITION BY RANGE (gen)"
-    )
-    cur.execute(f"CREATE SEQUENCE IF NOT EXISTS {seq}")
-    cur.execute(f"SELECT setval('{seq}', %s + 1, false)", [top])
-    cur.execute(f"ALTER TABLE {TABLE} ALTER id SET DEFAULT nextval('{seq}')")
-    cur.execute(f"ALTER SEQUENCE {seq} OWNED BY {TABLE}.id")
-    cur.execute("SELECT grousset_generation()")
-    now = int(cur.fetchone()[0])
-    for gen in range(now, now + ahead + 1):
-        add_generation(cur, gen)
-    cur.execute(f"INSERT INTO {TABLE} SELECT *, %s FROM {TABLE}_single", [now])
-    cur.execute(f"DROP TABLE {TABLE}_single")
-    cur.execute(f"ALTER TABLE {TABLE} ADD PRIMARY KEY (id, gen)")
-    cur.execute(
-        f"ALTER TABLE {TABLE} ADD CONSTRAINT grousset_outcome_key "
-        "UNIQUE (fingerprint, processor_id, gen)"
-    )
-    for sql in indexes:
-        cur.execute(sql)
-    cur.execute(ABANDON_FUNCTION_SQL)
-    cur.execute(f"CREATE INDEX {ABANDON_INDEX} ON {TABLE} ({ABANDON})")
-    cur.execute(PROBE_INDEX_SQL)
-    cur.execute("DROP TYPE IF EXISTS grousset_claim_row CASCADE")
-    cur.execute(_row_type(cur))
-    cur.execute(FUNCTION_SQL)
+    return max(1, int(float(grousset_settings.STORE_TIMEOUT) * 1000))
 
 
 def retire(alias: str, cutoff: datetime) -> int:
     """Detach and drop every generation older than the current one whose rows are all
     purgeable at ``cutoff``; the number of rows dropped with them. No claim waits for
     the checks: see the module doc."""
-    from celery_grousset.conf import grousset_settings
-
-    timeout = max(1, int(float(grousset_settings.STORE_TIMEOUT) * 1000))
+    timeout = lock_timeout_ms()
     dropped = 0
     with _cursor(alias) as cur:  # one look for the index, not one per partition
         cur.execute("SELECT to_regclass(%s) IS NOT NULL", [ABANDON_INDEX])

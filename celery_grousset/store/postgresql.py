@@ -142,6 +142,19 @@ class PostgresStore(PostgresOperations, Store):
             raise StoreUnavailable(f"journal database {self.alias!r}: {exc}") from exc
 
     def _watched(self, op: Callable[[Any], T], conn: Any) -> T:
+        """``op(conn)``, sent once more if it met a unique index that is not the claim's
+        arbiter: on a journal ``grousset_partition prepare`` has readied (its key with
+        ``gen``, docs/scale.md), two first claims of one key that pass ``ON CONFLICT``'s
+        check together make the second fail there, not update (PostgreSQL checks only
+        the arbiter that way). Each statement is its own transaction, rolled back by the
+        error; the other's row is committed by then, so the claim sent again decides on
+        it."""
+        try:
+            return self._answer(op, conn)
+        except driver().UniqueViolation:
+            return self._answer(op, conn)
+
+    def _answer(self, op: Callable[[Any], T], conn: Any) -> T:
         """``op(conn)``, its answer awaited at most STORE_TIMEOUT + ANSWER_GRACE seconds:
         the server's statement_timeout cannot fire on a half-open connection."""
         dog = self._watchdog

@@ -1,10 +1,14 @@
-"""``manage.py grousset_partition convert|status|create-ahead``: the partitioned journal
-(PostgreSQL, opt-in; docs/scale.md, "The partitioned layout").
+"""``manage.py grousset_partition prepare|convert|status|create-ahead``: the partitioned
+journal (PostgreSQL, opt-in; docs/scale.md, "The partitioned layout").
 
-* ``convert`` turns the single table into the partitioned layout in ONE transaction
-  (claims wait for it) and installs the claim function; refused above ``--max-rows``
-  (default 100000: a large table follows the online procedure in docs/scale.md). Then
-  set ``GROUSSET["JOURNAL_LAYOUT"] = "partitioned"`` and restart the workers.
+* ``convert`` turns the single table into the partitioned layout in ONE transaction and
+  installs the claim function. A table as it is has its rows copied (claims wait for
+  it), refused above ``--max-rows`` (default 100000); a table ``prepare`` readied is
+  attached as one past generation, nothing copied. Then set
+  ``GROUSSET["JOURNAL_LAYOUT"] = "partitioned"`` and restart the workers.
+* ``prepare`` readies a table of any size online, claims going on (a column and a
+  check added as metadata, the layout's indexes built ``CONCURRENTLY``); a run that
+  stopped is finished by the next.
 * ``status`` lists the generations (partitions) and their estimated rows.
 * ``create-ahead`` creates the partitions of the current generation and the next
   ``--ahead`` (``grousset_purge`` and ``purge_expired`` do it on every run).
@@ -33,19 +37,21 @@ def _width(value: object) -> Any:
 
 class Command(BaseCommand):
     help = (
-        "Convert the journal to the partitioned layout (PostgreSQL), show its generations, or "
-        "create the next ones. Exit code 0 on success, 1 on error."
+        "Convert the journal to the partitioned layout (PostgreSQL) or prepare a large one for "
+        "it online, show its generations, or create the next ones. Exit code 0 on success, 1 "
+        "on error."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("action", choices=("convert", "status", "create-ahead"))
+        parser.add_argument("action", choices=("prepare", "convert", "status", "create-ahead"))
         add_database_argument(parser)
         parser.add_argument(
             "--generation",
             type=argparse_type(_width),
-            default="1d",
+            default=None,
             metavar="DURATION",
-            help="convert: the width of a generation (partition): 60 s to 366 d (default 1d).",
+            help="prepare, convert: the width of a generation (partition): 60 s to 366 d "
+            "(default 1d; a prepared table keeps the width it was prepared with).",
         )
         parser.add_argument(
             "--ahead",
@@ -71,21 +77,17 @@ class Command(BaseCommand):
             )
         action = options["action"]
         try:
-            if action != "convert" and not pgpartops.is_partitioned(alias):
+            if action not in ("prepare", "convert") and not pgpartops.is_partitioned(alias):
                 raise CommandError(
                     f"the journal of {alias!r} is not partitioned: run "
                     f"`manage.py grousset_partition convert --database {alias}` first."
                 )
-            if action == "convert":
-                seconds = int(_width(options["generation"]).total_seconds())
-                rows = pgpartops.convert(
-                    alias, seconds=seconds, ahead=options["ahead"], max_rows=options["max_rows"]
-                )
-                self.stdout.write(
-                    f"converted the journal of {alias!r} to generations of {seconds} s "
-                    f"({rows} rows copied); now set GROUSSET['JOURNAL_LAYOUT'] = 'partitioned' "
-                    "and restart the workers"
-                )
+            width = options["generation"]
+            seconds = None if width is None else int(_width(width).total_seconds())
+            if action == "prepare":
+                self._prepare(alias, seconds)
+            elif action == "convert":
+                self._convert(alias, seconds, options["ahead"], options["max_rows"])
             elif action == "create-ahead":
                 made = pgpartops.create_ahead(alias, options["ahead"])
                 self.stdout.write(f"created {len(made)} generations: {made}")
@@ -95,6 +97,31 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         except DatabaseError as exc:
             raise CommandError(f"grousset_partition {action} failed on {alias!r}: {exc}") from exc
+
+    def _prepare(self, alias: str, seconds: int | None) -> None:
+        from celery_grousset.store import pgpartconvert
+
+        g0, done = pgpartconvert.prepare(alias, seconds=seconds)
+        steps = "; ".join(done) if done else "nothing left to do"
+        self.stdout.write(
+            f"prepared the journal of {alias!r} (its rows: generation {g0}): {steps}. Next, "
+            f"with the workers stopped: `manage.py grousset_partition convert --database "
+            f"{alias}` (copies nothing), set GROUSSET['JOURNAL_LAYOUT'] = 'partitioned', "
+            "start the workers"
+        )
+
+    def _convert(self, alias: str, seconds: int | None, ahead: int, max_rows: int) -> None:
+        from celery_grousset.store import pgpartconvert, pgpartops
+
+        rows, copied = pgpartconvert.convert(
+            alias, seconds=seconds, ahead=ahead, max_rows=max_rows
+        )
+        how = f"{rows} rows copied" if copied else f"about {rows} rows attached, none copied"
+        self.stdout.write(
+            f"converted the journal of {alias!r} to generations of "
+            f"{pgpartops.generation_seconds(alias)} s ({how}); now set "
+            "GROUSSET['JOURNAL_LAYOUT'] = 'partitioned' and restart the workers"
+        )
 
     def _status(self, alias: str) -> None:
         from celery_grousset.store import pgpartops
