@@ -17,7 +17,8 @@ filled with ``--rows`` of the scale benches' rows (``bench.scale_layouts``). The
 5. claim latencies on the partitioned journal, the old rows' duplicates moving out of
    the attached generation.
 
-Sizes (heap, indexes) after each step. Writes ``bench/.work/scale-convert.json``
+Sizes (heap, indexes) after each step. ``--prewarm``: the single table's hot indexes read
+into the OS cache first. Writes ``bench/.work/scale-convert.json``
 (``--out``).
 """
 
@@ -95,6 +96,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--rows", type=int, default=10_000_000)
     p.add_argument("--samples", type=int, default=2000)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--prewarm", action="store_true",
+                   help="first read the single table's hot indexes into the OS cache "
+                   "(bench.scale_probe.prewarm): idle figures not of a cold cache")  # fmt: skip
     args = p.parse_args(argv)
     harness.setup_django()
     from django.db import connections
@@ -110,6 +114,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {"commit": sl.commit(), "rows": args.rows}
     result["load"] = ab.load(ALIAS, ab.index_ddl(ALIAS), state, args.rows)
     result["sizes_single"] = ab.sizes(ALIAS)
+    if args.prewarm:
+        from bench import scale_probe
+
+        result["prewarm_bytes"] = scale_probe.prewarm(("single",))["single"]
     store = get_store(ALIAS)
     point = {"rows": args.rows, "salt": state["salt"]}
     result["idle_single"] = sl.latencies(store, point, args.samples)
