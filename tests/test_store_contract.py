@@ -80,14 +80,18 @@ def age(alias: str, processor: str, fp: str, seconds: float, field: str = "start
 
 def into_past_generation(alias: str, processor: str, fp: str) -> None:
     """On the partitioned journal, retention drops whole past generations: an expired
-    row is one whose generation has passed (written two generations back; an in-flight
-    one three back, so that it never shares a generation with settled rows)."""
+    row is one whose generation has passed. Each goes into a past generation of its own,
+    older than every partition, so it never shares one with another test's live row
+    (with a fixed offset from the current generation, a generation that held one test's
+    live claim became another's "two back" when the clock crossed a generation
+    boundary mid-session, and that row kept the generation from being dropped)."""
     from django.db import connections
 
     from celery_grousset.store import pgpartops
 
     rec = row(alias, processor, fp)
-    gen = pgpartops.current_generation(alias) - (3 if rec.status == "in_flight" else 2)
+    gens = [g for g, *_ in pgpartops.partitions(alias)]
+    gen = min([*gens, pgpartops.current_generation(alias)]) - 1
     with connections[alias].cursor() as cur:
         pgpartops.add_generation(cur, gen)
         cur.execute("UPDATE celery_grousset_outcome SET gen = %s WHERE id = %s", [gen, rec.pk])
