@@ -111,3 +111,18 @@ def temp_task() -> Iterator[object]:
     yield make
     for name in made:
         celery_app.tasks.pop(name, None)
+
+
+@pytest.fixture
+def single() -> Iterator[str]:
+    """A fresh single-table journal on PostgreSQL (the ``pgconvert`` database, for the
+    conversions' tests); fresh again afterwards."""
+    from celery_grousset.store import reset_stores
+
+    alias = services.CONVERTED
+    services.require_database(alias)
+    error = services.prepare(alias)
+    assert error is None, error
+    yield alias
+    reset_stores()
+    services._prepared[alias] = services.prepare(alias)

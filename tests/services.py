@@ -121,6 +121,8 @@ def require_database(alias: str) -> None:
 #: the partitioned journal's alias, and the width of its generations (an hour: a row aged
 #: by more than that in the contract tests is past the purge's straggler cutoff)
 PARTITIONED = "pgpart"
+#: the database the conversions' tests convert and revert (fresh for each: ``single``)
+CONVERTED = "pgconvert"
 GENERATION_SECONDS = 3600
 
 

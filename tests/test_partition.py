@@ -60,6 +60,18 @@ def req(processor: str, fp: str | None = None) -> ClaimRequest:
     )  # fmt: skip
 
 
+def three_keys(store: Any, processor: str) -> tuple[Any, ClaimRequest, ...]:
+    """Two completed keys and an in-flight one: ``(first claim's answer, done, flying,
+    idle)``."""
+    done, flying, idle = req(processor), req(processor), req(processor)
+    first = store.claim(done)
+    assert store.finish(processor, done.fingerprint, done.token, DONE)
+    store.claim(idle)
+    assert store.finish(processor, idle.fingerprint, idle.token, DONE)
+    store.claim(flying)
+    return first, done, flying, idle
+
+
 def run(*args: Any, **options: Any) -> str:
     out = io.StringIO()
     call_command(*args, stdout=out, stderr=io.StringIO(), **options)

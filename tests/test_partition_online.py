@@ -10,7 +10,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -27,21 +26,10 @@ from celery_grousset.store.postgresql import PostgresStore
 from tests import services
 from tests.partition_racer import race_store
 from tests.racer import run_racers
-from tests.test_partition import DONE, layout, req, run
+from tests.test_partition import DONE, layout, req, run, three_keys
 
-ALIAS = "pgconvert"
+ALIAS = services.CONVERTED
 TABLE = "celery_grousset_outcome"
-
-
-@pytest.fixture
-def single() -> Iterator[str]:
-    """A fresh single-table journal on PostgreSQL; fresh again afterwards."""
-    services.require_database(ALIAS)
-    error = services.prepare(ALIAS)
-    assert error is None, error
-    yield ALIAS
-    reset_stores()
-    services._prepared[ALIAS] = services.prepare(ALIAS)
 
 
 def filenodes(*relations: str) -> list[int]:
@@ -65,12 +53,7 @@ def waiting(query: str) -> bool:
 def test_prepare_then_convert_attaches_the_table_as_it_is(single: str, processor: str) -> None:
     # Given a single-table journal: two completed keys, an in-flight one
     store = get_store(single)
-    done, flying, idle = req(processor), req(processor), req(processor)
-    first = store.claim(done)
-    assert store.finish(processor, done.fingerprint, done.token, DONE)
-    store.claim(idle)
-    assert store.finish(processor, idle.fingerprint, idle.token, DONE)
-    store.claim(flying)
+    first, done, flying, idle = three_keys(store, processor)
     # When it is prepared (generations of an hour)
     text = run("grousset_partition", "prepare", "--generation", "3600", database=single)
     g0 = pgpartops.current_generation(single) - 1

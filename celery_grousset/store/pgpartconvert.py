@@ -33,6 +33,7 @@ from celery_grousset.store.pgpartops import (
     _generation,
     add_generation,
     lock_timeout_ms,
+    rows_within,
 )
 from celery_grousset.store.pgpartsql import FUNCTION_SQL, ROW_COLUMNS, TABLE
 
@@ -186,16 +187,10 @@ def convert(
 
 
 def _copy(alias: str, cur: Any, seconds: int, ahead: int, max_rows: int) -> int:
-    # counted up to one past the limit: a full count of a large table would hold the
-    # lock that claims wait for
-    cur.execute(f"SELECT count(*) FROM (SELECT 1 FROM {TABLE} LIMIT %s) AS r", [max_rows + 1])
-    rows = int(cur.fetchone()[0])
-    if rows > max_rows:
-        raise InvalidArgument(
-            f"the journal of {alias!r} has more than {max_rows} rows to copy in one "
-            "transaction: run `manage.py grousset_partition prepare` first (online, claims "
-            "go on), then convert (it copies nothing); or raise --max-rows."
-        )
+    rows = rows_within(
+        cur, alias, TABLE, max_rows, "run `manage.py grousset_partition prepare` first "
+        "(online, claims go on), then convert (it copies nothing); or raise --max-rows."
+    )  # fmt: skip
     indexes = _plain_indexes(cur)
     for sql in generation_functions(seconds):
         cur.execute(sql)

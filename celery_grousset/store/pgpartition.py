@@ -64,7 +64,7 @@ class PartitionedStore(PostgresStore):
             if state == _UNDEFINED_FUNCTION and "grousset_" in str(exc):
                 raise StoreUnavailable(
                     f"GROUSSET['JOURNAL_LAYOUT'] is 'partitioned', but the journal database "
-                    f"{self.alias!r} has not been converted (no grousset_claim function): "
+                    f"{self.alias!r} is the single table (no grousset_claim function): "
                     f"run `manage.py grousset_partition convert --database {self.alias}`, or "
                     "set JOURNAL_LAYOUT to 'table'."
                 ) from exc

@@ -39,6 +39,9 @@ AHEAD = 3
 #: a retired generation's rows are counted up to here; beyond, its planner estimate
 EXACT_COUNT_UP_TO = 100_000
 
+#: a generation's storage parameter, as the single table's (its migration): room on
+#: each page for a row's next version, so completions and duplicates stay HOT updates
+FILLFACTOR = "fillfactor = 80"
 DDL_LOCK = "hashtext('celery_grousset.partitions')"  # one DDL run at a time
 _BOUND = re.compile(r"FROM \((-?\d+)\) TO")
 
@@ -124,7 +127,7 @@ def add_generation(cur: Any, gen: int) -> bool:
         return False
     cur.execute(
         f"CREATE TABLE {name} (LIKE {TABLE} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) "
-        "WITH (fillfactor = 80)"
+        f"WITH ({FILLFACTOR})"
     )
     # ATTACH takes SHARE UPDATE EXCLUSIVE on the journal: claims go on meanwhile.
     cur.execute(
@@ -141,6 +144,22 @@ def create_ahead(alias: str, ahead: int = AHEAD) -> list[int]:
         cur.execute(f"SELECT pg_advisory_xact_lock({DDL_LOCK}), grousset_generation()")
         now = int(cur.fetchone()[1])
         return [g for g in range(now, now + ahead + 1) if add_generation(cur, g)]
+
+
+def rows_within(cur: Any, alias: str, table: str, max_rows: int, fix: str) -> int:
+    """The rows of ``table``, refused (naming ``fix``) above ``max_rows``: a copy in the
+    one transaction of ``convert`` or ``revert`` holds the lock claims wait for. Counted
+    up to one past the limit: a full count of a large table would hold it as long."""
+    from celery_grousset.exceptions import InvalidArgument
+
+    cur.execute(f"SELECT count(*) FROM (SELECT 1 FROM {table} LIMIT %s) AS r", [max_rows + 1])
+    rows = int(cur.fetchone()[0])
+    if rows > max_rows:
+        raise InvalidArgument(
+            f"the journal of {alias!r} has more than {max_rows} rows to copy in one "
+            f"transaction (claims wait for it): {fix}"
+        )
+    return rows
 
 
 def lock_timeout_ms() -> int:

@@ -1,4 +1,4 @@
-"""``manage.py grousset_partition prepare|convert|status|create-ahead``: the partitioned
+"""``manage.py grousset_partition prepare|convert|status|create-ahead|revert``: the partitioned
 journal (PostgreSQL, opt-in; docs/scale.md, "The partitioned layout").
 
 * ``convert`` turns the single table into the partitioned layout in ONE transaction and
@@ -12,6 +12,9 @@ journal (PostgreSQL, opt-in; docs/scale.md, "The partitioned layout").
 * ``status`` lists the generations (partitions) and their estimated rows.
 * ``create-ahead`` creates the partitions of the current generation and the next
   ``--ahead`` (``grousset_purge`` and ``purge_expired`` do it on every run).
+* ``revert`` turns the partitioned journal back into the single table in ONE
+  transaction, its rows copied (claims wait for it; refused above ``--max-rows``). Then
+  set ``GROUSSET["JOURNAL_LAYOUT"] = "table"`` and restart the workers.
 """
 
 from __future__ import annotations
@@ -38,12 +41,15 @@ def _width(value: object) -> Any:
 class Command(BaseCommand):
     help = (
         "Convert the journal to the partitioned layout (PostgreSQL) or prepare a large one for "
-        "it online, show its generations, or create the next ones. Exit code 0 on success, 1 "
+        "it online, show its generations, create the next ones, or revert to the single "
+        "table. Exit code 0 on success, 1 "
         "on error."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("action", choices=("prepare", "convert", "status", "create-ahead"))
+        parser.add_argument(
+            "action", choices=("prepare", "convert", "status", "create-ahead", "revert")
+        )
         add_database_argument(parser)
         parser.add_argument(
             "--generation",
@@ -63,7 +69,7 @@ class Command(BaseCommand):
             "--max-rows",
             type=argparse_type(lambda v: count_option(v, option="--max-rows", high=10**9)),
             default=100_000,
-            help="convert: refuse a larger table (default 100000).",
+            help="convert, revert: refuse a larger journal (default 100000).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -77,7 +83,7 @@ class Command(BaseCommand):
             )
         action = options["action"]
         try:
-            if action not in ("prepare", "convert") and not pgpartops.is_partitioned(alias):
+            if action in ("status", "create-ahead") and not pgpartops.is_partitioned(alias):
                 raise CommandError(
                     f"the journal of {alias!r} is not partitioned: run "
                     f"`manage.py grousset_partition convert --database {alias}` first."
@@ -88,6 +94,8 @@ class Command(BaseCommand):
                 self._prepare(alias, seconds)
             elif action == "convert":
                 self._convert(alias, seconds, options["ahead"], options["max_rows"])
+            elif action == "revert":
+                self._revert(alias, options["max_rows"])
             elif action == "create-ahead":
                 made = pgpartops.create_ahead(alias, options["ahead"])
                 self.stdout.write(f"created {len(made)} generations: {made}")
@@ -121,6 +129,15 @@ class Command(BaseCommand):
             f"converted the journal of {alias!r} to generations of "
             f"{pgpartops.generation_seconds(alias)} s ({how}); now set "
             "GROUSSET['JOURNAL_LAYOUT'] = 'partitioned' and restart the workers"
+        )
+
+    def _revert(self, alias: str, max_rows: int) -> None:
+        from celery_grousset.store import pgpartrevert
+
+        rows = pgpartrevert.revert(alias, max_rows=max_rows)
+        self.stdout.write(
+            f"reverted the journal of {alias!r} to the single table ({rows} rows copied); now "
+            "set GROUSSET['JOURNAL_LAYOUT'] = 'table' and restart the workers"
         )
 
     def _status(self, alias: str) -> None:
