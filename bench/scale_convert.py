@@ -15,7 +15,10 @@ filled with ``--rows`` of the scale benches' rows (``bench.scale_layouts``). The
 4. ``convert`` (nothing else running, as with the workers stopped): its time and WAL,
    and that it copied nothing (the table's file is the same before and after);
 5. claim latencies on the partitioned journal, the old rows' duplicates moving out of
-   the attached generation.
+   the attached generation;
+6. with ``--revert``: ``revert`` back to the single table (one transaction, the rows
+   copied: claims would wait for all of it; nothing else running), its time and WAL,
+   then claim latencies on the single table again.
 
 Sizes (heap, indexes) after each step. ``--prewarm``: the single table's hot indexes read
 into the OS cache first. Writes ``bench/.work/scale-convert.json``
@@ -91,6 +94,18 @@ def convert() -> dict[str, Any]:
             "wal_bytes": wal, "same_file": kept}  # fmt: skip
 
 
+def revert() -> dict[str, Any]:
+    from django.db import connections
+
+    from celery_grousset.store import pgpartrevert
+
+    copied, seconds, steps, wal = timed_statements(
+        lambda: pgpartrevert.revert(ALIAS, max_rows=10**9)  # the bench's own quiet hour
+    )
+    connections[ALIAS].close()
+    return {"rows": copied, "seconds": seconds, "steps": steps, "wal_bytes": wal}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser()
     p.add_argument("--rows", type=int, default=10_000_000)
@@ -99,6 +114,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--prewarm", action="store_true",
                    help="first read the single table's hot indexes into the OS cache "
                    "(bench.scale_probe.prewarm): idle figures not of a cold cache")  # fmt: skip
+    p.add_argument("--revert", action="store_true",
+                   help="then revert to the single table (the rows copied in one "
+                   "transaction: a journal of up to about a million rows)")  # fmt: skip
     args = p.parse_args(argv)
     harness.setup_django()
     from django.db import connections
@@ -135,6 +153,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     harness.log(f"convert: partitioned, idle {json.dumps(result['idle_partitioned'])}")
     result["sizes_partitioned"] = ab.sizes(ALIAS)
     part.close()
+    if args.revert:
+        result["revert"] = revert()
+        harness.log(f"convert: revert {json.dumps(result['revert'], default=str)}")
+        single = get_store(ALIAS)
+        result["idle_reverted"] = sl.latencies(single, point | {"shift": 3}, args.samples)
+        harness.log(f"convert: reverted, idle {json.dumps(result['idle_reverted'])}")
+        single.close()
     sl.save(result, args.out or harness.WORK / "scale-convert.json")
     return result
 

@@ -166,15 +166,18 @@ def test_scale_convert_prepares_and_converts_a_journal_with_claims_running(
     tmp_path: Path,
 ) -> None:
     """``bench.scale_convert`` on a small journal: prepare ran while claims did, the
-    conversion copied nothing (same file), and each layout's claims were sampled."""
+    conversion copied nothing (same file), each layout's claims were sampled, and the
+    revert copied every row back."""
     _require_bench()
-    result = run_scale_bench("scale_convert", ["--rows", "3000", "--samples", "20"],
+    result = run_scale_bench("scale_convert", ["--rows", "3000", "--samples", "20", "--revert"],
                              "grousset_scale_ci_convert", tmp_path / "convert.json")  # fmt: skip
     assert len(result["prepare"]["done"]) == 6 and result["prepare"]["claim_during"]["n"] > 0
     convert = result["convert"]
     assert convert["copied"] is False and convert["same_file"] is True, convert
     assert result["sizes_partitioned"]["tables"] >= 5  # the old table and 4 generations
-    for phase in ("idle_single", "idle_prepared", "idle_partitioned"):
+    # the rows filled, and the new keys each of the three sampled phases claimed
+    assert result["revert"]["rows"] >= 3000 + 3 * 20 and result["revert"]["seconds"] > 0
+    for phase in ("idle_single", "idle_prepared", "idle_partitioned", "idle_reverted"):
         assert result[phase]["duplicate_old_row"]["n"] == 20, result[phase]
 
 

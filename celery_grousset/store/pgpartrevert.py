@@ -69,10 +69,14 @@ def revert(alias: str, *, max_rows: int = MAX_REVERT_ROWS) -> int:
             cur.execute(sql)
         with connection.schema_editor(atomic=False) as editor:
             editor.create_model(Outcome)
-        cur.execute(f"ALTER TABLE {TABLE} SET ({FILLFACTOR})")
-        for name, default in defaults.items():  # the migrations' database defaults
-            cur.execute(f'ALTER TABLE {TABLE} ALTER COLUMN "{name}" SET DEFAULT {default}')
-        cur.execute(f"INSERT INTO {TABLE} ({columns}) SELECT {columns} FROM {_ASIDE} ORDER BY id")
+            cur.execute(f"ALTER TABLE {TABLE} SET ({FILLFACTOR})")
+            for name, default in defaults.items():  # the migrations' database defaults
+                cur.execute(f'ALTER TABLE {TABLE} ALTER COLUMN "{name}" SET DEFAULT {default}')
+            # before the editor's deferred statements build the plain indexes: each is
+            # then built once over the rows instead of updated row by row
+            cur.execute(
+                f"INSERT INTO {TABLE} ({columns}) SELECT {columns} FROM {_ASIDE} ORDER BY id"
+            )
         from django.core.management.color import no_style
 
         for sql in connection.ops.sequence_reset_sql(no_style(), [Outcome]):
