@@ -24,7 +24,7 @@ from bench.scale_ab import LAYOUTS
 
 def stores() -> dict[str, Any]:
     """The single table's store and the partitioned journal's (converted if needed: a
-    journal of up to ``MAX_CONVERT_ROWS`` rows)."""
+    journal of up to ``pgpartops.MAX_COPY_ROWS`` rows)."""
     from django.db import connections
 
     from celery_grousset.store import pgpartconvert

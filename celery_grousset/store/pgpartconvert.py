@@ -26,6 +26,7 @@ from celery_grousset.store.pgpartops import (
     ABANDON_INDEX,
     AHEAD,
     DDL_LOCK,
+    MAX_COPY_ROWS,
     PARTITIONED_SQL,
     PROBE_INDEX_SQL,
     PROBE_SHAPE,
@@ -37,8 +38,6 @@ from celery_grousset.store.pgpartops import (
 )
 from celery_grousset.store.pgpartsql import FUNCTION_SQL, ROW_COLUMNS, TABLE
 
-#: the largest table ``convert`` copies in its one transaction
-MAX_CONVERT_ROWS = 100_000
 #: the partitioned layout's keys, on the parent and on every partition
 PK_COLUMNS = "(id, gen)"
 KEY_COLUMNS = "(fingerprint, processor_id, gen)"
@@ -156,7 +155,7 @@ def convert(
     *,
     seconds: int | None = None,
     ahead: int = AHEAD,
-    max_rows: int = MAX_CONVERT_ROWS,
+    max_rows: int = MAX_COPY_ROWS,
 ) -> tuple[int, bool]:
     """Turn the single table into the partitioned layout in ONE transaction: a prepared
     table becomes a past generation as it is; any other has its rows copied into the

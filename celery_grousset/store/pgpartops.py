@@ -146,6 +146,10 @@ def create_ahead(alias: str, ahead: int = AHEAD) -> list[int]:
         return [g for g in range(now, now + ahead + 1) if add_generation(cur, g)]
 
 
+#: the largest journal ``convert`` or ``revert`` copies in its one transaction
+MAX_COPY_ROWS = 100_000
+
+
 def rows_within(cur: Any, alias: str, table: str, max_rows: int, fix: str) -> int:
     """The rows of ``table``, refused (naming ``fix``) above ``max_rows``: a copy in the
     one transaction of ``convert`` or ``revert`` holds the lock claims wait for. Counted

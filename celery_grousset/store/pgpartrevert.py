@@ -20,6 +20,7 @@ from celery_grousset.store.pgpartops import (
     ABANDON,
     DDL_LOCK,
     FILLFACTOR,
+    MAX_COPY_ROWS,
     PARTITIONED_SQL,
     _cursor,
     lock_timeout_ms,
@@ -27,8 +28,6 @@ from celery_grousset.store.pgpartops import (
 )
 from celery_grousset.store.pgpartsql import TABLE
 
-#: the largest journal ``revert`` copies in its one transaction
-MAX_REVERT_ROWS = 100_000
 _ASIDE = "grousset_revert_rows"
 #: what the partitioned layout adds besides its tables (the claim function goes with its
 #: row type)
@@ -40,9 +39,10 @@ _LAYOUT_OBJECTS = (
 )
 
 
-def revert(alias: str, *, max_rows: int = MAX_REVERT_ROWS) -> int:
+def revert(alias: str, *, max_rows: int = MAX_COPY_ROWS) -> int:
     """Turn the partitioned journal of ``alias`` back into the single table; the rows
     kept. Returns their number."""
+    from django.core.management.color import no_style
     from django.db import connections, transaction
 
     from celery_grousset.models import Outcome
@@ -77,8 +77,6 @@ def revert(alias: str, *, max_rows: int = MAX_REVERT_ROWS) -> int:
             cur.execute(
                 f"INSERT INTO {TABLE} ({columns}) SELECT {columns} FROM {_ASIDE} ORDER BY id"
             )
-        from django.core.management.color import no_style
-
         for sql in connection.ops.sequence_reset_sql(no_style(), [Outcome]):
             cur.execute(sql)
     return rows

@@ -1,5 +1,5 @@
-"""``manage.py grousset_partition prepare|convert|status|create-ahead|revert``: the partitioned
-journal (PostgreSQL, opt-in; docs/scale.md, "The partitioned layout").
+"""``manage.py grousset_partition prepare|convert|status|create-ahead|revert``: the
+partitioned journal (PostgreSQL, opt-in; docs/scale.md, "The partitioned layout").
 
 * ``convert`` turns the single table into the partitioned layout in ONE transaction and
   installs the claim function. A table as it is has its rows copied (claims wait for
@@ -42,11 +42,12 @@ class Command(BaseCommand):
     help = (
         "Convert the journal to the partitioned layout (PostgreSQL) or prepare a large one for "
         "it online, show its generations, create the next ones, or revert to the single "
-        "table. Exit code 0 on success, 1 "
-        "on error."
+        "table. Exit code 0 on success, 1 on error."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
+        from celery_grousset.store.pgpartops import MAX_COPY_ROWS
+
         parser.add_argument(
             "action", choices=("prepare", "convert", "status", "create-ahead", "revert")
         )
@@ -68,8 +69,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--max-rows",
             type=argparse_type(lambda v: count_option(v, option="--max-rows", high=10**9)),
-            default=100_000,
-            help="convert, revert: refuse a larger journal (default 100000).",
+            default=MAX_COPY_ROWS,
+            help=f"convert, revert: refuse a larger journal (default {MAX_COPY_ROWS}).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
