@@ -236,7 +236,6 @@ def _task_conflicts(app: Any, task: Any, opts: Any) -> list[checks.CheckMessage]
                 id="celery_grousset.W003",
             )
         )
-    errors.extend(_check_database())
     return errors
 
 
@@ -252,7 +251,7 @@ def _check_tasks() -> list[checks.CheckMessage]:
     resolved = _resolved_tasks(errors)
     for app, task, opts in resolved:
         errors.extend(_task_conflicts(app, task, opts))
-    errors.extend(beat_schedule_messages(resolved))
+    errors.extend([*(_check_database() if resolved else []), *beat_schedule_messages(resolved)])
     return errors
 
 

@@ -22,8 +22,9 @@ When (:func:`connect`, called by the app config's ``ready()``):
 * ``guarded_tasks()`` (the system checks) and every change of ``GROUSSET`` (tests).
 
 While ``GROUSSET`` is invalid the entries' names still select the tasks, which then
-fail closed like any guarded task (:class:`GroussetSettingsError` on each call) instead
-of running unguarded. A pattern never matches Celery's own tasks (``celery.*``) nor this
+fail closed like any guarded task (:class:`GroussetSettingsError` on each call; a worker
+does not start: :func:`celery_grousset.worker.refuse_configuration_errors`) instead of
+running unguarded. A pattern never matches Celery's own tasks (``celery.*``) nor this
 package's (``celery_grousset.*``): name them exactly to guard them.
 """
 

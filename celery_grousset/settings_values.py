@@ -41,7 +41,11 @@ class GroussetSettingsError(ConfigurationError):
     the text names every setting concerned.
     """
 
-    def __init__(self, problems: list[Problem]) -> None:
+    def __init__(self, problems: list[Problem] | str) -> None:
+        if isinstance(problems, str):  # rebuilt from its text (Celery's JSON result backend)
+            self.problems, self.setting = [], ""
+            super().__init__(problems)
+            return
         self.problems = list(problems)
         self.setting = self.problems[0].setting if self.problems else ""
         text = "; ".join(str(p) for p in self.problems)
@@ -61,7 +65,8 @@ def _shown(value: object) -> str:
 
 
 def _duration_text(limit: float) -> str:
-    return f"{limit / 86400:g} days" if limit >= 86400 else f"{limit:g} s"
+    days = limit / 86400
+    return (f"{days:g} day" + ("s" if days != 1 else "")) if days >= 1 else f"{limit:g} s"
 
 
 def as_seconds(value: object) -> float | None:

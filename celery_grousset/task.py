@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from celery import Task
 from celery.exceptions import Reject, Retry
-from celery.signals import task_revoked
 
 from celery_grousset import carry, events, guard, memo, periodic, publish_check
 from celery_grousset.claim import ClaimRequest, Kind
@@ -187,10 +186,10 @@ class GroussetTaskMixin:
 
     # -- publishing ------------------------------------------------------------------------
 
-    def apply_async(self, args: Any = None, kwargs: Any = None, *a: Any, **options: Any) -> Any:
-        """``apply_async(…, idempotency_key="order-42")`` names the call's identity."""
+    def _carry_key(self, options: dict[str, Any], **extra: Any) -> str | None:
+        """Move ``idempotency_key`` from ``options`` into the headers the request carries."""
         key = options.pop("idempotency_key", None)
-        headers = {**(options.get("headers") or {}), REPR_HEADER: 1}
+        headers = {**(options.get("headers") or {}), **extra}
         if key is not None:
             if not isinstance(key, str) or not key:
                 raise FingerprintError(
@@ -198,6 +197,17 @@ class GroussetTaskMixin:
                 )
             headers[KEY_HEADER] = key
         options["headers"] = headers
+        return None if key is None else str(key)
+
+    def apply(self, args: Any = None, kwargs: Any = None, *a: Any, **options: Any) -> Any:
+        """``apply(…, idempotency_key="order-42")``, as :meth:`apply_async` takes it."""
+        if "idempotency_key" in options:
+            self._carry_key(options)
+        return super().apply(args, kwargs, *a, **options)  # type: ignore[misc]
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, *a: Any, **options: Any) -> Any:
+        """``apply_async(…, idempotency_key="order-42")`` names the call's identity."""
+        key = self._carry_key(options, **{REPR_HEADER: 1})
         call = self.grousset_call(tuple(args or ()), dict(kwargs or {}), key)
         if key is None and not grousset_settings.BYPASS:
             # Fail at publish time for arguments that cannot be fingerprinted; Celery
@@ -366,28 +376,6 @@ class GroussetTask(GroussetTaskMixin, _Task):
 GroussetDjangoTask = GroussetTask  #: the same class (GroussetTask is a DjangoTask now)
 
 
-@task_revoked.connect(weak=False, dispatch_uid="celery_grousset.release_revoked")
-def release_revoked(
-    sender: Any = None, request: Any = None, terminated: bool = False, **kwargs: Any
-) -> None:
-    """A revoked task that was terminated mid-run gives up its claim at once, so the next
-    delivery does not wait for ``max_processing_time``. (Revoking without terminate does
-    not stop a running task: its claim stays.)"""
-    if not terminated or request is None or not isinstance(sender, GroussetTaskMixin):
-        return
-    from celery_grousset import journal
-
-    opts = sender.grousset_options()
-    for processor_id, fp in journal.release_held_by(opts.database, str(request.id)):
-        events.logger.warning(
-            "grousset.released_revoked fingerprint=%s task=%s task_id=%s processor=%s",
-            fp,
-            sender.name,
-            request.id,
-            processor_id,
-        )
-
-
 def reset_resolved_options() -> None:
     """Forget every task's resolved options (settings or worker flags changed)."""
     for task in _instances:
@@ -397,3 +385,5 @@ def reset_resolved_options() -> None:
 
 
 on_reload(reset_resolved_options)
+
+from celery_grousset import revoked as _revoked  # noqa: E402,F401  (connects its handler)

@@ -149,6 +149,8 @@ class GroussetStep(bootsteps.StartStopStep):
         from celery_grousset.task import reset_resolved_options
 
         reset_resolved_options()
+        if not (self.bypass or _settings_bypass()):  # unguarded: the options do not matter
+            refuse_configuration_errors()
         self.claimed = _worker_claim(app, grousset_batch)
 
     def start(self, parent: Any) -> None:
@@ -211,6 +213,31 @@ def _worker_claim(app: Any, flag: bool | None) -> list[str]:
     from celery_grousset.batch_claim import enable
 
     return enable(app)
+
+
+def refuse_configuration_errors() -> None:
+    """The worker does not start while the system checks find an error in ``GROUSSET``
+    or in a guarded task's options (its flags applied): each delivery of such a task
+    would fail before its claim and, acknowledged as failed, be lost. Celery's Django
+    fixup runs the checks too, but ignores what they find. The messages wait in the
+    broker for a worker started after the fix."""
+    from django.core.checks import ERROR
+
+    from celery_grousset.checks import check_tasks
+
+    errors = [m for m in check_tasks() if m.level >= ERROR]
+    if not errors:
+        return
+    for message in errors:
+        logger.critical("%s", message)
+    logger.critical(
+        "celery-grousset: this worker does not start: %d configuration error(s) above "
+        "would make every delivery of the tasks concerned fail, acknowledged and lost. "
+        "Fix them (`manage.py check` lists them) and start the worker again; the messages "
+        "wait in the broker.",
+        len(errors),
+    )
+    raise SystemExit(1)
 
 
 def _settings_bypass() -> bool:

@@ -392,6 +392,9 @@ def test_unknown_or_unsupported_journal_database_is_E003() -> None:
     with override_settings(GROUSSET={"DATABASE": "nope"}):
         # When the checks run / Then it is an error
         assert ids(None) == {"celery_grousset.E003"}
+        # And it is said once, however many guarded tasks the project has
+        found = [m.id for m in checks.run_checks(tags=[TAG]) if m.id == "celery_grousset.E003"]
+        assert found == ["celery_grousset.E003"]
     # Given an alias on an engine the claim store does not support
     with (
         database("oracle_journal", ENGINE="django.db.backends.oracle", NAME="x"),

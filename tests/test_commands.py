@@ -243,6 +243,65 @@ def test_purge_reports_errors_with_exit_code_1() -> None:
         run("grousset_purge", older_than="soon")
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["grousset_inspect", "abcdef12"],
+        ["grousset_release", "abcdef12"],
+        ["grousset_stats"],
+        ["grousset_purge", "--dry-run"],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_commands_on_an_unmigrated_journal_name_migrate(tmp_path: Path, argv: list[str]) -> None:
+    # Given a project whose database has never been migrated (a new SQLite file)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "PYTHONPATH": str(ROOT),
+        "GROUSSET_TEST_SQLITE": str(tmp_path / "never-migrated.sqlite3"),
+    }
+    # When a command runs as a process
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", *argv, "--database", "default"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    # Then it fails with exit code 1 and names the fix, not the driver's traceback
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "tables do not exist: run `manage.py migrate celery_grousset`" in proc.stderr
+
+
+def test_a_project_without_the_app_is_told_to_add_it(tmp_path: Path) -> None:
+    # Given a project that guards tasks but left celery_grousset out of INSTALLED_APPS
+    # (``manage.py check`` cannot say it: the app's checks are not registered)
+    script = f"""
+import django
+from django.conf import settings
+settings.configure(INSTALLED_APPS=[], USE_TZ=True, DATABASES={{"default": {{
+    "ENGINE": "django.db.backends.sqlite3", "NAME": {str(tmp_path / "db.sqlite3")!r}}}}})
+django.setup()
+from celery_grousset.claim import ClaimRequest
+from celery_grousset.exceptions import StoreUnavailable
+from celery_grousset.store import get_store
+req = ClaimRequest("p", "ab" * 32, "t", "id", "tok", "w", "", 60.0, 3600.0, 3)
+try:
+    get_store("default").claim(req)
+except StoreUnavailable as exc:
+    print(exc)
+"""
+    # When a claim meets the missing table
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    # Then the error names INSTALLED_APPS first, then migrate (which alone would fail)
+    assert (
+        "add 'celery_grousset' to INSTALLED_APPS, then run `manage.py migrate celery_grousset`"
+        in proc.stdout
+    ), proc.stdout + proc.stderr
+
+
 def test_beat_task_purges_and_returns_the_count(store: Store, alias: str, processor: str) -> None:
     from celery_grousset.tasks import purge_expired
 

@@ -126,6 +126,12 @@ def test_bad_values_are_refused_naming_the_setting(name: str, value: object) -> 
     assert "must" in message, message
 
 
+def test_a_duration_limit_is_said_in_words() -> None:
+    # STORE_TIMEOUT is at most a day: "1 day", not "1 days"; a limit under a day in seconds
+    assert "at most 1 day," in refused({"STORE_TIMEOUT": 10**6})
+    assert "at most 1 s," in refused({"WORKER_CLAIM_FLUSH_DELAY": 2})
+
+
 def test_backoff_max_below_backoff_is_refused() -> None:
     message = refused({"STORE_RETRY_BACKOFF": 10, "STORE_RETRY_BACKOFF_MAX": 5})
     assert "STORE_RETRY_BACKOFF_MAX" in message and "STORE_RETRY_BACKOFF" in message

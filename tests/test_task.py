@@ -84,6 +84,30 @@ def test_idempotency_key_per_call(journal: str) -> None:
     assert ledger(journal, key) == 1 and ledger(journal, key + "-other") == 0
 
 
+def test_apply_takes_an_idempotency_key_as_apply_async_does(journal: str) -> None:
+    from celery_grousset.exceptions import PayloadMismatch
+    from tests.tasks import effect
+
+    key = f"ik-apply-{uuid.uuid4().hex[:8]}"
+    idem = f"order-{uuid.uuid4().hex[:8]}"
+    # Given an eager call with idempotency_key= (the docs try tasks with .apply())
+    with override_settings(GROUSSET={"DATABASE": journal}):
+        first = effect.apply((key,), idempotency_key=idem)
+        again = effect.apply((key,), idempotency_key=idem)
+        # When the key comes again with other arguments
+        other = effect.apply((key + "-other",), idempotency_key=idem)
+    # Then the same call is one operation, and the other arguments are refused, not run
+    assert first.successful() and again.get() == first.get()
+    assert other.failed() and isinstance(other.result, PayloadMismatch)
+    assert ledger(journal, key) == 1 and ledger(journal, key + "-other") == 0
+    # And the key names the row (the key's fingerprint, not the arguments'): three
+    # deliveries of it, the run, its duplicate and the refused call
+    fp = effect.grousset_fingerprint((key,), {}, idem)
+    assert Outcome.objects.using(journal).get(fingerprint=fp).deliveries == 3
+    with pytest.raises(FingerprintError, match="idempotency_key"):
+        effect.apply(("x",), idempotency_key="")
+
+
 def test_unfingerprintable_argument_fails_at_publish(journal: str) -> None:
     from tests.tasks import effect
 

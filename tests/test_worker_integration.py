@@ -297,6 +297,29 @@ def test_postgresql_down_fails_closed_then_runs_once(redis_url: str, pg: str, qu
     assert [effects(pg, k) for k in keys] == [1] * 5
 
 
+def test_a_worker_with_a_configuration_error_refuses_to_start_and_loses_nothing(
+    redis_url: str, pg: str, queue: str
+) -> None:
+    from tests.tasks import effect
+    from tests.workers import start_worker
+
+    key = f"refused-{uuid.uuid4().hex[:8]}"
+    # Given a guarded task's message waiting in the broker
+    result = effect.apply_async((key,), queue=queue)
+    # When a worker whose GROUSSET has an error starts on its queue
+    env = {"GROUSSET_TEST_LAYOUT": "bogus"}
+    with pytest.raises(RuntimeError, match="worker exited with 1") as refused:
+        start_worker(queue, database=pg, broker=redis_url, env=env).kill()
+    # Then it does not start: it names the setting and the fix, and ran nothing
+    text = str(refused.value)
+    assert "JOURNAL_LAYOUT" in text and "this worker does not start" in text, text
+    assert effects(pg, key) == 0
+    # And the message waited: a worker started after the fix runs it, once
+    with workers(queue, 1, database=pg, broker=redis_url):
+        assert result.get(timeout=60)["key"] == key
+    assert effects(pg, key) == 1
+
+
 def test_a_plain_producers_reprs_never_reach_the_journal(
     redis_url: str, pg: str, queue: str
 ) -> None:

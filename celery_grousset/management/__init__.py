@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -131,6 +132,28 @@ def add_database_argument(parser: CommandParser) -> None:
         default=None,
         help='Django database alias of the journal (default: GROUSSET["DATABASE"]).',
     )
+
+
+@contextmanager
+def database_errors(alias: str, doing: str) -> Iterator[None]:
+    """A database error inside becomes a :class:`CommandError` that names ``alias`` and
+    what failed (``doing``); a journal whose tables do not exist names the fix
+    (``migrate``, or ``INSTALLED_APPS`` first) instead of the driver's text."""
+    from django.db import DatabaseError, connections
+
+    from celery_grousset.exceptions import StoreUnavailable
+    from celery_grousset.models import Outcome
+    from celery_grousset.store.base import missing_table_fix
+
+    try:
+        yield
+    except (DatabaseError, StoreUnavailable) as exc:
+        try:
+            missing = Outcome._meta.db_table not in connections[alias].introspection.table_names()
+        except DatabaseError:
+            missing = False
+        detail = f"the journal's tables do not exist: {missing_table_fix()}" if missing else exc
+        raise CommandError(f"{doing} on {alias!r}: {detail}") from exc
 
 
 def journal_alias(database: str | None) -> str:

@@ -32,7 +32,7 @@ from datetime import timezone as dt_timezone
 from typing import Any
 
 from celery_grousset.claim import ENC_NONE, ClaimRequest, Kind, Status
-from celery_grousset.exceptions import InvalidArgument, PoisonDelivery
+from celery_grousset.exceptions import InvalidArgument, PoisonDelivery, StoreUnavailable
 
 #: the error text of a released claim
 RELEASED = "released: the claim was given up (revoked, retried or by an operator)"
@@ -102,6 +102,25 @@ def data_error(alias: str, exc: BaseException) -> PoisonDelivery:
     """The permanent error of a statement the database refused for its data (too long,
     NUL, wrong encoding): retrying cannot help, so it is never StoreUnavailable."""
     return PoisonDelivery(f"journal database {alias!r} refused the data of this call: {exc}")
+
+
+def missing_table(alias: str) -> StoreUnavailable:
+    """The journal's table is not in ``alias``'s database: the fix is ``migrate``, after
+    adding the app to ``INSTALLED_APPS`` when it is not there (without it, ``migrate``
+    knows no ``celery_grousset`` and ``manage.py check`` runs none of its checks)."""
+    return StoreUnavailable(
+        f"the table celery_grousset_outcome does not exist in database {alias!r}: "
+        + missing_table_fix()
+    )
+
+
+def missing_table_fix() -> str:
+    from django.apps import apps
+
+    fix = "run `manage.py migrate celery_grousset`."
+    if not apps.is_installed("celery_grousset"):
+        return "add 'celery_grousset' to INSTALLED_APPS, then " + fix
+    return fix
 
 
 def distinct_keys(

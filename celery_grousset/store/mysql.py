@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from celery_grousset.claim import ENC_NOT_STORED, ClaimRequest
 from celery_grousset.exceptions import StoreUnavailable
-from celery_grousset.store.base import Completion, data_error
+from celery_grousset.store.base import Completion, data_error, missing_table
 from celery_grousset.store.locking import COLS, TABLE, LockingStore
 
 T = TypeVar("T")
@@ -117,10 +117,7 @@ class MySQLStore(LockingStore):
                         f"{self.timeout:g} s (STORE_TIMEOUT): {exc}"
                     ) from exc
                 if code == 1146:
-                    raise StoreUnavailable(
-                        "the table celery_grousset_outcome does not exist in database "
-                        f"{self.alias!r}: run `manage.py migrate celery_grousset`."
-                    ) from exc
+                    raise missing_table(self.alias) from exc
                 self.discard()
                 if code in _GONE and not fresh and not reconnected:
                     reconnected = True

@@ -36,6 +36,7 @@ from celery_grousset.store.base import (
     Store,
     data_error,
     distinct_keys,
+    missing_table,
 )
 from celery_grousset.store.pgclaim import BATCH_SQL, CLAIM_SQL, GAVE_UP_ERROR, KEY, NOW, PER_ROW
 from celery_grousset.store.pgdriver import driver
@@ -122,10 +123,7 @@ class PostgresStore(PostgresOperations, Store):
             if fresh:
                 raise StoreUnavailable(f"journal database {self.alias!r}: {exc}") from exc
         except db.UndefinedTable as exc:
-            raise StoreUnavailable(
-                "the table celery_grousset_outcome does not exist in database "
-                f"{self.alias!r}: run `manage.py migrate celery_grousset`."
-            ) from exc
+            raise missing_table(self.alias) from exc
         except db.Error as exc:
             if db.broken(conn):
                 self.discard()

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from celery_grousset.claim import ClaimRequest
 from celery_grousset.exceptions import StoreUnavailable
-from celery_grousset.store.base import ClaimResult, check_claimable, data_error
+from celery_grousset.store.base import ClaimResult, check_claimable, data_error, missing_table
 from celery_grousset.store.locking import COLS, TABLE, LockingStore
 
 T = TypeVar("T")
@@ -96,10 +96,7 @@ class SQLiteStore(LockingStore):
                     "(STORE_TIMEOUT): another process holds its write lock"
                 ) from exc
             if "no such table" in text:
-                raise StoreUnavailable(
-                    "the table celery_grousset_outcome does not exist in the SQLite database "
-                    f"{self.alias!r}: run `manage.py migrate celery_grousset`."
-                ) from exc
+                raise missing_table(self.alias) from exc
             self.discard()
             raise StoreUnavailable(f"SQLite journal {self.alias!r}: {exc}") from exc
         except sqlite3.Error as exc:

@@ -17,6 +17,7 @@ from celery_grousset.claim import ENC_EXCEPTION, ENC_GAVE_UP, ENC_NOT_MEMOIZED
 from celery_grousset.management import (
     MIN_PREFIX,
     add_database_argument,
+    database_errors,
     describe_matches,
     find,
     human_seconds,
@@ -127,9 +128,13 @@ class Command(BaseCommand):
         add_database_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        alias = journal_alias(options["database"])
+        with database_errors(alias, "could not read the journal"):
+            self.handle_on(alias, **options)
+
+    def handle_on(self, alias: str, **options: Any) -> None:
         from celery_grousset import journal
 
-        alias = journal_alias(options["database"])
         needle = str(options["needle"]).strip()
         records = find(alias, needle, options["processor_id"])
         if not records:

@@ -17,8 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError
+from django.core.management.base import BaseCommand, CommandParser
 
 from celery_grousset.management import (
     MAX_BATCH_SIZE,
@@ -27,6 +26,7 @@ from celery_grousset.management import (
     add_duration_argument,
     argparse_type,
     count_option,
+    database_errors,
     duration_option,
     journal_alias,
 )
@@ -93,7 +93,7 @@ class Command(BaseCommand):
         batch_size = int(options["batch_size"])
         verbosity = int(options["verbosity"])
         t0 = time.monotonic()
-        try:
+        with database_errors(alias, "purge failed"):
             now = journal.now(alias)
             older_than = options["older_than"]
             before = now - older_than if older_than else now
@@ -113,8 +113,6 @@ class Command(BaseCommand):
             count = journal.purge_expired(
                 alias, batch_size=batch_size, before=before, progress=progress
             )
-        except DatabaseError as exc:
-            raise CommandError(f"purge failed on {alias!r}: {exc}") from exc
         if progress is not None:
             self.stderr.write("\n", ending="")
         if verbosity:
@@ -134,7 +132,7 @@ class Command(BaseCommand):
         verbosity = int(options["verbosity"])
         shown = verbosity > 1 or options.get("outbox_only")
         retention = seconds(grousset_settings.EXPIRES_AFTER, name="EXPIRES_AFTER") or 0.0
-        try:
+        with database_errors(alias, "outbox purge failed"):
             older_than = options["older_than"] or timedelta(0)
             cutoff = journal.now(alias) - older_than - timedelta(seconds=retention)
             if options["dry_run"]:
@@ -145,8 +143,6 @@ class Command(BaseCommand):
             count = outbox.purge_sent(
                 using=alias, before=cutoff, batch_size=int(options["batch_size"])
             )
-        except DatabaseError as exc:
-            raise CommandError(f"outbox purge failed on {alias!r}: {exc}") from exc
         if verbosity and (count or shown):
             self.stdout.write(f"purged {count} sent outbox messages")
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError
 
 from celery_grousset.management import (
     add_database_argument,
+    database_errors,
     describe_matches,
     find,
     journal_alias,
@@ -50,6 +50,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         alias = journal_alias(options["database"])
+        with database_errors(alias, "release failed"):
+            self.handle_on(alias, **options)
+
+    def handle_on(self, alias: str, **options: Any) -> None:
         needle = str(options["fingerprint"]).strip().lower()
         records = [
             r
@@ -70,13 +74,10 @@ class Command(BaseCommand):
                 "Pass --processor-id to choose one."
             )
         rec = records[0]
-        try:
-            if rec.status == "in_flight":
-                self._release(alias, rec)
-            else:
-                self._forget(alias, rec, force=bool(options["force"]))
-        except DatabaseError as exc:
-            raise CommandError(f"release failed on {alias!r}: {exc}") from exc
+        if rec.status == "in_flight":
+            self._release(alias, rec)
+        else:
+            self._forget(alias, rec, force=bool(options["force"]))
 
     def _release(self, alias: str, rec: Outcome) -> None:
         from celery_grousset import journal

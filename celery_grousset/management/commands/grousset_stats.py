@@ -26,13 +26,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError
 from django.db.models import Count, Q, Sum
 
 from celery_grousset.management import (
     MAX_DURATION_DAYS,
     add_database_argument,
     add_duration_argument,
+    database_errors,
     duration_option,
     human_seconds,
     journal_alias,
@@ -291,13 +291,11 @@ class Command(BaseCommand):
         since_seconds = window(options.get("since"), bool(options.get("every")))
         alias = journal_alias(options["database"])
         default = options.get("since") is None and not options.get("every")
-        try:
+        with database_errors(alias, "could not read the journal"):
             if default:
                 data = collect_default(alias, options["processor_id"], stale_seconds)
             else:
                 data = collect(alias, options["processor_id"], stale_seconds, since_seconds)
-        except DatabaseError as exc:
-            raise CommandError(f"could not read the journal on {alias!r}: {exc}") from exc
         if options["json"]:
             self.stdout.write(json.dumps(data, indent=2))
             return
