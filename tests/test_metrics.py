@@ -186,13 +186,15 @@ def test_worker_serves_metrics_of_its_children() -> None:
     broker = services.require_redis()
     queue, port = f"q-{uuid.uuid4().hex[:10]}", free_port()
     key, task = f"metrics-{uuid.uuid4().hex[:8]}", "tests.flagtasks.probe"
-    # Given a prefork worker (2 children) started with --grousset-metrics-port
+    # Given a prefork worker (2 children) started with --grousset-metrics-port (and a
+    # default max_processing_time for the flag app's task without one: without it the
+    # worker does not start)
     with flag_worker(
         queue,
         database="postgresql",
         broker=broker,
         concurrency=2,
-        extra=["--grousset-metrics-port", str(port)],
+        extra=["--grousset-metrics-port", str(port), "--grousset-max-processing-time", "30"],
     ) as worker:
         # When one call is delivered 5 times (the first completes before the others)
         send(task, queue, key).get(timeout=60)  # type: ignore[attr-defined]
