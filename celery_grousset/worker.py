@@ -217,10 +217,10 @@ def _worker_claim(app: Any, flag: bool | None) -> list[str]:
 
 def refuse_configuration_errors() -> None:
     """The worker does not start while the system checks find an error in ``GROUSSET``
-    or in a guarded task's options (its flags applied): each delivery of such a task
-    would fail before its claim and, acknowledged as failed, be lost. Celery's Django
-    fixup runs the checks too, but ignores what they find. The messages wait in the
-    broker for a worker started after the fix."""
+    or in a guarded task's options (its flags applied): a delivery of such a task would
+    fail before its claim and, acknowledged as failed, be lost (or, for ``E002``, run
+    without its guarantee). Celery's Django fixup runs the checks too, but ignores what
+    they find. The messages wait in the broker for a worker started after the fix."""
     from django.core.checks import ERROR
 
     from celery_grousset.checks import check_tasks
@@ -232,9 +232,9 @@ def refuse_configuration_errors() -> None:
         logger.critical("%s", message)
     logger.critical(
         "celery-grousset: this worker does not start: %d configuration error(s) above "
-        "would make every delivery of the tasks concerned fail, acknowledged and lost. "
-        "Fix them (`manage.py check` lists them) and start the worker again; the messages "
-        "wait in the broker.",
+        "(`manage.py check` lists them too). With them the tasks concerned would fail "
+        "before their claim, acknowledged and lost, or lose their guarantee. Fix them and "
+        "start the worker again; the messages wait in the broker.",
         len(errors),
     )
     raise SystemExit(1)

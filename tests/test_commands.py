@@ -518,7 +518,7 @@ def test_stats_numbers(store: Store, alias: str, processor: str) -> None:
     # And the text report carries the same numbers
     text = run("grousset_stats", processor_id=processor, database=alias)
     assert "entries      6 (in_flight 3, completed 2, failed 1)" in text
-    assert "deliveries   10 (3 duplicates answered or deferred; 1 redeliveries" in text
+    assert "deliveries   10 (3 duplicates answered or deferred; 1 redelivery, requeue" in text
     assert "stale claims 1" in text
 
 

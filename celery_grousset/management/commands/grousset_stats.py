@@ -255,6 +255,10 @@ def _why(data: dict[str, Any]) -> str:
     )
 
 
+def _n(count: int, one: str, many: str) -> str:
+    return f"{count} {one if count == 1 else many}"
+
+
 class Command(BaseCommand):
     help = "Journal statistics: entries by status and task, duplicates, takeovers, stale claims."
     requires_system_checks: list[str] = []  # a read-only report: no checks on its start
@@ -323,9 +327,15 @@ class Command(BaseCommand):
                 f" (since {data['since']}; " + _why(data) + "--all for every entry)"
             ),
             f"  entries      {data['entries']} ({status})",
-            f"  deliveries   {data['deliveries']} ({data['duplicates']} duplicates answered "
-            f"or deferred; {data['redeliveries']} redeliveries, requeues or re-claims)",
-            f"  takeovers    {data['takeovers']} (on {data['entries_taken_over']} entries)",
+            f"  deliveries   {data['deliveries']} ("
+            + _n(data["duplicates"], "duplicate", "duplicates")
+            + " answered or deferred; "
+            + _n(data["redeliveries"], "redelivery, requeue or re-claim", "redeliveries, "
+                 "requeues or re-claims")
+            + ")",
+            f"  takeovers    {data['takeovers']} (on "
+            + _n(data["entries_taken_over"], "entry", "entries")
+            + ")",
             f"  stale claims {data['stale_claims']} ("
             + (
                 "past their own max_processing_time"
