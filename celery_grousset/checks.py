@@ -103,11 +103,10 @@ def settings_messages() -> list[checks.CheckMessage]:
 
     _, problems = validate(getattr(settings, "GROUSSET", None))
     return [
-        checks.Error(p.message, hint=p.hint, obj=f"GROUSSET[{p.setting!r}]", id=p.id)
-        if p.setting != "GROUSSET"
-        else checks.Error(p.message, hint=p.hint, id=p.id)
+        checks.Error(p.message, hint=p.hint, id=p.id,
+                     obj=None if p.setting == "GROUSSET" else f"GROUSSET[{p.setting!r}]")
         for p in problems
-    ]
+    ]  # fmt: skip
 
 
 def time_zone_messages() -> list[checks.CheckMessage]:
@@ -251,7 +250,9 @@ def _check_tasks() -> list[checks.CheckMessage]:
     resolved = _resolved_tasks(errors)
     for app, task, opts in resolved:
         errors.extend(_task_conflicts(app, task, opts))
-    errors.extend([*(_check_database() if resolved else []), *beat_schedule_messages(resolved)])
+    if resolved:  # once, not once per task
+        errors.extend(_check_database())
+    errors.extend(beat_schedule_messages(resolved))
     return errors
 
 

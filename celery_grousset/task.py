@@ -186,10 +186,10 @@ class GroussetTaskMixin:
 
     # -- publishing ------------------------------------------------------------------------
 
-    def _carry_key(self, options: dict[str, Any], **extra: Any) -> str | None:
+    def _carry_key(self, options: dict[str, Any]) -> str | None:
         """Move ``idempotency_key`` from ``options`` into the headers the request carries."""
         key = options.pop("idempotency_key", None)
-        headers = {**(options.get("headers") or {}), **extra}
+        headers = dict(options.get("headers") or {})
         if key is not None:
             if not isinstance(key, str) or not key:
                 raise FingerprintError(
@@ -207,7 +207,8 @@ class GroussetTaskMixin:
 
     def apply_async(self, args: Any = None, kwargs: Any = None, *a: Any, **options: Any) -> Any:
         """``apply_async(…, idempotency_key="order-42")`` names the call's identity."""
-        key = self._carry_key(options, **{REPR_HEADER: 1})
+        key = self._carry_key(options)
+        options["headers"][REPR_HEADER] = 1
         call = self.grousset_call(tuple(args or ()), dict(kwargs or {}), key)
         if key is None and not grousset_settings.BYPASS:
             # Fail at publish time for arguments that cannot be fingerprinted; Celery

@@ -221,11 +221,9 @@ def refuse_configuration_errors() -> None:
     fail before its claim and, acknowledged as failed, be lost (or, for ``E002``, run
     without its guarantee). Celery's Django fixup runs the checks too, but ignores what
     they find. The messages wait in the broker for a worker started after the fix."""
-    from django.core.checks import ERROR
-
     from celery_grousset.checks import check_tasks
 
-    errors = [m for m in check_tasks() if m.level >= ERROR]
+    errors = [m for m in check_tasks() if m.is_serious()]
     if not errors:
         return
     for message in errors:

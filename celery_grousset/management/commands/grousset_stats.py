@@ -255,6 +255,9 @@ def _why(data: dict[str, Any]) -> str:
     )
 
 
+REDELIVERIES = "redeliveries, requeues or re-claims"
+
+
 def _n(count: int, one: str, many: str) -> str:
     return f"{count} {one if count == 1 else many}"
 
@@ -330,8 +333,7 @@ class Command(BaseCommand):
             f"  deliveries   {data['deliveries']} ("
             + _n(data["duplicates"], "duplicate", "duplicates")
             + " answered or deferred; "
-            + _n(data["redeliveries"], "redelivery, requeue or re-claim", "redeliveries, "
-                 "requeues or re-claims")
+            + _n(data["redeliveries"], "redelivery, requeue or re-claim", REDELIVERIES)
             + ")",
             f"  takeovers    {data['takeovers']} (on "
             + _n(data["entries_taken_over"], "entry", "entries")
