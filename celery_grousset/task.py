@@ -242,8 +242,9 @@ class GroussetTaskMixin:
             run = super().__call__  # type: ignore[misc]
         bypass = self._grousset_bypass
         if bypass is None:  # read once per process: Celery's config lookups are slow
+            # the flag first: with it, a GROUSSET that fails validation still runs tasks
             conf_bypass = getattr(self.app.conf, "grousset_bypass", False)
-            bypass = self._grousset_bypass = bool(grousset_settings.BYPASS or conf_bypass)
+            bypass = self._grousset_bypass = bool(conf_bypass or grousset_settings.BYPASS)
             _instances.append(self)
         call = self.grousset_call(args, kwargs, _header(request, KEY_HEADER), request)
         if bypass:

@@ -14,9 +14,11 @@ from celery_grousset import GroussetTask
 
 
 def _db() -> str:
-    from celery_grousset.conf import grousset_settings
+    # the raw setting, not grousset_settings: a bypassed worker whose GROUSSET fails
+    # validation still records its effects
+    from django.conf import settings
 
-    return str(grousset_settings.DATABASE)
+    return str(getattr(settings, "GROUSSET", {}).get("DATABASE", "default"))
 
 
 def record(key: str, value: str = "") -> None:

@@ -320,6 +320,30 @@ def test_a_worker_with_a_configuration_error_refuses_to_start_and_loses_nothing(
     assert effects(pg, key) == 1
 
 
+def test_bypass_runs_tasks_when_the_configuration_has_an_error(
+    redis_url: str, pg: str, queue: str
+) -> None:
+    from tests.tasks import effect
+    from tests.workers import start_worker
+
+    key = f"bypassed-{uuid.uuid4().hex[:8]}"
+    # Given a worker whose GROUSSET has an error, started with the emergency switch
+    env = {"GROUSSET_TEST_LAYOUT": "bogus"}
+    flag = ["--grousset-bypass"]
+    worker = start_worker(queue, database=pg, broker=redis_url, env=env, extra=flag)
+    try:
+        # When a guarded task is sent twice
+        results = [effect.apply_async((key,), queue=queue) for _ in range(2)]
+        # Then both deliveries run, unguarded, as the switch promises: none fails
+        assert [r.get(timeout=60)["key"] for r in results] == [key, key]
+    finally:
+        worker.kill()
+    assert effects(pg, key) == 2
+    assert not Outcome.objects.using(pg).filter(task_name=effect.name).filter(
+        args_repr__contains=key
+    ).exists()
+
+
 def test_a_plain_producers_reprs_never_reach_the_journal(
     redis_url: str, pg: str, queue: str
 ) -> None:
