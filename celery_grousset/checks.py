@@ -19,6 +19,8 @@
 ``celery_grousset.W006``    ``CLAIM_COMMIT = "async"`` on a journal that is not PostgreSQL
 ``celery_grousset.W007``    the journal database could not be inspected (``check --database``)
 ``celery_grousset.W008``    a guarded task run by celery beat has a key no run can vary
+``celery_grousset.W009``    the journal's table does not exist (``check --database``)
+``celery_grousset.W010``    the journal's layout is not ``JOURNAL_LAYOUT`` (``check --database``)
 ==========================  ===========================================================
 
 No check function raises: a configuration error becomes the message above, and any
@@ -334,48 +336,28 @@ def _check_database() -> list[checks.CheckMessage]:
 
 @checks.register(checks.Tags.database)
 @_never_raises
-def check_sqlite_wal(
+def check_journal_databases(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    from django.db import DatabaseError, connections
+    """W005, W007, W009 and W010 on each journal database asked for (``check --database``)."""
+    from django.db import connections
 
     from celery_grousset.conf import GroussetSettingsError, grousset_settings
+    from celery_grousset.journal_check import journal_aliases, journal_messages
 
     if not databases:
         return []
     try:
-        alias = grousset_settings.DATABASE
+        default, layout = grousset_settings.DATABASE, grousset_settings.JOURNAL_LAYOUT
     except GroussetSettingsError:  # reported by check_tasks (E004/E010/E011)
         return []
-    if alias not in databases or alias not in connections.settings:
-        return []
-    conn = connections[alias]
-    if conn.vendor != "sqlite":
-        return []
-    try:
-        with conn.cursor() as cur:
-            cur.execute("PRAGMA journal_mode")
-            mode = str(cur.fetchone()[0]).lower()
-    except DatabaseError as exc:
-        return [
-            checks.Warning(
-                f"The journal database {alias!r} could not be inspected: {exc}",
-                hint="Check that the database in settings.DATABASES can be opened by this "
-                "process (path, permissions, server up).",
-                id="celery_grousset.W007",
-            )
-        ]
-    if mode != "wal":
-        return [
-            checks.Warning(
-                f"The SQLite journal {alias!r} is in {mode!r} journal mode, not WAL: workers "
-                "block each other's reads while a claim is written.",
-                hint="Run `PRAGMA journal_mode=WAL` once on the database file (the claim store "
-                "switches it on first use when it can).",
-                id="celery_grousset.W005",
-            )
-        ]
-    return []
+    routed = [opts.database for _, _, opts in _resolved_tasks([])]
+    return [
+        message
+        for alias in journal_aliases(default, routed)
+        if alias in databases and alias in connections.settings
+        for message in journal_messages(alias, layout)
+    ]
 
 
 @checks.register(checks.Tags.database)

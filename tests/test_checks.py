@@ -387,6 +387,28 @@ def test_unreadable_sqlite_journal_is_W007_not_a_crash(tmp_path: Path) -> None:
     assert "unreadable" in found[0].msg
 
 
+def test_a_journal_database_without_its_table_is_W009_until_migrate(tmp_path: Path) -> None:
+    from django.core.management import call_command
+
+    # Given a journal database where `migrate` has not run
+    path = tmp_path / "journal.sqlite3"
+    sqlite3.connect(path).execute("PRAGMA journal_mode=WAL").close()
+    with (
+        database("unmigrated", ENGINE="django.db.backends.sqlite3", NAME=str(path)),
+        override_settings(GROUSSET={"DATABASE": "unmigrated"}),
+    ):
+        # When its database checks run (`check --database unmigrated`)
+        found = checks.run_checks(databases=["unmigrated"], tags=[checks.Tags.database])
+        # Then a warning names the missing table and the command that creates it
+        [w009] = [m for m in found if m.id == "celery_grousset.W009"]
+        assert "celery_grousset_outcome" in w009.msg and "'unmigrated'" in w009.msg
+        assert "migrate celery_grousset --database unmigrated" in (w009.hint or "")
+        # And it is a warning, so `migrate` (which runs these checks first) is not stopped
+        call_command("migrate", "celery_grousset", database="unmigrated", verbosity=0)
+        again = checks.run_checks(databases=["unmigrated"], tags=[checks.Tags.database])
+    assert "celery_grousset.W009" not in {m.id for m in again}
+
+
 def test_unknown_or_unsupported_journal_database_is_E003() -> None:
     # Given GROUSSET["DATABASE"] naming no alias
     with override_settings(GROUSSET={"DATABASE": "nope"}):

@@ -125,6 +125,39 @@ def test_an_unconverted_journal_fails_closed_naming_the_command() -> None:
         get_store("postgresql").claim(req("unconverted"))
 
 
+def test_check_database_names_a_layout_that_is_not_the_journals(processor: str) -> None:
+    from django.core import checks
+
+    def w010(alias: str) -> list[Any]:
+        found = checks.run_checks(databases=[alias], tags=[checks.Tags.database])
+        return [m for m in found if m.id == "celery_grousset.W010"]
+
+    services.require_database("postgresql")
+    part = services.require_partitioned()
+    # Given JOURNAL_LAYOUT "partitioned" on a single-table journal
+    with layout("postgresql"):
+        # Then `check --database` names the mismatch and `convert`
+        [single] = w010("postgresql")
+        assert "is the single table" in single.msg and "convert" in (single.hint or "")
+    # Given JOURNAL_LAYOUT "table" on a partitioned journal
+    reset_stores()
+    try:
+        with layout(part, "table"):
+            # Then the check names it too, and a claim there fails closed, naming the fix
+            [partitioned] = w010(part)
+            assert "partitioned layout" in partitioned.msg
+            assert "'partitioned'" in (partitioned.hint or "")
+            with pytest.raises(StoreUnavailable, match="set JOURNAL_LAYOUT to 'partitioned'"):
+                get_store(part).claim(req(processor))
+    finally:
+        reset_stores()
+    # And each layout on its own journal is silent
+    with layout(part):
+        assert w010(part) == []
+    with layout("postgresql", "table"):
+        assert w010("postgresql") == []
+
+
 # -- the command ---------------------------------------------------------------------------
 
 

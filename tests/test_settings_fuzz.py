@@ -233,9 +233,9 @@ SETTINGS_IDS = {"celery_grousset.E004", "celery_grousset.E010", "celery_grousset
 
 def run_check_functions() -> list[checks.CheckMessage]:
     """Every celery-grousset check function, called directly: none may raise."""
-    from celery_grousset.checks import check_sqlite_wal, check_tasks
+    from celery_grousset.checks import check_journal_databases, check_tasks
 
-    return [*check_tasks(), *check_sqlite_wal(databases=["default"])]
+    return [*check_tasks(), *check_journal_databases(databases=["default"])]
 
 
 @settings(

@@ -152,7 +152,8 @@ def database_errors(alias: str, doing: str) -> Iterator[None]:
             missing = Outcome._meta.db_table not in connections[alias].introspection.table_names()
         except DatabaseError:
             missing = False
-        detail = f"the journal's tables do not exist: {missing_table_fix()}" if missing else exc
+        fix = missing_table_fix(alias)
+        detail = f"the journal's tables do not exist: {fix}" if missing else exc
         raise CommandError(f"{doing} on {alias!r}: {detail}") from exc
 
 

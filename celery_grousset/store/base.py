@@ -110,14 +110,16 @@ def missing_table(alias: str) -> StoreUnavailable:
     knows no ``celery_grousset`` and ``manage.py check`` runs none of its checks)."""
     return StoreUnavailable(
         f"the table celery_grousset_outcome does not exist in database {alias!r}: "
-        + missing_table_fix()
+        + missing_table_fix(alias)
     )
 
 
-def missing_table_fix() -> str:
+def missing_table_fix(alias: str | None = None) -> str:
+    """What creates the journal's tables (on ``alias``: migrate's default is "default")."""
     from django.apps import apps
 
-    fix = "run `manage.py migrate celery_grousset`."
+    on = f" --database {alias}" if alias not in (None, "default") else ""
+    fix = f"run `manage.py migrate celery_grousset{on}`."
     if not apps.is_installed("celery_grousset"):
         return "add 'celery_grousset' to INSTALLED_APPS, then " + fix
     return fix

@@ -132,6 +132,11 @@ class Psycopg2(Driver):
 _driver: Driver | None = None
 
 
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a psycopg 3 or psycopg2 error (None if it has none)."""
+    return getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+
+
 def driver() -> Driver:
     """The driver Django's PostgreSQL backend uses in this process."""
     global _driver

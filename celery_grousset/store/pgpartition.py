@@ -33,7 +33,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from celery_grousset.exceptions import InvalidArgument, StoreUnavailable
-from celery_grousset.store.pgdriver import driver
+from celery_grousset.store.pgdriver import driver, sqlstate
 from celery_grousset.store.pgpartsql import BATCH_CALL_SQL, CALL_SQL
 from celery_grousset.store.postgresql import PostgresStore
 
@@ -42,11 +42,6 @@ T = TypeVar("T")
 _SERIALIZATION = "40001"  # the row was moved to another partition meanwhile
 _UNDEFINED_FUNCTION = "42883"
 _NO_PARTITION = "23514"  # check_violation: "no partition of relation … found for row"
-
-
-def sqlstate(exc: BaseException) -> str | None:
-    """The SQLSTATE of a psycopg 3 or psycopg2 error (None if it has none)."""
-    return getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
 
 
 class PartitionedStore(PostgresStore):

@@ -39,7 +39,7 @@ from celery_grousset.store.base import (
     missing_table,
 )
 from celery_grousset.store.pgclaim import BATCH_SQL, CLAIM_SQL, GAVE_UP_ERROR, KEY, NOW, PER_ROW
-from celery_grousset.store.pgdriver import driver
+from celery_grousset.store.pgdriver import driver, sqlstate
 from celery_grousset.store.pgops import PostgresOperations
 from celery_grousset.store.watchdog import Watchdog
 
@@ -65,6 +65,7 @@ BATCH_ATTEMPTS = 4
 #: seconds past STORE_TIMEOUT a statement's answer may take before the store shuts its
 #: connection down (a half-open connection; the server's statement_timeout fires first)
 ANSWER_GRACE = 1.0
+_NO_ARBITER = "42P10"  # invalid_column_reference: ON CONFLICT matches no unique key
 
 _LIBPQ_DROP = ("cursor_factory", "context", "prepare_threshold", "server_side_binding", "pool")
 
@@ -147,10 +148,19 @@ class PostgresStore(PostgresOperations, Store):
         the arbiter that way). Each statement is its own transaction, rolled back by the
         error; the other's row is committed by then, so the claim sent again decides on
         it."""
+        db = driver()
         try:
             return self._answer(op, conn)
-        except driver().UniqueViolation:
+        except db.UniqueViolation:
             return self._answer(op, conn)
+        except db.Error as exc:  # ON CONFLICT (processor_id, fingerprint) has no unique key
+            if sqlstate(exc) == _NO_ARBITER and "ON CONFLICT" in str(exc):
+                raise StoreUnavailable(
+                    f"GROUSSET['JOURNAL_LAYOUT'] is 'table', but the journal database "
+                    f"{self.alias!r} is partitioned: set JOURNAL_LAYOUT to 'partitioned', "
+                    f"or run `manage.py grousset_partition revert --database {self.alias}`."
+                ) from exc
+            raise
 
     def _answer(self, op: Callable[[Any], T], conn: Any) -> T:
         """``op(conn)``, its answer awaited at most STORE_TIMEOUT + ANSWER_GRACE seconds:
