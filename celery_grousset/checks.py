@@ -19,7 +19,7 @@
 ``celery_grousset.W006``    ``CLAIM_COMMIT = "async"`` on a journal that is not PostgreSQL
 ``celery_grousset.W007``    the journal database could not be inspected (``check --database``)
 ``celery_grousset.W008``    a guarded task run by celery beat has a key no run can vary
-``celery_grousset.W009``    the journal's table does not exist (``check --database``)
+``celery_grousset.W009``    a journal table or migration is missing (``check --database``)
 ``celery_grousset.W010``    the journal's layout is not ``JOURNAL_LAYOUT`` (``check --database``)
 ==========================  ===========================================================
 

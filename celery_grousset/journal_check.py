@@ -1,5 +1,6 @@
 """The database checks of a journal database (``manage.py check --database <alias>``):
-whether it can be opened (``W007``), whether the journal's table is there (``W009``),
+whether it can be opened (``W007``), whether the journal's table is there and its
+migrations all applied (``W009``),
 whether its layout is the one ``GROUSSET["JOURNAL_LAYOUT"]`` names (``W010``), and
 whether a SQLite journal is in WAL mode (``W005``).
 
@@ -42,6 +43,18 @@ def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
             )
         ]
     found: list[checks.CheckMessage] = []
+    behind = unapplied_migrations(alias) if partitioned is not None else []
+    if behind:
+        from celery_grousset.store.base import missing_table_fix
+
+        found.append(
+            checks.Warning(
+                f"The journal database {alias!r} lacks celery_grousset migrations "
+                f"{', '.join(behind)}: claims there fail on the columns they add.",
+                hint=f"To fix it, {missing_table_fix(alias)}",
+                id="celery_grousset.W009",
+            )
+        )
     if partitioned is None:
         from celery_grousset.store.base import missing_table_fix
 
@@ -53,7 +66,7 @@ def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
                 id="celery_grousset.W009",
             )
         )
-    elif partitioned != (layout == "partitioned"):
+    elif conn.vendor == "postgresql" and partitioned != (layout == "partitioned"):
         found.append(_layout_mismatch(alias, layout))
     if mode != "wal":
         found.append(
@@ -66,6 +79,24 @@ def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
             )
         )
     return found
+
+
+def unapplied_migrations(alias: str) -> list[str]:
+    """The celery_grousset migrations this package has that ``alias`` has not applied
+    (none when the database records no migrations at all: nothing to compare with)."""
+    import pkgutil
+
+    from django.db import connections
+    from django.db.migrations.recorder import MigrationRecorder
+
+    from celery_grousset import migrations
+
+    recorder = MigrationRecorder(connections[alias])
+    if not recorder.has_table():
+        return []
+    applied = {name for app, name in recorder.applied_migrations() if app == "celery_grousset"}
+    known = sorted(m.name for m in pkgutil.iter_modules(migrations.__path__) if m.name[0].isdigit())
+    return [name for name in known if name not in applied]
 
 
 def _sqlite_mode(cur: object) -> str:

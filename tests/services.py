@@ -72,6 +72,26 @@ def _recreate_mysql(settings: dict[str, object]) -> None:
         conn.close()
 
 
+def drop_database(vendor: str, name: str) -> None:
+    """Drop a scratch database a test made on the PostgreSQL or MySQL test server."""
+    if vendor == "postgresql":
+        from celery_grousset.store.pgdriver import driver
+
+        conn = pg_connect(host="127.0.0.1", user="postgres", dbname="postgres", connect_timeout=3)
+        try:
+            driver().execute(conn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            conn.close()
+        return
+    import MySQLdb
+
+    conn = MySQLdb.connect(host="127.0.0.1", user="root", passwd="", connect_timeout=3)
+    try:
+        conn.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
+    finally:
+        conn.close()
+
+
 def _recreate_sqlite(settings: dict[str, object]) -> None:
     name = str(settings["NAME"])
     for suffix in ("", "-wal", "-shm", "-journal"):

@@ -107,8 +107,11 @@ def database(alias: str, **settings: Any) -> Iterator[None]:
     try:
         yield
     finally:
-        if alias in connections._connections.__dict__:  # type: ignore[attr-defined]
-            connections[alias].close()
+        # (asgiref's Local keeps the connections out of __dict__: close and forget it, or
+        # the next use of the alias would get this one back, on the old settings)
+        made = getattr(connections._connections, alias, None)  # type: ignore[attr-defined]
+        if made is not None:
+            made.close()
             del connections[alias]
         connections.settings = old
 

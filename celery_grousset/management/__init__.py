@@ -142,18 +142,22 @@ def database_errors(alias: str, doing: str) -> Iterator[None]:
     from django.db import DatabaseError, connections
 
     from celery_grousset.exceptions import StoreUnavailable
+    from celery_grousset.journal_check import unapplied_migrations
     from celery_grousset.models import Outcome
     from celery_grousset.store.base import missing_table_fix
 
     try:
         yield
     except (DatabaseError, StoreUnavailable) as exc:
+        detail: object = exc
         try:
-            missing = Outcome._meta.db_table not in connections[alias].introspection.table_names()
+            if Outcome._meta.db_table not in connections[alias].introspection.table_names():
+                detail = f"the journal's tables do not exist: {missing_table_fix(alias)}"
+            elif behind := unapplied_migrations(alias):
+                detail = (f"the journal's migrations {', '.join(behind)} are not applied "
+                          f"({exc}): {missing_table_fix(alias)}")  # fmt: skip
         except DatabaseError:
-            missing = False
-        fix = missing_table_fix(alias)
-        detail = f"the journal's tables do not exist: {fix}" if missing else exc
+            pass
         raise CommandError(f"{doing} on {alias!r}: {detail}") from exc
 
 

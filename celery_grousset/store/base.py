@@ -104,13 +104,22 @@ def data_error(alias: str, exc: BaseException) -> PoisonDelivery:
     return PoisonDelivery(f"journal database {alias!r} refused the data of this call: {exc}")
 
 
-def missing_table(alias: str) -> StoreUnavailable:
-    """The journal's table is not in ``alias``'s database: the fix is ``migrate``, after
+def missing_table(alias: str, exc: BaseException) -> StoreUnavailable:
+    """A table of the journal is not in ``alias``'s database: the fix is ``migrate``, after
     adding the app to ``INSTALLED_APPS`` when it is not there (without it, ``migrate``
     knows no ``celery_grousset`` and ``manage.py check`` runs none of its checks)."""
     return StoreUnavailable(
-        f"the table celery_grousset_outcome does not exist in database {alias!r}: "
+        f"the journal's tables are missing in database {alias!r} ({exc}): "
         + missing_table_fix(alias)
+    )
+
+
+def schema_behind(alias: str, exc: BaseException) -> StoreUnavailable:
+    """The journal's table lacks a column this version writes: the package was upgraded
+    and ``migrate`` has not run on ``alias`` since."""
+    return StoreUnavailable(
+        f"the journal's table in database {alias!r} is older than this celery-grousset "
+        f"(its migrations are not all applied: {exc}): " + missing_table_fix(alias)
     )
 
 

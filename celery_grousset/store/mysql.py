@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from celery_grousset.claim import ENC_NOT_STORED, ClaimRequest
 from celery_grousset.exceptions import StoreUnavailable
-from celery_grousset.store.base import Completion, data_error, missing_table
+from celery_grousset.store.base import Completion, data_error, missing_table, schema_behind
 from celery_grousset.store.locking import COLS, TABLE, LockingStore
 
 T = TypeVar("T")
@@ -117,7 +117,9 @@ class MySQLStore(LockingStore):
                         f"{self.timeout:g} s (STORE_TIMEOUT): {exc}"
                     ) from exc
                 if code == 1146:
-                    raise missing_table(self.alias) from exc
+                    raise missing_table(self.alias, exc) from exc
+                if code == 1054:  # unknown column
+                    raise schema_behind(self.alias, exc) from exc
                 self.discard()
                 if code in _GONE and not fresh and not reconnected:
                     reconnected = True

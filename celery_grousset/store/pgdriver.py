@@ -47,6 +47,7 @@ class Driver:
         self.LockNotAvailable: type[Exception] = errors.LockNotAvailable
         self.DeadlockDetected: type[Exception] = errors.DeadlockDetected
         self.UndefinedTable: type[Exception] = errors.UndefinedTable
+        self.UndefinedColumn: type[Exception] = errors.UndefinedColumn
         self.UniqueViolation: type[Exception] = errors.UniqueViolation
 
     def connect(self, params: dict[str, Any]) -> Any:

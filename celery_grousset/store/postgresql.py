@@ -37,6 +37,7 @@ from celery_grousset.store.base import (
     data_error,
     distinct_keys,
     missing_table,
+    schema_behind,
 )
 from celery_grousset.store.pgclaim import BATCH_SQL, CLAIM_SQL, GAVE_UP_ERROR, KEY, NOW, PER_ROW
 from celery_grousset.store.pgdriver import driver, sqlstate
@@ -124,7 +125,9 @@ class PostgresStore(PostgresOperations, Store):
             if fresh:
                 raise StoreUnavailable(f"journal database {self.alias!r}: {exc}") from exc
         except db.UndefinedTable as exc:
-            raise missing_table(self.alias) from exc
+            raise missing_table(self.alias, exc) from exc
+        except db.UndefinedColumn as exc:
+            raise schema_behind(self.alias, exc) from exc
         except db.Error as exc:
             if db.broken(conn):
                 self.discard()

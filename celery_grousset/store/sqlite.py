@@ -16,7 +16,13 @@ from typing import Any, TypeVar
 
 from celery_grousset.claim import ClaimRequest
 from celery_grousset.exceptions import StoreUnavailable
-from celery_grousset.store.base import ClaimResult, check_claimable, data_error, missing_table
+from celery_grousset.store.base import (
+    ClaimResult,
+    check_claimable,
+    data_error,
+    missing_table,
+    schema_behind,
+)
 from celery_grousset.store.locking import COLS, TABLE, LockingStore
 
 T = TypeVar("T")
@@ -96,7 +102,9 @@ class SQLiteStore(LockingStore):
                     "(STORE_TIMEOUT): another process holds its write lock"
                 ) from exc
             if "no such table" in text:
-                raise missing_table(self.alias) from exc
+                raise missing_table(self.alias, exc) from exc
+            if "no such column" in text or "has no column named" in text:
+                raise schema_behind(self.alias, exc) from exc
             self.discard()
             raise StoreUnavailable(f"SQLite journal {self.alias!r}: {exc}") from exc
         except sqlite3.Error as exc:
