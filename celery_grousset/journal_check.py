@@ -33,6 +33,7 @@ def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
             tables = conn.introspection.table_names(cur)
             mode = _sqlite_mode(cur) if conn.vendor == "sqlite" else "wal"
         partitioned = _partitioned(alias) if OUTCOME_TABLE in tables else None
+        behind = unapplied_migrations(alias) if partitioned is not None else []
     except DatabaseError as exc:
         return [
             checks.Warning(
@@ -43,30 +44,20 @@ def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
             )
         ]
     found: list[checks.CheckMessage] = []
-    behind = unapplied_migrations(alias) if partitioned is not None else []
-    if behind:
+    if partitioned is None or behind:
         from celery_grousset.store.base import missing_table_fix
 
-        found.append(
-            checks.Warning(
-                f"The journal database {alias!r} lacks celery_grousset migrations "
-                f"{', '.join(behind)}: claims there fail on the columns they add.",
-                hint=f"To fix it, {missing_table_fix(alias)}",
-                id="celery_grousset.W009",
-            )
+        what = (
+            f"The journal's table {OUTCOME_TABLE} does not exist in database {alias!r}: every "
+            "guarded task journaled there fails before its claim."
+            if partitioned is None
+            else f"The journal database {alias!r} lacks celery_grousset migrations "
+            f"{', '.join(behind)}: claims there fail on the columns they add."
         )
-    if partitioned is None:
-        from celery_grousset.store.base import missing_table_fix
-
-        found.append(
-            checks.Warning(
-                f"The journal's table {OUTCOME_TABLE} does not exist in database {alias!r}: "
-                "every guarded task journaled there fails before its claim.",
-                hint=f"To fix it, {missing_table_fix(alias)}",
-                id="celery_grousset.W009",
-            )
-        )
-    elif conn.vendor == "postgresql" and partitioned != (layout == "partitioned"):
+        hint = f"To fix it, {missing_table_fix(alias)}"
+        found.append(checks.Warning(what, hint=hint, id="celery_grousset.W009"))
+    wanted = layout == "partitioned"
+    if partitioned is not None and conn.vendor == "postgresql" and partitioned != wanted:
         found.append(_layout_mismatch(alias, layout))
     if mode != "wal":
         found.append(
