@@ -4,13 +4,19 @@ writes nothing: the attempt was fenced out."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 from celery_grousset import events, memo
 from celery_grousset.claim import ENC_NONE, ENC_NOT_STORED, ClaimRequest, Status
-from celery_grousset.exceptions import FencedOut, PoisonDelivery, StoreUnavailable
+from celery_grousset.exceptions import (
+    FencedOut,
+    PoisonDelivery,
+    StoreUnavailable,
+    TransactionLost,
+)
 from celery_grousset.faults import fault
 from celery_grousset.options import Options
 from celery_grousset.store import ClaimResult, Completion, Store
@@ -90,10 +96,12 @@ def _run_transactional(
 ) -> Any:
     """The effect and the completion in ONE transaction on the journal's database: a
     fenced-out attempt rolls its effect back."""
-    from django.db import transaction
+    from django.db import connections, transaction
 
+    conn, raw = connections[store.alias], None
     try:
         with transaction.atomic(using=store.alias):
+            raw = conn.connection  # the connection this transaction runs on
             value = fn()
             fault("after_effect")
             t0 = time.perf_counter()
@@ -107,11 +115,37 @@ def _run_transactional(
     except FencedOut:
         raise
     except BaseException as exc:
-        fail(store, opts, req, exc)
-        raise
+        if not connection_lost(conn, raw, exc):
+            fail(store, opts, req, exc)
+            raise
+        # Not the task's failure: release the claim (never memoize the outage) on the
+        # store's own connection when it can, and let the delivery be requeued.
+        fail(store, dataclasses.replace(opts, on_failure="release"), req, exc)
+        raise TransactionLost(
+            f"{req.task_name}: the connection to the journal database {store.alias!r} was "
+            f"lost before the transaction's commit was confirmed ({exc}); the delivery is "
+            "sent again and the journal says whether it committed."
+        ) from exc
     events.finished(req, "completed", time.perf_counter() - t0)  # the update and its commit
     fault("after_complete")
     return value
+
+
+def connection_lost(conn: Any, raw: Any, exc: BaseException) -> bool:
+    """``exc`` left the transactional block because the connection it ran on (``raw``,
+    Django's ``conn`` then) broke, not for a failure of the task's own: it never
+    opened, Django dropped it as broken (it connects anew after a failed rollback), or
+    it no longer answers."""
+    from django.db import InterfaceError, OperationalError
+
+    if not isinstance(exc, (OperationalError, InterfaceError)):
+        return False
+    if raw is None or conn.connection is not raw:
+        return True
+    try:
+        return not conn.is_usable()
+    except Exception:  # the connection is in no state to say
+        return True
 
 
 def control_flow(exc: BaseException) -> bool:

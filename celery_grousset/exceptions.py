@@ -34,6 +34,13 @@ class StoreUnavailable(GroussetError):
     """
 
 
+class TransactionLost(StoreUnavailable):
+    """A transactional attempt's connection to the journal database was lost before its
+    commit was confirmed: its effect was rolled back with its completion (or, if the
+    commit reached the server, both stand). A task's delivery is requeued and the next
+    one finds out which, running the effect once or answering from the memo."""
+
+
 class FencedOut(GroussetError):
     """This attempt lost its claim (it was taken over); its completion was refused."""
 

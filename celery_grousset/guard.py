@@ -31,6 +31,7 @@ from celery_grousset.exceptions import (
     PayloadMismatch,
     PoisonDelivery,
     StoreUnavailable,
+    TransactionLost,
 )
 from celery_grousset.faults import fault
 from celery_grousset.fingerprint import bind_arguments, fingerprint_bound, payload_hash
@@ -144,10 +145,13 @@ def guarded(caller: Caller, call: Call) -> Any:
         processor_id=opts.processor_id,
         token=req.token,
     )
-    return run_owned(
-        store, opts, req, res, lambda: caller.run(attempt), call.serializer,
-        carry.hook(caller, req),
-    )  # fmt: skip
+    try:
+        return run_owned(
+            store, opts, req, res, lambda: caller.run(attempt), call.serializer,
+            carry.hook(caller, req),
+        )  # fmt: skip
+    except TransactionLost as exc:  # the next delivery finds out whether it committed
+        carry.claim_unavailable(caller, req, exc)
 
 
 def identify(call: Call) -> tuple[str, str]:

@@ -54,7 +54,8 @@ COVERAGE: dict[int, tuple[str, str]] = {
     27: ("done", "database unreachable after the effect through every completion retry: "
                  "requeued carrying its outcome, written by the next delivery: 1 effect, memo, "
                  "fence 1 (PostgreSQL, MariaDB); 27b: transactional, connections dropped "
-                 "before the commit: effect rolled back, nothing carried, then 1 effect"),
+                 "before the commit: effect rolled back, nothing carried, the same delivery "
+                 "requeued (TransactionLost), then 1 effect"),
     28: ("done", "the completion's answer lost after the server committed it: re-sent with "
                  "the same token, 1 effect, memo (PostgreSQL, MariaDB)"),
     29: ("done", "the claim's answer lost on the warm and on the fresh connection: requeued "

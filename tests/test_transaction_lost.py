@@ -1,0 +1,85 @@
+"""A transactional attempt whose connection to the journal database breaks before its
+commit is confirmed: not the task's failure but an outage. The claim is released (never
+memoized), ``TransactionLost`` (a ``StoreUnavailable``) is raised, and a task's delivery
+is requeued (tests/chaos/test_network.py, scenario 27b, with real workers). Here, in
+process, through a proxy that drops the connections: ``protect(transactional=True)``."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from django.db import OperationalError, connections
+from django.test import override_settings
+
+from celery_grousset import protect
+from celery_grousset.exceptions import StoreUnavailable, TransactionLost
+from celery_grousset.models import Outcome
+from celery_grousset.store import reset_stores
+from tests import services
+from tests.chaos.proxy import TcpProxy
+from tests.test_checks import database
+
+
+@pytest.fixture
+def proxied() -> Iterator[tuple[str, TcpProxy]]:
+    """A PostgreSQL journal alias reached through a proxy that can drop its connections."""
+    services.require_database("postgresql")
+    base = connections.settings["postgresql"]
+    proxy = TcpProxy((str(base["HOST"]), int(str(base["PORT"]))))
+    proxy.start()
+    alias = "proxied_pg"
+    try:
+        with database(alias, **{**base, "PORT": str(proxy.port)}), override_settings(
+            GROUSSET={"DATABASE": alias, "MAX_PROCESSING_TIME": 30}
+        ):
+            reset_stores()
+            yield alias, proxy
+    finally:
+        reset_stores()
+        proxy.stop()
+
+
+def test_a_transaction_whose_connection_breaks_is_an_outage_not_a_failure(
+    proxied: tuple[str, TcpProxy],
+) -> None:
+    alias, proxy = proxied
+    key, runs = f"lost-{uuid.uuid4().hex[:8]}", []
+
+    def body() -> str:
+        runs.append(1)
+        if len(runs) == 1:
+            proxy.kill_connections()  # the database "restarts" under the first attempt
+        return "booked"
+
+    # When the first attempt's connection breaks inside its transaction
+    with pytest.raises(TransactionLost) as lost:
+        protect(key, body, transactional=True, on_failure="memoize")
+    # Then the caller is told it is an outage (a StoreUnavailable), not the task's error
+    assert isinstance(lost.value, StoreUnavailable)
+    assert isinstance(lost.value.__cause__, OperationalError)
+    # And the claim was released, not memoized as a failure (on_failure="memoize"):
+    # the next call runs the body, once, and later calls get its memo
+    assert protect(key, body, transactional=True, on_failure="memoize") == "booked"
+    assert protect(key, body, transactional=True, on_failure="memoize") == "booked"
+    assert len(runs) == 2
+    rec = Outcome.objects.using(alias).get(task_name="protect", args_repr=f"key={key!r}")
+    assert rec.status == "completed" and rec.takeovers == 0
+
+
+def test_an_operational_error_on_a_healthy_connection_is_the_tasks_failure(
+    proxied: tuple[str, TcpProxy],
+) -> None:
+    key = f"own-{uuid.uuid4().hex[:8]}"
+
+    def body() -> str:
+        raise OperationalError("the task's own database trouble")
+
+    # When the body raises an OperationalError while its connection is fine
+    with pytest.raises(OperationalError) as failed:
+        protect(key, body, transactional=True, on_failure="memoize")
+    # Then it is the task's failure, as before: raised as is and memoized as asked
+    assert not isinstance(failed.value, StoreUnavailable)
+    with pytest.raises(Exception, match="the task's own database trouble"):
+        protect(key, body, transactional=True, on_failure="memoize")
