@@ -21,6 +21,7 @@
 ``celery_grousset.W008``    a guarded task run by celery beat has a key no run can vary
 ``celery_grousset.W009``    a journal table or migration is missing (``check --database``)
 ``celery_grousset.W010``    the journal's layout is not ``JOURNAL_LAYOUT`` (``check --database``)
+``celery_grousset.W011``    a task given celery-grousset options is not guarded
 ==========================  ===========================================================
 
 No check function raises: a configuration error becomes the message above, and any
@@ -243,6 +244,7 @@ def _task_conflicts(app: Any, task: Any, opts: Any) -> list[checks.CheckMessage]
 def _check_tasks() -> list[checks.CheckMessage]:
     from celery_grousset.conf import grousset_settings
     from celery_grousset.periodic_check import beat_schedule_messages
+    from celery_grousset.unguarded_check import unguarded_messages
 
     grousset_settings.reload()
     errors = settings_messages()
@@ -255,6 +257,7 @@ def _check_tasks() -> list[checks.CheckMessage]:
     if resolved:  # once, not once per task
         errors.extend(_check_database())
     errors.extend(beat_schedule_messages(resolved))
+    errors.extend(unguarded_messages(_apps()))
     return errors
 
 

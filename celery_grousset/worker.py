@@ -216,14 +216,19 @@ def _worker_claim(app: Any, flag: bool | None) -> list[str]:
 
 
 def refuse_configuration_errors() -> None:
-    """The worker does not start while the system checks find an error in ``GROUSSET``
+    """The worker logs the system checks' warnings about ``GROUSSET`` and the tasks, and
+    does not start while they find an error in ``GROUSSET``
     or in a guarded task's options (its flags applied): a delivery of such a task would
     fail before its claim and, acknowledged as failed, be lost (or, for ``E002``, run
     without its guarantee). Celery's Django fixup runs the checks too, but ignores what
     they find. The messages wait in the broker for a worker started after the fix."""
     from celery_grousset.checks import check_tasks
 
-    errors = [m for m in check_tasks() if m.is_serious()]
+    messages = check_tasks()
+    for message in messages:
+        if not message.is_serious() and not message.is_silenced():
+            logger.warning("%s", message)
+    errors = [m for m in messages if m.is_serious()]
     if not errors:
         return
     for message in errors:

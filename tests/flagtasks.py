@@ -35,3 +35,9 @@ def unbounded(self: Any, key: str) -> dict[str, Any]:
     """No max_processing_time: runs only with --grousset-max-processing-time."""
     record(key, "unbounded")
     return {**_attempt(self), "max_processing_time": self.grousset_options().max_processing_time}
+
+
+@app.task(bind=True, shared=False, name="tests.flagtasks.forgot_base", max_processing_time=30)
+def forgot_base(self: Any, key: str) -> None:
+    """Given a guard option but not base=GroussetTask: unguarded (check W011)."""
+    record(key, "forgot_base")

@@ -412,6 +412,32 @@ def test_a_journal_database_without_its_table_is_W009_until_migrate(tmp_path: Pa
     assert "celery_grousset.W009" not in {m.id for m in again}
 
 
+def test_a_task_given_guard_options_without_the_guard_is_W011(
+    make_app: Callable[..., Celery],
+) -> None:
+    app = make_app()
+    # Given a plain task given guard options (base=GroussetTask forgotten), a plain task
+    # without them, and a guarded one
+    forgot, plain = f"checks.{uuid.uuid4().hex[:8]}", f"checks.{uuid.uuid4().hex[:8]}"
+
+
+    def body() -> None:
+        """A task body that is never run."""
+
+    app.task(shared=False, name=forgot, max_processing_time=30, transactional=True)(body)
+    app.task(shared=False, name=plain, acks_late=True)(body)
+    ok = guarded(app, max_processing_time=30, transactional=True)
+    # When the checks run / Then only the first is a warning naming its options and the fix
+    assert ids(forgot) == {"celery_grousset.W011"}
+    [message] = [m for m in checks.run_checks(tags=[TAG]) if m.obj == forgot]
+    assert "max_processing_time, transactional" in message.msg
+    assert "base=GroussetTask" in (message.hint or "") and "GROUSSET['TASKS']" in message.hint
+    assert ids(plain) == set() and ids(ok) == set()
+    # And naming it in GROUSSET["TASKS"] guards it: the warning goes
+    with override_settings(GROUSSET={"TASKS": {forgot: {}}}):
+        assert ids(forgot) == set()
+
+
 def test_unknown_or_unsupported_journal_database_is_E003() -> None:
     # Given GROUSSET["DATABASE"] naming no alias
     with override_settings(GROUSSET={"DATABASE": "nope"}):

@@ -186,6 +186,23 @@ def test_max_processing_time_flag_runs_a_task_without_one(
 
 
 @pytest.mark.slow
+def test_the_worker_warns_of_a_task_given_guard_options_without_the_guard(
+    flagged: tuple[str, str, Worker], pg: str
+) -> None:
+    queue, _, worker = flagged
+    # Given the app's task forgot_base: max_processing_time given, base=GroussetTask not
+    # Then the worker warned at start, naming it and the fix (system check W011)
+    log = worker.text()
+    assert "tests.flagtasks.forgot_base: (celery_grousset.W011)" in log, log[-3000:]
+    assert "base=GroussetTask" in log
+    # And the warning is true: two deliveries of one call run its effect twice
+    key = f"forgot-{uuid.uuid4().hex[:8]}"
+    for _ in range(2):
+        send("tests.flagtasks.forgot_base", queue, key).get(timeout=60)  # type: ignore[attr-defined]
+    assert effects(pg, key) == 2
+
+
+@pytest.mark.slow
 def test_bypass_flag_runs_unguarded_and_logs_loudly(pg: str, redis_url: str) -> None:
     queue = f"q-{uuid.uuid4().hex[:10]}"
     key = f"bypass-{uuid.uuid4().hex[:8]}"
