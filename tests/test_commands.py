@@ -250,8 +250,10 @@ def test_purge_reports_errors_with_exit_code_1() -> None:
         ["grousset_release", "abcdef12"],
         ["grousset_stats"],
         ["grousset_purge", "--dry-run"],
+        ["grousset_relay", "--once", "--app", "tests.celeryapp"],
+        ["grousset_relay", "--app", "tests.celeryapp"],  # running: must not wait forever
     ],
-    ids=lambda argv: argv[0],
+    ids=lambda argv: " ".join(argv[:2]),
 )
 def test_commands_on_an_unmigrated_journal_name_migrate(tmp_path: Path, argv: list[str]) -> None:
     # Given a project whose database has never been migrated (a new SQLite file)
@@ -270,6 +272,22 @@ def test_commands_on_an_unmigrated_journal_name_migrate(tmp_path: Path, argv: li
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "tables do not exist: run `manage.py migrate celery_grousset`" in proc.stderr
+
+
+def test_relay_once_with_the_database_down_is_a_clean_error() -> None:
+    # Given the outbox's database unreachable (the alias pointed at a closed port)
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT),
+           "GROUSSET_TEST_PG_PORT": "1"}  # fmt: skip
+    # When `grousset_relay --once` runs
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "grousset_relay", "--once", "--app", "tests.celeryapp",
+         "--database", "postgresql"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    # Then it exits 1 with one line naming the database, not a traceback
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "could not publish the outbox on 'postgresql'" in proc.stderr
 
 
 def test_a_project_without_the_app_is_told_to_add_it(tmp_path: Path) -> None:

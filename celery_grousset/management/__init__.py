@@ -137,28 +137,37 @@ def add_database_argument(parser: CommandParser) -> None:
 @contextmanager
 def database_errors(alias: str, doing: str) -> Iterator[None]:
     """A database error inside becomes a :class:`CommandError` that names ``alias`` and
-    what failed (``doing``); a journal whose tables do not exist names the fix
-    (``migrate``, or ``INSTALLED_APPS`` first) instead of the driver's text."""
-    from django.db import DatabaseError, connections
+    what failed (``doing``); a journal whose tables do not exist or lack a migration
+    names the fix (:func:`schema_problem`) instead of the driver's text."""
+    from django.db import DatabaseError
 
     from celery_grousset.exceptions import StoreUnavailable
+
+    try:
+        yield
+    except (DatabaseError, StoreUnavailable) as exc:
+        raise CommandError(f"{doing} on {alias!r}: {schema_problem(alias) or exc}") from exc
+
+
+def schema_problem(alias: str) -> str | None:
+    """What is wrong with the journal's tables on ``alias``, with the fix (``migrate``, or
+    ``INSTALLED_APPS`` first): missing, or a migration not applied. None when they are
+    fine, or when the database cannot be asked (an outage is not a schema problem)."""
+    from django.db import DatabaseError, connections
+
     from celery_grousset.journal_check import unapplied_migrations
     from celery_grousset.models import Outcome
     from celery_grousset.store.base import missing_table_fix
 
     try:
-        yield
-    except (DatabaseError, StoreUnavailable) as exc:
-        detail: object = exc
-        try:
-            if Outcome._meta.db_table not in connections[alias].introspection.table_names():
-                detail = f"the journal's tables do not exist: {missing_table_fix(alias)}"
-            elif behind := unapplied_migrations(alias):
-                detail = (f"the journal's migrations {', '.join(behind)} are not applied "
-                          f"({exc}): {missing_table_fix(alias)}")  # fmt: skip
-        except DatabaseError:
-            pass
-        raise CommandError(f"{doing} on {alias!r}: {detail}") from exc
+        if Outcome._meta.db_table not in connections[alias].introspection.table_names():
+            return f"the journal's tables do not exist: {missing_table_fix(alias)}"
+        if behind := unapplied_migrations(alias):
+            return (f"the journal's migrations {', '.join(behind)} are not applied: "
+                    f"{missing_table_fix(alias)}")  # fmt: skip
+    except DatabaseError:
+        return None
+    return None
 
 
 def journal_alias(database: str | None) -> str:

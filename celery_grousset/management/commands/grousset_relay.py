@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import signal
 import threading
+from contextlib import nullcontext
 from typing import Any, cast
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from celery_grousset import outbox
-from celery_grousset.management import add_database_argument, journal_alias
+from celery_grousset.management import (
+    add_database_argument,
+    database_errors,
+    journal_alias,
+    schema_problem,
+)
 
 
 def celery_app(path: str | None) -> Any:
@@ -85,7 +91,12 @@ class Command(BaseCommand):
         if verbosity and not options["once"]:
             self.stdout.write(f"grousset_relay: publishing the outbox of {alias!r}")
             self.stdout.flush()
-        stats = relay.run(stop, once=bool(options["once"]))
+        once = bool(options["once"])
+        # A running relay waits an outage out; a journal without its tables is no outage
+        if not once and (problem := schema_problem(alias)):
+            raise CommandError(f"cannot publish the outbox of {alias!r}: {problem}")
+        with database_errors(alias, "could not publish the outbox") if once else nullcontext():
+            stats = relay.run(stop, once=once)
         if verbosity:
             self.stdout.write(
                 f"grousset_relay: sent {stats.sent}, failed {stats.failed}, dead {stats.dead} "
