@@ -3,9 +3,8 @@
 =========================================  =========  ====================================
 metric                                     type       labels
 =========================================  =========  ====================================
-``grousset_claims_total``                  counter    ``task``, ``outcome``: new,
-                                                      duplicate, takeover, in_flight,
-                                                      failed_replayed, gave_up, fenced_out
+``grousset_claims_total``                  counter    ``task``, ``outcome``: one of
+                                                      :data:`CLAIM_LABELS`
 ``grousset_duplicate_detections_total``    counter    ``task``
 ``grousset_outcome_commit_errors_total``   counter    ``task``
 ``grousset_store_seconds``                 histogram  ``operation`` (``claim``)
@@ -48,6 +47,7 @@ from types import ModuleType
 from typing import Any
 
 from celery_grousset import events
+from celery_grousset.claim import Kind
 from celery_grousset.exceptions import ConfigurationError
 
 logger = logging.getLogger("celery_grousset")
@@ -65,6 +65,9 @@ OUTCOMES = {
     "failed": "failed_replayed",
     "gave_up": "gave_up",
 }
+#: every ``outcome`` of ``grousset_claims_total``: a claim's decision (``OUTCOMES``
+#: merges some), or a completion refused because the claim was taken over
+CLAIM_LABELS = (*dict.fromkeys(OUTCOMES.get(k.value, k.value) for k in Kind if k is not Kind.BYPASSED), "fenced_out")  # noqa: E501  # fmt: skip
 #: outcomes that are a duplicate delivery answered from the journal
 DUPLICATES = frozenset({"duplicate", "failed_replayed"})
 #: claim latency buckets (seconds): a claim is a single round trip, usually < 5 ms

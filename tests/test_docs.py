@@ -238,6 +238,17 @@ def test_log_events_and_check_ids_are_documented() -> None:
         assert f"| `{name}` |" in configuration, f"{name} is not in configuration.md's table"
 
 
+def test_the_claims_metric_lists_exactly_the_outcome_labels_it_records() -> None:
+    from celery_grousset.metrics import CLAIM_LABELS
+
+    # Given the row of grousset_claims_total in the operations page
+    text = (DOCS / "operations.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `grousset_claims_total`"))
+    named = set(re.findall(r"`([a-z_]+)`", row.split("|")[4]))
+    # Then it names every outcome label the code records, and no other
+    assert named == set(CLAIM_LABELS), named ^ set(CLAIM_LABELS)
+
+
 def test_snippet_modules_compile() -> None:
     for path in SNIPPETS.glob("**/*.py"):
         # Then every sample is valid Python
