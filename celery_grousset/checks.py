@@ -163,11 +163,17 @@ def _task_options(task: Any) -> tuple[Any, list[checks.CheckMessage]]:
         )
         return None, errors
     except ImproperlyConfigured as exc:
+        from celery_grousset.install import from_settings
+
+        where = (
+            "its GROUSSET['TASKS'] entry ({'max_processing_time': <seconds>})"
+            if from_settings(task)
+            else "the task decorator (max_processing_time=<seconds>)"
+        )
         errors.append(
             checks.Error(
                 str(exc).replace("celery-grousset: ", "", 1),
-                hint="Set max_processing_time=<seconds> on the task decorator, or "
-                "GROUSSET['MAX_PROCESSING_TIME'] in settings.",
+                hint=f"Set it in {where}, or GROUSSET['MAX_PROCESSING_TIME'] in settings.",
                 obj=task.name,
                 id="celery_grousset.E001",
             )

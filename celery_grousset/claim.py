@@ -133,6 +133,9 @@ _CODES = {
 }
 _BY_CODE = {code: kind for kind, code in _CODES.items()}
 
+#: the ``task_name`` of protect() records and the namespace of their fingerprints
+PROTECT_NAME = "protect"
+
 #: ``result_encoding`` markers (a content type otherwise, e.g. ``application/json``).
 ENC_NONE = ""  #: nothing stored (in flight, or a released failure)
 ENC_NOT_MEMOIZED = "grousset/not-memoized"  #: ``memoize=False``: duplicates get None

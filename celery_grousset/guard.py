@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
 from celery_grousset import carry, events, memo, preclaim
-from celery_grousset.claim import ClaimRequest, Kind, payload_differs
+from celery_grousset.claim import PROTECT_NAME, ClaimRequest, Kind, payload_differs
 from celery_grousset.completion import fail, run_owned
 from celery_grousset.conf import grousset_settings
 from celery_grousset.exceptions import (
@@ -193,13 +193,18 @@ def check_payload(req: ClaimRequest, res: ClaimResult) -> None:
     if not payload_differs(res.payload_hash, req.payload_hash):
         return
     events.payload_mismatch(req, res)
+    by, keys, off = (
+        ("another protect() call", "key", "pass validate_payload=False to protect()")
+        if req.task_name == PROTECT_NAME
+        else (f"task id {res.task_id or '-'}", "idempotency_key / grousset_key",
+              "set validate_payload=False on the task")
+    )  # fmt: skip
     raise PayloadMismatch(
         f"{req.task_name}: the key of this call (fingerprint {req.fingerprint[:16]}…) was "
-        f"used before with other arguments (its record is {res.status}, claimed by "
-        f"task id {res.task_id or '-'}). Its answer belongs to that call, so it is not "
-        "returned, and this call did not run. Give each operation its own "
-        "idempotency_key / grousset_key; if the key is meant to cover varying arguments, "
-        "set validate_payload=False on the task (or GROUSSET['VALIDATE_PAYLOAD'] = False).",
+        f"used before with other arguments (its record is {res.status}, claimed by {by}). "
+        "Its answer belongs to that call, so it is not returned, and this call did not run. "
+        f"Give each operation its own {keys}; if the key is meant to cover varying "
+        f"arguments, {off} (or GROUSSET['VALIDATE_PAYLOAD'] = False).",
         fingerprint=req.fingerprint,
         stored_hash=res.payload_hash,
         given_hash=req.payload_hash,

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any, NoReturn, TypeVar
 
 from celery_grousset import guard
-from celery_grousset.claim import ClaimRequest
+from celery_grousset.claim import PROTECT_NAME, ClaimRequest
 from celery_grousset.exceptions import (
     ClaimInFlight,
     FingerprintError,
@@ -27,8 +27,6 @@ from celery_grousset.store import ClaimResult
 
 T = TypeVar("T")
 
-#: the ``task_name`` of protect() records and the namespace of their fingerprints
-PROTECT_NAME = "protect"
 
 
 class _ProtectCaller:

@@ -133,8 +133,10 @@ def test_good_task_is_silent(make_app: Callable[..., Celery]) -> None:
 def test_missing_max_processing_time_is_E001(make_app: Callable[..., Celery]) -> None:
     # Given a guarded task without max_processing_time (and no GROUSSET default)
     name = guarded(make_app())
-    # When the checks run / Then it is an error
+    # When the checks run / Then it is an error whose fix is the decorator's option
     assert ids(name) == {"celery_grousset.E001"}
+    [e001] = [m for m in checks.run_checks(tags=[TAG]) if m.obj == name]
+    assert "the task decorator (max_processing_time=<seconds>)" in (e001.hint or "")
     # And a GROUSSET default satisfies it
     with override_settings(GROUSSET={"MAX_PROCESSING_TIME": 30}):
         assert ids(name) == set()

@@ -20,7 +20,7 @@ import pytest
 from django.core.management import call_command
 
 from celery_grousset import memo, protect
-from celery_grousset.claim import ENC_EXCEPTION, ENC_NOT_STORED, ClaimRequest, Kind
+from celery_grousset.claim import ENC_EXCEPTION, ENC_NOT_STORED, PROTECT_NAME, ClaimRequest, Kind
 from celery_grousset.completion import finish_retrying
 from celery_grousset.exceptions import (
     MemoizedFailure,
@@ -30,7 +30,6 @@ from celery_grousset.exceptions import (
 )
 from celery_grousset.fingerprint import fingerprint
 from celery_grousset.models import Outcome
-from celery_grousset.protect import PROTECT_NAME
 from celery_grousset.store import get_store, reset_stores
 from celery_grousset.store.base import Completion
 from tests import services

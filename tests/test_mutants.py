@@ -23,11 +23,10 @@ from django.dispatch import Signal
 from django.test import override_settings
 
 from celery_grousset import journal, memo, protect, signals
-from celery_grousset.claim import ClaimRequest, Kind
+from celery_grousset.claim import PROTECT_NAME, ClaimRequest, Kind
 from celery_grousset.exceptions import FencedOut, StoreUnavailable
 from celery_grousset.fingerprint import fingerprint
 from celery_grousset.models import Outcome
-from celery_grousset.protect import PROTECT_NAME
 from celery_grousset.store import Store, store_class
 from celery_grousset.store.base import RELEASED, Completion
 from tests import services

@@ -146,7 +146,7 @@ def test_grousset_key_other_argument_is_refused(journal: str, make_task: Any) ->
     # Given a charge keyed on order_id only
     assert pay.apply((42, 10)).get() == "paid 10 for 42"
     # When the same order comes with another amount, or another note
-    with pytest.raises(PayloadMismatch, match="validate_payload"):
+    with pytest.raises(PayloadMismatch, match="set validate_payload=False on the task"):
         pay.apply((42, 20)).get()
     with pytest.raises(PayloadMismatch):
         pay.apply((42, 10), {"note": "again"}).get()
@@ -281,9 +281,13 @@ def test_protect_refuses_the_same_key_with_other_arguments(journal: str) -> None
 
     # Given a protect() call that ran for amount 10
     assert protect(key, refund, 42, amount="10", max_processing_time=30) == "refunded 10"
-    # When the key comes with amount 20 / Then PayloadMismatch, and nothing ran
-    with pytest.raises(PayloadMismatch, match="other arguments"):
+    # When the key comes with amount 20 / Then PayloadMismatch, and nothing ran; the
+    # message names protect()'s own switch, not a task's
+    with pytest.raises(PayloadMismatch, match="other arguments") as refused:
         protect(key, refund, 42, amount="20", max_processing_time=30)
+    assert "claimed by another protect() call" in str(refused.value)
+    assert "pass validate_payload=False to protect()" in str(refused.value)
+    assert "on the task" not in str(refused.value)
     # The same arguments still get the memo; validation off gets it whatever they are
     assert protect(key, refund, 42, amount="10", max_processing_time=30) == "refunded 10"
     assert protect(key, refund, 42, amount="20", max_processing_time=30,

@@ -14,9 +14,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db.models import F
 
 from celery_grousset import protect
+from celery_grousset.claim import PROTECT_NAME
 from celery_grousset.exceptions import ClaimInFlight, FingerprintError, StoreUnavailable
 from celery_grousset.models import Outcome
-from celery_grousset.protect import PROTECT_NAME
 from celery_grousset.store import reset_stores
 from tests.ledger.models import Effect
 from tests.racer import race, run_racers

@@ -395,13 +395,18 @@ def test_the_checks_see_tasks_guarded_from_settings(
         f"{prefix}.limited": {"max_processing_time": 60},
     }
     with grousset(tasks):
-        found = {(m.obj, m.id) for m in checks.run_checks(tags=[TAG]) if m.obj}
+        messages = [m for m in checks.run_checks(tags=[TAG]) if m.obj]
+    found = {(m.obj, m.id) for m in messages}
     # Then they are checked as the base class's tasks are
     mine = {(obj, cid) for obj, cid in found if str(obj).startswith(prefix)}
     assert mine == {
         (f"{prefix}.unbounded", "celery_grousset.E001"),
         (f"{prefix}.limited", "celery_grousset.E002"),
     }
+    # And the fix named is the entry in GROUSSET["TASKS"] (the task is not the user's)
+    ids_e001 = "celery_grousset.E001"
+    [e001] = [m for m in messages if (m.obj, m.id) == (f"{prefix}.unbounded", ids_e001)]
+    assert "its GROUSSET['TASKS'] entry" in (e001.hint or "") and "decorator" not in e001.hint
 
 
 # -- a real worker ------------------------------------------------------------------------

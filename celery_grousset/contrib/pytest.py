@@ -102,10 +102,10 @@ class Journal:
 
     def protected(self, key: str, *, processor_id: str | None = None) -> Outcome:
         """The record of ``protect(key, …)`` (processor id default as in protect())."""
+        from celery_grousset.claim import PROTECT_NAME
         from celery_grousset.conf import grousset_settings
         from celery_grousset.fingerprint import fingerprint
         from celery_grousset.models import Outcome
-        from celery_grousset.protect import PROTECT_NAME
 
         processor = processor_id or grousset_settings.PROCESSOR_ID or "default"
         fp = fingerprint(PROTECT_NAME, idempotency_key=key)
