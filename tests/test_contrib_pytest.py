@@ -166,25 +166,32 @@ def test_the_entry_point_provides_the_fixtures_with_no_pytest_plugins_line(
 ) -> None:
     # Given a project with no conftest.py (no pytest_plugins line), on pytest-django
     pytester.makepyfile(textwrap.dedent("""
+        import pytest
         from celery_grousset.contrib.pytest import Journal
 
+        @pytest.mark.django_db(transaction=True)
         def test_fixtures(grousset_eager, grousset_journal):
             assert grousset_eager.conf.task_always_eager
             assert isinstance(grousset_journal, Journal)
+
+        def test_no_test_database(grousset_eager):
+            pass  # refused: its claims would go to the settings' database
     """))
     pytester._monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(ROOT)]))
     pytester._monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.settings")
     # When its tests run, and its fixtures are listed
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     listed = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--fixtures")
-    # Then the plugin's fixtures are there, from the installed package's entry point
-    result.assert_outcomes(passed=1)
+    # Then the plugin's fixtures are there, from the installed package's entry point, and
+    # a test with no test database (no django_db mark) is refused, naming the mark
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*test_no_test_database*no test database*transaction=True*"])
     listed.stdout.fnmatch_lines(["*fixtures defined from celery_grousset.contrib.pytest*",
                                  "grousset_eager*", "*grousset_journal*"])  # fmt: skip
     # And with the plugin switched off by its entry point's name, they are gone
     off = pytester.runpytest_subprocess("-p", "no:cacheprovider",
                                         "-p", "no:celery_grousset.contrib.pytest")  # fmt: skip
-    off.assert_outcomes(errors=1)
+    off.assert_outcomes(errors=2)
     off.stdout.fnmatch_lines(["*fixture 'grousset_eager' not found*"])
 
 

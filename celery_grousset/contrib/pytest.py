@@ -139,9 +139,18 @@ class Journal:
 
 
 def _refuse_rollback_only_db(request: pytest.FixtureRequest) -> None:
-    """A plain ``django_db`` mark wraps the test in a transaction the store cannot see."""
+    """A plain ``django_db`` mark wraps the test in a transaction the store cannot see;
+    under pytest-django, no mark at all means no test database: the store's own
+    connection, which pytest-django does not block, would write to the settings' one."""
     marker = request.node.get_closest_marker("django_db")
     if marker is None:
+        if request.config.pluginmanager.hasplugin("django") and _access_blocked():
+            pytest.fail(
+                f"{request.node.nodeid}: guarded tasks write the journal, and this test has "
+                "no test database: without a django_db mark their claims would go to the "
+                "database in your settings. Use @pytest.mark.django_db(transaction=True).",
+                pytrace=False,
+            )
         return
     transaction = marker.kwargs.get("transaction", marker.args[0] if marker.args else False)
     if not transaction:
@@ -151,6 +160,23 @@ def _refuse_rollback_only_db(request: pytest.FixtureRequest) -> None:
             "@pytest.mark.django_db(transaction=True).",
             pytrace=False,
         )
+
+
+def _access_blocked() -> bool:
+    """pytest-django refuses this test Django's database access (no ``django_db`` mark,
+    ``transactional_db`` or project-wide unblocking), which the journal store's own
+    connection would not notice."""
+    from django.db import connections
+
+    from celery_grousset.conf import grousset_settings
+
+    try:
+        connections[grousset_settings.DATABASE].ensure_connection()
+    except RuntimeError as exc:  # pytest-django's blocker: "Database access not allowed"
+        return "not allowed" in str(exc)
+    except Exception:  # the database itself: the test will say so
+        return False
+    return False
 
 
 def _fresh_stores() -> None:
