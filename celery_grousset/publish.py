@@ -201,7 +201,7 @@ def plan(
         report.chunks += 1
         chunk_seen: dict[str, str] = {}
         fresh: list[Call] = []
-        todo: list[Call] = []
+        ordered: list[Call] = []  # the calls that may be published, in input order
         for item in raw:
             call = as_call(task, item, opts.validate_payload)  # layer 1: chunk, then window
             fp = call.fingerprint
@@ -209,12 +209,14 @@ def plan(
             if first is None:
                 chunk_seen[fp] = call.payload
                 fresh.append(call)
+                ordered.append(call)
             elif payload_differs(first, call.payload):
                 _mismatch(task.name, opts.processor_id, call, first, report)
-                todo.append(call)
+                ordered.append(call)  # after the call it differs from: that one runs
             else:
                 report.skipped_in_batch += 1
         del raw, chunk_seen
+        skipped: set[int] = set()
         if fresh:
             report.queries += 1  # layer 2: one query for the whole chunk
             known = journal_lookup(
@@ -228,10 +230,11 @@ def plan(
                     reason = None
                 if reason == COMPLETED:
                     report.skipped_completed += 1
+                    skipped.add(id(call))
                 elif reason == IN_FLIGHT:
                     report.skipped_in_flight += 1
-                else:
-                    todo.append(call)
+                    skipped.add(id(call))
+        todo = [call for call in ordered if id(call) not in skipped]
         if todo:
             yield todo
 

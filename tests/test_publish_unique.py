@@ -155,6 +155,19 @@ def test_a_key_reused_with_other_arguments_is_published_not_dropped(
     assert "grousset.publish_payload_mismatch" in caplog.text
 
 
+def test_a_reused_key_is_published_after_the_call_it_differs_from(
+    alias: str, processor: str
+) -> None:
+    task = make_task(alias, processor)
+    # Given the key "b" with "x", another key, then "b" again with "y"
+    calls: list[Any] = [(("x",), {}, "b"), (("z",), {}, "c"), (("y",), {}, "b")]
+    # When the batch is planned
+    planned = [c.args[0] for chunk in plan(task, calls, PublishReport()) for c in chunk]
+    # Then the calls go out in input order: "x" first, so the worker runs it and refuses
+    # "y" (PayloadMismatch), as the producer docs say, not the other way round
+    assert planned == ["x", "z", "y"]
+
+
 def test_a_key_whose_record_has_other_arguments_is_published(
     alias: str, processor: str, queue: str
 ) -> None:
