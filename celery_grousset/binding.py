@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 
-from celery_grousset.exceptions import FingerprintError
+from celery_grousset.exceptions import FingerprintError, InvalidArgument
 
 _EMPTY = inspect.Parameter.empty
 _VAR_POSITIONAL = inspect.Parameter.VAR_POSITIONAL
@@ -96,4 +96,15 @@ def validate_key_names(
         raise FingerprintError(
             f"grousset_key= names unknown argument(s) {unknown}; "
             f"valid names are: {', '.join(valid) or '(none)'}"
+        )
+
+
+def check_call_arguments(where: str, args: object, kwargs: object) -> None:
+    """``args`` and ``kwargs`` as ``apply_async`` takes them (a tuple or list, a dict or
+    None), or :class:`InvalidArgument` naming ``where`` and an example."""
+    if not isinstance(args, (list, tuple)) or not isinstance(kwargs, (dict, type(None))):
+        raise InvalidArgument(
+            f"{where}(args, kwargs) takes the call's arguments as apply_async does, a tuple "
+            f"and a dict (got {type(args).__name__} and {type(kwargs).__name__}): e.g. "
+            f"{where.rsplit('.', 1)[-1]}((42,), {{'email': 'a@example.com'}})."
         )

@@ -19,6 +19,7 @@ from celery import Task
 from celery.exceptions import Reject, Retry
 
 from celery_grousset import carry, events, guard, memo, periodic, publish_check
+from celery_grousset.binding import check_call_arguments
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.conf import grousset_settings, on_reload
 from celery_grousset.delivery import REQUEUES_HEADER, delivery_fields
@@ -165,10 +166,15 @@ class GroussetTaskMixin:
         )
 
     def grousset_fingerprint(
-        self, args: Sequence[Any], kwargs: dict[str, Any], idempotency_key: str | None = None
+        self,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> str:
-        """The fingerprint of one call of this task."""
-        return guard.fingerprint_of(self.grousset_call(args, kwargs, idempotency_key))
+        """The fingerprint of one call of this task: ``grousset_fingerprint((42,),
+        {"email": "a@b"})``, as ``apply_async`` takes ``args`` and ``kwargs``."""
+        check_call_arguments(f"{self.name}.grousset_fingerprint", args, kwargs)
+        return guard.fingerprint_of(self.grousset_call(args, kwargs or {}, idempotency_key))
 
     @property
     def grousset(self) -> guard.Attempt:

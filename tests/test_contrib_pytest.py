@@ -99,6 +99,27 @@ def test_journal_reports_a_call_that_never_ran(grousset_journal: Journal) -> Non
         grousset_journal.get(effect, key)
 
 
+def test_memo_of_a_released_failure_says_a_duplicate_runs_again(
+    grousset_eager: object, grousset_journal: Journal
+) -> None:
+    from celery_grousset import GroussetTask
+    from tests.celeryapp import app
+
+    name = f"tests.contrib.boom_{uuid.uuid4().hex[:8]}"
+
+    def boom(n: int) -> None:
+        raise ValueError(f"boom {n}")
+
+    task = app.task(base=GroussetTask, shared=False, name=name, max_processing_time=30)(boom)
+    # Given a call that failed (on_failure="release", the default)
+    with pytest.raises(ValueError, match="boom 3"):
+        task.apply((3,)).get()
+    assert grousset_journal.get(task, 3).status == "failed"
+    # When its memo is asked for / Then the test fails saying there is none and why
+    with pytest.raises(pytest.fail.Exception, match="no memo.*released.*runs the task again"):
+        grousset_journal.memo(task, 3)
+
+
 def test_journal_count_clear_and_protect(grousset_journal: Journal) -> None:
     from celery_grousset import protect
 
@@ -179,6 +200,8 @@ def test_the_entry_point_provides_the_fixtures_with_no_pytest_plugins_line(
     """))
     pytester._monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(ROOT)]))
     pytester._monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.settings")
+    # (a SQLite file of its own: pytest-django creates and destroys the marked test's DB)
+    pytester._monkeypatch.setenv("GROUSSET_TEST_SQLITE", str(pytester.path / "journal.sqlite3"))
     # When its tests run, and its fixtures are listed
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     listed = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--fixtures")

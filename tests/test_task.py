@@ -84,6 +84,22 @@ def test_idempotency_key_per_call(journal: str) -> None:
     assert ledger(journal, key) == 1 and ledger(journal, key + "-other") == 0
 
 
+def test_grousset_fingerprint_takes_args_as_apply_async_and_names_a_misuse() -> None:
+    from celery_grousset.exceptions import InvalidArgument
+    from tests.tasks import effect
+
+    # Given the call effect("k"): args alone, args with kwargs, and by keyword are one
+    fp = effect.grousset_fingerprint(("k",))
+    assert fp == effect.grousset_fingerprint(("k",), {}) == effect.grousset_fingerprint(
+        (), {"key": "k"}
+    )
+    # When the arguments are passed as the task's own (not as a tuple and a dict)
+    # Then InvalidArgument names the method and shows the right form
+    for args, kwargs in [(42, None), (("k",), "x")]:
+        with pytest.raises(InvalidArgument, match=r"grousset_fingerprint\(args, kwargs\)"):
+            effect.grousset_fingerprint(args, kwargs)  # type: ignore[arg-type]
+
+
 def test_apply_takes_an_idempotency_key_as_apply_async_does(journal: str) -> None:
     from celery_grousset.exceptions import PayloadMismatch
     from tests.tasks import effect

@@ -125,6 +125,14 @@ class Journal:
         from celery_grousset import memo
 
         record = self.get(task, *args, **kwargs)
+        released = record.status == "failed" and not record.result_encoding
+        if record.status == "in_flight" or released:
+            what = (
+                "a failure that released the claim: a duplicate runs the task again"
+                if released
+                else "still in flight: a duplicate waits for it, or is requeued"
+            )
+            pytest.fail(f"{task.name}: this call has no memo: its record is {what}.", pytrace=False)
         result = bytes(record.result) if record.result is not None else None
         return memo.decode(result, record.result_encoding, record.error, record.fingerprint)
 
