@@ -116,7 +116,7 @@ def test_memo_of_a_released_failure_says_a_duplicate_runs_again(
         task.apply((3,)).get()
     assert grousset_journal.get(task, 3).status == "failed"
     # When its memo is asked for / Then the test fails saying there is none and why
-    with pytest.raises(pytest.fail.Exception, match="no memo.*released.*runs the task again"):
+    with pytest.raises(pytest.fail.Exception, match=r"no memo.*released.*runs the task again"):
         grousset_journal.memo(task, 3)
 
 
