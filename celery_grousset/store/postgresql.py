@@ -131,6 +131,12 @@ class PostgresStore(PostgresOperations, Store):
         except db.Error as exc:
             if db.broken(conn):
                 self.discard()
+            if sqlstate(exc) == _NO_ARBITER and "ON CONFLICT" in str(exc):
+                raise StoreUnavailable(  # (processor_id, fingerprint) is no unique key there
+                    f"GROUSSET['JOURNAL_LAYOUT'] is 'table', but the journal database "
+                    f"{self.alias!r} is partitioned: set JOURNAL_LAYOUT to 'partitioned', "
+                    f"or run `manage.py grousset_partition revert --database {self.alias}`."
+                ) from exc
             raise StoreUnavailable(f"journal database {self.alias!r}: {exc}") from exc
         # The connection had gone stale (server restart, idle timeout): once more, fresh.
         conn = self._connect()
@@ -151,19 +157,10 @@ class PostgresStore(PostgresOperations, Store):
         the arbiter that way). Each statement is its own transaction, rolled back by the
         error; the other's row is committed by then, so the claim sent again decides on
         it."""
-        db = driver()
         try:
             return self._answer(op, conn)
-        except db.UniqueViolation:
+        except driver().UniqueViolation:
             return self._answer(op, conn)
-        except db.Error as exc:  # ON CONFLICT (processor_id, fingerprint) has no unique key
-            if sqlstate(exc) == _NO_ARBITER and "ON CONFLICT" in str(exc):
-                raise StoreUnavailable(
-                    f"GROUSSET['JOURNAL_LAYOUT'] is 'table', but the journal database "
-                    f"{self.alias!r} is partitioned: set JOURNAL_LAYOUT to 'partitioned', "
-                    f"or run `manage.py grousset_partition revert --database {self.alias}`."
-                ) from exc
-            raise
 
     def _answer(self, op: Callable[[Any], T], conn: Any) -> T:
         """``op(conn)``, its answer awaited at most STORE_TIMEOUT + ANSWER_GRACE seconds:
