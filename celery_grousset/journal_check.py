@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from django.core import checks
 
 OUTCOME_TABLE = "celery_grousset_outcome"
+TABLES_MISSING = "the journal's tables do not exist"
 
 
 def journal_aliases(default: str, task_databases: Iterable[str]) -> list[str]:
@@ -30,10 +31,9 @@ def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
     conn = connections[alias]
     try:
         with conn.cursor() as cur:
-            tables = conn.introspection.table_names(cur)
             mode = _sqlite_mode(cur) if conn.vendor == "sqlite" else "wal"
-        partitioned = _partitioned(alias) if OUTCOME_TABLE in tables else None
-        behind = unapplied_migrations(alias) if partitioned is not None else []
+        problem = schema_problem(alias)
+        partitioned = None if problem == TABLES_MISSING else _partitioned(alias)
     except DatabaseError as exc:
         return [
             checks.Warning(
@@ -44,18 +44,17 @@ def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
             )
         ]
     found: list[checks.CheckMessage] = []
-    if partitioned is None or behind:
+    if problem is not None:
         from celery_grousset.store.base import missing_table_fix
 
-        what = (
-            f"The journal's table {OUTCOME_TABLE} does not exist in database {alias!r}: every "
-            "guarded task journaled there fails before its claim."
-            if partitioned is None
-            else f"The journal database {alias!r} lacks celery_grousset migrations "
-            f"{', '.join(behind)}: claims there fail on the columns they add."
+        found.append(
+            checks.Warning(
+                f"In the journal database {alias!r} ({OUTCOME_TABLE}), {problem}: every "
+                "guarded task journaled there fails before its claim.",
+                hint=f"To fix it, {missing_table_fix(alias)}",
+                id="celery_grousset.W009",
+            )
         )
-        hint = f"To fix it, {missing_table_fix(alias)}"
-        found.append(checks.Warning(what, hint=hint, id="celery_grousset.W009"))
     wanted = layout == "partitioned"
     if partitioned is not None and conn.vendor == "postgresql" and partitioned != wanted:
         found.append(_layout_mismatch(alias, layout))
@@ -70,6 +69,19 @@ def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
             )
         )
     return found
+
+
+def schema_problem(alias: str) -> str | None:
+    """What is wrong with the journal's tables on ``alias``: missing (``TABLES_MISSING``),
+    or a migration of this package not applied there; None when they are fine. Raises
+    Django's DatabaseError when the database cannot be asked."""
+    from django.db import connections
+
+    if OUTCOME_TABLE not in connections[alias].introspection.table_names():
+        return TABLES_MISSING
+    if behind := unapplied_migrations(alias):
+        return f"the journal's migrations {', '.join(behind)} are not applied"
+    return None
 
 
 def unapplied_migrations(alias: str) -> list[str]:

@@ -151,23 +151,19 @@ def database_errors(alias: str, doing: str) -> Iterator[None]:
 
 def schema_problem(alias: str) -> str | None:
     """What is wrong with the journal's tables on ``alias``, with the fix (``migrate``, or
-    ``INSTALLED_APPS`` first): missing, or a migration not applied. None when they are
-    fine, or when the database cannot be asked (an outage is not a schema problem)."""
-    from django.db import DatabaseError, connections
+    ``INSTALLED_APPS`` first): :func:`celery_grousset.journal_check.schema_problem`. None
+    when they are fine, or when the database cannot be asked (an outage is not a schema
+    problem)."""
+    from django.db import DatabaseError
 
-    from celery_grousset.journal_check import unapplied_migrations
-    from celery_grousset.models import Outcome
+    from celery_grousset import journal_check
     from celery_grousset.store.base import missing_table_fix
 
     try:
-        if Outcome._meta.db_table not in connections[alias].introspection.table_names():
-            return f"the journal's tables do not exist: {missing_table_fix(alias)}"
-        if behind := unapplied_migrations(alias):
-            return (f"the journal's migrations {', '.join(behind)} are not applied: "
-                    f"{missing_table_fix(alias)}")  # fmt: skip
+        problem = journal_check.schema_problem(alias)
     except DatabaseError:
         return None
-    return None
+    return None if problem is None else f"{problem}: {missing_table_fix(alias)}"
 
 
 def journal_alias(database: str | None) -> str:
