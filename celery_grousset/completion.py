@@ -4,7 +4,6 @@ writes nothing: the attempt was fenced out."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -118,9 +117,7 @@ def _run_transactional(
         if not connection_lost(conn, raw, exc):
             fail(store, opts, req, exc)
             raise
-        # Not the task's failure: release the claim (never memoize the outage) on the
-        # store's own connection when it can, and let the delivery be requeued.
-        fail(store, dataclasses.replace(opts, on_failure="release"), req, exc)
+        release_lost(store, req, res.fence, exc)
         raise TransactionLost(
             f"{req.task_name}: the connection to the journal database {store.alias!r} was "
             f"lost before the transaction's commit was confirmed ({exc}); the delivery is "
@@ -129,6 +126,27 @@ def _run_transactional(
     events.finished(req, "completed", time.perf_counter() - t0)  # the update and its commit
     fault("after_complete")
     return value
+
+
+def release_lost(store: Store, req: ClaimRequest, fence: int, exc: BaseException) -> None:
+    """A transaction's connection broke before its commit was confirmed: not the task's
+    failure. Release the claim (never memoize the outage) on the store's own connection.
+    When it is no longer ours to release, the commit reached the server (the record is
+    completed at this attempt's fence: logged, not fenced out) or the claim was taken
+    over meanwhile (fenced out). Never raises; the caller raises TransactionLost."""
+    completion = Completion(Status.FAILED.value, None, ENC_NONE, memo.error_summary(exc))
+    try:
+        t0 = time.perf_counter()
+        if store.finish(req.processor_id, req.fingerprint, req.token, completion):
+            events.finished(req, "failed", time.perf_counter() - t0)
+            return events.transaction_lost(req, committed=False)
+        holder = store.holder(req.processor_id, req.fingerprint)
+    except Exception as store_exc:  # unreachable again: the next delivery settles it
+        return events.store_error(req, "fail", store_exc)
+    if holder == (Status.COMPLETED.value, fence):
+        return events.transaction_lost(req, committed=True)
+    events.finished(req, "fenced_out", time.perf_counter() - t0)
+    events.fenced(req, fence)
 
 
 def connection_lost(conn: Any, raw: Any, exc: BaseException) -> bool:

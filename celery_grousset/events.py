@@ -143,6 +143,14 @@ def lost_claim(req: ClaimRequest, released: bool) -> None:
          action="released" if released else "none")  # fmt: skip
 
 
+def transaction_lost(req: ClaimRequest, committed: bool) -> None:
+    """A transactional attempt's connection broke before its commit was confirmed; the
+    delivery is requeued. ``committed``: the journal shows the commit landed (the next
+    delivery answers from it); else the claim was released (the next one runs it)."""
+    _log(logging.WARNING, "grousset.transaction_lost", req, committed=committed,
+         action="requeued")  # fmt: skip
+
+
 def outcome_carried(req: ClaimRequest, status: str) -> None:
     """The completion of an attempt whose effect ran could not be written: its delivery
     is requeued carrying the outcome (``status``), for the next delivery to write."""

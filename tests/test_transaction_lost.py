@@ -13,7 +13,7 @@ import pytest
 from django.db import OperationalError, connections
 from django.test import override_settings
 
-from celery_grousset import protect
+from celery_grousset import protect, signals
 from celery_grousset.exceptions import StoreUnavailable, TransactionLost
 from celery_grousset.models import Outcome
 from celery_grousset.store import reset_stores
@@ -83,3 +83,39 @@ def test_an_operational_error_on_a_healthy_connection_is_the_tasks_failure(
     assert not isinstance(failed.value, StoreUnavailable)
     with pytest.raises(Exception, match="the task's own database trouble"):
         protect(key, body, transactional=True, on_failure="memoize")
+
+
+def test_a_commit_whose_answer_is_lost_is_not_reported_fenced_out(
+    proxied: tuple[str, TcpProxy], caplog: pytest.LogCaptureFixture
+) -> None:
+    alias, proxy = proxied
+    key, runs, fenced = f"committed-{uuid.uuid4().hex[:8]}", [], []
+
+    def body() -> str:
+        runs.append(1)
+        if len(runs) == 1:
+            proxy.cut_answers_to(b"COMMIT")  # the commit lands; its answer never comes back
+        return "booked"
+
+    def on_fenced(**kwargs: object) -> None:
+        fenced.append(kwargs)
+
+    signals.fenced_out.connect(on_fenced)
+    try:
+        # When the first attempt's commit reaches the server but its answer is lost
+        with pytest.raises(TransactionLost), caplog.at_level("INFO", "celery_grousset"):
+            protect(key, body, transactional=True)
+    finally:
+        signals.fenced_out.disconnect(on_fenced)
+    # Then the attempt is not reported fenced out (nothing took its claim over): the
+    # log says the connection was lost and that the journal kept the commit
+    lines = [r.getMessage() for r in caplog.records]
+    assert fenced == []
+    assert not [line for line in lines if "grousset.fenced_out" in line]
+    lost = [line for line in lines if "grousset.transaction_lost" in line]
+    assert len(lost) == 1 and "committed=True" in lost[0], lines
+    # And the next call answers from the commit's memo without running the body again
+    assert protect(key, body, transactional=True) == "booked"
+    assert len(runs) == 1
+    rec = Outcome.objects.using(alias).get(task_name="protect", args_repr=f"key={key!r}")
+    assert rec.status == "completed" and rec.takeovers == 0
