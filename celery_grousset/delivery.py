@@ -4,7 +4,10 @@ already counted (docs/operations.md, "Deliveries, duplicates and redeliveries").
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
+
+from celery_grousset.exceptions import PoisonDelivery, PoisonRejected
 
 #: the header an in-flight requeue carries: how many times this delivery was requeued
 REQUEUES_HEADER = "grousset_requeues"
@@ -28,3 +31,16 @@ def delivery_fields(request: Any) -> dict[str, Any]:
         if info.get(k) not in (None, "")
     )  # fmt: skip
     return {"delivery": text, "bounce": bool(header(request, REQUEUES_HEADER))}
+
+
+def rejected(task: Any, request: Any, exc: PoisonDelivery) -> PoisonRejected:
+    """What a task raises for a poison delivery: a Reject without requeue that is also
+    the PoisonDelivery, stored as the task's failure first (Celery before 5.7 stores no
+    result for a Reject: the caller's ``get()`` would wait forever)."""
+    reject = PoisonRejected(str(exc))
+    with contextlib.suppress(Exception):  # a backend that cannot store it: Celery logs
+        task.backend.mark_as_failure(
+            request.id, reject, request=request,
+            store_result=task.store_errors_even_if_ignored or not task.ignore_result,
+        )  # fmt: skip
+    return reject

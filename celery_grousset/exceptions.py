@@ -7,6 +7,7 @@ anything this package raises on purpose. A configuration error is also Django's
 
 from __future__ import annotations
 
+from celery.exceptions import Reject
 from django.core.exceptions import ImproperlyConfigured
 
 
@@ -108,10 +109,25 @@ class PoisonDelivery(GroussetError):
     long or holds a NUL, or the database refused its data (a data error).
 
     Permanent, never "store unavailable": retrying cannot help. A task rejects the
-    delivery without requeue (``Reject(requeue=False)``: the broker drops it or
-    dead-letters it); ``protect()``, eager and direct calls raise it. The effect did not
-    run.
+    delivery without requeue (:class:`PoisonRejected`: the broker drops it or
+    dead-letters it, and the caller's ``result.get()`` raises it); ``protect()``,
+    eager and direct calls raise it. The effect did not run.
     """
+
+
+class PoisonRejected(Reject, PoisonDelivery):
+    """What a worker raises for a :class:`PoisonDelivery`: Celery's ``Reject`` without
+    requeue (the broker drops or dead-letters the message) that is also the
+    ``PoisonDelivery``, so the caller's ``result.get()`` raises one, with its reason."""
+
+    def __init__(self, message: str, requeue: bool = False) -> None:
+        super().__init__(message, requeue=False)
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    __repr__ = Exception.__repr__
 
 
 class PayloadMismatch(GroussetError):

@@ -22,7 +22,7 @@ from celery_grousset import carry, events, guard, memo, periodic, publish_check
 from celery_grousset.binding import check_call_arguments
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.conf import grousset_settings, on_reload
-from celery_grousset.delivery import REQUEUES_HEADER, delivery_fields
+from celery_grousset.delivery import REQUEUES_HEADER, delivery_fields, rejected
 from celery_grousset.delivery import header as _header
 from celery_grousset.exceptions import FingerprintError, PoisonDelivery, StoreUnavailable
 from celery_grousset.fingerprint import validate_key_names
@@ -350,7 +350,9 @@ class _TaskCaller:
         return self.task._with_attempt(attempt, self.body)
 
     def poison(self, exc: PoisonDelivery) -> NoReturn:
-        raise exc if self.local else Reject(exc, requeue=False)
+        if self.local:
+            raise exc
+        raise rejected(self.task, self.request, exc) from exc
 
 
 def worker_caller(task: GroussetTaskMixin, context: Any) -> _TaskCaller:

@@ -73,7 +73,7 @@ def test_worker_delivery_with_a_poison_task_id_is_rejected_without_requeue(
         guard.guarded(caller, call)
     # Then the message is rejected without requeue, for the permanent reason
     assert rejected.value.requeue is False
-    assert isinstance(rejected.value.reason, PoisonDelivery)
+    assert isinstance(rejected.value, PoisonDelivery) and "task id" in str(rejected.value)
     assert requeued == [] and ledger(journal, key) == 0
 
 
@@ -113,7 +113,7 @@ def test_a_worker_rejects_a_poison_delivery_once() -> None:
     queue, key = f"q-poison-{uuid.uuid4().hex[:8]}", f"poison-{uuid.uuid4().hex[:8]}"
     with workers(queue, 1, database="postgresql", broker=broker, concurrency=1) as ws:
         # Given a message whose task id is 300 characters long, published to a real worker
-        effect.apply_async((key,), queue=queue, task_id="t" * 300)
+        sent = effect.apply_async((key,), queue=queue, task_id=key.ljust(300, "t"))
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and "poison_delivery" not in ws[0].text():
             time.sleep(0.2)
@@ -123,3 +123,6 @@ def test_a_worker_rejects_a_poison_delivery_once() -> None:
     assert log.count("grousset.poison_delivery") == 1, log[-3000:]
     assert "grousset.store_unavailable" not in log
     assert ledger("postgresql", key) == 0
+    # And its caller is told why (not left waiting on a result that never comes)
+    with pytest.raises(PoisonDelivery, match="task id"):
+        sent.get(timeout=5)
