@@ -169,8 +169,8 @@ class OutboxMessage(models.Model):
         default=uuid.uuid4,
         unique=True,
         editable=False,
-        help_text="Random, written with the row: the default idempotency key is "
-        "outbox:<message_id> (ids restart at 1 in every database).",
+        help_text="Random, written with the row: names the message across databases "
+        "(ids restart at 1 in every database).",
     )
     task_name = models.CharField(max_length=255)
     task_id = models.CharField(max_length=255, help_text="Celery task id it is published with.")

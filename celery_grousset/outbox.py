@@ -12,10 +12,10 @@ first), marks them sent, and retries failures with exponential backoff until
 Several relays may run at once: a locked row is skipped, so no row is published
 twice in normal operation. A relay killed between the publish and the commit of
 "sent" leaves its rows pending; another relay publishes them again, and the
-consumer's claim absorbs the copy, because every message carries the idempotency
-key ``outbox:<message_id>`` (or the caller's own ``idempotency_key``): a random UUID
-written with the row, so that message 1 of one database (or producer service) is
-never taken for message 1 of another.
+consumer's claim absorbs the copy: the copy is the same call, with the same identity
+as ``delay()`` gives it (the task's arguments, its ``grousset_key``, or the caller's
+own ``idempotency_key``). So is a second row for the same call (a form submitted
+twice): it runs once, as two ``delay()`` calls would.
 
 Unlike the journal, the outbox holds the task's arguments (JSON) until the row is
 sent, as a broker would; "sent" drops them.
@@ -103,13 +103,16 @@ def enqueue(
     ``options`` are ``apply_async``'s (``queue``, ``countdown``, ``eta``, ``priority``,
     ``idempotency_key``…); ``args``/``kwargs`` must be JSON-serializable. ``using``:
     the database of the caller's transaction (default ``GROUSSET["DATABASE"]``). The
-    row's ``task_id`` is the Celery task id the message will carry; its random
-    ``message_id`` makes the default idempotency key. Its ``created_at`` and
+    arguments are checked against a task's signature now, as ``delay()`` checks them
+    (a ``TypeError``), not when the relay publishes. The row's ``task_id`` is the Celery
+    task id the message will carry. Its ``created_at`` and
     ``available_at`` are set by the database clock (``None`` on the returned
     object until ``refresh_from_db()``).
     """
     alias = _alias(using)
     name = task if isinstance(task, str) else task.name
+    if not isinstance(task, str) and getattr(task, "typing", False):
+        task.__header__(*(args or ()), **(kwargs or {}))  # Celery's own check (delay())
     task_id = str(options.pop("task_id", None) or uuid.uuid4())
     row = OutboxMessage(
         task_name=name,
@@ -127,21 +130,24 @@ def enqueue(
 
 
 def publish(app: Any, row: OutboxMessage) -> Any:
-    """Publish one outbox row (its ``task_id``; idempotency key ``outbox:<message_id>``)."""
+    """Publish one outbox row, with its ``task_id``: the call's identity is the one
+    ``delay()`` gives it (the arguments, or the ``idempotency_key`` enqueued with it)."""
     from celery_grousset.task import KEY_HEADER, REPR_HEADER, GroussetTaskMixin
 
     options = dict(row.options or {})
     for name in ("eta", "expires"):
         if isinstance(options.get(name), str):
             options[name] = datetime.fromisoformat(options[name])
-    key = options.pop("idempotency_key", None) or default_key(row)
+    key = options.pop("idempotency_key", None)
     task = app.tasks.get(row.task_name)
     if isinstance(task, GroussetTaskMixin):
         with deliberate():  # inside the relay's batch transaction, on purpose
             return task.apply_async(
                 row.args, row.kwargs, task_id=row.task_id, idempotency_key=key, **options
             )
-    headers = {**(options.pop("headers", None) or {}), KEY_HEADER: key, REPR_HEADER: 1}
+    headers = {**(options.pop("headers", None) or {}), REPR_HEADER: 1}
+    if key is not None:
+        headers[KEY_HEADER] = key
     options.setdefault("argsrepr", f"(outbox:{row.id})")
     options.setdefault("kwargsrepr", "{}")
     return app.send_task(
@@ -149,16 +155,19 @@ def publish(app: Any, row: OutboxMessage) -> Any:
     )
 
 
-def default_key(row: OutboxMessage) -> str:
-    """``outbox:<message_id>`` (hex): unique across databases and services."""
-    return f"outbox:{uuid.UUID(str(row.message_id)).hex}"
-
-
 def _broker_down(exc: BaseException) -> bool:
     """A connection-level error: the next rows would fail the same way."""
     from kombu.exceptions import OperationalError
 
     return isinstance(exc, (OperationalError, ConnectionError, TimeoutError, OSError))
+
+
+def _permanent(exc: BaseException) -> bool:
+    """The call itself is wrong (its arguments, a value that cannot be encoded):
+    publishing it again cannot help, so the row goes dead at once."""
+    from kombu.exceptions import EncodeError
+
+    return isinstance(exc, (TypeError, ValueError, EncodeError)) and not _broker_down(exc)
 
 
 @dataclass
@@ -257,7 +266,7 @@ class Relay:
         attempts = row.attempts + 1
         error = error_summary(exc)  # redacted (a DSN's password, a token), never raises
         rows = OutboxMessage.objects.using(self.alias).filter(pk=row.pk)
-        if attempts >= self.max_attempts:
+        if attempts >= self.max_attempts or _permanent(exc):
             rows.update(status=OutboxStatus.DEAD, attempts=attempts, last_error=error)
             stats.dead += 1
             logger.error(

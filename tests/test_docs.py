@@ -347,6 +347,39 @@ def test_payment_sample_survives_the_remaining_window(
     assert list(sample.provider.charges.values()).count(first) == 1
 
 
+def test_producer_samples_call_the_getting_started_task_as_it_takes_them(
+    journal_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from celery_grousset import GroussetTask
+    from celery_grousset.models import OutboxMessage
+    from tests.celeryapp import app
+
+    sample = load_snippet("producer")
+
+    # Given the getting-started page's send_receipt(order_id, email)
+    @app.task(base=GroussetTask, bind=True, max_processing_time=30, name="docs.send_receipt")
+    def send_receipt(self: Any, order_id: int, email: str) -> str:
+        return f"receipt {order_id}"
+
+    made = SimpleNamespace(id=uuid.uuid4().int % 10**9, email="ann@example.com")
+    order_model = SimpleNamespace(objects=SimpleNamespace(create=lambda **fields: made))
+    published: list[Any] = []
+    report = SimpleNamespace(published=0, skipped_in_batch=0, skipped_completed=0,
+                             skipped_in_flight=0, results=[])  # fmt: skip
+    monkeypatch.setattr(send_receipt, "publish_unique",
+                        lambda calls: published.extend(calls) or report)  # fmt: skip
+    # When the producer page's samples run with it
+    sample.place_order(order_model, send_receipt, email=made.email)
+    sample.send_todays_receipts(send_receipt, [made])
+    # Then each call fits the task's signature (the outbox checks it as delay() does)
+    row = OutboxMessage.objects.using(journal_db).get(task_name="docs.send_receipt",
+                                                      args=[made.id, made.email])  # fmt: skip
+    row.delete()
+    assert [send_receipt.grousset_fingerprint(*call) for call in published]
+
+
 def test_base_class_sample(journal_db: str) -> None:
     sample = load_snippet("base_class")
     order = uuid.uuid4().int % 10**9

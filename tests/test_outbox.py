@@ -100,9 +100,9 @@ def test_only_committed_messages_are_published_once_each(alias: str, queue: str)
     assert stats.sent >= 3
     rows = {r.task_id: r for r in mine}
     assert {m["id"] for m in got} == set(rows)
-    keys = {m["args"][0]: m[KEY_HEADER] for m in got}
-    assert keys["a"] == f"outbox:{first.message_id.hex}" and keys["c"] == "k"
-    assert len({m[KEY_HEADER] for m in got}) == 3
+    # (a call's identity is the one delay() gives it: its arguments, or its own key)
+    keys = {m["args"][0]: m.get(KEY_HEADER) for m in got}
+    assert keys == {"a": None, "b": None, "c": "k"}
     # ... and the rows are sent, their arguments dropped
     assert all(r.status == "sent" and r.sent_at and r.args == [] and r.attempts == 1
                for r in rows.values())  # fmt: skip
@@ -199,37 +199,59 @@ def _one_id(rows: list[tuple[str, OutboxMessage]]) -> int:
     return same
 
 
-def test_same_id_in_two_databases_gives_two_keys_and_two_effects(queue: str) -> None:
+def test_the_same_call_enqueued_twice_runs_once_as_with_delay(queue: str) -> None:
     from tests.tasks import effect
 
     dbs = ("default", "postgresql")
     for db in dbs:
         services.require_database(db)
-    prefix = f"xdb-{uuid.uuid4().hex[:8]}-"
-    # Given two outbox databases (two producer services), each holding a message with the
-    # same row id for the same guarded task, with different arguments
-    rows = [(db, outbox.enqueue(effect, (f"{prefix}{db}",), using=db, queue=queue)) for db in dbs]
-    same = _one_id(rows)
+    prefix = f"twice-{uuid.uuid4().hex[:8]}-"
+    # Given the same call enqueued twice (a form submitted twice; or two producer
+    # services, each with its own outbox database, whose rows share an id), and a
+    # different call
+    rows = [(db, outbox.enqueue(effect, (f"{prefix}same",), using=db, queue=queue))
+            for db in dbs]  # fmt: skip
+    rows.append(("default", outbox.enqueue(effect, (f"{prefix}other",), using="default",
+                                           queue=queue)))  # fmt: skip
+    _one_id(rows[:2])
     try:
-        # When each database's relay publishes its row, and one consumer (one journal,
-        # GROUSSET["DATABASE"]) runs both messages
+        # When the relays publish them, and one consumer (one journal) runs each message
         for db in dbs:
             relay(db)
         got = messages(queue)
         results = [
             effect.apply(m["args"], m["kwargs"], task_id=m["id"],
-                         headers={KEY_HEADER: m[KEY_HEADER]}).get()
+                         headers={h: m[h] for h in (KEY_HEADER,) if h in m}).get()
             for m in sorted(got, key=lambda m: m["args"][0])
         ]  # fmt: skip
-        # Then both effects ran, once each: neither message was answered with the other's
-        # memo, because the two messages carry different keys
-        assert len(got) == 2
-        assert effect_counts("default", prefix) == {f"{prefix}{db}": 1 for db in dbs}
-        assert sorted(r["key"] for r in results) == sorted(f"{prefix}{db}" for db in dbs)
-        assert len({m[KEY_HEADER] for m in got}) == 2, (same, got)
+        # Then the same call ran once and its second message was answered with the memo,
+        # as two delay() calls would be; the other call ran too
+        assert len(got) == 3
+        assert effect_counts("default", prefix) == {f"{prefix}same": 1, f"{prefix}other": 1}
+        assert sorted(r["key"] for r in results) == [f"{prefix}other", *[f"{prefix}same"] * 2]
     finally:
         for db, row in rows:
             OutboxMessage.objects.using(db).filter(pk=row.pk).delete()
+
+
+def test_enqueue_checks_the_arguments_and_the_relay_never_retries_a_wrong_call(
+    alias: str, queue: str
+) -> None:
+    from tests.tasks import effect
+
+    # When a call is enqueued with arguments its task does not take
+    with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
+        outbox.enqueue(effect, ("x",), {"colour": "red"}, using=alias, queue=queue)
+    # Then nothing was written; and a row that names the task by name (unchecked) and
+    # that the relay cannot publish for its arguments goes dead at once, not retried
+    assert not OutboxMessage.objects.using(alias).filter(options__queue=queue).exists()
+    with transaction.atomic(using=alias):
+        row = outbox.enqueue("tests.tasks.effect", ("x",), {"colour": "red"}, using=alias,
+                             queue=queue)  # fmt: skip
+    stats = relay(alias)
+    row.refresh_from_db(using=alias)
+    assert (stats.dead, row.status, row.attempts) == (1, "dead", 1)
+    assert "colour" in row.last_error and messages(queue) == []
 
 
 _MIGRATE = """

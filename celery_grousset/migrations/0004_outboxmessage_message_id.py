@@ -3,7 +3,9 @@
 The relay's default idempotency key was ``outbox:<id>``; ids restart at 1 in every
 database (and every producer service), so a second service's message 1 was answered
 with the first one's memo and never ran. The key is now ``outbox:<message_id>``.
-Rows written before this migration get a random ``message_id`` each.
+Rows written before this migration get a random ``message_id`` each. (A later release
+stopped keying messages by the outbox at all: a message's identity is its call's, as
+with ``delay()``.)
 """
 
 import uuid
@@ -44,8 +46,10 @@ class Migration(migrations.Migration):
             field=models.UUIDField(
                 default=uuid.uuid4,
                 editable=False,
-                help_text="Random, written with the row: the default idempotency key is "
-                "outbox:<message_id> (ids restart at 1 in every database).",
+                # (help text as of the release that stopped keying messages by it: a
+                # text only, no schema change, so no migration of its own)
+                help_text="Random, written with the row: names the message across databases "
+                "(ids restart at 1 in every database).",
                 unique=True,
             ),
         ),

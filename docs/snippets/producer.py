@@ -10,9 +10,9 @@ from celery_grousset import outbox
 
 
 # --8<-- [start:publish_unique]
-def send_todays_receipts(send_receipt: Any, order_ids: Any) -> Any:
-    """``send_receipt`` is a GroussetTask; ``order_ids`` may be a generator."""
-    report = send_receipt.publish_unique(((order_id,), {}) for order_id in order_ids)
+def send_todays_receipts(send_receipt: Any, orders: Any) -> Any:
+    """``send_receipt(order_id, email)`` is a GroussetTask; ``orders`` may be a generator."""
+    report = send_receipt.publish_unique(((o.id, o.email), {}) for o in orders)
     print(report.published, report.skipped_in_batch,
           report.skipped_completed, report.skipped_in_flight)
     return report.results  # the AsyncResult of each published call
@@ -23,7 +23,7 @@ def send_todays_receipts(send_receipt: Any, order_ids: Any) -> Any:
 def place_order(Order: Any, send_receipt: Any, **fields: Any) -> Any:
     with transaction.atomic():
         order = Order.objects.create(**fields)
-        outbox.enqueue(send_receipt, args=(order.id,), queue="mail", countdown=10)
+        outbox.enqueue(send_receipt, args=(order.id, order.email), countdown=10)
     # rolled back: no row, nothing is ever published
     # committed:   a pending row, published by the relay even if this process dies now
     return order
