@@ -421,15 +421,37 @@ def test_inspect_lists_several_matches(store: Store, alias: str, processor: str)
 # -- grousset_release ---------------------------------------------------------------------
 
 
+def test_release_refuses_a_fresh_claim_without_force(
+    store: Store, alias: str, processor: str
+) -> None:
+    # Given an attempt that holds a fresh claim: it may well be running
+    running = in_flight(store, processor)
+    before = rows(alias, processor).get(fingerprint=running.fingerprint)
+    # When released without --force
+    with pytest.raises(CommandError, match="may still be running.*--force"):
+        run("grousset_release", running.fingerprint, database=alias)
+    # Then the claim still holds: a duplicate is told it is in flight, not run
+    after = rows(alias, processor).get(fingerprint=running.fingerprint)
+    assert (after.status, after.fence, after.claim_token) == ("in_flight", before.fence,
+                                                              before.claim_token)  # fmt: skip
+    assert store.claim(req(processor, running.fingerprint)).kind is Kind.IN_FLIGHT
+
+
 def test_release_in_flight_lets_the_next_delivery_run(
     store: Store, alias: str, processor: str
 ) -> None:
-    # Given an attempt that holds a fresh claim (it would block duplicates for 60 s)
+    # Given an attempt that holds a fresh claim (it would block duplicates for 60 s), and
+    # one whose claim is stale (its worker is gone)
     running = in_flight(store, processor)
-    # When released by fingerprint
-    out = run("grousset_release", running.fingerprint, database=alias)
+    dead = in_flight(store, processor)
+    rows(alias, processor).filter(fingerprint=dead.fingerprint).update(
+        stale_at=_db_now(alias) - timedelta(seconds=1))  # fmt: skip
+    # When the stale one is released, and the fresh one with --force
+    assert "was stale" in run("grousset_release", dead.fingerprint, database=alias)
+    out = run("grousset_release", running.fingerprint, force=True, database=alias)
+    assert store.claim(req(processor, dead.fingerprint)).owned
     # Then the next delivery owns the record at once, with a higher fence
-    assert "released the in-flight claim" in out
+    assert "released the in-flight claim" in out and "still fresh" in out
     fence = rows(alias, processor).get(fingerprint=running.fingerprint).fence
     res = store.claim(req(processor, running.fingerprint))
     assert res.owned and res.kind is Kind.RECLAIM and res.fence > fence
@@ -472,7 +494,7 @@ def test_release_needs_processor_when_several_hold_it(
         run("grousset_release", fp, database=alias)
     assert processor in str(err.value) and f"{processor}-b" in str(err.value)
     # When a processor is named / Then only its record is released
-    run("grousset_release", fp, processor_id=processor, database=alias)
+    run("grousset_release", fp, processor_id=processor, force=True, database=alias)
     statuses = dict(
         Outcome.objects.using(alias).filter(fingerprint=fp).values_list("processor_id", "status")
     )

@@ -3,7 +3,11 @@
 * An **in-flight** claim (a stuck or dead attempt) is released through the store:
   the record turns ``failed`` with nothing memoized, so the next delivery claims
   it at once instead of waiting for ``max_processing_time``. A still-running
-  holder is then fenced out: its completion is refused.
+  holder is then fenced out: its completion is refused — but its effect may already
+  have happened, and the next delivery runs it again. So a **fresh** claim (not yet
+  stale: its attempt may be running) is refused unless ``--force``, as the admin's
+  *release stale claims* action refuses it. The release names the claim's token:
+  an attempt that took the claim over meanwhile keeps it.
 * A **completed or failed** record is refused, because releasing it lets the
   effect happen again — unless ``--force``, which *forgets* it: ``expires_on`` is
   set to the database clock's now, so the next delivery re-runs the task. The row
@@ -44,7 +48,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--force",
             action="store_true",
-            help="Also forget a completed/failed record: its effect may run again.",
+            help="Also release a fresh in-flight claim, or forget a completed/failed record: "
+            "its effect may run again.",
         )
         add_database_argument(parser)
 
@@ -75,21 +80,31 @@ class Command(BaseCommand):
             )
         rec = records[0]
         if rec.status == "in_flight":
-            self._release(alias, rec)
+            self._release(alias, rec, force=bool(options["force"]))
         else:
             self._forget(alias, rec, force=bool(options["force"]))
 
-    def _release(self, alias: str, rec: Outcome) -> None:
+    def _release(self, alias: str, rec: Outcome, *, force: bool) -> None:
         from celery_grousset import journal
 
-        if not journal.release(rec, alias):
+        stale, why = journal.release_plan(rec, journal.now(alias))
+        if not stale and not force:
             raise CommandError(
-                f"{rec.fingerprint} ({rec.processor_id}) was no longer in flight: its attempt "
-                "finished meanwhile. Run grousset_inspect to see its outcome."
+                f"{rec.fingerprint} ({rec.processor_id}) is in flight, {why}. Its attempt "
+                f"(task {rec.task_name}, held by {rec.worker or 'unknown'}) may still be "
+                "running: releasing it now lets the next delivery run the effect a second "
+                "time. Wait until it turns stale, or pass --force once you know that worker "
+                "is gone."
+            )
+        if not journal.release(rec, alias, token=rec.claim_token):
+            raise CommandError(
+                f"{rec.fingerprint} ({rec.processor_id}) is no longer held by that attempt: "
+                "it finished or was taken over meanwhile. Run grousset_inspect to see it."
             )
         self.stdout.write(
             f"released the in-flight claim on {rec.fingerprint} (processor {rec.processor_id}, "
-            f"task {rec.task_name}, held by {rec.worker or 'unknown'}): the next delivery runs "
+            f"task {rec.task_name}, held by {rec.worker or 'unknown'}), which "
+            f"{'was ' + why if stale else 'was still fresh (--force)'}: the next delivery runs "
             "the task again; if the holder is still running, its completion will be refused."
         )
 
