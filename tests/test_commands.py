@@ -428,7 +428,7 @@ def test_release_refuses_a_fresh_claim_without_force(
     running = in_flight(store, processor)
     before = rows(alias, processor).get(fingerprint=running.fingerprint)
     # When released without --force
-    with pytest.raises(CommandError, match="may still be running.*--force"):
+    with pytest.raises(CommandError, match=r"may still be running.*--force"):
         run("grousset_release", running.fingerprint, database=alias)
     # Then the claim still holds: a duplicate is told it is in flight, not run
     after = rows(alias, processor).get(fingerprint=running.fingerprint)
