@@ -261,7 +261,7 @@ def _check_tasks() -> list[checks.CheckMessage]:
     for app, task, opts in resolved:
         errors.extend(_task_conflicts(app, task, opts))
     if resolved:  # once, not once per task
-        errors.extend(_check_database())
+        errors.extend(_check_database(resolved))
     errors.extend(beat_schedule_messages(resolved))
     errors.extend(unguarded_messages(_apps()))
     return errors
@@ -287,7 +287,7 @@ def _visibility_timeout(app: Any) -> float | None:
     return float(options.get("visibility_timeout", 3600))
 
 
-def _check_database() -> list[checks.CheckMessage]:
+def _check_database(resolved: list[tuple[Any, Any, Any]]) -> list[checks.CheckMessage]:
     from django.db import connections
 
     from celery_grousset.conf import grousset_settings
@@ -302,8 +302,7 @@ def _check_database() -> list[checks.CheckMessage]:
                 id="celery_grousset.E003",
             )
         ]
-    settings = connections.settings[alias]
-    engine = settings["ENGINE"]
+    engine = connections.settings[alias]["ENGINE"]
     try:
         vendor = store_class(engine).vendor  # the store's own engine -> backend mapping
     except ImproperlyConfigured:
@@ -330,17 +329,20 @@ def _check_database() -> list[checks.CheckMessage]:
         why = f"the journal database {alias!r} is not PostgreSQL (the only one partitioned)."
         fix = "Set it to 'table' (the default), or use PostgreSQL + `grousset_partition convert`."
         found.append(checks.Error(f"GROUSSET['JOURNAL_LAYOUT'] is 'partitioned', but {why}", hint=fix, id="celery_grousset.E015"))  # noqa: E501  # fmt: skip
-    level = str((settings.get("OPTIONS") or {}).get("isolation_level", "")).lower()
-    if vendor == "mysql" and level == "repeatable read":
-        found.append(
-            checks.Warning(
-                f"The journal database {alias!r} runs at REPEATABLE READ: transactional tasks "
-                "read a snapshot older than their claim.",
-                hint="Remove OPTIONS['isolation_level'] (Django's default is READ COMMITTED).",
-                id="celery_grousset.W004",
-            )
-        )
-    return found
+    from celery_grousset.journal_check import journal_aliases, repeatable_read
+
+    routed = journal_aliases(alias, [opts.database for _, _, opts in resolved])
+    return found + [w for db in routed for w in repeatable_read(db)]
+
+
+def journal_databases() -> list[str]:
+    """The journal databases: ``GROUSSET["DATABASE"]`` and each guarded task's own
+    ``database`` (one rule for the checks, the metrics and the purge task)."""
+    from celery_grousset.conf import grousset_settings
+    from celery_grousset.journal_check import journal_aliases
+
+    routed = [opts.database for _, _, opts in _resolved_tasks([])]
+    return journal_aliases(str(grousset_settings.DATABASE), routed)
 
 
 @checks.register(checks.Tags.database)
@@ -352,18 +354,17 @@ def check_journal_databases(
     from django.db import connections
 
     from celery_grousset.conf import GroussetSettingsError, grousset_settings
-    from celery_grousset.journal_check import journal_aliases, journal_messages
+    from celery_grousset.journal_check import journal_messages
 
     if not databases:
         return []
     try:
-        default, layout = grousset_settings.DATABASE, grousset_settings.JOURNAL_LAYOUT
+        layout, aliases = grousset_settings.JOURNAL_LAYOUT, journal_databases()
     except GroussetSettingsError:  # reported by check_tasks (E004/E010/E011)
         return []
-    routed = [opts.database for _, _, opts in _resolved_tasks([])]
     return [
         message
-        for alias in journal_aliases(default, routed)
+        for alias in aliases
         if alias in databases and alias in connections.settings
         for message in journal_messages(alias, layout)
     ]

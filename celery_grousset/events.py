@@ -126,7 +126,7 @@ def fenced(req: ClaimRequest, fence: int) -> None:
         fence=fence,
     )
     if recorder is not None:
-        recorder.fenced_out(req.task_name)
+        recorder.counted(req.task_name, "fenced_out")
     signals.fenced_out.send(
         sender=req.task_name,
         fingerprint=req.fingerprint,
@@ -166,7 +166,9 @@ def store_error(req: ClaimRequest, operation: str, exc: BaseException) -> None:
         operation=operation,
         error=repr(str(exc)[:300]),
     )
-    if recorder is not None and operation != "claim":
+    if recorder is not None and operation == "claim":
+        recorder.counted(req.task_name, "store_unavailable")
+    elif recorder is not None:
         recorder.commit_error(req.task_name)
 
 

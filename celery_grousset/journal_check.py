@@ -24,6 +24,30 @@ def journal_aliases(default: str, task_databases: Iterable[str]) -> list[str]:
     return sorted({default, *task_databases})
 
 
+def repeatable_read(alias: str) -> list[checks.CheckMessage]:
+    """W004: the MySQL/MariaDB journal database ``alias`` runs at REPEATABLE READ."""
+    from django.db import connections
+
+    from celery_grousset.store import store_class
+
+    settings = connections.settings.get(alias) or {}
+    try:
+        vendor = store_class(settings["ENGINE"]).vendor
+    except Exception:  # not in DATABASES, or not a journal engine: E003 says so
+        return []
+    level = str((settings.get("OPTIONS") or {}).get("isolation_level", "")).lower()
+    if vendor != "mysql" or level != "repeatable read":
+        return []
+    return [
+        checks.Warning(
+            f"The journal database {alias!r} runs at REPEATABLE READ: transactional tasks "
+            "read a snapshot older than their claim.",
+            hint="Remove OPTIONS['isolation_level'] (Django's default is READ COMMITTED).",
+            id="celery_grousset.W004",
+        )
+    ]
+
+
 def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
     """The database checks of the journal database ``alias`` (see the module doc)."""
     from django.db import DatabaseError, connections

@@ -66,8 +66,9 @@ OUTCOMES = {
     "gave_up": "gave_up",
 }
 #: every ``outcome`` of ``grousset_claims_total``: a claim's decision (``OUTCOMES``
-#: merges some), or a completion refused because the claim was taken over
-CLAIM_LABELS = (*dict.fromkeys(OUTCOMES.get(k.value, k.value) for k in Kind if k is not Kind.BYPASSED), "fenced_out")  # noqa: E501  # fmt: skip
+#: merges some), a completion refused because the claim was taken over, or a claim
+#: the journal did not answer (``store_unavailable``: the delivery waits and retries)
+CLAIM_LABELS = (*dict.fromkeys(OUTCOMES.get(k.value, k.value) for k in Kind if k is not Kind.BYPASSED), "fenced_out", "store_unavailable")  # noqa: E501  # fmt: skip
 #: outcomes that are a duplicate delivery answered from the journal
 DUPLICATES = frozenset({"duplicate", "failed_replayed"})
 #: claim latency buckets (seconds): a claim is a single round trip, usually < 5 ms
@@ -162,14 +163,8 @@ class Recorder:
         )
 
     def collectors(self) -> tuple[Any, ...]:
-        return (
-            self.claims,
-            self.duplicates,
-            self.commit_errors,
-            self.store_seconds,
-            self.completions,
-            self.completion_seconds,
-        )
+        return (self.claims, self.duplicates, self.commit_errors, self.store_seconds,
+                self.completions, self.completion_seconds)  # fmt: skip
 
     def claim(self, task: str, outcome: str, seconds: float) -> None:
         try:
@@ -181,11 +176,12 @@ class Recorder:
         except Exception:  # metrics must never break a task
             logger.debug("celery-grousset: could not record a claim metric", exc_info=True)
 
-    def fenced_out(self, task: str) -> None:
+    def counted(self, task: str, outcome: str) -> None:
+        """``fenced_out`` or ``store_unavailable``: a claim outcome no decision counts."""
         try:
-            self.claims.labels(task=task, outcome="fenced_out").inc()
+            self.claims.labels(task=task, outcome=outcome).inc()
         except Exception:
-            logger.debug("celery-grousset: could not record a fence-out", exc_info=True)
+            logger.debug("celery-grousset: could not record %s", outcome, exc_info=True)
 
     def finished(self, task: str, outcome: str, seconds: float) -> None:
         try:
@@ -208,8 +204,8 @@ class Recorder:
 
 class JournalCollector:
     """A prometheus_client collector of the journal gauges (:data:`GAUGES`) of
-    ``databases`` (default: ``GROUSSET["DATABASE"]``). A scrape reads them with
-    :func:`celery_grousset.journal.gauges` (bounded queries: counts stop at ``cap``,
+    ``databases`` (default: each journal database, :func:`checks.journal_databases`).
+    A scrape reads them with :func:`celery_grousset.journal.gauges` (counts stop at ``cap``,
     default ``journal.GAUGE_CAP``) and reuses them for ``ttl`` seconds; a scrape that
     comes while another one reads gets the values read last. A database that cannot be
     read yields no sample and logs one warning (until it can be read again): it never
@@ -249,9 +245,9 @@ class JournalCollector:
         if self.databases:
             return self.databases
         try:
-            from celery_grousset.conf import grousset_settings
+            from celery_grousset.checks import journal_databases
 
-            return (str(grousset_settings.DATABASE),)
+            return tuple(journal_databases())
         except Exception as exc:  # settings broken: the checks say why
             self._failed("?", exc)
             return ()

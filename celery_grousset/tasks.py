@@ -22,15 +22,31 @@ def purge_expired(
 ) -> int:
     """Delete expired journal entries in batches, and (``outbox=True``) outbox rows sent
     longer ago than the retention window (``GROUSSET["EXPIRES_AFTER"]``), as
-    ``manage.py grousset_purge`` does.
+    ``manage.py grousset_purge`` does, in ``database`` — by default in every journal
+    database: ``GROUSSET["DATABASE"]`` and each guarded task's own ``database``.
 
     Never an unexpired entry or a live claim, never a pending or dead outbox row. Returns how
-    many journal entries were deleted; the log line ``grousset.purged`` has both counts.
+    many journal entries were deleted; one log line ``grousset.purged`` per database has
+    both counts. A database that fails does not stop the others; the task then fails
+    with its error.
     """
-    from celery_grousset import journal
-    from celery_grousset.conf import grousset_settings
+    from celery_grousset.checks import journal_databases
 
-    alias = database or str(grousset_settings.DATABASE)
+    total, failed = 0, None
+    for alias in [database] if database else journal_databases():
+        try:
+            total += _purge(alias, batch_size, outbox)
+        except Exception as exc:
+            logger.error("grousset.purge_failed database=%s error=%s", alias, exc)
+            failed = failed or exc
+    if failed is not None:
+        raise failed
+    return total
+
+
+def _purge(alias: str, batch_size: int, outbox: bool) -> int:
+    from celery_grousset import journal
+
     count = journal.purge_expired(alias, batch_size=batch_size)
     sent = purge_sent_outbox(alias, batch_size) if outbox else 0
     fields = {"count": count, "outbox": sent, "database": alias}

@@ -471,6 +471,23 @@ def test_mysql_repeatable_read_is_W004() -> None:
         assert ids(None) == set()
 
 
+def test_a_task_journal_database_at_repeatable_read_is_W004_too() -> None:
+    from django.db import connections
+
+    import tests.tasks  # noqa: F401  (effect_on_mysql: database="mysql")
+
+    mysql = connections.settings["mysql"]
+    rr = {**mysql, "OPTIONS": {**mysql["OPTIONS"], "isolation_level": "repeatable read"}}
+    # Given GROUSSET["DATABASE"] elsewhere, and a task whose own journal database (its
+    # `database` option) runs at REPEATABLE READ
+    with database("mysql", **rr), override_settings(GROUSSET={"DATABASE": "default"}):
+        # When the checks run / Then that database is warned about
+        found = [m for m in checks.run_checks(tags=[TAG]) if m.id == "celery_grousset.W004"]
+    assert [m.msg.split(":")[0] for m in found] == [
+        "The journal database 'mysql' runs at REPEATABLE READ"
+    ]
+
+
 def test_async_claim_commit_outside_postgresql_is_W006() -> None:
     # Given the opt-in async claim commit on journals that cannot honour it
     for alias in ("default", "mysql"):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db.models import F
@@ -335,6 +336,26 @@ def test_beat_task_purges_and_returns_the_count(store: Store, alias: str, proces
     assert list(rows(alias, processor).values_list("fingerprint", flat=True)) == [keep.fingerprint]
 
 
+def test_beat_task_without_a_database_purges_every_journal_database(processor: str) -> None:
+    from celery_grousset.checks import journal_databases
+    from celery_grousset.store import get_store
+    from celery_grousset.tasks import purge_expired
+
+    # Given a task routed to its own journal database (tests.tasks.effect_on_mysql)
+    # and an expired row there and in GROUSSET["DATABASE"]
+    services.require_database("mysql")
+    default = str(settings.GROUSSET["DATABASE"])
+    services.require_database(default)
+    assert {default, "mysql"} <= set(journal_databases())
+    for db in {default, "mysql"}:
+        fp = completed(get_store(db), processor).fingerprint
+        expire(db, processor, fp, timedelta(hours=1))
+    # When the beat task runs as the docs schedule it (no database)
+    purge_expired.apply(kwargs={"batch_size": 100}).get()
+    # Then both journals were purged
+    assert [db for db in {default, "mysql"} if rows(db, processor).exists()] == []
+
+
 # -- grousset_inspect ---------------------------------------------------------------------
 
 
@@ -396,8 +417,11 @@ def test_inspect_in_flight_and_unknown(store: Store, alias: str, processor: str)
     data = json.loads(run("grousset_inspect", running.fingerprint, json=True, database=alias))
     assert data["memo"] is None and "in flight" in data["memo_error"]
     # And an unknown id or a too-short prefix is an error (exit code 1)
-    with pytest.raises(CommandError, match="no journal entry matches"):
+    with pytest.raises(CommandError, match="no journal entry matches") as missing:
         run("grousset_inspect", "no-such-task", database=alias)
+    # (naming the other journal databases: tests.tasks.effect_on_mysql has its own)
+    assert "other journal databases: " in str(missing.value)
+    assert "'mysql'" in str(missing.value) or alias == "mysql"
     with pytest.raises(CommandError, match="at least 8 hex"):
         run("grousset_inspect", running.fingerprint[:6], database=alias)
 

@@ -48,7 +48,8 @@ def test_recorder_maps_claim_outcomes_to_labels() -> None:
         "gave_up",
     ):
         rec.claim("t", kind, 0.002)
-    rec.fenced_out("t")
+    rec.counted("t", "fenced_out")
+    rec.counted("t", "store_unavailable")
     rec.commit_error("t")
     for outcome in ("completed", "completed", "failed", "fenced_out"):
         rec.finished("t", outcome, 0.003)
@@ -407,3 +408,22 @@ def test_enable_registers_the_gauges_for_a_web_process() -> None:
         metrics.disable()
         rec.unregister()
         metrics._recorder = None
+
+
+def test_the_gauges_cover_every_journal_database_by_default() -> None:
+    from django.conf import settings
+    from prometheus_client import CollectorRegistry
+
+    import tests.tasks  # noqa: F401  (effect_on_mysql: its journal on the "mysql" alias)
+    from celery_grousset.metrics import GAUGES, JournalCollector
+
+    default = str(settings.GROUSSET["DATABASE"])
+    for alias in (default, "mysql"):
+        services.require_database(alias)
+    # Given a collector registered as a worker registers it (no databases named)
+    registry = CollectorRegistry()
+    registry.register(JournalCollector(ttl=0))
+    # When it is scraped / Then GROUSSET["DATABASE"] and a task's own journal database
+    # both have their gauges (a stale claim there raises GroussetStaleClaims too)
+    for alias in (default, "mysql"):
+        assert set(gauge_values(registry, alias)) == set(GAUGES), alias

@@ -90,9 +90,9 @@ def exported() -> dict[str, set[str] | None]:
 
 
 def outcome_values() -> set[str]:
-    from celery_grousset.metrics import COMPLETION_OUTCOMES, OUTCOMES
+    from celery_grousset.metrics import CLAIM_LABELS, COMPLETION_OUTCOMES
 
-    return set(OUTCOMES.values()) | {"fenced_out"} | set(COMPLETION_OUTCOMES)
+    return set(CLAIM_LABELS) | set(COMPLETION_OUTCOMES)
 
 
 # -- promtool ----------------------------------------------------------------------------
@@ -123,6 +123,8 @@ tests:
         values: '0x5 1x40'
       - series: 'grousset_claims_total{{task="shop.tasks.pay", outcome="gave_up"}}'
         values: '0x40'
+      - series: 'grousset_claims_total{{task="shop.tasks.ship", outcome="store_unavailable"}}'
+        values: '0x10 1+1x10 11x20'
     alert_rule_test:
       - eval_time: 6m
         alertname: GroussetCommitErrors
@@ -154,6 +156,16 @@ tests:
         exp_alerts: []
       - eval_time: 30m
         alertname: GroussetGaveUp
+        exp_alerts: []
+      - eval_time: 13m
+        alertname: GroussetClaimErrors
+        exp_alerts: []
+      - eval_time: 18m
+        alertname: GroussetClaimErrors
+        exp_alerts:
+          - exp_labels: {{severity: critical, task: shop.tasks.ship}}
+      - eval_time: 40m
+        alertname: GroussetClaimErrors
         exp_alerts: []
   # duplicates: a steady 0.01/s for a day, then 2/s; another task at a steady 1/s
   - interval: 1m

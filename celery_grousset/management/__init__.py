@@ -181,6 +181,18 @@ def journal_alias(database: str | None) -> str:
     return alias
 
 
+def other_journals(alias: str) -> str:
+    """For a "not found": the other journal databases (a task's own ``database``), to
+    look in with ``--database``; empty when there is none."""
+    try:
+        from celery_grousset.checks import journal_databases
+
+        others = [repr(a) for a in journal_databases() if a != alias]
+    except Exception:  # the checks report what stops this
+        return ""
+    return f"; other journal databases: {', '.join(others)} (pass --database)" if others else ""
+
+
 def find(
     alias: str, needle: str, processor_id: str | None = None, limit: int = 50
 ) -> list[Outcome]:

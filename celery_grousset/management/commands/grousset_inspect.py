@@ -23,6 +23,7 @@ from celery_grousset.management import (
     human_seconds,
     iso,
     journal_alias,
+    other_journals,
     timestamp,
 )
 
@@ -143,7 +144,9 @@ class Command(BaseCommand):
                 if len(needle) >= MIN_PREFIX
                 else (f" (fingerprint prefixes need at least {MIN_PREFIX} hex characters)")
             )
-            raise CommandError(f"no journal entry matches {needle!r} in {alias!r}{hint}")
+            raise CommandError(
+                f"no journal entry matches {needle!r} in {alias!r}{hint}{other_journals(alias)}"
+            )
         now = journal.now(alias)
         asked = journal.deliveries_of(alias, needle)
         if options["json"]:

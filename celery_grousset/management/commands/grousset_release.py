@@ -26,6 +26,7 @@ from celery_grousset.management import (
     describe_matches,
     find,
     journal_alias,
+    other_journals,
 )
 
 if TYPE_CHECKING:
@@ -67,7 +68,8 @@ class Command(BaseCommand):
         ]
         if not records:
             who = f" for processor {options['processor_id']!r}" if options["processor_id"] else ""
-            raise CommandError(f"no journal entry with fingerprint {needle!r}{who} in {alias!r}")
+            raise CommandError(f"no journal entry with fingerprint {needle!r}{who} in {alias!r}"
+                               f"{other_journals(alias)}")  # fmt: skip
         if len({r.fingerprint for r in records}) > 1:
             raise CommandError(
                 describe_matches(records) + "\nThe prefix is ambiguous: pass more characters."
