@@ -36,7 +36,7 @@ from celery_grousset.exceptions import (
 from celery_grousset.faults import fault
 from celery_grousset.fingerprint import bind_arguments, fingerprint_bound, payload_hash
 from celery_grousset.options import Options
-from celery_grousset.redact import DEFAULT_REDACT_KEYS, safe_repr
+from celery_grousset.redact import DEFAULT_REDACT_KEYS, safe_repr, secret_values
 from celery_grousset.store import ClaimResult, Store, check_claimable, get_store
 
 __all__ = [
@@ -145,6 +145,7 @@ def guarded(caller: Caller, call: Call) -> Any:
         processor_id=opts.processor_id,
         token=req.token,
     )
+    scope = memo.SECRETS.set(lambda: secrets_of(call))  # kept out of its error text
     try:
         return run_owned(
             store, opts, req, res, lambda: caller.run(attempt), call.serializer,
@@ -152,6 +153,8 @@ def guarded(caller: Caller, call: Call) -> Any:
         )  # fmt: skip
     except TransactionLost as exc:  # the next delivery finds out whether it committed
         carry.claim_unavailable(caller, req, exc)
+    finally:
+        memo.SECRETS.reset(scope)
 
 
 def identify(call: Call) -> tuple[str, str]:
@@ -241,13 +244,27 @@ def _fingerprint(call: Call) -> tuple[str, dict[str, object] | None]:
     return fp, bound
 
 
+def _redact_keys() -> frozenset[str]:
+    extra = grousset_settings.REDACT_KEYS
+    return DEFAULT_REDACT_KEYS | frozenset(extra) if extra else DEFAULT_REDACT_KEYS
+
+
+def secrets_of(call: Call) -> list[str]:
+    """The values the call's sensitive arguments hold (bound to the signature, so a
+    positional one is found too): what its stored error text must not quote."""
+    try:
+        named: Mapping[str, object] = bind_arguments(call.signature, call.args, call.kwargs)
+    except FingerprintError:
+        named = call.kwargs
+    return secret_values(named.items(), _redact_keys())
+
+
 def redacted(
     args: Sequence[Any], kwargs: Mapping[str, Any], bound: Mapping[str, object] | None
 ) -> str:
     """The only text of a call's arguments the package stores or shows: redacted by name
     (bound to the signature, so a positional secret is redacted too), truncated."""
-    extra = grousset_settings.REDACT_KEYS
-    keys = DEFAULT_REDACT_KEYS | frozenset(extra) if extra else DEFAULT_REDACT_KEYS
+    keys = _redact_keys()
     return safe_repr(
         args,
         kwargs,

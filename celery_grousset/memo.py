@@ -19,7 +19,8 @@ from __future__ import annotations
 import builtins
 import contextlib
 import json
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from contextvars import ContextVar
 from functools import lru_cache
 from typing import Any
 
@@ -61,10 +62,29 @@ def clean_text(text: str, limit: int = ERROR_MAX) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+#: the running attempt's secret argument values, as a function (called only when an
+#: error text is recorded): set by the guard around the effect
+SECRETS: ContextVar[Callable[[], Collection[str]] | None] = ContextVar("grousset_secrets",
+                                                                      default=None)  # fmt: skip
+
+
+def _without_secrets(text: str) -> str:
+    """``text`` with the running attempt's secret argument values masked."""
+    secrets = SECRETS.get()
+    if secrets is not None:
+        try:
+            for secret in secrets():
+                text = text.replace(secret, "***")
+        except Exception:  # arguments that cannot be read again: the patterns still apply
+            pass
+    return text
+
+
 def redacted_text(text: str, limit: int = ERROR_MAX) -> str:
     """:func:`clean_text` of ``text`` with secret values (passwords in DSNs, bearer tokens,
     ``password=…``) removed by :func:`celery_grousset.redact.redact_text`, with the
-    ``GROUSSET["REDACT_KEYS"]`` too. Never raises."""
+    ``GROUSSET["REDACT_KEYS"]`` too, and the running attempt's secret argument values
+    (:data:`SECRETS`). Never raises."""
     keys: Collection[str] = DEFAULT_REDACT_KEYS
     try:
         from celery_grousset.conf import grousset_settings
@@ -74,7 +94,7 @@ def redacted_text(text: str, limit: int = ERROR_MAX) -> str:
             keys = DEFAULT_REDACT_KEYS | frozenset(extra)
     except Exception:  # settings that cannot be read: the default keys still apply
         pass
-    return clean_text(redact_text(text[:_REDACT_MAX], keys), limit)
+    return clean_text(_without_secrets(redact_text(text[:_REDACT_MAX], keys)), limit)
 
 
 def error_summary(exc: BaseException | None) -> str:

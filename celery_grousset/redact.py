@@ -149,6 +149,28 @@ def is_sensitive(name: str, redact_keys: Collection[str] = DEFAULT_REDACT_KEYS) 
         return True
 
 
+def secret_values(
+    named: Iterable[tuple[object, object]], redact_keys: Collection[str] = DEFAULT_REDACT_KEYS
+) -> list[str]:
+    """The text of each value a sensitive name holds (``named``: a call's bound arguments;
+    mappings are searched too), longest first: what an error message must not quote.
+    Values under 4 characters are left alone (masking them would mask ordinary text)."""
+    rules, found = _rules_for(redact_keys), set[str]()
+
+    def walk(name: object, value: object, depth: int) -> None:
+        if _matches(name, rules):
+            if isinstance(value, (str, bytes, int)) and not isinstance(value, bool):
+                text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+                found.update([text] if len(text) >= 4 else [])
+        elif isinstance(value, Mapping) and depth < 4:
+            for key, item in value.items():
+                walk(key, item, depth + 1)
+
+    for name, value in named:
+        walk(name, value, 0)
+    return sorted(found, key=len, reverse=True)
+
+
 def _plain_repr(value: object) -> str:
     try:
         text = repr(value)

@@ -274,6 +274,29 @@ def test_stored_error_text_is_redacted_for_a_bearer_value(journal: str, temp_tas
     assert "abc.def.ghi" not in error
 
 
+@pytest.mark.parametrize("on_failure", ["release", "memoize"])
+def test_an_error_that_quotes_a_secret_argument_is_stored_without_it(
+    journal: str, temp_task: Any, on_failure: str
+) -> None:
+    def authorize(self: Any, customer: str, card_number: str, options: dict[str, Any]) -> None:
+        raise RuntimeError(f"PSP declined {customer}: card {card_number}, "
+                           f"cvv {options['cvv']} (raw: {card_number})")  # fmt: skip
+
+    task = temp_task(authorize, max_processing_time=30, on_failure=on_failure)
+    call = ("dave-7f1", "4242424242424242", {"cvv": "9731"})
+    # When a task fails with an error that quotes its sensitive arguments (a positional
+    # card number, bound to its name; a cvv in a dict)
+    assert isinstance(task.apply(call).result, RuntimeError)
+    # Then the journal stores neither value, in the error or in the memo; the rest stays
+    rec = Outcome.objects.using(journal).get(task_name=task.name)
+    stored = rec.error + (bytes(rec.result).decode() if rec.result is not None else "")
+    assert "4242424242424242" not in stored and "9731" not in stored, stored
+    assert rec.error == "RuntimeError: PSP declined dave-7f1: card ***, cvv *** (raw: ***)"
+    if on_failure == "memoize":  # and a duplicate is replayed the scrubbed message
+        replay = task.apply(call).result
+        assert str(replay) == "PSP declined dave-7f1: card ***, cvv *** (raw: ***)"
+
+
 # -- defect 10: MariaDB's max_allowed_packet ------------------------------------------------
 
 
