@@ -46,9 +46,10 @@ def slot_time(schedule: Any, last_run_at: datetime) -> datetime | None:
     The due time is ``now + schedule.remaining_estimate(last_run_at)``. A crontab or
     solar due time is the same in every beat process (rounded to the second). An interval
     schedule's due time depends on when *this* beat last ran the entry, so it is rounded
-    to the nearest multiple of the interval since the Unix epoch: two beats that publish
-    the same run within half an interval of each other name the same slot, and one beat's
-    runs (at least an interval apart) never share one.
+    to the nearest multiple of the interval since the Unix epoch: two beats whose runs
+    round to the same multiple name the same slot (runs either side of the midpoint
+    between two multiples do not, however close: docs/periodic.md), and one beat's runs
+    (at least an interval apart) never share one.
     """
     from celery.schedules import crontab, solar
     from celery.schedules import schedule as interval
