@@ -20,8 +20,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.db.models import DurationField, ExpressionWrapper, F, Q, QuerySet
-from django.db.models.functions import Now
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, QuerySet, Value
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils import timezone
@@ -157,9 +156,12 @@ class OutcomeAdmin(ReadOnlyAdmin):
         js = ("celery_grousset/admin.js",)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Outcome]:
-        age = ExpressionWrapper(Now() - F("started_at"), output_field=DurationField())
         qs: QuerySet[Outcome] = super().get_queryset(request)
-        return qs.annotate(grousset_age=age)  # on the database clock
+        now = get_store(qs.db).now_expression()  # the journal's clock, as the claim reads it
+        if not hasattr(now, "resolve_expression"):  # (SQLite: a value)
+            now = Value(now, output_field=DateTimeField())
+        age = ExpressionWrapper(now - F("started_at"), output_field=DurationField())
+        return qs.annotate(grousset_age=age)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str

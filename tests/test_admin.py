@@ -555,3 +555,34 @@ def test_changelist_columns_stay_narrow_and_the_copy_control_is_a_glyph(
         assert f"sortable column-{name}" in html, name
         assert getattr(OutcomeAdmin, name).admin_order_field == field
     assert flying.fingerprint[:12] in html
+
+
+def test_the_age_column_reads_the_journal_clock_whatever_the_session_time_zone() -> None:
+    from django.contrib.admin.sites import site
+    from django.test import RequestFactory
+
+    from celery_grousset.admin import OutcomeAdmin
+    from tests.test_checks import database
+
+    services.require_database("mysql")
+    base = connections.settings["mysql"]
+    options = {**base["OPTIONS"], "init_command": "SET time_zone='+02:00'"}
+    processor = f"tz-{uuid.uuid4().hex[:8]}"
+    # Given a MySQL journal whose sessions run at +02:00 (a server whose default zone is
+    # local time), and a claim made a moment ago
+    with database("mysql_tz", **{**base, "OPTIONS": options}), override_settings(
+        GROUSSET={"DATABASE": "mysql_tz"}
+    ):
+        get_store("mysql_tz").claim(ClaimRequest(
+            processor_id=processor, fingerprint=uuid.uuid4().hex * 2, task_name="tests.tz",
+            task_id="t-tz", token=uuid.uuid4().hex, worker="w", args_repr="()",
+            max_processing_time=60.0, expires_after=3600.0, max_takeovers=3,
+        ))  # fmt: skip
+        # When the changelist's queryset computes its age column
+        request = RequestFactory().get("/admin/celery_grousset/outcome/")
+        rows = OutcomeAdmin(Outcome, site).get_queryset(request).filter(processor_id=processor)
+        age = rows.get().grousset_age
+        rows.delete()
+        get_store("mysql_tz").close()
+    # Then it is seconds, not two hours (or nothing) off
+    assert timedelta(0) <= age < timedelta(minutes=1), age
