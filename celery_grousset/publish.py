@@ -134,6 +134,13 @@ def as_call(task: GroussetTaskMixin, item: Any, validate_payload: bool = True) -
             f"{task.name}.publish_unique: each call is (args, kwargs), (args, kwargs, "
             f"idempotency_key) or an idempotency key (str), got {type(item).__name__}"
         )
+    check = getattr(task, "__header__", None) if getattr(task, "typing", False) else None
+    if check is not None:  # Celery's own check, before the chunk is published
+        try:
+            check(*args, **kwargs)
+        except TypeError as exc:
+            raise InvalidArgument(f"{task.name}.publish_unique: the call {item!r} does not fit "
+                                  f"the task's parameters: {exc}") from exc  # fmt: skip
     fp, payload = fingerprint_and_payload(task.grousset_call(args, kwargs, key), validate_payload)
     return Call(args, kwargs, key, fp, payload)
 
@@ -263,14 +270,20 @@ def publish_unique(
     """
     report = PublishReport()
     app = task.app
-    with app.producer_or_acquire(options.pop("producer", None)) as producer:
-        for todo in plan(task, calls, report, chunk_size=chunk_size, window=window):
-            for call in todo:
-                extra = {"idempotency_key": call.key} if call.key is not None else {}
-                result = task.apply_async(
-                    call.args, call.kwargs, producer=producer, **extra, **options
-                )
-                report.published += 1
-                if keep_results:
-                    report.results.append(result)
+    try:
+        with app.producer_or_acquire(options.pop("producer", None)) as producer:
+            for todo in plan(task, calls, report, chunk_size=chunk_size, window=window):
+                for call in todo:
+                    extra = {"idempotency_key": call.key} if call.key is not None else {}
+                    result = task.apply_async(
+                        call.args, call.kwargs, producer=producer, **extra, **options
+                    )
+                    report.published += 1
+                    if keep_results:
+                        report.results.append(result)
+    except Exception as exc:  # what was published stays published: say how much
+        exc.grousset_report = report  # type: ignore[attr-defined]
+        exc.add_note(f"publish_unique: {report.published} call(s) were published before "
+                     "this error (their report: exc.grousset_report)")  # fmt: skip
+        raise
     return report

@@ -24,6 +24,7 @@ from django.test.utils import CaptureQueriesContext
 
 from celery_grousset import GroussetTask
 from celery_grousset.claim import ENC_EXCEPTION, ClaimRequest
+from celery_grousset.exceptions import InvalidArgument
 from celery_grousset.journal import now as _db_now
 from celery_grousset.models import Outcome
 from celery_grousset.publish import PublishReport, plan
@@ -138,6 +139,23 @@ def test_idempotency_keys_and_key_triples(alias: str, processor: str, queue: str
     # Then "a" and the first "b" call go out, with the key as the first argument for "a"
     assert sorted(published_keys(queue)) == ["a", "x"]
     assert (report.published, report.skipped_in_batch) == (2, 2)
+
+
+def test_a_call_that_does_not_fit_the_task_fails_before_its_chunk_and_says_what_went_out(
+    alias: str, processor: str, queue: str
+) -> None:
+    task = make_task(alias, processor)
+    # Given a batch whose third call, named by its idempotency key (its arguments are
+    # not bound for the fingerprint), has an argument too many for the task
+    calls: list[Any] = [(("a",), {}), (("b",), {}), (("c", 0.0, "extra"), {}, "k-c"), "d"]
+    # When it is published in chunks of two
+    with pytest.raises(InvalidArgument, match="does not fit the task's parameters") as failed:
+        task.publish_unique(calls, queue=queue, chunk_size=2)
+    # Then the first chunk went out, nothing of the chunk with the wrong call, and the
+    # error carries the report of what was published
+    assert sorted(published_keys(queue)) == ["a", "b"]
+    assert failed.value.grousset_report.published == 2  # type: ignore[attr-defined]
+    assert "2 call(s) were published before this error" in "".join(failed.value.__notes__)
 
 
 def test_a_key_reused_with_other_arguments_is_published_not_dropped(
