@@ -36,6 +36,7 @@ from celery_grousset.exceptions import (
 from celery_grousset.faults import fault
 from celery_grousset.fingerprint import bind_arguments, fingerprint_bound, payload_hash
 from celery_grousset.options import Options
+from celery_grousset.publish_check import effect_in_transaction
 from celery_grousset.redact import DEFAULT_REDACT_KEYS, safe_repr, secret_values
 from celery_grousset.store import ClaimResult, Store, check_claimable, get_store
 
@@ -145,6 +146,8 @@ def guarded(caller: Caller, call: Call) -> Any:
         processor_id=opts.processor_id,
         token=req.token,
     )
+    if getattr(caller, "local", False):  # protect(), an eager or direct call: in a transaction?
+        effect_in_transaction(call.name, opts.database if opts.transactional else None)
     scope = memo.SECRETS.set(lambda: secrets_of(call))  # kept out of its error text
     try:
         return run_owned(

@@ -34,6 +34,7 @@ class _ProtectCaller:
     raises StoreUnavailable to the caller."""
 
     __slots__ = ("body", "key", "on_in_flight", "opts")
+    local = True  # runs in the caller's process (its transaction: guard.guarded)
 
     def __init__(self, opts: Options, key: str, on_in_flight: str, body: Callable[[], Any]):
         self.opts, self.key, self.on_in_flight, self.body = opts, key, on_in_flight, body

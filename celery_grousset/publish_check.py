@@ -25,6 +25,7 @@ from typing import Any
 from celery_grousset.events import emit
 
 EVENT = "grousset.published_in_transaction"
+EFFECT_EVENT = "grousset.effect_in_transaction"
 #: set while a publisher that publishes inside a transaction on purpose runs (the relay)
 _DELIBERATE: ContextVar[bool] = ContextVar("grousset_deliberate_publish", default=False)
 
@@ -40,15 +41,40 @@ def deliberate() -> Iterator[None]:
         _DELIBERATE.reset(token)
 
 
-def open_transaction() -> str | None:
-    """The alias of a database with an open ``transaction.atomic()`` in this thread (one
-    a ``TestCase`` opened does not count), or None."""
+def open_transactions() -> list[str]:
+    """The aliases of the databases with an open ``transaction.atomic()`` in this thread
+    (one a ``TestCase`` opened does not count)."""
     from django.db import connections
 
-    for conn in connections.all(initialized_only=True):
-        if any(not getattr(block, "_from_testcase", False) for block in conn.atomic_blocks):
-            return str(conn.alias)
-    return None
+    return [
+        str(conn.alias)
+        for conn in connections.all(initialized_only=True)
+        if any(not getattr(block, "_from_testcase", False) for block in conn.atomic_blocks)
+    ]
+
+
+def open_transaction() -> str | None:
+    """The alias of a database with an open ``transaction.atomic()``, or None."""
+    return next(iter(open_transactions()), None)
+
+
+def effect_in_transaction(task_name: str, transactional_on: str | None) -> None:
+    """Warn when a guarded effect runs in this process (``protect()``, an eager or direct
+    call) inside an open transaction its completion does not join: the journal records
+    the outcome at once, on its own connection, while the effect's writes commit or roll
+    back with that transaction. ``transactional_on``: the database a transactional
+    effect's completion joins (its transaction there is no hazard)."""
+    aliases = [a for a in open_transactions() if a != transactional_on]
+    if not aliases:
+        return
+    emit(logging.WARNING, EFFECT_EVENT, {"task": task_name, "database": aliases[0]}, note=(
+        "the effect runs inside an open transaction.atomic(): the journal records its "
+        "outcome now, but what it writes to that database commits or rolls back with the "
+        "transaction; rolled back, the effect is undone while its key is answered from the "
+        "journal. Run it after the commit (transaction.on_commit), or pass "
+        "transactional=True with its journal on that database (its completion then "
+        "commits with the transaction)"
+    ))  # fmt: skip
 
 
 def in_transaction(task: Any, options: dict[str, Any]) -> None:

@@ -245,3 +245,37 @@ def test_sqlite_locked_fails_closed() -> None:
         holder.close()
         reset_stores()
     assert ran == []
+
+
+def test_an_effect_inside_an_open_transaction_is_warned_about(
+    alias: str, processor: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from django.db import transaction
+
+    def warned(run: Any) -> list[str]:
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="celery_grousset"):
+            run()
+        return [r.getMessage() for r in caplog.records
+                if r.getMessage().startswith("grousset.effect_in_transaction")]  # fmt: skip
+
+    opts: dict[str, Any] = {"max_processing_time": 30, "processor_id": processor, "database": alias}
+    keys = [f"tx-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+
+    def book() -> str:  # a transactional effect's write, in the caller's transaction
+        return str(Effect.objects.using(alias).create(key=keys[1], value="booked").pk)
+
+    def inside(key: str, effect: Any, **more: Any) -> None:
+        with transaction.atomic(using=alias):
+            protect(key, effect, **opts, **more)
+
+    # When protect() runs an effect inside an open transaction.atomic(): its outcome is
+    # journaled at once, while its writes commit (or roll back) with that transaction
+    lines = warned(lambda: inside(keys[0], lambda: "sent"))
+    # Then it is warned about, naming the database and the fixes
+    assert len(lines) == 1 and f"database={alias}" in lines[0], lines
+    assert "transaction.on_commit" in lines[0] and "transactional=True" in lines[0]
+    # And not when the effect is transactional on that database (its completion commits
+    # with the caller's transaction), nor outside a transaction
+    assert warned(lambda: inside(keys[1], book, transactional=True)) == []
+    assert warned(lambda: protect(keys[2], lambda: "sent", **opts)) == []
