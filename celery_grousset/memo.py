@@ -186,8 +186,8 @@ def decode(
             f"the effect of {fingerprint[:16]}… completed but its result was not stored "
             f"({error}); it will not run again."
         )
-    if encoding == ENC_GAVE_UP:
-        raise GaveUp(error)
+    if encoding == ENC_GAVE_UP:  # its release command, with this record's fingerprint
+        raise GaveUp(error.replace("<fingerprint>", fingerprint))
     if encoding == ENC_EXCEPTION:
         raise rebuild_exception(result, error)
     if encoding == ENC_NONE or result is None:

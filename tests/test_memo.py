@@ -405,3 +405,15 @@ def test_a_memo_the_database_refuses_is_recorded_as_not_stored(
     rec = Outcome.objects.using(alias).get(processor_id=processor, fingerprint=fp)
     assert (rec.status, rec.result_encoding) == ("completed", ENC_NOT_STORED)
     assert rec.error.startswith("result not stored: the journal refused it")
+
+
+def test_a_given_up_record_names_the_command_that_releases_it() -> None:
+    from celery_grousset.claim import ENC_GAVE_UP, gave_up_message
+    from celery_grousset.exceptions import GaveUp
+
+    fp = uuid.uuid4().hex * 2
+    # When a duplicate meets a record given up after max_takeovers
+    with pytest.raises(GaveUp) as gave_up:
+        memo.decode(None, ENC_GAVE_UP, gave_up_message(3), fp)
+    # Then the error names the command with this record's fingerprint, ready to run
+    assert f"`manage.py grousset_release {fp} --force`" in str(gave_up.value)
