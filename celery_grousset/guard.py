@@ -106,6 +106,8 @@ class Caller(Protocol):
 def guarded(caller: Caller, call: Call) -> Any:
     """Run ``call`` at most once per key: the whole guarded flow."""
     opts = caller.options()
+    if test_database_check is not None and getattr(caller, "local", False):
+        test_database_check(opts.database)  # the pytest plugin: claims must not leak
     fp, args_repr, payload = identity(call, opts.validate_payload)
     store = get_store(opts.database)
     req = request(
@@ -276,6 +278,10 @@ def redacted(
         max_length=int(grousset_settings.ARGS_REPR_MAX_LENGTH),
     )
 
+
+#: set by the pytest plugin (celery_grousset.contrib.pytest) during a test: refuses an
+#: in-process guarded call whose claims would leak out of the test
+test_database_check: Callable[[str], None] | None = None
 
 _worker_id: tuple[int, str] = (0, "")
 

@@ -235,3 +235,42 @@ def test_the_entry_point_plugin_loads_in_a_project_without_django_settings(
     # Then they pass, with the plugin registered
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*celery_grousset.contrib.pytest*"])
+
+
+def test_a_guarded_call_without_the_fixtures_is_refused_where_its_claims_would_leak(
+    pytester: pytest.Pytester,
+) -> None:
+    # Given a project whose tests call a guarded task in-process without the plugin's
+    # fixtures: inside a rolled-back test transaction, with no test database, and right
+    pytester.makepyfile(textwrap.dedent("""
+        import pytest
+        from celery_grousset import GroussetTask
+        from tests.celeryapp import app
+
+        @app.task(base=GroussetTask, bind=True, max_processing_time=30, name="inner.send")
+        def send(self, n):
+            return n
+
+        @pytest.mark.django_db
+        def test_rollback_only():
+            send.apply((1,)).get()
+
+        def test_no_test_database():
+            send.apply((2,)).get()
+
+        @pytest.mark.django_db(transaction=True)
+        def test_transactional():
+            assert send.apply((3,)).get() == 3
+    """))
+    pytester._monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(ROOT)]))
+    pytester._monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.settings")
+    pytester._monkeypatch.setenv("GROUSSET_TEST_SQLITE", str(pytester.path / "journal.sqlite3"))
+    # When they run
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    # Then the two whose claims would outlive the test (or go to the settings' database)
+    # fail, each naming the mark to use; the transactional one passes
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines([
+        "*test_rollback_only*rolled-back test transaction*django_db(transaction=True)*",
+        "*test_no_test_database*no test database*django_db(transaction=True)*",
+    ])  # fmt: skip

@@ -153,24 +153,58 @@ def _refuse_rollback_only_db(request: pytest.FixtureRequest) -> None:
     marker = request.node.get_closest_marker("django_db")
     if marker is None:
         if request.config.pluginmanager.hasplugin("django") and _access_blocked():
-            pytest.fail(
-                f"{request.node.nodeid}: guarded tasks write the journal, and this test has "
-                "no test database: without a django_db mark their claims would go to the "
-                "database in your settings. Use @pytest.mark.django_db(transaction=True).",
-                pytrace=False,
-            )
+            _no_test_database(request)
         return
     transaction = marker.kwargs.get("transaction", marker.args[0] if marker.args else False)
     if not transaction:
-        pytest.fail(
-            f"{request.node.nodeid}: guarded tasks claim on the journal's own connection and "
-            "commit at once, which a rolled-back test transaction cannot contain. Use "
-            "@pytest.mark.django_db(transaction=True).",
-            pytrace=False,
-        )
+        _rolled_back(request)
 
 
-def _access_blocked() -> bool:
+def _no_test_database(request: pytest.FixtureRequest) -> None:
+    pytest.fail(
+        f"{request.node.nodeid}: guarded tasks write the journal, and this test has "
+        "no test database: without a django_db mark their claims would go to the "
+        "database in your settings. Use @pytest.mark.django_db(transaction=True).",
+        pytrace=False,
+    )
+
+
+def _rolled_back(request: pytest.FixtureRequest) -> None:
+    pytest.fail(
+        f"{request.node.nodeid}: guarded tasks claim on the journal's own connection and "
+        "commit at once, which a rolled-back test transaction cannot contain. Use "
+        "@pytest.mark.django_db(transaction=True).",
+        pytrace=False,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _grousset_test_database(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under pytest-django, a guarded call run in the test's process (eager, direct,
+    ``protect()``) with or without the fixtures is refused where its claims would
+    leak: into a rolled-back test transaction's database (they would outlive it), or,
+    with no test database, into the settings' database."""
+    if not request.config.pluginmanager.hasplugin("django"):
+        yield
+        return
+    from celery_grousset import guard
+
+    def check(alias: str) -> None:
+        from django.db import connections
+
+        if any(getattr(b, "_from_testcase", False) for b in connections[alias].atomic_blocks):
+            _rolled_back(request)
+        if request.node.get_closest_marker("django_db") is None and _access_blocked(alias):
+            _no_test_database(request)
+
+    saved, guard.test_database_check = guard.test_database_check, check
+    try:
+        yield
+    finally:
+        guard.test_database_check = saved
+
+
+def _access_blocked(alias: str | None = None) -> bool:
     """pytest-django refuses this test Django's database access (no ``django_db`` mark,
     ``transactional_db`` or project-wide unblocking), which the journal store's own
     connection would not notice."""
@@ -179,7 +213,7 @@ def _access_blocked() -> bool:
     from celery_grousset.conf import grousset_settings
 
     try:
-        connections[grousset_settings.DATABASE].ensure_connection()
+        connections[alias or grousset_settings.DATABASE].ensure_connection()
     except RuntimeError as exc:  # pytest-django's blocker: "Database access not allowed"
         return "not allowed" in str(exc)
     except Exception:  # the database itself: the test will say so
