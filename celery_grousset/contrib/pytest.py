@@ -153,29 +153,24 @@ def _refuse_rollback_only_db(request: pytest.FixtureRequest) -> None:
     marker = request.node.get_closest_marker("django_db")
     if marker is None:
         if request.config.pluginmanager.hasplugin("django") and _access_blocked():
-            _no_test_database(request)
+            _refuse(request, _NO_TEST_DATABASE)
         return
     transaction = marker.kwargs.get("transaction", marker.args[0] if marker.args else False)
     if not transaction:
-        _rolled_back(request)
+        _refuse(request, _ROLLED_BACK)
 
 
-def _no_test_database(request: pytest.FixtureRequest) -> None:
-    pytest.fail(
-        f"{request.node.nodeid}: guarded tasks write the journal, and this test has "
-        "no test database: without a django_db mark their claims would go to the "
-        "database in your settings. Use @pytest.mark.django_db(transaction=True).",
-        pytrace=False,
-    )
+#: why a test's guarded call is refused (then: "Use django_db(transaction=True).")
+_NO_TEST_DATABASE = ("guarded tasks write the journal, and this test has no test database: "
+                     "without a django_db mark their claims would go to the database in "
+                     "your settings.")  # fmt: skip
+_ROLLED_BACK = ("guarded tasks claim on the journal's own connection and commit at once, "
+                "which a rolled-back test transaction cannot contain.")  # fmt: skip
 
 
-def _rolled_back(request: pytest.FixtureRequest) -> None:
-    pytest.fail(
-        f"{request.node.nodeid}: guarded tasks claim on the journal's own connection and "
-        "commit at once, which a rolled-back test transaction cannot contain. Use "
-        "@pytest.mark.django_db(transaction=True).",
-        pytrace=False,
-    )
+def _refuse(request: pytest.FixtureRequest, why: str) -> None:
+    pytest.fail(f"{request.node.nodeid}: {why} Use @pytest.mark.django_db(transaction=True).",
+                pytrace=False)  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -193,9 +188,9 @@ def _grousset_test_database(request: pytest.FixtureRequest) -> Iterator[None]:
         from django.db import connections
 
         if any(getattr(b, "_from_testcase", False) for b in connections[alias].atomic_blocks):
-            _rolled_back(request)
+            _refuse(request, _ROLLED_BACK)
         if request.node.get_closest_marker("django_db") is None and _access_blocked(alias):
-            _no_test_database(request)
+            _refuse(request, _NO_TEST_DATABASE)
 
     saved, guard.test_database_check = guard.test_database_check, check
     try:
