@@ -102,6 +102,9 @@ def memo_value(rec: Outcome, at: datetime) -> tuple[bool, Any]:
         return False, "no outcome yet: the claim is in flight"
     if rec.status == Status.FAILED and rec.result_encoding == ENC_NONE:
         return False, "released: the last attempt failed and nothing is memoized"
+    if rec.expires_on <= at:
+        return False, (f"expired at {rec.expires_on:%Y-%m-%d %H:%M:%S}: a duplicate no "
+                       "longer gets this outcome; the next delivery runs the task again")
     raw = bytes(rec.result) if rec.result is not None else None
     content_type = rec.result_encoding.partition(";")[0]
     stored = raw is not None and "/" in content_type and not content_type.startswith("grousset/")

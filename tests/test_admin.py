@@ -293,6 +293,20 @@ def test_detail_page_explains_a_memo_it_cannot_show(
     assert shown in resp.content.decode()
 
 
+def test_detail_page_of_an_expired_record_says_its_memo_is_no_longer_answered(
+    journal: str, processor: str
+) -> None:
+    # Given a completed row whose retention window has ended
+    row = put(journal, processor, result=b'{"id": 7}')
+    Outcome.objects.using(journal).filter(pk=row.pk).update(
+        expires_on=_db_now(journal) - timedelta(minutes=5))  # fmt: skip
+    # When its detail page is opened
+    html = client_for(make_user(superuser=True)).get(f"{URL}{row.pk}/change/").content.decode()
+    # Then it does not show a memo a duplicate would receive: a duplicate runs again
+    assert "expired" in html and "runs the task again" in html
+    assert '<pre class="grousset-memo">' not in html
+
+
 def test_add_change_and_delete_are_forbidden(journal: str, processor: str) -> None:
     # Given a row and a superuser
     row = put(journal, processor)
