@@ -204,7 +204,7 @@ def test_purge_older_than(store: Store, alias: str, processor: str) -> None:
     assert list(rows(alias, processor).values_list("fingerprint", flat=True)) == [
         recently.fingerprint
     ]
-    assert out.startswith("purged 1 expired journal entries")
+    assert out.startswith("purged 1 expired journal entry in")
     # And a bare number means seconds
     run("grousset_purge", older_than="300", database=alias)
     assert rows(alias, processor).count() == 0

@@ -101,7 +101,7 @@ class Command(BaseCommand):
                 count = journal.expired(alias, before).count()
                 if verbosity:
                     self.stdout.write(
-                        f"would purge {count} expired journal entries from {alias!r} "
+                        f"would purge {_entries(count)} from {alias!r} "
                         "(dry run: nothing deleted)"
                     )
                 return
@@ -117,7 +117,7 @@ class Command(BaseCommand):
             self.stderr.write("\n", ending="")
         if verbosity:
             self.stdout.write(
-                f"purged {count} expired journal entries in {time.monotonic() - t0:.2f} s"
+                f"purged {_entries(count)} in {time.monotonic() - t0:.2f} s"
             )
 
     def _purge_outbox(self, **options: Any) -> None:
@@ -138,13 +138,13 @@ class Command(BaseCommand):
             if options["dry_run"]:
                 count = outbox.sent_before_count(using=alias, before=cutoff)
                 if verbosity and (count or shown):
-                    self.stdout.write(f"would purge {count} sent outbox messages (dry run)")
+                    self.stdout.write(f"would purge {_messages(count)} (dry run)")
                 return
             count = outbox.purge_sent(
                 using=alias, before=cutoff, batch_size=int(options["batch_size"])
             )
         if verbosity and (count or shown):
-            self.stdout.write(f"purged {count} sent outbox messages")
+            self.stdout.write(f"purged {_messages(count)}")
 
     def _progress_bar(self, total: int) -> Any:
         """A ``\\r`` progress line on stderr (TTY only)."""
@@ -167,3 +167,11 @@ def _is_tty(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):  # a closed or exotic stream
         return False
+
+
+def _entries(count: int) -> str:
+    return f"{count} expired journal {'entry' if count == 1 else 'entries'}"
+
+
+def _messages(count: int) -> str:
+    return f"{count} sent outbox {'message' if count == 1 else 'messages'}"
