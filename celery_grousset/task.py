@@ -102,7 +102,6 @@ class GroussetTaskMixin:
     name: str
     request: Any
     app: Any
-    serializer: str
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -160,7 +159,7 @@ class GroussetTaskMixin:
             signature=self._signature(),
             key=self.grousset_key,
             idempotency_key=idempotency_key,
-            serializer=self.serializer,
+            serializer=self.app.conf.result_serializer or "json",  # as the result backend
             **delivery_fields(request),
             slot=periodic.run_slot(self, _header(request, periodic.SLOT_HEADER)),
         )

@@ -222,15 +222,17 @@ def test_an_app_that_accepts_pickle_still_gets_its_pickled_memo(
     def load(self: Any, n: int) -> dict[str, Any]:
         return {"n": n, "when": {1, 2}}  # a set: only pickle keeps it
 
-    task = temp_task(load, max_processing_time=30, serializer="pickle")
-    saved = app.conf.accept_content
-    app.conf.accept_content = ["json", "pickle"]
+    task = temp_task(load, max_processing_time=30)
+    saved = app.conf.accept_content, app.conf.result_serializer
+    app.conf.accept_content, app.conf.result_serializer = ["json", "pickle"], "pickle"
     try:
-        # Given an app that accepts pickle / When a pickle task runs twice
+        # Given an app that stores its results with pickle (and accepts pickle) / When a
+        # task runs twice
         first, second = task.apply((3,)).get(), task.apply((3,)).get()
     finally:
-        app.conf.accept_content = saved
-    # Then the duplicate got the memo, decoded with pickle
+        app.conf.accept_content, app.conf.result_serializer = saved
+    # Then the duplicate got the memo, stored as the result backend stores the result
+    # (result_serializer, not the task's message serializer) and decoded with pickle
     assert first == second == {"n": 3, "when": {1, 2}}
     # And protect(serializer="pickle") accepts its own serializer
     key = f"p-{uuid.uuid4().hex[:6]}"
