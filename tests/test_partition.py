@@ -112,7 +112,7 @@ def test_partitioned_on_another_vendor_is_a_check_error_and_refused() -> None:
     services.require_database("default")
     with layout("default"):
         # Then `manage.py check` names the problem and the fix
-        [error] = [m for m in _check_database() if m.id == "celery_grousset.E015"]
+        [error] = [m for m in _check_database([]) if m.id == "celery_grousset.E015"]
         assert "not PostgreSQL" in error.msg and "'table'" in (error.hint or "")
         # And no store is made for it (fails closed)
         with pytest.raises(ConfigurationError, match="only PostgreSQL"):
