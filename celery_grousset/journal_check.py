@@ -75,7 +75,8 @@ def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
             checks.Warning(
                 f"In the journal database {alias!r} ({OUTCOME_TABLE}), {problem}: every "
                 "guarded task journaled there fails before its claim.",
-                hint=f"To fix it, {missing_table_fix(alias)}",
+                hint=f"To fix it, {missing_table_fix(alias)} (`migrate` itself shows this "
+                "warning before it applies them: then it is about to fix it).",
                 id="celery_grousset.W009",
             )
         )
