@@ -149,6 +149,10 @@ class GroussetStep(bootsteps.StartStopStep):
         from celery_grousset.task import reset_resolved_options
 
         reset_resolved_options()
+        if getattr(parent, "time_limit", None) and app.conf.task_time_limit is None:
+            # `celery worker --time-limit N`: its tasks' default hard limit, which Celery
+            # keeps on the worker, not in app.conf, where check E002 reads it
+            app.conf.task_time_limit = parent.time_limit
         if not (self.bypass or _settings_bypass()):  # unguarded: the options do not matter
             refuse_configuration_errors()
         self.claimed = _worker_claim(app, grousset_batch)

@@ -320,6 +320,20 @@ def test_a_worker_with_a_configuration_error_refuses_to_start_and_loses_nothing(
     assert effects(pg, key) == 1
 
 
+def test_a_worker_whose_time_limit_is_not_below_max_processing_time_refuses_to_start(
+    redis_url: str, pg: str, queue: str
+) -> None:
+    from tests.workers import start_worker
+
+    # When a worker starts with a hard --time-limit (its tasks' default, not in app.conf)
+    # above the guarded tasks' max_processing_time (30 s)
+    with pytest.raises(RuntimeError, match="worker exited with 1") as refused:
+        start_worker(queue, database=pg, broker=redis_url, extra=["--time-limit", "40"]).kill()
+    # Then it does not start: a live attempt could be taken over before the limit kills it
+    text = str(refused.value)
+    assert "celery_grousset.E002" in text and "hard time_limit 40" in text, text
+
+
 def test_bypass_runs_tasks_when_the_configuration_has_an_error(
     redis_url: str, pg: str, queue: str
 ) -> None:
