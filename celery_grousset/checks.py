@@ -260,8 +260,7 @@ def _check_tasks() -> list[checks.CheckMessage]:
     resolved = _resolved_tasks(errors)
     for app, task, opts in resolved:
         errors.extend(_task_conflicts(app, task, opts))
-    if resolved:  # once, not once per task
-        errors.extend(_check_database(resolved))
+    errors.extend(_check_database(resolved))  # once, not once per task
     errors.extend(beat_schedule_messages(resolved))
     errors.extend(unguarded_messages(_apps()))
     return errors
@@ -291,30 +290,17 @@ def _check_database(resolved: list[tuple[Any, Any, Any]]) -> list[checks.CheckMe
     from django.db import connections
 
     from celery_grousset.conf import grousset_settings
+    from celery_grousset.journal_check import alias_errors
     from celery_grousset.store import store_class
 
     alias = grousset_settings.DATABASE
-    if alias not in connections.settings:
-        return [
-            checks.Error(
-                f"GROUSSET['DATABASE'] is {alias!r}, which is not in settings.DATABASES.",
-                hint=f"Use one of {sorted(connections.settings)}.",
-                id="celery_grousset.E003",
-            )
-        ]
-    engine = connections.settings[alias]["ENGINE"]
-    try:
-        vendor = store_class(engine).vendor  # the store's own engine -> backend mapping
-    except ImproperlyConfigured:
-        return [
-            checks.Error(
-                f"The journal database {alias!r} uses {engine!r}; celery-grousset supports "
-                "PostgreSQL, SQLite and MySQL/MariaDB.",
-                hint="Point GROUSSET['DATABASE'] at a supported database.",
-                id="celery_grousset.E003",
-            )
-        ]
-    found: list[checks.CheckMessage] = []
+    found = alias_errors(alias, "GROUSSET['DATABASE']")
+    if found:
+        return found
+    vendor = store_class(connections.settings[alias]["ENGINE"]).vendor
+    for _, task, opts in resolved:  # a task's own journal database
+        if opts.database != alias:
+            found += alias_errors(opts.database, f"Task {task.name!r}'s database", task.name)
     if grousset_settings.CLAIM_COMMIT == "async" and vendor != "postgresql":
         found.append(
             checks.Warning(

@@ -73,7 +73,7 @@ class Setting:
 _INT32 = 2**31 - 1
 
 
-def _task_option(option: str, value: object) -> Any:
+def task_option(option: str, value: object) -> Any:
     """A task option in ``GROUSSET["TASKS"]``, checked by its setting's rule
     (``max_processing_time`` as ``MAX_PROCESSING_TIME`` …)."""
     name = option.upper()
@@ -191,7 +191,7 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "TASKS",
             {},
-            task_table(_task_option),
+            task_table(task_option),
             "a dict of task names or patterns to dicts of task options",
         ),
     )

@@ -24,6 +24,29 @@ def journal_aliases(default: str, task_databases: Iterable[str]) -> list[str]:
     return sorted({default, *task_databases})
 
 
+def alias_errors(alias: str, named: str, obj: str | None = None) -> list[checks.CheckMessage]:
+    """E003: the journal database ``alias`` (``named``: where it is set) is not in
+    ``DATABASES``, or its engine is not one the journal supports."""
+    from django.core.exceptions import ImproperlyConfigured
+    from django.db import connections
+
+    from celery_grousset.store import store_class
+
+    if alias not in connections.settings:
+        why = f"{named} is {alias!r}, which is not in settings.DATABASES."
+        hint = f"Use one of {sorted(connections.settings)}."
+    else:
+        engine = connections.settings[alias]["ENGINE"]
+        try:
+            store_class(engine)  # the store's own engine -> backend mapping
+            return []
+        except ImproperlyConfigured:
+            why = (f"The journal database {alias!r} ({named}) uses {engine!r}; "
+                   "celery-grousset supports PostgreSQL, SQLite and MySQL/MariaDB.")  # fmt: skip
+            hint = "Point it at a supported database."
+    return [checks.Error(why, hint=hint, obj=obj, id="celery_grousset.E003")]
+
+
 def repeatable_read(alias: str) -> list[checks.CheckMessage]:
     """W004: the MySQL/MariaDB journal database ``alias`` runs at REPEATABLE READ."""
     from django.db import connections

@@ -6,7 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from celery_grousset.conf import TASK_OPTIONS, check_bool, check_choice, grousset_settings, seconds
+from celery_grousset.conf import (
+    TASK_OPTIONS,
+    check_bool,
+    check_choice,
+    grousset_settings,
+    seconds,
+    task_option,
+)
 from celery_grousset.exceptions import ConfigurationError
 
 #: the options a task, a worker flag or protect() may set (GROUSSET keys in upper case)
@@ -37,9 +44,9 @@ class Options:
         """Merge ``explicit`` (per call / task; None = unset) over GROUSSET and defaults."""
         s = grousset_settings
 
-        def pick(name: str) -> Any:
+        def pick(name: str) -> Any:  # an explicit value is checked by its setting's rule
             value = explicit.get(name)
-            return value if value is not None else getattr(s, name.upper())
+            return task_option(name, value) if value is not None else getattr(s, name.upper())
 
         mpt = seconds(pick("max_processing_time"), name="max_processing_time")
         if mpt is None:

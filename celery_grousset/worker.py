@@ -232,7 +232,7 @@ def refuse_configuration_errors() -> None:
     for message in messages:
         if not message.is_serious() and not message.is_silenced():
             logger.warning("%s", message)
-    errors = [m for m in messages if m.is_serious()]
+    errors = [m for m in messages if m.is_serious() and not m.is_silenced()]
     if not errors:
         return
     for message in errors:

@@ -364,6 +364,12 @@ def test_aware_or_utc_datetimes_are_not_E012(use_tz: bool, time_zone: str) -> No
         {"max_processing_time": float("nan")},
         {"max_processing_time": "abc"},
         {"max_processing_time": 10**12},
+        {"transactional": "false"},  # a str: "false" would have turned it on
+        {"memoize": 0},
+        {"max_result_bytes": -5},
+        {"max_takeovers": -1},
+        {"processor_id": ""},
+        {"database": ""},
     ],
 )
 def test_invalid_task_option_is_E013_not_E001(
@@ -455,6 +461,29 @@ def test_unknown_or_unsupported_journal_database_is_E003() -> None:
     ):
         # Then it is an error too
         assert ids(None) == {"celery_grousset.E003"}
+
+
+def test_a_task_journal_database_not_in_databases_is_E003(
+    make_app: Callable[..., Celery],
+) -> None:
+    # Given a guarded task whose own journal database names no alias
+    name = guarded(make_app(), max_processing_time=60, database="nope")
+    # When the checks run / Then it is an error about that task, naming the alias
+    messages = [m for m in checks.run_checks(tags=[TAG]) if m.obj == name]
+    assert [m.id for m in messages] == ["celery_grousset.E003"], [m.msg for m in messages]
+    assert "'nope'" in messages[0].msg
+
+
+def test_a_silenced_error_does_not_stop_the_worker(make_app: Callable[..., Celery]) -> None:
+    from celery_grousset.worker import refuse_configuration_errors
+
+    # Given a guarded task whose hard time limit is not below its max_processing_time
+    guarded(make_app(), max_processing_time=10, time_limit=20)
+    # When a worker starts / Then it refuses, unless the project silenced that check
+    with pytest.raises(SystemExit):
+        refuse_configuration_errors()
+    with override_settings(SILENCED_SYSTEM_CHECKS=["celery_grousset.E002"]):
+        refuse_configuration_errors()
 
 
 def test_mysql_repeatable_read_is_W004() -> None:

@@ -279,3 +279,16 @@ def test_an_effect_inside_an_open_transaction_is_warned_about(
     # with the caller's transaction), nor outside a transaction
     assert warned(lambda: inside(keys[1], book, transactional=True)) == []
     assert warned(lambda: protect(keys[2], lambda: "sent", **opts)) == []
+
+
+def test_an_option_of_the_wrong_type_is_refused_not_guessed(alias: str, processor: str) -> None:
+    from celery_grousset.conf import GroussetSettingsError
+
+    runs: list[int] = []
+    # When protect() is given transactional="false" (a str, which bool() reads as True)
+    with pytest.raises(GroussetSettingsError, match="transactional must be True or False"):
+        protect(f"opt-{uuid.uuid4().hex[:8]}", lambda: runs.append(1),
+                max_processing_time=30, processor_id=processor, database=alias,
+                transactional="false")  # fmt: skip
+    # Then nothing ran
+    assert runs == []
