@@ -78,10 +78,14 @@ def test_worker_delivery_with_a_poison_task_id_is_rejected_without_requeue(
 
 
 def test_protect_with_a_poison_processor_id_raises_poison_delivery(alias: str) -> None:
+    from celery_grousset.conf import GroussetSettingsError
+
     ran: list[int] = []
-    for processor in ("p" * 129, "proc\x00essor"):
-        # Given a processor id the journal cannot hold / Then protect() refuses at once
-        with pytest.raises(PoisonDelivery, match="processor id"):
+    # Given a processor id the journal cannot hold / Then protect() refuses at once:
+    # too long is the option's own range (a configuration error), a NUL a poison call
+    for processor, refused in (("p" * 129, GroussetSettingsError),
+                               ("proc\x00essor", PoisonDelivery)):  # fmt: skip
+        with pytest.raises(refused, match="processor"):
             protect("k", lambda: ran.append(1), processor_id=processor,
                     max_processing_time=30, database=alias)  # fmt: skip
     assert ran == []
