@@ -244,6 +244,7 @@ def test_a_guarded_call_without_the_fixtures_is_refused_where_its_claims_would_l
     # fixtures: inside a rolled-back test transaction, with no test database, and right
     pytester.makepyfile(textwrap.dedent("""
         import pytest
+        from django.test import TestCase, TransactionTestCase
         from celery_grousset import GroussetTask
         from tests.celeryapp import app
 
@@ -261,6 +262,14 @@ def test_a_guarded_call_without_the_fixtures_is_refused_where_its_claims_would_l
         @pytest.mark.django_db(transaction=True)
         def test_transactional():
             assert send.apply((3,)).get() == 3
+
+        class DjangoTestCase(TestCase):
+            def test_in_a_testcase(self):
+                send.apply((4,)).get()
+
+        class DjangoTransactionTestCase(TransactionTestCase):
+            def test_in_a_transactiontestcase(self):
+                assert send.apply((5,)).get() == 5
     """))
     pytester._monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(ROOT)]))
     pytester._monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.settings")
@@ -268,9 +277,11 @@ def test_a_guarded_call_without_the_fixtures_is_refused_where_its_claims_would_l
     # When they run
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     # Then the two whose claims would outlive the test (or go to the settings' database)
-    # fail, each naming the mark to use; the transactional one passes
-    result.assert_outcomes(passed=1, failed=2)
+    # fail, each naming the mark to use (a Django TestCase is one too); the transactional
+    # ones pass
+    result.assert_outcomes(passed=2, failed=3)
     result.stdout.fnmatch_lines([
         "*test_rollback_only*rolled-back test transaction*django_db(transaction=True)*",
         "*test_no_test_database*no test database*django_db(transaction=True)*",
-    ])  # fmt: skip
+        "*test_in_a_testcase*rolled-back test transaction*",
+    ], consecutive=False)  # fmt: skip
