@@ -19,6 +19,7 @@ from typing import Any
 
 from django.core.signals import setting_changed
 
+from celery_grousset.redact import DEFAULT_REDACT_KEYS
 from celery_grousset.settings_values import (
     ID_NOT_A_DICT,
     ID_UNKNOWN_KEY,
@@ -302,6 +303,13 @@ class GroussetSettings:
 
 
 grousset_settings = GroussetSettings()
+
+
+def redact_keys() -> frozenset[str]:
+    """The names whose values are never shown or stored: the built-in
+    :data:`~celery_grousset.redact.DEFAULT_REDACT_KEYS` plus ``GROUSSET["REDACT_KEYS"]``."""
+    extra = grousset_settings.REDACT_KEYS
+    return DEFAULT_REDACT_KEYS | frozenset(extra) if extra else DEFAULT_REDACT_KEYS
 
 _reload_hooks: list[Callable[[], None]] = []
 

@@ -25,7 +25,7 @@ from typing import Any, NoReturn, Protocol
 from celery_grousset import carry, events, memo, preclaim
 from celery_grousset.claim import PROTECT_NAME, ClaimRequest, Kind, payload_differs
 from celery_grousset.completion import fail, run_owned
-from celery_grousset.conf import grousset_settings
+from celery_grousset.conf import grousset_settings, redact_keys
 from celery_grousset.exceptions import (
     FingerprintError,
     PayloadMismatch,
@@ -37,7 +37,7 @@ from celery_grousset.faults import fault
 from celery_grousset.fingerprint import bind_arguments, fingerprint_bound, payload_hash
 from celery_grousset.options import Options
 from celery_grousset.publish_check import effect_in_transaction
-from celery_grousset.redact import DEFAULT_REDACT_KEYS, safe_repr, secret_values
+from celery_grousset.redact import safe_repr, secret_values
 from celery_grousset.store import ClaimResult, Store, check_claimable, get_store
 
 __all__ = [
@@ -106,7 +106,8 @@ class Caller(Protocol):
 def guarded(caller: Caller, call: Call) -> Any:
     """Run ``call`` at most once per key: the whole guarded flow."""
     opts = caller.options()
-    if test_database_check is not None and getattr(caller, "local", False):
+    local = getattr(caller, "local", False)  # protect(), an eager or direct call
+    if test_database_check is not None and local:
         test_database_check(opts.database)  # the pytest plugin: claims must not leak
     fp, args_repr, payload = identity(call, opts.validate_payload)
     store = get_store(opts.database)
@@ -148,7 +149,7 @@ def guarded(caller: Caller, call: Call) -> Any:
         processor_id=opts.processor_id,
         token=req.token,
     )
-    if getattr(caller, "local", False):  # protect(), an eager or direct call: in a transaction?
+    if local:  # run in the caller's process: inside one of its transactions?
         effect_in_transaction(call.name, opts.database if opts.transactional else None)
     scope = memo.SECRETS.set(lambda: secrets_of(call))  # kept out of its error text
     try:
@@ -249,11 +250,6 @@ def _fingerprint(call: Call) -> tuple[str, dict[str, object] | None]:
     return fp, bound
 
 
-def _redact_keys() -> frozenset[str]:
-    extra = grousset_settings.REDACT_KEYS
-    return DEFAULT_REDACT_KEYS | frozenset(extra) if extra else DEFAULT_REDACT_KEYS
-
-
 def secrets_of(call: Call) -> list[str]:
     """The values the call's sensitive arguments hold (bound to the signature, so a
     positional one is found too): what its stored error text must not quote."""
@@ -261,7 +257,7 @@ def secrets_of(call: Call) -> list[str]:
         named: Mapping[str, object] = bind_arguments(call.signature, call.args, call.kwargs)
     except FingerprintError:
         named = call.kwargs
-    return secret_values(named.items(), _redact_keys())
+    return secret_values(named.items(), redact_keys())
 
 
 def redacted(
@@ -269,11 +265,10 @@ def redacted(
 ) -> str:
     """The only text of a call's arguments the package stores or shows: redacted by name
     (bound to the signature, so a positional secret is redacted too), truncated."""
-    keys = _redact_keys()
     return safe_repr(
         args,
         kwargs,
-        redact_keys=keys,
+        redact_keys=redact_keys(),
         bound=bound,
         max_length=int(grousset_settings.ARGS_REPR_MAX_LENGTH),
     )

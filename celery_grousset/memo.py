@@ -87,11 +87,9 @@ def redacted_text(text: str, limit: int = ERROR_MAX) -> str:
     (:data:`SECRETS`). Never raises."""
     keys: Collection[str] = DEFAULT_REDACT_KEYS
     try:
-        from celery_grousset.conf import grousset_settings
+        from celery_grousset.conf import redact_keys
 
-        extra = grousset_settings.REDACT_KEYS
-        if extra:
-            keys = DEFAULT_REDACT_KEYS | frozenset(extra)
+        keys = redact_keys()
     except Exception:  # settings that cannot be read: the default keys still apply
         pass
     return clean_text(_without_secrets(redact_text(text[:_REDACT_MAX], keys)), limit)

@@ -25,10 +25,10 @@ from django.utils.translation import gettext_lazy as _
 
 from celery_grousset.admin_base import ReadOnlyAdmin
 from celery_grousset.binding import bind_arguments
-from celery_grousset.conf import grousset_settings
+from celery_grousset.conf import redact_keys
 from celery_grousset.guard import redacted
 from celery_grousset.models import OutboxMessage, OutboxStatus
-from celery_grousset.redact import DEFAULT_REDACT_KEYS, is_sensitive, redact_text
+from celery_grousset.redact import is_sensitive, redact_text
 
 _MAX_DEPTH = 20
 
@@ -46,11 +46,6 @@ class OutboxStatusFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
         return queryset.filter(status=value) if value in OutboxStatus.values else queryset
-
-
-def _redact_keys() -> frozenset[str]:
-    extra = grousset_settings.REDACT_KEYS
-    return DEFAULT_REDACT_KEYS | frozenset(extra) if extra else DEFAULT_REDACT_KEYS
 
 
 def _bound(task_name: str, args: list[Any], kwargs: dict[str, Any]) -> dict[str, object] | None:
@@ -94,7 +89,7 @@ def _shown(value: Any, keys: frozenset[str], depth: int = 0) -> Any:
 
 def options_text(obj: OutboxMessage) -> str:
     """The row's ``apply_async`` options as JSON, headers included, redacted by name."""
-    shown = _shown(obj.options if isinstance(obj.options, dict) else {}, _redact_keys())
+    shown = _shown(obj.options if isinstance(obj.options, dict) else {}, redact_keys())
     return json.dumps(shown, ensure_ascii=False, sort_keys=True, default=str)
 
 

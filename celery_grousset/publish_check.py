@@ -41,6 +41,12 @@ def deliberate() -> Iterator[None]:
         _DELIBERATE.reset(token)
 
 
+def from_testcase(block: object) -> bool:
+    """Whether an atomic block is the one a Django ``TestCase`` opened around its test
+    (rolled back at its end), not one the code under test opened."""
+    return bool(getattr(block, "_from_testcase", False))
+
+
 def open_transactions() -> list[str]:
     """The aliases of the databases with an open ``transaction.atomic()`` in this thread
     (one a ``TestCase`` opened does not count)."""
@@ -49,7 +55,7 @@ def open_transactions() -> list[str]:
     return [
         str(conn.alias)
         for conn in connections.all(initialized_only=True)
-        if any(not getattr(block, "_from_testcase", False) for block in conn.atomic_blocks)
+        if any(not from_testcase(block) for block in conn.atomic_blocks)
     ]
 
 

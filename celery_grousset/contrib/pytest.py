@@ -187,7 +187,9 @@ def _grousset_test_database(request: pytest.FixtureRequest) -> Iterator[None]:
     def check(alias: str) -> None:
         from django.db import connections
 
-        if any(getattr(b, "_from_testcase", False) for b in connections[alias].atomic_blocks):
+        from celery_grousset.publish_check import from_testcase
+
+        if any(from_testcase(b) for b in connections[alias].atomic_blocks):
             _refuse(request, _ROLLED_BACK)
         if request.node.get_closest_marker("django_db") is None and _access_blocked(alias):
             _refuse(request, _NO_TEST_DATABASE)
