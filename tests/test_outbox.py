@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import transaction
 from django.db.models import Count, Max
 from django.test import Client
@@ -252,6 +252,25 @@ def test_enqueue_checks_the_arguments_and_the_relay_never_retries_a_wrong_call(
     row.refresh_from_db(using=alias)
     assert (stats.dead, row.status, row.attempts) == (1, "dead", 1)
     assert "colour" in row.last_error and messages(queue) == []
+
+
+def test_relay_once_exits_nonzero_when_a_row_failed(alias: str, queue: str) -> None:
+    from tests.tasks import effect
+
+    # Given a good row: `grousset_relay --once` publishes it and succeeds
+    with transaction.atomic(using=alias):
+        outbox.enqueue(effect, ("ok",), using=alias, queue=queue)
+    call_command("grousset_relay", "--once", "--app", "tests.celeryapp", "--database", alias,
+                 verbosity=0)  # fmt: skip
+    assert [m["args"] for m in messages(queue)] == [["ok"]]
+    # When a row the broker can never take is due (a cron job runs the relay)
+    with transaction.atomic(using=alias):
+        outbox.enqueue("tests.tasks.effect", ("x",), {"colour": "red"}, using=alias,
+                       queue=queue)  # fmt: skip
+    # Then the command fails (exit code 1), naming what went wrong and where to look
+    with pytest.raises(CommandError, match=r"0 message\(s\) failed .* 1 went dead.*last_error"):
+        call_command("grousset_relay", "--once", "--app", "tests.celeryapp",
+                     "--database", alias, verbosity=0)  # fmt: skip
 
 
 _MIGRATE = """

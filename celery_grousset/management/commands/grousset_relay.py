@@ -102,3 +102,9 @@ class Command(BaseCommand):
                 f"grousset_relay: sent {stats.sent}, failed {stats.failed}, dead {stats.dead} "
                 f"in {stats.batches} batch(es)"
             )
+        if once and (stats.failed or stats.dead):  # a cron job must see it
+            raise CommandError(
+                f"{stats.failed} message(s) failed (retried after their backoff) and "
+                f"{stats.dead} went dead: see their last_error in the admin's outbox or the "
+                "grousset.outbox_publish_failed / grousset.outbox_dead log lines"
+            )
