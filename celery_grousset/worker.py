@@ -173,7 +173,16 @@ class GroussetStep(bootsteps.StartStopStep):
                 " ".join(f"{k}={v}" for k, v in sorted(self.defaults.items())),
             )
         if self.metrics is not None:
-            self.metrics.start(in_process=not _forks(parent))
+            try:
+                self.metrics.start(in_process=not _forks(parent))
+            except OSError as exc:  # the port is taken, or not ours to bind
+                logger.critical(
+                    "celery-grousset: this worker does not start: cannot serve metrics on "
+                    "port %d: %s. Another process (another worker on this host?) may hold "
+                    "it: give each worker its own --grousset-metrics-port.",
+                    self.metrics.port, exc.strerror or exc,
+                )  # fmt: skip
+                raise SystemExit(1) from None
         if self.relay_wanted and self.relay is None:
             from celery_grousset.outbox import RelayThread
 

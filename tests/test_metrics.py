@@ -222,6 +222,30 @@ def test_worker_serves_metrics_of_its_children() -> None:
         assert value is not None and value >= 0, gauge
 
 
+def test_a_worker_whose_metrics_port_is_taken_names_the_port_and_the_fix() -> None:
+    from tests.test_worker_flags import start_flag_worker
+
+    services.require_database("postgresql")
+    broker = services.require_redis()
+    queue = f"q-{uuid.uuid4().hex[:10]}"
+    # Given the metrics port held by another process (another worker on this host)
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        port = int(holder.getsockname()[1])
+        # When a worker starts with --grousset-metrics-port on it
+        with pytest.raises(RuntimeError, match="worker exited with 1") as refused:
+            start_flag_worker(
+                queue, database="postgresql", broker=broker, concurrency=1,
+                extra=["--grousset-metrics-port", str(port),
+                       "--grousset-max-processing-time", "30"],
+            ).kill()  # fmt: skip
+    # Then it does not start, and says which port, why, and what to do (no traceback)
+    text = str(refused.value)
+    assert f"cannot serve metrics on port {port}" in text, text
+    assert "its own --grousset-metrics-port" in text and "Traceback" not in text, text
+
+
 # -- the journal gauges ------------------------------------------------------------------------
 
 
