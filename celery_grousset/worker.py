@@ -24,6 +24,7 @@ before the pool forks its children, so everything it sets is inherited by them.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from celery import bootsteps
@@ -155,6 +156,9 @@ class GroussetStep(bootsteps.StartStopStep):
             app.conf.task_time_limit = parent.time_limit
         if not (self.bypass or _settings_bypass()):  # unguarded: the options do not matter
             refuse_configuration_errors()
+            from celery.signals import worker_ready  # a thread: a slow database never
+            # holds the worker's start up
+            worker_ready.connect(_check_schema, weak=False, dispatch_uid="celery_grousset.schema")
         self.claimed = _worker_claim(app, grousset_batch)
 
     def start(self, parent: Any) -> None:
@@ -254,6 +258,33 @@ def refuse_configuration_errors() -> None:
         len(errors),
     )
     raise SystemExit(1)
+
+
+def _check_schema(**kwargs: Any) -> None:
+    threading.Thread(target=log_schema_problems, name="grousset-schema", daemon=True).start()
+
+
+def log_schema_problems() -> None:
+    """Log each journal database whose tables do not exist or lack a migration, with
+    the fix (at the worker's start). The worker runs all the same (a deploy may start
+    it before its migrations): a guarded delivery is retried until they exist, never
+    run without its claim. A database that cannot be asked is left to the claims."""
+    from django.db import connections
+
+    from celery_grousset.checks import journal_databases
+    from celery_grousset.management import schema_problem
+
+    try:
+        for alias in [a for a in journal_databases() if a in connections.settings]:
+            if problem := schema_problem(alias):
+                logger.error(
+                    "celery-grousset: journal database %r: %s Guarded deliveries are "
+                    "retried, never run, until then.", alias, problem,
+                )  # fmt: skip
+    except Exception:  # settings problems are the checks' to report; never the worker's end
+        logger.debug("celery-grousset: journal schema not checked", exc_info=True)
+    finally:
+        connections.close_all()  # this thread's
 
 
 def _settings_bypass() -> bool:

@@ -334,6 +334,30 @@ def test_a_worker_whose_time_limit_is_not_below_max_processing_time_refuses_to_s
     assert "celery_grousset.E002" in text and "hard time_limit 40" in text, text
 
 
+def test_a_worker_on_an_unmigrated_journal_says_so_when_it_starts(
+    redis_url: str, queue: str, tmp_path: Any
+) -> None:
+    from tests.workers import start_worker
+
+    # Given a journal database where `migrate` has not run yet (a new SQLite file)
+    env = {"GROUSSET_TEST_SQLITE": str(tmp_path / "never-migrated.sqlite3")}
+    # When a worker starts on it (a deploy may start workers before its migrations)
+    worker = start_worker(queue, database="default", broker=redis_url, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while "journal database 'default'" not in (text := worker.text()):
+            assert time.monotonic() < deadline, text
+            time.sleep(0.1)
+    finally:
+        worker.stop()
+    # Then it starts, and its log names the database, the problem and the fix at once
+    # (not only in every delivery's retry)
+    assert "celery-grousset: journal database 'default': the journal's tables do not " \
+        "exist" in text, text
+    assert "run `manage.py migrate celery_grousset`" in text, text
+    assert "retried, never run, until then" in text, text
+
+
 def test_bypass_runs_tasks_when_the_configuration_has_an_error(
     redis_url: str, pg: str, queue: str
 ) -> None:
