@@ -8,6 +8,7 @@ from typing import Any
 
 from celery_grousset.conf import (
     TASK_OPTIONS,
+    GroussetSettingsError,
     check_bool,
     check_choice,
     grousset_settings,
@@ -43,10 +44,18 @@ class Options:
     def resolve(cls, where: str, explicit: dict[str, Any], default_processor: str) -> Options:
         """Merge ``explicit`` (per call / task; None = unset) over GROUSSET and defaults."""
         s = grousset_settings
+        checked, problems = {}, []  # each explicit value, checked by its setting's rule
+        for name, value in explicit.items():
+            if value is not None:
+                try:
+                    checked[name] = task_option(name, value)
+                except GroussetSettingsError as exc:  # every bad option is named at once
+                    problems.extend(exc.problems)
+        if problems:
+            raise GroussetSettingsError(problems)
 
-        def pick(name: str) -> Any:  # an explicit value is checked by its setting's rule
-            value = explicit.get(name)
-            return task_option(name, value) if value is not None else getattr(s, name.upper())
+        def pick(name: str) -> Any:
+            return checked[name] if name in checked else getattr(s, name.upper())
 
         mpt = seconds(pick("max_processing_time"), name="max_processing_time")
         if mpt is None:

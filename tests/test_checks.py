@@ -383,6 +383,20 @@ def test_invalid_task_option_is_E013_not_E001(
     assert next(iter(options)) in messages[0].msg
 
 
+def test_every_invalid_option_of_a_task_is_named_at_once(
+    make_app: Callable[..., Celery]
+) -> None:
+    # Given a guarded task with three bad options
+    name = guarded(make_app(), max_processing_time=60, memoize=0, max_takeovers=-1,
+                   on_failure="forget")  # fmt: skip
+    # When the checks run
+    messages = [m for m in checks.run_checks(tags=[TAG]) if m.obj == name]
+    # Then one E013 names all three (not one per `check` run, fix after fix)
+    assert [m.id for m in messages] == ["celery_grousset.E013"], [m.msg for m in messages]
+    for option in ("memoize", "max_takeovers", "on_failure"):
+        assert option in messages[0].msg, messages[0].msg
+
+
 def test_unreadable_sqlite_journal_is_W007_not_a_crash(tmp_path: Path) -> None:
     # Given a SQLite journal whose file cannot be opened
     path = tmp_path / "missing-dir" / "journal.sqlite3"
