@@ -194,10 +194,6 @@ class OutcomeAdmin(ReadOnlyAdmin):
             "window to look further back (it is narrowed again if it needs more)."
         )
 
-    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
-        # Only the list filters above filter the list: no ad-hoc ?field=value lookups.
-        return lookup in {"status", "task", "processor", "started"}
-
     def has_release_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("celery_grousset.release_outcome"))
 

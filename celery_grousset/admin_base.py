@@ -115,6 +115,11 @@ class ReadOnlyAdmin(_ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return super().get_queryset(request).using(journal_alias())
 
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        """Only the list's own filters filter it: no ad-hoc ``?field=value`` lookup, with
+        which a view-only user could confirm a guessed argument, header or error."""
+        return lookup in {getattr(f, "parameter_name", None) for f in self.list_filter}
+
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:

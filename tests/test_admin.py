@@ -539,6 +539,28 @@ def test_outbox_detail_redacts_positional_secrets_and_option_headers(journal: st
         OutboxMessage.objects.using(journal).filter(pk__in=[known.pk, unknown.pk]).delete()
 
 
+def test_outbox_list_refuses_lookups_that_would_probe_raw_arguments(journal: str) -> None:
+    from celery_grousset import outbox
+    from celery_grousset.models import OutboxMessage
+
+    # Given a pending message (its raw arguments wait in the row) and a view-only user
+    row = outbox.enqueue("elsewhere.login", ("4111111111111111",), {"password": "OutboxPw123"},
+                         using=journal, headers={"Authorization": "Bearer OPTBEARER"})  # fmt: skip
+    client = client_for(make_user("view_outboxmessage"))
+    try:
+        # When the list is asked to filter on the arguments, headers or error by value
+        probes = [{"kwargs__password__startswith": "Outbox"}, {"args__0": "4111111111111111"},
+                  {"options__headers__Authorization": "Bearer OPTBEARER"},
+                  {"last_error__contains": "x"}, {"task_id": row.task_id}]  # fmt: skip
+        # Then each is refused as a bad request (no row confirms a guessed secret)
+        assert [client.get(OUTBOX_URL, p).status_code for p in probes] == [400] * len(probes)
+        # ... while its own filter and search still work
+        assert client.get(OUTBOX_URL, {"status": "pending"}).status_code == 200
+        assert client.get(OUTBOX_URL, {"q": row.task_id}).status_code == 200
+    finally:
+        OutboxMessage.objects.using(journal).filter(pk=row.pk).delete()
+
+
 def test_changelist_columns_stay_narrow_and_the_copy_control_is_a_glyph(
     journal: str, processor: str
 ) -> None:
