@@ -250,14 +250,22 @@ def _fingerprint(call: Call) -> tuple[str, dict[str, object] | None]:
     return fp, bound
 
 
+def named(call: Call) -> dict[str, object] | None:
+    """The call's arguments bound by name to its task's signature, so that a positional
+    secret is known by its name; None without a signature or when they do not fit it."""
+    if call.signature is None:
+        return None
+    try:
+        return bind_arguments(call.signature, call.args, call.kwargs)
+    except FingerprintError:
+        return None
+
+
 def secrets_of(call: Call) -> list[str]:
     """The values the call's sensitive arguments hold (bound to the signature, so a
     positional one is found too): what its stored error text must not quote."""
-    try:
-        named: Mapping[str, object] = bind_arguments(call.signature, call.args, call.kwargs)
-    except FingerprintError:
-        named = call.kwargs
-    return secret_values(named.items(), redact_keys())
+    bound = named(call)
+    return secret_values((call.kwargs if bound is None else bound).items(), redact_keys())
 
 
 def redacted(

@@ -219,8 +219,8 @@ class GroussetTaskMixin:
             # Fail at publish time for arguments that cannot be fingerprinted; Celery
             # would show saferepr(args) in logs, events and monitors: redact it.
             text = guard.identify(call)[1]
-        else:
-            text = guard.redacted(call.args, call.kwargs, None)
+        else:  # a key names the call (or BYPASS): bound by name for the repr alone
+            text = guard.redacted(call.args, call.kwargs, guard.named(call))
         options["argsrepr"], options["kwargsrepr"] = f"({text})", "{}"
         publish_check.in_transaction(self, options)
         return super().apply_async(args, kwargs, *a, **options)  # type: ignore[misc]

@@ -660,6 +660,10 @@ def test_task_args_repr_honours_redact_keys(alias: str, temp_task: Any, scratch_
         # nor published in the message's argsrepr
         task.apply_async(("ochre-5d4", 44), queue=scratch_queue)
         argsrepr = take_message(scratch_queue).headers["argsrepr"]
+        # ... also for a call an idempotency_key names (its arguments are not fingerprinted)
+        task.apply_async(("umber-3c9", 45), queue=scratch_queue, idempotency_key="k-45")
+        keyed = take_message(scratch_queue).headers["argsrepr"]
     assert "ultramarine" not in positional and "42" in positional and "***" in positional
     assert "crimson" not in keyword and "43" in keyword and "***" in keyword
     assert "ochre" not in argsrepr and "44" in argsrepr
+    assert "umber" not in keyed and "45" in keyed and "***" in keyed
