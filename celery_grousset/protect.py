@@ -15,14 +15,15 @@ from typing import Any, NoReturn, TypeVar
 
 from celery_grousset import guard
 from celery_grousset.claim import PROTECT_NAME, ClaimRequest
+from celery_grousset.conf import grousset_settings, redact_keys
 from celery_grousset.exceptions import (
     ClaimInFlight,
     FingerprintError,
     InvalidArgument,
     StoreUnavailable,
 )
-from celery_grousset.memo import clean_text
 from celery_grousset.options import Options
+from celery_grousset.redact import shown_text
 from celery_grousset.store import ClaimResult
 
 T = TypeVar("T")
@@ -123,7 +124,9 @@ def protect(
         args=args,
         kwargs=kwargs,
         serializer=serializer,
-        args_repr=clean_text(f"key={key!r}", 1024),
+        args_repr=shown_text(  # a key may quote a token: redacted as arguments are
+            "key=", repr(key), redact_keys(), int(grousset_settings.ARGS_REPR_MAX_LENGTH)
+        ),
     )
     caller = _ProtectCaller(opts, key, on_in_flight, lambda: fn(*args, **kwargs))
     return guard.guarded(caller, call)  # type: ignore[no-any-return]

@@ -389,3 +389,9 @@ def redact_text(text: str, redact_keys: Collection[str] = DEFAULT_REDACT_KEYS) -
     except Exception:
         rules = _rules_for(DEFAULT_REDACT_KEYS)
     return _redact_text(text, rules)
+
+
+def shown_text(label: str, text: str, redact_keys: Collection[str], max_length: int) -> str:
+    """``label`` and free text stored for humans as an ``args_repr`` is (``protect()``'s
+    key): through :func:`redact_text`, then cleaned and cut as :func:`safe_repr` is."""
+    return _clean(label + redact_text(text, redact_keys), max_length)

@@ -53,6 +53,25 @@ def test_runs_once_and_returns_memo(alias: str, processor: str) -> None:
     assert (rec.status, rec.deliveries, rec.task_name) == ("completed", 2, PROTECT_NAME)
 
 
+def test_a_key_that_quotes_a_secret_is_stored_redacted_and_cut(alias: str, processor: str) -> None:
+    from django.test import override_settings
+
+    # Given keys that quote a token (a password-reset link's, a bearer token)
+    reset, bearer = "pwreset:token=RESETTOKEN_9f8e7d", "Bearer PROTECTBEARER123"
+
+    def stored(key: str) -> str:
+        protect(key, lambda: 1, max_processing_time=60, processor_id=processor, database=alias)
+        return str(Outcome.objects.using(alias).filter(processor_id=processor)
+                   .latest("started_at").args_repr)  # fmt: skip
+
+    # When protect() journals them / Then the secrets are not stored, the rest is
+    assert stored(reset) == "key='pwreset:token=***'"
+    assert stored(bearer) == "key='Bearer ***'"
+    # And ARGS_REPR_MAX_LENGTH applies to the key as to any args_repr (0: none stored)
+    with override_settings(GROUSSET={"DATABASE": alias, "ARGS_REPR_MAX_LENGTH": 0}):
+        assert stored("order:42") == ""
+
+
 def test_missing_max_processing_time_is_a_configuration_error(alias: str) -> None:
     # Given no max_processing_time anywhere / Then protect() refuses, saying where to set it
     with pytest.raises(ImproperlyConfigured, match="max_processing_time") as err:
