@@ -214,10 +214,15 @@ RELEASED = Condition(
     lambda p, now, r: p.status == Status.FAILED and p.result_encoding == ENC_NONE,
     "o.status = 'failed' AND o.result_encoding = ''",
 )
+#: a keyed call's arguments differ from the record's, and it is not the record's own
+#: delivery again: a Celery retry keeps its task id and may change its arguments
+#: (``self.retry(kwargs=…)``); ``protect()`` has no task id
 OTHER_PAYLOAD = Condition(
     "claimed for other arguments",
-    lambda p, now, r: payload_differs(p.payload_hash, r.payload_hash),
-    "%(ph)s <> '' AND o.payload_hash NOT IN ('', %(ph)s)",
+    lambda p, now, r: payload_differs(p.payload_hash, r.payload_hash)
+    and not (r.task_id and r.task_id == p.task_id),
+    "%(ph)s <> '' AND o.payload_hash NOT IN ('', %(ph)s) "
+    "AND (%(tid)s = '' OR o.task_id <> %(tid)s)",
 )
 DONE = Condition("completed", lambda p, now, r: p.status == Status.COMPLETED,
                  "o.status = 'completed'")

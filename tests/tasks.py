@@ -117,6 +117,17 @@ def charge(self: Any, order_id: int, amount: str, note: str = "") -> str:
     return f"charged {order_id} with key {self.grousset.fingerprint[:8]}"
 
 
+@shared_task(base=GroussetTask, bind=True, max_processing_time=30, grousset_key=("order_id",),
+             max_retries=3)  # fmt: skip
+def capture(self: Any, order_id: str, amount: str, gateway: str = "primary") -> str:
+    """Retried once, on a backup gateway: ``self.retry(kwargs=…)`` changes its arguments."""
+    if gateway == "primary":
+        raise self.retry(kwargs={"order_id": order_id, "amount": amount, "gateway": "backup"},
+                         countdown=0.1)  # fmt: skip
+    record(f"capture-{order_id}", gateway)
+    return f"captured {order_id} via {gateway}"
+
+
 @shared_task(base=GroussetTask, bind=True, max_processing_time=30)
 def periodic_effect(self: Any, key: str, sleep: float = 0.0) -> dict[str, Any]:
     """Run by celery beat (tests/beatapp.py): the ledger row records the run's slot."""

@@ -4,6 +4,7 @@ fed the same rows; they must give the same decision, and the one each row names.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -81,6 +82,14 @@ CASES: list[tuple[str, Prev, Kind]] = [
                                       payload_hash=OTHER), Kind.MISMATCH),
     ("memoized failure, other payload",
      prev(status="failed", result_encoding=ENC_EXCEPTION, payload_hash=OTHER), Kind.MISMATCH),
+    # the row's own delivery again (a Celery retry keeps its task id), other arguments
+    ("released failure, other payload, its own task id retried",
+     prev(status="failed", payload_hash=OTHER, task_id="id"), Kind.RECLAIM),
+    ("completed, other payload, its own task id",
+     prev(status="completed", result_encoding="application/json", payload_hash=OTHER,
+          task_id="id"), Kind.COMPLETED),
+    ("fresh claim, other payload, its own task id", prev(payload_hash=OTHER, task_id="id"),
+     Kind.IN_FLIGHT),
 ]  # fmt: skip
 
 
@@ -88,6 +97,15 @@ CASES: list[tuple[str, Prev, Kind]] = [
 def test_decide(case: str, row: Prev, kind: Kind) -> None:
     # Given a row / When the Python table decides / Then it names the expected decision
     assert decide(row, NOW, REQ) is kind
+
+
+def test_protect_has_no_task_id_and_keeps_its_payload_check() -> None:
+    # Given protect()'s claims (no task id) of one key with other arguments
+    req = dataclasses.replace(REQ, task_id="")
+    # Then the record's arguments still refuse them: '' is no delivery of its own
+    assert decide(prev(status="failed", payload_hash=OTHER), NOW, req) is Kind.MISMATCH
+    assert decide(prev(status="completed", result_encoding="application/json",
+                       payload_hash=OTHER), NOW, req) is Kind.MISMATCH  # fmt: skip
 
 
 def test_no_row_is_a_new_claim() -> None:
@@ -118,7 +136,8 @@ def test_sql_form_decides_every_row_as_the_python_form(pg_cursor: Any) -> None:
         "SELECT " + decision_sql("%(now)s::timestamptz") + " FROM (SELECT %(status)s::text "
         "AS status, %(tok_row)s::text AS claim_token, %(stale_at)s::timestamptz AS stale_at, "
         "%(expires_on)s::timestamptz AS expires_on, %(enc)s::text AS result_encoding, "
-        "%(takeovers)s::int AS takeovers, %(row_ph)s::text AS payload_hash) AS o"
+        "%(takeovers)s::int AS takeovers, %(row_ph)s::text AS payload_hash, "
+        "%(row_tid)s::text AS task_id) AS o"
     )
     for case, row, kind in CASES:
         params = {
@@ -126,12 +145,16 @@ def test_sql_form_decides_every_row_as_the_python_form(pg_cursor: Any) -> None:
             "stale_at": row.stale_at, "expires_on": row.expires_on,
             "enc": row.result_encoding, "takeovers": row.takeovers,
             "tok": REQ.token, "maxt": REQ.max_takeovers, "row_ph": row.payload_hash,
-            "ph": REQ.payload_hash,
+            "ph": REQ.payload_hash, "row_tid": row.task_id, "tid": REQ.task_id,
         }  # fmt: skip
         pg_cursor.execute(sql, params)
         (code,) = pg_cursor.fetchone()
         # Then both forms agree, and agree with the case
         assert Kind.from_code(code) is decide(row, NOW, REQ) is kind, case
+        # ... and for a claim without a task id (protect())
+        pg_cursor.execute(sql, {**params, "tid": ""})
+        (code,) = pg_cursor.fetchone()
+        assert Kind.from_code(code) is decide(row, NOW, dataclasses.replace(REQ, task_id="")), case
 
 
 @pytest.fixture

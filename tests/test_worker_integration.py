@@ -240,6 +240,26 @@ def test_retries_reclaim_at_once(
     assert rec.status == "completed" and rec.deliveries == 2 and rec.takeovers == 0
 
 
+def test_a_retry_with_other_arguments_is_the_same_call(
+    pg_workers: tuple[str, list[Worker]], pg: str
+) -> None:
+    from celery_grousset.exceptions import PayloadMismatch
+    from tests.tasks import capture
+
+    queue, _ = pg_workers
+    order = f"o-{uuid.uuid4().hex[:8]}"
+    # Given a task keyed by order_id whose first attempt retries on a backup gateway,
+    # with other arguments (self.retry(kwargs=...): the same task id)
+    value = capture.apply_async((order, "3.00"), queue=queue).get(timeout=25)
+    # Then the retry is not refused as another call: it runs, once
+    assert value == f"captured {order} via backup"
+    assert effects(pg, f"capture-{order}", "backup") == 1
+    # And another call of the key with other arguments than the record's is refused
+    with pytest.raises(PayloadMismatch):
+        capture.apply_async((order, "9.99"), queue=queue).get(timeout=25)
+    assert effects(pg, f"capture-{order}") == 1
+
+
 def test_short_visibility_timeout_copies_run_once(redis_url: str, pg: str, queue: str) -> None:
     from tests.tasks import effect
 

@@ -22,12 +22,12 @@ _TYPES = {"exp": "interval", "mpt": "interval", "maxt": "int", "async": "boolean
 _STMT = CLAIM_SQL
 for _old, _new in (
     ("FOR UPDATE", "AND o.gen = _cur FOR UPDATE"),
-    (f"INSERT INTO {TABLE} AS o ( processor_id,", f"INSERT INTO {TABLE} AS o ( gen, processor_id,"),
-    ("SELECT %(p)s, %(f)s,", "SELECT _cur, %(p)s, %(f)s,"),
-    ("ON CONFLICT (processor_id, fingerprint)", "ON CONFLICT (processor_id, fingerprint, gen)"),
+    (f"INSERT INTO {TABLE} AS o ( processor_id,", f"INSERT INTO {TABLE} AS o ( gen,processor_id,"),
+    ("SELECT %(p)s,%(f)s,", "SELECT _cur,%(p)s,%(f)s,"),
+    ("ON CONFLICT (processor_id,fingerprint)", "ON CONFLICT (processor_id,fingerprint,gen)"),
 ):
     _STMT = _STMT.replace(_old, _new, 1)
-if _STMT.count("_cur") != 2 or "fingerprint, gen)" not in _STMT:  # pragma: no cover
+if _STMT.count("_cur") != 2 or "fingerprint,gen)" not in _STMT:  # pragma: no cover
     raise RuntimeError("CLAIM_SQL changed shape: update celery_grousset/store/pgpartition.py")
 _STMT = re.sub(r"%\((\w+)\)s", r"_\1", _STMT)
 _MOVE_KEY = re.sub(r"%\((\w+)\)s", r"_\1", KEY.format(t=""))
