@@ -50,8 +50,6 @@ def _plain_call(cls: type) -> bool:
     ``Task.__call__`` (no user ``__call__`` to honour on either side)."""
     known = _PLAIN_CALL.get(cls)
     if known is None:
-        from celery.app.task import Task
-
         owners = [k for k in cls.__mro__ if "__call__" in vars(k)]
         known = owners[:2] == [GroussetTaskMixin, Task]
         _PLAIN_CALL[cls] = known
@@ -105,6 +103,10 @@ class GroussetTaskMixin:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if Task in cls.__mro__ and cls.__mro__.index(Task) < cls.__mro__.index(GroussetTaskMixin):
+            raise TypeError(  # Celery's Task.__call__ would run every delivery unguarded
+                f"{cls.__qualname__}: list GroussetTaskMixin before the Celery task class "
+                f"in its bases (class {cls.__name__}(GroussetTaskMixin, YourTask)).")
         # @app.task(on_failure="memoize") lands in the class dict, where it would replace
         # Celery's Task.on_failure(exc, task_id, …) handler: move it to our own attribute.
         value = cls.__dict__.get("on_failure")

@@ -40,6 +40,34 @@ def test_eager_calls_are_guarded(journal: str) -> None:
     )
 
 
+def test_the_mixin_after_a_task_class_is_refused_not_silently_unguarded(journal: str) -> None:
+    from celery import Task
+
+    from celery_grousset.task import GroussetTaskMixin
+
+    class Audited(Task):  # a project's own base task class
+        abstract = True
+
+    # When the mixin is listed after it (Celery's Task.__call__ would come first, and
+    # run every delivery unguarded) / Then the class is refused, naming the fix
+    with pytest.raises(TypeError, match="list GroussetTaskMixin before the Celery task"):
+        type("WrongOrder", (Audited, GroussetTaskMixin), {"max_processing_time": 30})
+    # And listed first, the task is guarded: the same call runs once
+    right = type("RightOrder", (GroussetTaskMixin, Audited), {"max_processing_time": 30})
+    key, ran = f"mixin-{uuid.uuid4().hex[:8]}", []
+
+    def body(self: Any, k: str) -> None:
+        ran.append(k)
+
+    task = app.task(base=right, bind=True, name=f"tests.mixin.{key}")(body)
+    try:
+        task.apply((key,)).get()
+        task.apply((key,)).get()
+    finally:
+        app.tasks.pop(task.name, None)
+    assert ran == [key]
+
+
 def test_positional_and_keyword_calls_are_the_same(journal: str) -> None:
     from tests.tasks import effect
 

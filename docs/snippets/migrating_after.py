@@ -18,7 +18,8 @@ def send_mail(order_id: int, email: str) -> str:
 
 
 # --8<-- [start:after]
-@shared_task(base=GroussetTask, bind=True, max_processing_time=600, grousset_key=("order_id",))
+@shared_task(base=GroussetTask, bind=True, max_processing_time=600, time_limit=540,
+             grousset_key=("order_id",))
 def send_receipt(self: Any, order_id: int, email: str) -> str:
     return send_mail(order_id, email)  # memoized: duplicates get the same message id
 # --8<-- [end:after]
