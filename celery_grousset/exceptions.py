@@ -7,6 +7,8 @@ anything this package raises on purpose. A configuration error is also Django's
 
 from __future__ import annotations
 
+from typing import Self
+
 from celery.exceptions import Reject
 from django.core.exceptions import ImproperlyConfigured
 
@@ -26,6 +28,16 @@ class ClaimInFlight(GroussetError):
         super().__init__(message)
         self.fingerprint = fingerprint
         self.retry_in = retry_in
+
+    @classmethod
+    def requeued(cls, task: str, fingerprint: str, retry_in: float, countdown: float) -> Self:
+        """Why a task's delivery is re-queued (the ``exc`` of its Celery retry: its log
+        line, ``on_retry`` and ``task_retry``): the call is in flight elsewhere."""
+        return cls(
+            f"{task}: another attempt holds the claim (fingerprint {fingerprint[:16]}…); "
+            f"this delivery is re-queued in {countdown:.2f} s",
+            fingerprint=fingerprint, retry_in=retry_in,
+        )  # fmt: skip
 
 
 class StoreUnavailable(GroussetError):

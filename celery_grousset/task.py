@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 from celery import Task
 from celery.exceptions import Reject, Retry
 
-from celery_grousset import carry, events, guard, memo, periodic, publish_check
+from celery_grousset import carry, events, exceptions, guard, memo, periodic, publish_check
 from celery_grousset.binding import check_call_arguments
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.conf import grousset_settings, on_reload
@@ -263,14 +263,9 @@ class GroussetTaskMixin:
         external idempotency key keeps working while the guard is off."""
         events.bypassed(self.name, call.task_id)
         attempt = guard.Attempt(
-            fingerprint=guard.fingerprint_of(call),
-            fence=0,
-            deliveries=0,
-            takeovers=0,
-            kind=Kind.BYPASSED,
-            processor_id=str(self.processor_id or self.app.main or "default"),
-            token="",
-        )
+            fingerprint=guard.fingerprint_of(call), fence=0, deliveries=0, takeovers=0,
+            kind=Kind.BYPASSED, processor_id=str(self.processor_id or self.app.main or "default"),
+            token="")  # fmt: skip
         return self._with_attempt(attempt, body)
 
     def _with_attempt(self, attempt: guard.Attempt, body: Callable[[], Any]) -> Any:
@@ -337,7 +332,9 @@ class _TaskCaller:
 
     def defer(self, req: ClaimRequest, res: ClaimResult) -> NoReturn:
         countdown = self.task._in_flight_countdown(self.request, res.retry_in)
-        self.task._requeue(countdown, None, request=self.request)
+        why = exceptions.ClaimInFlight.requeued(req.task_name, req.fingerprint, res.retry_in,
+                                                countdown)  # Celery logs it as a retry's
+        self.task._requeue(countdown, why, request=self.request)
 
     def store_unavailable(self, exc: StoreUnavailable, extra: Any = None) -> NoReturn:
         if self.local:

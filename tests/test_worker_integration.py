@@ -121,6 +121,31 @@ def test_200_duplicates_one_effect_postgresql(
     assert _two_hundred("postgresql", queue, f"dup-pg-{rep}-{uuid.uuid4().hex[:8]}") == 1
 
 
+def test_an_in_flight_duplicate_is_retried_with_its_reason(
+    pg_workers: tuple[str, list[Worker]], pg: str
+) -> None:
+    from tests.tasks import effect
+
+    queue, ws = pg_workers
+    key = f"why-{uuid.uuid4().hex[:8]}"
+    # Given a call running (2 s) and a duplicate of it delivered meanwhile
+    first = effect.apply_async((key,), {"sleep": 2.0}, queue=queue)
+    deadline = time.monotonic() + 20
+    fp = effect.grousset_fingerprint((key,), {"sleep": 2.0})
+    while not Outcome.objects.using(pg).filter(fingerprint=fp, status="in_flight").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    second = effect.apply_async((key,), {"sleep": 2.0}, queue=queue)
+    # Then both get the one run's value
+    assert first.get(timeout=30) == second.get(timeout=30) and effects(pg, key) == 1
+    # And the duplicate's re-queue is a Celery retry that says why (its log line, and the
+    # exc that on_retry and task_retry receive), not a bare "Retry in 0.2s"
+    text = "".join(w.text() for w in ws)
+    assert f"[{second.id}] retry: Retry in" in text, text[-3000:]
+    line = next(ln for ln in text.splitlines() if f"[{second.id}] retry:" in ln)
+    assert "ClaimInFlight" in line and "another attempt holds the claim" in line, line
+
+
 @pytest.mark.parametrize("backend", ["default", "mysql"], ids=["sqlite", "mariadb"])
 def test_200_duplicates_one_effect_other_backends(redis_url: str, queue: str, backend: str) -> None:
     services.require_database(backend)
