@@ -17,6 +17,8 @@ from django.db.models import Q
 
 from celery_grousset import memo
 from celery_grousset.claim import ENC_NONE, Kind, Status
+from celery_grousset.conf import redact_keys
+from celery_grousset.shown import shown_json
 from celery_grousset.store import get_store
 from celery_grousset.store.base import purgeable
 
@@ -93,7 +95,8 @@ SHOWN_CONTENT_TYPES = ("application/json",)
 def memo_value(rec: Outcome, at: datetime) -> tuple[bool, Any]:
     """``(True, value)`` of a JSON memo, or ``(False, what is stored instead)``.
 
-    For display (the admin, ``grousset_inspect``): only JSON is decoded, a memoized
+    For display (the admin, ``grousset_inspect``), redacted as an outbox row's options
+    are (:func:`celery_grousset.shown.shown_json`): only JSON is decoded, a memoized
     failure is described by its stored type name and message (nothing is imported), and
     any other memo is shown as its content type and size, never decoded."""
     if rec.status == Status.IN_FLIGHT:
@@ -120,7 +123,7 @@ def memo_value(rec: Outcome, at: datetime) -> tuple[bool, Any]:
         )
     except Exception as exc:  # what a duplicate would raise is the answer
         return False, f"{type(exc).__name__}: {exc}"
-    return True, value
+    return True, shown_json(value, redact_keys())  # kept whole for duplicates, shown redacted
 
 
 # -- release and forget ---------------------------------------------------------------------

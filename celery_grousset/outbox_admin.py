@@ -28,9 +28,7 @@ from celery_grousset.binding import bind_arguments
 from celery_grousset.conf import redact_keys
 from celery_grousset.guard import redacted
 from celery_grousset.models import OutboxMessage, OutboxStatus
-from celery_grousset.redact import is_sensitive, redact_text
-
-_MAX_DEPTH = 20
+from celery_grousset.shown import shown_json
 
 _BADGE = {OutboxStatus.PENDING: ("#92400e", "#fde68a"), OutboxStatus.SENT: ("#166534", "#dcfce7"),
           OutboxStatus.DEAD: ("#991b1b", "#fee2e2")}  # fmt: skip
@@ -70,26 +68,9 @@ def arguments_text(obj: OutboxMessage) -> str:
     return redacted(args, kwargs, _bound(obj.task_name, args, kwargs))
 
 
-def _shown(value: Any, keys: frozenset[str], depth: int = 0) -> Any:
-    """``value`` with the value under every sensitive name replaced by ``***`` and secret
-    values (bearer tokens, URL passwords…) removed from every string."""
-    if depth >= _MAX_DEPTH:
-        return "…"
-    if isinstance(value, dict):
-        return {
-            str(name): "***" if is_sensitive(str(name), keys) else _shown(item, keys, depth + 1)
-            for name, item in value.items()
-        }
-    if isinstance(value, list):
-        return [_shown(item, keys, depth + 1) for item in value]
-    if isinstance(value, str):
-        return redact_text(value, keys)
-    return value
-
-
 def options_text(obj: OutboxMessage) -> str:
     """The row's ``apply_async`` options as JSON, headers included, redacted by name."""
-    shown = _shown(obj.options if isinstance(obj.options, dict) else {}, redact_keys())
+    shown = shown_json(obj.options if isinstance(obj.options, dict) else {}, redact_keys())
     return json.dumps(shown, ensure_ascii=False, sort_keys=True, default=str)
 
 

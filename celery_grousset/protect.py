@@ -23,7 +23,7 @@ from celery_grousset.exceptions import (
     StoreUnavailable,
 )
 from celery_grousset.options import Options
-from celery_grousset.redact import shown_text
+from celery_grousset.shown import shown_text
 from celery_grousset.store import ClaimResult
 
 T = TypeVar("T")

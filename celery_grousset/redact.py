@@ -248,7 +248,8 @@ def _truncate(text: str, max_length: int) -> str:
     return (text[:keep] + f"…(+{len(text) - keep} chars)")[: max(max_length, 0)]
 
 
-def _clean(text: str, max_length: int) -> str:
+def clean_and_cut(text: str, max_length: int) -> str:
+    """``text`` without NUL or lone surrogates, cut to ``max_length`` (``…(+N chars)``)."""
     text = text.replace("\x00", "")
     try:
         text.encode("utf-8")
@@ -300,9 +301,10 @@ def safe_repr(
             parts = [renderer.render(value) for value in args]
             parts += [f"{name}={renderer.named(name, v, 0)}" for name, v in kwargs.items()]
             text = ", ".join(parts)
-        return _clean(text, max_length)
+        return clean_and_cut(text, max_length)
     except Exception as exc:  # last resort: never fail the caller
-        return _clean(f"<arguments could not be rendered: {type(exc).__qualname__}>", max_length)
+        text = f"<arguments could not be rendered: {type(exc).__qualname__}>"
+        return clean_and_cut(text, max_length)
 
 
 def _as_text(value: object) -> str:
@@ -390,8 +392,3 @@ def redact_text(text: str, redact_keys: Collection[str] = DEFAULT_REDACT_KEYS) -
         rules = _rules_for(DEFAULT_REDACT_KEYS)
     return _redact_text(text, rules)
 
-
-def shown_text(label: str, text: str, redact_keys: Collection[str], max_length: int) -> str:
-    """``label`` and free text stored for humans as an ``args_repr`` is (``protect()``'s
-    key): through :func:`redact_text`, then cleaned and cut as :func:`safe_repr` is."""
-    return _clean(label + redact_text(text, redact_keys), max_length)

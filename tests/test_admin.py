@@ -269,6 +269,34 @@ def test_detail_page_pretty_prints_the_memo(journal: str, processor: str) -> Non
     assert 'name="_save"' not in html
 
 
+def test_a_memo_is_shown_redacted_and_kept_whole_for_duplicates(
+    journal: str, processor: str
+) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from celery_grousset import memo
+
+    # Given a completed row whose memo holds a token under a sensitive name and a
+    # password in a string (a task that returned its provider's answer)
+    memo_json = (b'{"id": 7, "api_token": "sk_live_RETURNED123", '
+                 b'"note": "password=RetHunter2 ok"}')  # fmt: skip
+    row = put(journal, processor, result=memo_json)
+    # When the admin's detail page and grousset_inspect show it
+    html = client_for(make_user(superuser=True)).get(f"{URL}{row.pk}/change/").content.decode()
+    out = StringIO()
+    call_command("grousset_inspect", row.task_id, "--json", database=journal, stdout=out)
+    # Then neither shows the secrets; the rest of the value is there
+    for shown in (html, out.getvalue()):
+        assert "sk_live_RETURNED123" not in shown and "RetHunter2" not in shown, shown
+        assert "***" in shown and "password=" in shown and "7" in shown
+    # And what a duplicate gets is the value as returned
+    row.refresh_from_db(using=journal)
+    value = memo.decode(bytes(row.result), row.result_encoding, row.error, row.fingerprint)
+    assert value["api_token"] == "sk_live_RETURNED123"
+
+
 @pytest.mark.parametrize(
     ("encoding", "result", "error", "shown"),
     [

@@ -1,0 +1,40 @@
+"""What the admin and the commands show of stored values: redacted, never raw.
+
+The journal keeps what a duplicate needs (a memo is returned as it was); what a person
+sees of it goes through the same redaction as the arguments' text
+(:mod:`celery_grousset.redact`): the value under every sensitive name replaced by
+``***``, and secret values (bearer tokens, URL passwords…) removed from every string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from celery_grousset.redact import clean_and_cut, is_sensitive, redact_text
+
+_MAX_DEPTH = 20
+
+
+def shown_json(value: Any, keys: Collection[str], depth: int = 0) -> Any:
+    """A JSON value (a memo, an outbox row's options) with the value under every
+    sensitive name replaced by ``***`` and secret values removed from every string."""
+    if depth >= _MAX_DEPTH:
+        return "…"
+    if isinstance(value, dict):
+        return {
+            str(name): "***" if is_sensitive(str(name), keys)
+            else shown_json(item, keys, depth + 1)
+            for name, item in value.items()
+        }  # fmt: skip
+    if isinstance(value, list):
+        return [shown_json(item, keys, depth + 1) for item in value]
+    if isinstance(value, str):
+        return redact_text(value, keys)
+    return value
+
+
+def shown_text(label: str, text: str, keys: Collection[str], max_length: int) -> str:
+    """``label`` and free text stored for humans as an ``args_repr`` is (``protect()``'s
+    key): through :func:`redact_text`, then cleaned and cut as ``safe_repr`` is."""
+    return clean_and_cut(label + redact_text(text, keys), max_length)
