@@ -7,8 +7,6 @@ anything this package raises on purpose. A configuration error is also Django's
 
 from __future__ import annotations
 
-from typing import Self
-
 from celery.exceptions import Reject
 from django.core.exceptions import ImproperlyConfigured
 
@@ -30,7 +28,9 @@ class ClaimInFlight(GroussetError):
         self.retry_in = retry_in
 
     @classmethod
-    def requeued(cls, task: str, fingerprint: str, retry_in: float, countdown: float) -> Self:
+    def requeued(
+        cls, task: str, fingerprint: str, retry_in: float, countdown: float
+    ) -> ClaimInFlight:
         """Why a task's delivery is re-queued (the ``exc`` of its Celery retry: its log
         line, ``on_retry`` and ``task_retry``): the call is in flight elsewhere."""
         return cls(
