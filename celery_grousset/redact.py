@@ -1,38 +1,22 @@
 """Redacted, bounded text renderings of task arguments.
 
-The outcome journal and the admin show what a task was called with. That text
-must not leak secrets, must fit a column, and must never make the guard fail, so
-:func:`safe_repr`:
+The outcome journal and the admin show what a task was called with. That text must not
+leak secrets, must fit a column, and must never make the guard fail, so
+:func:`safe_repr` uses the producer's ``argsrepr``/``kwargsrepr`` when given (through
+:func:`redact_text`), and otherwise renders ``repr``-like text in which the value under
+every sensitive name (mapping key, keyword argument, bound parameter, dataclass or
+namedtuple field, the name of a ``(name, value)`` pair) is ``'***'``, recursively; it
+strips NULs, replaces lone surrogates, truncates with a ``…(+N chars)`` marker, and never
+raises. Names are split into lower-case parts (``accessKey`` is ``access key``,
+``X-Api-Key`` is ``x api key``); a one-part key shorter than 5 characters (``key``,
+``pin``) must be a whole part (``stripe_key`` yes, ``keyboard`` no), any other is looked
+for with the parts joined (``userPassword``, ``cardnumber``). docs/configuration.md
+(``REDACT_KEYS``) is the user's page of these rules.
 
-* uses Celery's ``argsrepr``/``kwargsrepr`` verbatim when the producer supplied
-  them (the producer has already chosen what to show), never the raw values;
-* otherwise renders ``repr``-like text in which the value of every mapping key,
-  keyword argument, bound parameter, dataclass field or namedtuple field whose
-  name looks sensitive is replaced by ``'***'``, recursively;
-* strips NUL characters (PostgreSQL text rejects them), replaces lone surrogates,
-  and truncates to ``max_length`` characters with a ``…(+N chars)`` marker;
-* never raises: a value whose ``__repr__`` fails renders as
-  ``<unrepresentable TypeName>``.
-
-A name is sensitive when one of its parts, or a run of adjacent parts, is a redact
-key. Names are split into lower-case parts at ``_``, ``-``, ``.``, spaces and any
-other non-alphanumeric character, at camelCase humps, after acronyms and between
-letters and digits: ``accessKey`` is ``access key``, ``PINCode`` is ``pin code``,
-``X-Api-Key`` is ``x api key``. Redact keys are split the same way.
-
-* A key of one part shorter than 5 characters (``key``, ``pin``, ``pwd``, ``otp``,
-  ``jwt``, ``dsn``, ``auth``, ``pan``, ``ssn``...) must be a whole part (a plural
-  ``s`` is allowed): ``stripe_key``, ``userPIN`` and ``sentry_dsn`` are redacted, while
-  ``keyboard_layout``, ``pinned``, ``spinner``, ``company`` and ``hotpot`` are shown.
-* Any other key (``password``, ``secret``, ``cookie``, ``session_id``, ``api_key``) is
-  looked for with the parts joined, so ``userPassword``, ``cardnumber``,
-  ``SESSIONID`` and ``XApiKey`` are redacted too.
-
-:func:`redact_text` also removes secret *values* from any text, whatever name they
-have: the credentials of an ``Authorization`` header or a ``Bearer`` token, the
-password of a URL (``postgres://user:***@host``), a JWT, and the value of a
-``name=value`` or ``'name': value`` pair whose name is sensitive. ``safe_repr``
-applies it to every string it renders and to the producer's reprs.
+:func:`redact_text` removes secret *values* from any text, whatever their name: the
+credentials of an ``Authorization`` header or a ``Bearer`` token, the password of a URL,
+a JWT, a card number (13-19 digits passing the Luhn check), and the value of a
+``name=value``, ``name: value`` or ``'name': value`` pair whose name is sensitive.
 """
 
 from __future__ import annotations
@@ -44,49 +28,16 @@ from functools import lru_cache
 
 __all__ = ["DEFAULT_REDACT_KEYS", "REDACTED", "is_sensitive", "redact_text", "safe_repr"]
 
-DEFAULT_REDACT_KEYS: frozenset[str] = frozenset(
-    {
-        "password",
-        "passwd",
-        "secret",
-        "token",
-        "api_key",
-        "apikey",
-        "authorization",
-        "auth",
-        "card",
-        "card_number",
-        "cvv",
-        "cvc",
-        "pan",
-        "ssn",
-        "iban",
-        "private_key",
-        "access_token",
-        "refresh_token",
-        "client_secret",
-        "credentials",
-        "credential",
-        # issue 16: common secret names the list used to miss
-        "pwd",
-        "pass",
-        "passphrase",
-        "passcode",
-        "key",  # a whole part: stripe_key, encryption_key, accessKey (not keyboard)
-        "cookie",
-        "session_id",
-        "sessionid",
-        "sessid",
-        "session_key",
-        "session_token",
-        "jwt",
-        "otp",
-        "totp",
-        "pin",
-        "bearer",
-        "dsn",
-    }
-)
+DEFAULT_REDACT_KEYS: frozenset[str] = frozenset({  # key: a whole part (stripe_key, not keyboard)
+    "password", "passwd", "secret", "token", "api_key", "apikey", "authorization", "auth",
+    "card", "card_number", "cvv", "cvc", "pan", "ssn", "iban", "private_key",
+    "access_token", "refresh_token", "client_secret", "credentials", "credential", "pwd",
+    "pass", "passphrase", "passcode", "key", "cookie", "session_id", "sessionid", "sessid",
+    "session_key", "session_token", "jwt", "otp", "totp", "pin", "bearer", "dsn",
+    "credit_card", "access_key", "signing_key", "pin_code", "security_code", "auth_code",
+    "mfa_code", "recovery_code", "social_security", "connection_string", "database_url",
+    "mnemonic", "pw",
+})  # fmt: skip
 """Argument and mapping key names whose values are never shown."""
 
 REDACTED = "'***'"
@@ -157,14 +108,17 @@ def secret_values(
     Values under 4 characters are left alone (masking them would mask ordinary text)."""
     rules, found = _rules_for(redact_keys), set[str]()
 
-    def walk(name: object, value: object, depth: int) -> None:
-        if _matches(name, rules):
-            if isinstance(value, (str, bytes, int)) and not isinstance(value, bool):
-                text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-                found.update([text] if len(text) >= 4 else [])
-        elif isinstance(value, Mapping) and depth < 4:
+    def walk(name: object, value: object, depth: int, secret: bool = False) -> None:
+        secret = secret or _matches(name, rules)
+        if secret and isinstance(value, (str, bytes, int)) and not isinstance(value, bool):
+            text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+            found.update({text, repr(text)[1:-1]} if len(text) >= 4 else ())  # as quoted too
+        elif isinstance(value, Mapping) and depth < 8:
             for key, item in value.items():
-                walk(key, item, depth + 1)
+                walk(key, item, depth + 1, secret)
+        elif isinstance(value, (list, tuple, set, frozenset)) and depth < 8:
+            for item in value:  # {"cards": [...]}, [{"password": ...}]
+                walk(None, item, depth + 1, secret)
 
     for name, value in named:
         walk(name, value, 0)
@@ -196,8 +150,10 @@ class _Renderer:
         """Render one value; containers recurse, everything else uses its repr."""
         if isinstance(value, str):
             return _plain_repr(_redact_text(value, self.rules))
-        if isinstance(value, (int, float, bytes, type(None))):
+        if isinstance(value, (int, float, type(None))):
             return _plain_repr(value)
+        if isinstance(value, bytes):
+            return _redact_text(_plain_repr(value), self.rules)
         if depth >= _MAX_DEPTH:
             return "…"
         ident = id(value)
@@ -223,6 +179,8 @@ class _Renderer:
             names = getattr(value, "_fields", None)
             if isinstance(names, tuple):  # a namedtuple: render by field name, to redact
                 return self._call_like(value, zip(names, value, strict=False), depth)
+            if len(value) == 2 and isinstance(value[0], str) and _matches(value[0], self.rules):
+                return f"({_plain_repr(value[0])}, {REDACTED})"  # a (name, value) pair
         if isinstance(value, (list, tuple)):
             items = ", ".join(self.render(item, depth) for item in value)
             if isinstance(value, list):
@@ -231,7 +189,7 @@ class _Renderer:
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             fields = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value) if f.repr)
             return self._call_like(value, fields, depth)
-        return _plain_repr(value)
+        return _redact_text(_plain_repr(value), self.rules)  # sets, other objects' reprs
 
     def _call_like(self, value: object, fields: Iterable[tuple[str, object]], depth: int) -> str:
         inner = ", ".join(f"{name}={self.named(name, item, depth)}" for name, item in fields)
@@ -317,6 +275,9 @@ _TEXT_REDACTED = "***"
 _TOKEN = r"[A-Za-z0-9\-._~+/]+=*"  # RFC 6750 b64token
 _SCHEMES = r"basic|bearer|digest|negotiate|ntlm|token|aws4-hmac-sha256"
 _QUOTED = r"'(?:[^'\\\n]|\\.){0,4096}'|\"(?:[^\"\\\n]|\\.){0,4096}\""
+_CARD = r"[0-9](?:[ -]?[0-9]){12,18}(?![0-9])"  # 13-19 digits, maybe in groups
+# a quoted value too long (or not closed) for _QUOTED: masked to the end of its line
+_LONG_QUOTED = r"['\"][^\n]*"
 
 # One pass, leftmost match first; every repetition is bounded or starts at a literal
 # that the previous match consumed, so the scan stays linear on any input.
@@ -330,22 +291,35 @@ _SECRETS = re.compile(
     r"|(?P<url>[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s:/?#@]{0,256}:)(?P<password>[^\s/?#]{0,512})(?=@)"
     # a JWT: header.payload.signature, base64url, the header a JSON object
     r"|(?<![A-Za-z0-9_-])(?P<jwt>eyJ[A-Za-z0-9_-]{2,8192}\.[A-Za-z0-9_-]{2,65536}\.[A-Za-z0-9_-]{0,8192})"
+    # a card number: 13-19 digits, spaced or dashed in groups (the Luhn check decides)
+    rf"|(?<![0-9])(?P<pan>{_CARD})"
     # 'name': value / "name": value (reprs, JSON)
     rf"|(?P<qname>(?P<q>['\"])(?P<qkey>[A-Za-z0-9_.\- ]{{1,64}})(?P=q)\s{{0,8}}:\s{{0,8}})"
-    rf"(?P<qvalue>{_QUOTED}|[^\s,}}\]]{{1,4096}})"
-    # name=value (libpq DSNs, query strings, keyword reprs)
-    r"|(?P<kname>(?<![A-Za-z0-9_.\-])(?P<key>[A-Za-z_][A-Za-z0-9_.\-]{0,63})\s{0,8}=\s{0,8})"
+    rf"(?P<qvalue>{_QUOTED}|{_LONG_QUOTED}|{_CARD}|[^\s,}}\]]{{1,4096}})"
+    # name=value, name: value (libpq DSNs, query strings, keyword reprs, --flags, headers)
+    r"|(?P<kname>(?<![A-Za-z0-9_.\-])(?P<key>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]{0,63})"
+    r"\s{0,8}[=:]\s{0,8})"
     # (the value may start with an auth scheme: token=Bearer <token>)
-    rf"(?P<kvalue>{_QUOTED}|(?:(?:{_SCHEMES})\s{{1,8}})?[^\s&,;)\]}}'\"]{{1,4096}})",
+    rf"(?P<kvalue>{_QUOTED}|{_LONG_QUOTED}|{_CARD}|(?:(?:{_SCHEMES})\s{{1,8}})?[^\s&,;)\]}}'\"]{{1,4096}})",
     re.IGNORECASE,
 )
 
 
-def _redact_text(text: str, rules: _Rules) -> str:
+def _redact_text(text: str, rules: _Rules, depth: int = 0) -> str:
     try:
-        return _SECRETS.sub(_replacer(rules), text)
+        return _SECRETS.sub(_replacer(rules, depth), text)
     except Exception:  # never fail the caller; when in doubt, show nothing
         return _TEXT_REDACTED if text else text
+
+
+#: "KeyError: 'user_id'" is an exception's summary, not a key's value
+_EXCEPTION_NAME = re.compile(r"[A-Z][A-Za-z0-9]*(?:Error|Exception|Warning)")
+
+
+def _luhn(number: str) -> bool:
+    digits = [int(c) for c in reversed(number) if c.isdigit()]
+    total = sum(d if i % 2 == 0 else (d * 2 - 9 if d > 4 else d * 2) for i, d in enumerate(digits))
+    return total % 10 == 0
 
 
 def _masked(value: str) -> str:
@@ -354,7 +328,10 @@ def _masked(value: str) -> str:
     return f"{quote}{_TEXT_REDACTED}{quote}" if quote in ("'", '"') else _TEXT_REDACTED
 
 
-def _replacer(rules: _Rules) -> Callable[[re.Match[str]], str]:
+def _replacer(rules: _Rules, depth: int) -> Callable[[re.Match[str]], str]:
+    def inner(value: str) -> str:  # the value of a name that is not sensitive: its own
+        return _redact_text(value, rules, depth + 1) if depth < 3 else value  # secrets
+
     def replace(match: re.Match[str]) -> str:
         if match.group("header") is not None:
             scheme = (match.group("scheme") or "") + (match.group("gap") or "")
@@ -365,13 +342,16 @@ def _replacer(rules: _Rules) -> Callable[[re.Match[str]], str]:
             return match.group("url") + _TEXT_REDACTED
         if match.group("jwt") is not None:
             return _TEXT_REDACTED
+        if match.group("pan") is not None:
+            return _TEXT_REDACTED if _luhn(match.group("pan")) else match.group(0)
         if match.group("qname") is not None:
             if _matches(match.group("qkey"), rules):
                 return match.group("qname") + _masked(match.group("qvalue"))
-            return match.group(0)
-        if match.group("kname") is not None and _matches(match.group("key"), rules):
+            return match.group("qname") + inner(match.group("qvalue"))
+        key, colon = match.group("key"), match.group("kname").rstrip().endswith(":")
+        if _matches(key, rules) and not (colon and _EXCEPTION_NAME.fullmatch(key)):
             return match.group("kname") + _masked(match.group("kvalue"))
-        return match.group(0)
+        return match.group("kname") + inner(match.group("kvalue"))
 
     return replace
 

@@ -419,3 +419,66 @@ def test_redact_text_is_linear_on_pathological_input() -> None:
         redact.redact_text(sample)
         # Then each is redacted in well under a second
         assert time.perf_counter() - t0 < 1.0, sample[:20]
+
+
+# -- secret values that the review found shown (each a case that leaked before) ------------
+
+
+@pytest.mark.parametrize(
+    ("text", "secret", "kept"),
+    [
+        ("DATABASE_URL=postgres://app:pw-7Q1x@db/x", "pw-7Q1x", "DATABASE_URL="),
+        ("settings: postgres://app:pw-7Q1x@db/x", "pw-7Q1x", "@db/x"),
+        ("Command '['mysqldump', '--password=DbPw_7Q', 'prod']' failed", "DbPw_7Q", "mysqldump"),
+        ("password: hunter2-x next", "hunter2-x", "next"),
+        ("X-Api-Key: xak_TUPLEHDR sent", "xak_TUPLEHDR", "sent"),
+        ("card=4111 1111 1111 1111 declined", "1111 1111", "declined"),
+        ("charge 4111-1111-1111-1111 declined", "4111", "declined"),
+        ("password='" + "S" * 5000 + "' tail", "SSSS", "password="),
+    ],
+)
+def test_redact_text_removes_secrets_written_in_other_forms(
+    text: str, secret: str, kept: str
+) -> None:
+    from celery_grousset.redact import redact_text
+
+    shown = redact_text(text)
+    assert secret not in shown and kept in shown and "***" in shown, shown
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["KeyError: 'user_id'", "order 1234567890123456 failed", "http://host:8080/path",
+     "error: connection refused at 12:30"],
+)  # fmt: skip
+def test_redact_text_leaves_ordinary_text(text: str) -> None:
+    from celery_grousset.redact import redact_text
+
+    # (an exception's summary, a number failing the Luhn check, a port, a time)
+    assert redact_text(text) == text
+
+
+def test_safe_repr_redacts_bytes_sets_pairs_objects_and_one_word_names() -> None:
+    class Profile:  # a model whose repr names its fields (pydantic, attrs)
+        def __repr__(self) -> str:
+            return "Profile(email='a@b.c', password='ModelPw_123')"
+
+    args = (b"password=BodyBytesPw&x=1", {"password=SetSecret"}, Profile(),
+            [("Authorization", "Basic dXNlcjpw"), ("X-Api-Key", "xak_PAIR")])  # fmt: skip
+    kwargs = {"creditcard": "4000-0566", "pincode": 4821, "user_pw": "pw-1a"}
+    text = safe_repr(args, kwargs)
+    for secret in ("BodyBytesPw", "SetSecret", "ModelPw_123", "dXNlcjpw", "xak_PAIR",
+                   "4000-0566", "4821", "pw-1a"):  # fmt: skip
+        assert secret not in text, (secret, text)
+    assert "a@b.c" in text and "Authorization" in text and "x=1" in text
+
+
+def test_secret_values_are_found_in_lists_and_deep_mappings() -> None:
+    from celery_grousset.redact import secret_values
+
+    named = {"cards": ["4111111111111111"], "items": [{"password": "Pw-in-a-list"}],
+             "a": {"b": {"c": {"d": {"e": {"token": "deep-token-5"}}}}},
+             "note": 'say "hi"'}  # fmt: skip
+    found = secret_values(named.items())
+    assert {"4111111111111111", "Pw-in-a-list", "deep-token-5"} <= set(found)
+    assert not any("hi" in value for value in found)
