@@ -208,6 +208,7 @@ DELIVERY_FATES = {
     Kind.COMPLETED: "a duplicate, answered from the memo",
     Kind.FAILED: "a duplicate, answered with the memoized failure",
     Kind.GAVE_UP: "a duplicate, answered GaveUp (max_takeovers reached)",
+    Kind.MISMATCH: "refused with PayloadMismatch: the key's record is of other arguments",
     Kind.TAKEOVER: "it held the claim until a later delivery took it over (stale)",
     Kind.RECLAIM: "it failed and released the claim; a later delivery claimed it again",
     Kind.EXPIRED: "its outcome expired; a later delivery claimed the key afresh",

@@ -48,8 +48,8 @@ class _ProtectCaller:
 
     def defer(self, req: ClaimRequest, res: ClaimResult) -> NoReturn:
         raise ClaimInFlight(
-            f"protect({self.key!r}): another caller holds a fresh claim; it turns stale in "
-            f"{res.retry_in:.1f} s",
+            f"protect({req.args_repr or '…'}): another caller holds a fresh claim; it turns "
+            f"stale in {res.retry_in:.1f} s",  # the key as stored: redacted
             fingerprint=req.fingerprint,
             retry_in=res.retry_in,
         )

@@ -60,7 +60,7 @@ class GroussetTaskMixin:
     """The guard, as a mixin for any Celery task class (see :class:`GroussetTask`).
 
     Every option below may be set as a decorator keyword, a class attribute, a
-    ``GROUSSET`` setting (upper case) or — ``max_processing_time`` and
+    ``GROUSSET`` setting (upper case; not ``grousset_key``) or — ``max_processing_time`` and
     ``processor_id`` — a worker flag. Precedence: per call > task > worker flag >
     ``settings.GROUSSET`` > built-in default.
     """
@@ -81,9 +81,8 @@ class GroussetTaskMixin:
     transactional: bool | None = None
     #: Store the return value for duplicates (default True).
     memoize: bool | None = None
-    #: When the body raises: ``"release"`` (run again) or ``"memoize"`` (replay). Given
-    #: as ``on_failure=`` on the decorator (moved here, so Celery's ``on_failure``
-    #: handler method keeps its name).
+    #: When the body raises: ``"release"`` (run again) or ``"memoize"`` (replay); the
+    #: decorator's ``on_failure=`` lands here (Celery's ``on_failure`` keeps its name).
     grousset_on_failure: str | None = None
     #: Encoded results larger than this are not memoized (default 256 KiB).
     max_result_bytes: int | None = None
@@ -91,6 +90,10 @@ class GroussetTaskMixin:
     max_takeovers: int | None = None
     #: Django database alias of the journal (default ``GROUSSET["DATABASE"]``).
     database: str | None = None
+    #: Refuse a keyed call whose arguments differ from its record's (default True).
+    validate_payload: bool | None = None
+    #: Key a run that celery beat published by its schedule slot too (default True).
+    periodic_slot: bool | None = None
 
     _grousset_opts: Options | None = None
     _grousset_bypass: bool | None = None
@@ -107,8 +110,7 @@ class GroussetTaskMixin:
             raise TypeError(  # Celery's Task.__call__ would run every delivery unguarded
                 f"{cls.__qualname__}: list GroussetTaskMixin before the Celery task class "
                 f"in its bases (class {cls.__name__}(GroussetTaskMixin, YourTask)).")
-        # @app.task(on_failure="memoize") lands in the class dict, where it would replace
-        # Celery's Task.on_failure(exc, task_id, …) handler: move it to our own attribute.
+        # @app.task(on_failure="memoize") would replace Celery's on_failure handler: move it
         value = cls.__dict__.get("on_failure")
         if isinstance(value, str):
             cls.grousset_on_failure = value
@@ -259,8 +261,7 @@ class GroussetTaskMixin:
         return guard.guarded(_TaskCaller(self, request, lambda: run(*args, **kwargs)), call)
 
     def _bypassed(self, call: guard.Call, body: Callable[[], Any]) -> Any:
-        """No claim, no journal; the fingerprint is still handed to the body, so an
-        external idempotency key keeps working while the guard is off."""
+        """No claim, no journal; the body still gets its fingerprint (an external key)."""
         events.bypassed(self.name, call.task_id)
         attempt = guard.Attempt(
             fingerprint=guard.fingerprint_of(call), fence=0, deliveries=0, takeovers=0,
