@@ -295,12 +295,12 @@ _SECRETS = re.compile(
     rf"|(?<![0-9])(?P<pan>{_CARD})"
     # 'name': value / "name": value (reprs, JSON)
     rf"|(?P<qname>(?P<q>['\"])(?P<qkey>[A-Za-z0-9_.\- ]{{1,64}})(?P=q)\s{{0,8}}:\s{{0,8}})"
-    rf"(?P<qvalue>{_QUOTED}|{_LONG_QUOTED}|{_CARD}|[^\s,}}\]]{{1,4096}})"
+    rf"(?P<qvalue>{_QUOTED}|{_LONG_QUOTED}|{_CARD}|[^\s,}}\]]{{1,65536}})"
     # name=value, name: value (libpq DSNs, query strings, keyword reprs, --flags, headers)
     r"|(?P<kname>(?<![A-Za-z0-9_.\-])(?P<key>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]{0,63})"
     r"\s{0,8}[=:]\s{0,8})"
     # (the value may start with an auth scheme: token=Bearer <token>)
-    rf"(?P<kvalue>{_QUOTED}|{_LONG_QUOTED}|{_CARD}|(?:(?:{_SCHEMES})\s{{1,8}})?[^\s&,;)\]}}'\"]{{1,4096}})",
+    rf"(?P<kvalue>{_QUOTED}|{_LONG_QUOTED}|{_CARD}|(?:(?:{_SCHEMES})\s{{1,8}})?[^\s&,;)\]}}'\"]{{1,65536}})",
     re.IGNORECASE,
 )
 

@@ -482,3 +482,12 @@ def test_secret_values_are_found_in_lists_and_deep_mappings() -> None:
     found = secret_values(named.items())
     assert {"4111111111111111", "Pw-in-a-list", "deep-token-5"} <= set(found)
     assert not any("hi" in value for value in found)
+
+
+def test_a_long_unquoted_secret_is_masked_whole() -> None:
+    from celery_grousset.redact import redact_text
+
+    # Given a token far longer than a line (a SAML assertion, a pasted key)
+    shown = redact_text("password=" + "T" * 9000 + " tail")
+    # Then none of it is left, and what follows is
+    assert shown == "password=*** tail"
