@@ -19,6 +19,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import json
+import re
 from collections.abc import Callable, Collection
 from contextvars import ContextVar
 from functools import lru_cache
@@ -73,8 +74,8 @@ def _without_secrets(text: str) -> str:
     secrets = SECRETS.get()
     if secrets is not None:
         try:
-            for secret in secrets():
-                text = text.replace(secret, "***")
+            for secret in secrets():  # as given, or in another case ("CARD 4111…")
+                text = re.sub(re.escape(secret), "***", text, flags=re.IGNORECASE)
         except Exception:  # arguments that cannot be read again: the patterns still apply
             pass
     return text

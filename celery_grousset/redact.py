@@ -276,6 +276,8 @@ _TOKEN = r"[A-Za-z0-9\-._~+/]+=*"  # RFC 6750 b64token
 _SCHEMES = r"basic|bearer|digest|negotiate|ntlm|token|aws4-hmac-sha256"
 _QUOTED = r"'(?:[^'\\\n]|\\.){0,4096}'|\"(?:[^\"\\\n]|\\.){0,4096}\""
 _CARD = r"[0-9](?:[ -]?[0-9]){12,18}(?![0-9])"  # 13-19 digits, maybe in groups
+# a PEM block (a private key): the whole block, its body included
+_PEM = r"-----BEGIN [A-Z0-9 ]{1,40}-----[A-Za-z0-9+/=\s]{0,16384}-----END [A-Z0-9 ]{1,40}-----"
 # a quoted value too long (or not closed) for _QUOTED: masked to the end of its line
 _LONG_QUOTED = r"['\"][^\n]*"
 
@@ -291,6 +293,9 @@ _SECRETS = re.compile(
     r"|(?P<url>[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s:/?#@]{0,256}:)(?P<password>[^\s/?#]{0,512})(?=@)"
     # a JWT: header.payload.signature, base64url, the header a JSON object
     r"|(?<![A-Za-z0-9_-])(?P<jwt>eyJ[A-Za-z0-9_-]{2,8192}\.[A-Za-z0-9_-]{2,65536}\.[A-Za-z0-9_-]{0,8192})"
+    rf"|(?P<pem>{_PEM})"
+    # <password>value</password> (XML, SOAP)
+    r"|(?P<xname><(?P<xkey>[A-Za-z_][A-Za-z0-9_.\-]{0,63})>)(?P<xvalue>[^<\n]{1,4096})(?=</(?P=xkey)>)"
     # a card number: 13-19 digits, spaced or dashed in groups (the Luhn check decides)
     rf"|(?<![0-9])(?P<pan>{_CARD})"
     # 'name': value / "name": value (reprs, JSON)
@@ -298,9 +303,9 @@ _SECRETS = re.compile(
     rf"(?P<qvalue>{_QUOTED}|{_LONG_QUOTED}|{_CARD}|[^\s,}}\]]{{1,65536}})"
     # name=value, name: value (libpq DSNs, query strings, keyword reprs, --flags, headers)
     r"|(?P<kname>(?<![A-Za-z0-9_.\-])(?P<key>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]{0,63})"
-    r"\s{0,8}[=:]\s{0,8})"
+    r"\s{0,8}(?:[=:]|%3d)\s{0,8})"
     # (the value may start with an auth scheme: token=Bearer <token>)
-    rf"(?P<kvalue>{_QUOTED}|{_LONG_QUOTED}|{_CARD}|(?:(?:{_SCHEMES})\s{{1,8}})?[^\s&,;)\]}}'\"]{{1,65536}})",
+    rf"(?P<kvalue>{_PEM}|{_QUOTED}|{_LONG_QUOTED}|{_CARD}|(?:(?:{_SCHEMES})\s{{1,8}})?[^\s&,;)\]}}'\"]{{1,65536}})",
     re.IGNORECASE,
 )
 
@@ -342,6 +347,11 @@ def _replacer(rules: _Rules, depth: int) -> Callable[[re.Match[str]], str]:
             return match.group("url") + _TEXT_REDACTED
         if match.group("jwt") is not None:
             return _TEXT_REDACTED
+        if match.group("pem") is not None:
+            return _TEXT_REDACTED
+        if match.group("xname") is not None:
+            secret = _matches(match.group("xkey"), rules)
+            return match.group("xname") + (_TEXT_REDACTED if secret else match.group("xvalue"))
         if match.group("pan") is not None:
             return _TEXT_REDACTED if _luhn(match.group("pan")) else match.group(0)
         if match.group("qname") is not None:

@@ -282,10 +282,11 @@ def test_an_error_that_quotes_a_secret_argument_is_stored_without_it(
 ) -> None:
     def authorize(self: Any, customer: str, card_number: str, options: dict[str, Any]) -> None:
         raise RuntimeError(f"PSP declined {customer}: card {card_number}, "
-                           f"cvv {options['cvv']} (raw: {card_number})")  # fmt: skip
+                           f"cvv {options['cvv']} (raw: {card_number}, "
+                           f"ref {options['ref']['token'].upper()})")  # fmt: skip
 
     task = temp_task(authorize, max_processing_time=30, on_failure=on_failure)
-    call = ("dave-7f1", "4242424242424242", {"cvv": "9731"})
+    call = ("dave-7f1", "4242424242424242", {"cvv": "9731", "ref": {"token": "tk-ab12"}})
     # When a task fails with an error that quotes its sensitive arguments (a positional
     # card number, bound to its name; a cvv in a dict)
     assert isinstance(task.apply(call).result, RuntimeError)
@@ -293,10 +294,11 @@ def test_an_error_that_quotes_a_secret_argument_is_stored_without_it(
     rec = Outcome.objects.using(journal).get(task_name=task.name)
     stored = rec.error + (bytes(rec.result).decode() if rec.result is not None else "")
     assert "4242424242424242" not in stored and "9731" not in stored, stored
-    assert rec.error == "RuntimeError: PSP declined dave-7f1: card ***, cvv *** (raw: ***)"
+    assert "TK-AB12" not in stored, stored  # quoted in another case
+    assert rec.error == "RuntimeError: PSP declined dave-7f1: card ***, cvv *** (raw: ***, ref ***)"
     if on_failure == "memoize":  # and a duplicate is replayed the scrubbed message
         replay = task.apply(call).result
-        assert str(replay) == "PSP declined dave-7f1: card ***, cvv *** (raw: ***)"
+        assert str(replay) == "PSP declined dave-7f1: card ***, cvv *** (raw: ***, ref ***)"
 
 
 # -- defect 10: MariaDB's max_allowed_packet ------------------------------------------------

@@ -491,3 +491,21 @@ def test_a_long_unquoted_secret_is_masked_whole() -> None:
     shown = redact_text("password=" + "T" * 9000 + " tail")
     # Then none of it is left, and what follows is
     assert shown == "password=*** tail"
+
+
+@pytest.mark.parametrize(
+    ("text", "secret", "kept"),
+    [
+        ("<user>bob</user><password>XmlPw_77</password>", "XmlPw_77", "<user>bob</user>"),
+        ("GET /x?api_key%3DUrlEnc_9 next", "UrlEnc_9", "next"),
+        ("private_key=-----BEGIN RSA PRIVATE KEY-----\nMIIEBODY123\n"
+         "-----END RSA PRIVATE KEY----- tail", "MIIEBODY123", "tail"),
+    ],
+)
+def test_redact_text_removes_xml_url_encoded_and_pem_secrets(
+    text: str, secret: str, kept: str
+) -> None:
+    from celery_grousset.redact import redact_text
+
+    shown = redact_text(text)
+    assert secret not in shown and kept in shown and "***" in shown, shown
