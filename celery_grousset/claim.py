@@ -214,15 +214,22 @@ RELEASED = Condition(
     lambda p, now, r: p.status == Status.FAILED and p.result_encoding == ENC_NONE,
     "o.status = 'failed' AND o.result_encoding = ''",
 )
+#: the one definition of "the record's own delivery again": the row's task id, given
+#: again (a broker redelivery, a Celery retry). A ``protect()`` call has no task id, so
+#: each call is another delivery.
+OWN_DELIVERY = Condition(
+    "the record's own delivery",
+    lambda p, now, r: bool(r.task_id) and r.task_id == p.task_id,
+    "(%(tid)s <> '' AND o.task_id = %(tid)s)",
+)
 #: a keyed call's arguments differ from the record's, and it is not the record's own
 #: delivery again: a Celery retry keeps its task id and may change its arguments
-#: (``self.retry(kwargs=…)``); ``protect()`` has no task id
+#: (``self.retry(kwargs=…)``)
 OTHER_PAYLOAD = Condition(
     "claimed for other arguments",
     lambda p, now, r: payload_differs(p.payload_hash, r.payload_hash)
-    and not (r.task_id and r.task_id == p.task_id),
-    "%(ph)s <> '' AND o.payload_hash NOT IN ('', %(ph)s) "
-    "AND (%(tid)s = '' OR o.task_id <> %(tid)s)",
+    and not OWN_DELIVERY.test(p, now, r),
+    f"%(ph)s <> '' AND o.payload_hash NOT IN ('', %(ph)s) AND NOT {OWN_DELIVERY.sql}",
 )
 DONE = Condition("completed", lambda p, now, r: p.status == Status.COMPLETED,
                  "o.status = 'completed'")
@@ -256,13 +263,13 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MICROSECOND = timedelta(microseconds=1)
 
 
-#: The claim is a redelivery of a delivery already counted: the row's own task id again
-#: (a broker redelivery, a Celery retry) or an in-flight requeue. Every other delivery
-#: that the row answers (memo, memoized failure, in-flight policy, gave up) is a duplicate.
+#: The claim is a redelivery of a delivery already counted: the record's own delivery
+#: again or an in-flight requeue. Every other delivery that the row answers (memo,
+#: memoized failure, in-flight policy, gave up) is a duplicate.
 REDELIVERY = Condition(
     "a redelivery",
-    lambda p, now, r: r.bounce or r.task_id == p.task_id,
-    "(%(bounce)s OR o.task_id = %(tid)s)",
+    lambda p, now, r: r.bounce or OWN_DELIVERY.test(p, now, r),
+    f"(%(bounce)s OR {OWN_DELIVERY.sql})",
 )
 
 
@@ -277,11 +284,11 @@ def is_duplicate(kind: Kind, prev: Prev, req: ClaimRequest) -> bool:
 def recorded(kind: Kind, prev: Prev, req: ClaimRequest) -> str | None:
     """The task id this claim adds to the deliveries table (``Delivery``), or None: a claim
     by another delivery than the row's records that delivery when the row answers it, or
-    the row's own delivery when the claim takes the row from it. The PostgreSQL
-    statement applies the same rule in SQL."""
-    if WRITES[kind] is Write.NOTHING or req.task_id == prev.task_id:
+    the row's own delivery when the claim takes the row from it; never an empty task id
+    (``protect()``). The PostgreSQL statement applies the same rule in SQL."""
+    if WRITES[kind] is Write.NOTHING or OWN_DELIVERY.test(prev, prev.stale_at, req):
         return None
-    return prev.task_id if kind.owned else req.task_id
+    return (prev.task_id if kind.owned else req.task_id) or None
 
 
 def decide(prev: Prev | None, now: datetime, req: ClaimRequest) -> Kind:

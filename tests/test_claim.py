@@ -21,6 +21,8 @@ from celery_grousset.claim import (
     Write,
     decide,
     decision_sql,
+    is_duplicate,
+    recorded,
 )
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
@@ -106,6 +108,18 @@ def test_protect_has_no_task_id_and_keeps_its_payload_check() -> None:
     assert decide(prev(status="failed", payload_hash=OTHER), NOW, req) is Kind.MISMATCH
     assert decide(prev(status="completed", result_encoding="application/json",
                        payload_hash=OTHER), NOW, req) is Kind.MISMATCH  # fmt: skip
+
+
+def test_a_protect_call_again_is_a_duplicate_not_a_redelivery() -> None:
+    # Given a protect() record (no task id) answered to another protect() call of its key
+    req, done = dataclasses.replace(REQ, task_id=""), prev(status="completed")
+    # Then the call counts as a duplicate, with no task id to list under Deliveries
+    assert is_duplicate(Kind.COMPLETED, done, req)
+    assert recorded(Kind.COMPLETED, done, req) is None
+    # ... while a task's own task id again is a redelivery, and another one a duplicate
+    assert not is_duplicate(Kind.COMPLETED, dataclasses.replace(done, task_id="id"), REQ)
+    assert is_duplicate(Kind.COMPLETED, dataclasses.replace(done, task_id="other"), REQ)
+    assert recorded(Kind.COMPLETED, dataclasses.replace(done, task_id="other"), REQ) == "id"
 
 
 def test_no_row_is_a_new_claim() -> None:

@@ -16,7 +16,7 @@ from django.db.models import F
 from celery_grousset import protect
 from celery_grousset.claim import PROTECT_NAME
 from celery_grousset.exceptions import ClaimInFlight, FingerprintError, StoreUnavailable
-from celery_grousset.models import Outcome
+from celery_grousset.models import Delivery, Outcome
 from celery_grousset.store import reset_stores
 from tests.ledger.models import Effect
 from tests.racer import race, run_racers
@@ -51,6 +51,10 @@ def test_runs_once_and_returns_memo(alias: str, processor: str) -> None:
     assert first == second == {"day": "2026-11-29", "rows": 42}
     rec = Outcome.objects.using(alias).get(processor_id=processor)
     assert (rec.status, rec.deliveries, rec.task_name) == ("completed", 2, PROTECT_NAME)
+    # ... and the second call is counted as a duplicate: a protect() call has no task id,
+    # so no call is "the record's own delivery again" (nor listed under Deliveries)
+    assert rec.duplicates == 1
+    assert not Delivery.objects.using(alias).filter(processor_id=processor).exists()
 
 
 def test_a_key_that_quotes_a_secret_is_stored_redacted_and_cut(alias: str, processor: str) -> None:

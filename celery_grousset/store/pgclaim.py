@@ -16,6 +16,7 @@ import re
 
 from celery_grousset.claim import (
     ENC_GAVE_UP,
+    OWN_DELIVERY,
     REDELIVERY,
     WRITES,
     Kind,
@@ -157,11 +158,13 @@ def _upsert(lock_first: str, keys: str) -> str:
     return _UPSERT.replace("<lock_first>", lock_first).replace("<keys>", keys)
 
 
-# A delivery that is not the row's own (claim.recorded), from prev.
+# A delivery that is not the row's own (claim.recorded), from prev; never an empty id.
 _RECORD = f"""
 INSERT INTO celery_grousset_delivery (processor_id, fingerprint, task_id, decision, at)
-SELECT %(p)s, %(f)s, CASE WHEN a {_TAKES} THEN ptid ELSE %(tid)s END, a, now()
-FROM prev WHERE a <> '{Kind.RESUMED.code}' AND ptid <> %(tid)s
+SELECT %(p)s, %(f)s, x.id, a, now() FROM prev,
+LATERAL (SELECT CASE WHEN a {_TAKES} THEN ptid ELSE %(tid)s END AS id) AS x
+WHERE a <> '{Kind.RESUMED.code}' AND NOT {OWN_DELIVERY.sql.replace("o.task_id", "ptid")}
+AND x.id <> ''
 """
 # The commit waits for the WAL flush unless every claim only answered (a count, or the
 # caller's own claim) or CLAIM_COMMIT is "async"; `answered` is that test on prev.a.
