@@ -11,12 +11,8 @@ raises. Names are split into lower-case parts (``accessKey`` is ``access key``,
 ``X-Api-Key`` is ``x api key``); a one-part key shorter than 5 characters (``key``,
 ``pin``) must be a whole part (``stripe_key`` yes, ``keyboard`` no), any other is looked
 for with the parts joined (``userPassword``, ``cardnumber``). docs/configuration.md
-(``REDACT_KEYS``) is the user's page of these rules.
-
-:func:`redact_text` removes secret *values* from any text, whatever their name: the
-credentials of an ``Authorization`` header or a ``Bearer`` token, the password of a URL,
-a JWT, a card number (13-19 digits passing the Luhn check), and the value of a
-``name=value``, ``name: value`` or ``'name': value`` pair whose name is sensitive.
+(``REDACT_KEYS``) is the user's page of these rules; :func:`redact_text` removes secret
+*values* from any text, whatever their name.
 """
 
 from __future__ import annotations
@@ -25,6 +21,8 @@ import dataclasses
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from functools import lru_cache
+
+from celery_grousset import anchored
 
 __all__ = ["DEFAULT_REDACT_KEYS", "REDACTED", "is_sensitive", "redact_text", "safe_repr"]
 
@@ -44,6 +42,10 @@ REDACTED = "'***'"
 """What a redacted value renders as."""
 
 _MAX_DEPTH = 20
+#: How far past the shown ``max_length`` texts are scanned: a secret starting in the shown
+#: part is recognised if it ends within it (an XML element's or quoted value: 4,096 chars;
+#: a URL's password, a card: less); a PEM block, a JWT, a quoted value cut off: masked.
+SCAN_MARGIN = 4096 + 128
 _WHOLE_WORD_BELOW = 5  # one-part redact keys shorter than this must match a whole part
 # Parts: an acronym (not the capital that starts the next word), a capitalised or
 # lower-case word, or a run of digits. Everything else separates parts.
@@ -81,14 +83,17 @@ def _matches(name: object, rules: _Rules) -> bool:
     if isinstance(name, bytes):
         name = name.decode("latin-1")
     if not isinstance(name, str):
-        return False
+        return False  # a task's argument names come again with every call: cached
+    return (_name_matches if len(name) <= 64 else _name_matches.__wrapped__)(name, rules)
+
+
+@lru_cache(maxsize=4096)
+def _name_matches(name: str, rules: _Rules) -> bool:
     parts = _parts(name)
     substrings, words = rules
     squashed = "".join(parts)
     if any(pattern in squashed for pattern in substrings):
         return True
-    if not words:
-        return False
     return any(part in words or (part[-1:] == "s" and part[:-1] in words) for part in parts)
 
 
@@ -136,9 +141,18 @@ def _plain_repr(value: object) -> str:
 class _Renderer:
     """Renders values like ``repr``, redacting values under sensitive names."""
 
-    def __init__(self, rules: _Rules) -> None:
-        self.rules = rules
+    def __init__(self, rules: _Rules, budget: int) -> None:
+        self.rules, self.budget = rules, budget  # characters left to scan
+        self.dropped = 0  # characters cut before rendering: counted in the "…(+N chars)"
         self.active: set[int] = set()  # ids of the containers being rendered (cycles)
+
+    def scanned(self, text: str) -> str:
+        """``text`` redacted. Only the first ``max_length + SCAN_MARGIN`` characters of all
+        the texts are scanned: what lies past them can never be shown."""
+        keep = min(len(text), max(self.budget, 0))
+        self.budget -= keep
+        self.dropped += len(text) - keep
+        return _redact_text(text[:keep] if keep < len(text) else text, self.rules)
 
     def named(self, name: object, value: object, depth: int) -> str:
         """Render the value of a field/key called ``name``."""
@@ -149,11 +163,11 @@ class _Renderer:
     def render(self, value: object, depth: int = 0) -> str:
         """Render one value; containers recurse, everything else uses its repr."""
         if isinstance(value, str):
-            return _plain_repr(_redact_text(value, self.rules))
+            return _plain_repr(self.scanned(value))
         if isinstance(value, (int, float, type(None))):
             return _plain_repr(value)
         if isinstance(value, bytes):
-            return _redact_text(_plain_repr(value), self.rules)
+            return self.scanned(_plain_repr(value))
         if depth >= _MAX_DEPTH:
             return "…"
         ident = id(value)
@@ -189,31 +203,32 @@ class _Renderer:
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             fields = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value) if f.repr)
             return self._call_like(value, fields, depth)
-        return _redact_text(_plain_repr(value), self.rules)  # sets, other objects' reprs
+        return self.scanned(_plain_repr(value))  # sets, other objects' reprs
 
     def _call_like(self, value: object, fields: Iterable[tuple[str, object]], depth: int) -> str:
         inner = ", ".join(f"{name}={self.named(name, item, depth)}" for name, item in fields)
         return f"{type(value).__qualname__}({inner})"
 
 
-def _truncate(text: str, max_length: int) -> str:
-    """Cut ``text`` to at most ``max_length`` characters, ending with ``…(+N chars)``."""
-    if len(text) <= max_length:
+def _truncate(text: str, max_length: int, dropped: int = 0) -> str:
+    """Cut ``text`` to at most ``max_length`` characters, ending with ``…(+N chars)``
+    (``dropped``: characters already cut from it, counted in N)."""
+    if len(text) <= max_length and not dropped:
         return text
-    keep = max(max_length, 0)
+    keep = min(len(text), max(max_length, 0))
     for _ in range(3):  # the marker's own length depends on N; converges in <= 2 steps
-        keep = max(max_length - len(f"…(+{len(text) - keep} chars)"), 0)
-    return (text[:keep] + f"…(+{len(text) - keep} chars)")[: max(max_length, 0)]
+        keep = min(len(text), max(max_length - len(f"…(+{len(text) - keep + dropped} chars)"), 0))
+    return (text[:keep] + f"…(+{len(text) - keep + dropped} chars)")[: max(max_length, 0)]
 
 
-def clean_and_cut(text: str, max_length: int) -> str:
+def clean_and_cut(text: str, max_length: int, dropped: int = 0) -> str:
     """``text`` without NUL or lone surrogates, cut to ``max_length`` (``…(+N chars)``)."""
     text = text.replace("\x00", "")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:  # lone surrogates cannot be stored as UTF-8
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return _truncate(text, max_length)
+    return _truncate(text, max_length, dropped)
 
 
 def safe_repr(
@@ -240,7 +255,7 @@ def safe_repr(
     """
     try:
         rules = _rules_for(redact_keys)
-        renderer = _Renderer(rules)
+        renderer = _Renderer(rules, max(max_length, 0) + SCAN_MARGIN)
         if argsrepr is not None or kwargsrepr is not None:
             shown_args = (
                 _redact_text(_as_text(argsrepr), rules)
@@ -259,7 +274,7 @@ def safe_repr(
             parts = [renderer.render(value) for value in args]
             parts += [f"{name}={renderer.named(name, v, 0)}" for name, v in kwargs.items()]
             text = ", ".join(parts)
-        return clean_and_cut(text, max_length)
+        return clean_and_cut(text, max_length, renderer.dropped)
     except Exception as exc:  # last resort: never fail the caller
         text = f"<arguments could not be rendered: {type(exc).__qualname__}>"
         return clean_and_cut(text, max_length)
@@ -269,7 +284,6 @@ def _as_text(value: object) -> str:
     return value if isinstance(value, str) else _plain_repr(value)
 
 
-# -- secret values in free text ------------------------------------------------------------
 
 _TEXT_REDACTED = "***"
 _TOKEN = r"[A-Za-z0-9\-._~+/]+=*"  # RFC 6750 b64token
@@ -277,12 +291,12 @@ _SCHEMES = r"basic|bearer|digest|negotiate|ntlm|token|aws4-hmac-sha256"
 _QUOTED = r"'(?:[^'\\\n]|\\.){0,4096}'|\"(?:[^\"\\\n]|\\.){0,4096}\""
 _CARD = r"[0-9](?:[ -]?[0-9]){12,18}(?![0-9])"  # 13-19 digits, maybe in groups
 # a PEM block (a private key): the whole block, its body included
-_PEM = r"-----BEGIN [A-Z0-9 ]{1,40}-----[A-Za-z0-9+/=\s]{0,16384}-----END [A-Z0-9 ]{1,40}-----"
+_PEM = r"-----BEGIN [A-Z0-9 ]{1,40}-----[A-Za-z0-9+/=\s]{0,16384}(?:-----END [A-Z0-9 ]{1,40}-----|\Z)"  # noqa: E501
 # a quoted value too long (or not closed) for _QUOTED: masked to the end of its line
 _LONG_QUOTED = r"['\"][^\n]*"
 
-# One pass, leftmost match first; every repetition is bounded or starts at a literal
-# that the previous match consumed, so the scan stays linear on any input.
+# Leftmost match first; each repetition bounded, so the scan stays linear on any input.
+# Tried only near an anchor (anchored.py): a new alternative must contain one of them.
 _SECRETS = re.compile(
     # an Authorization header (its scheme kept)
     rf"(?P<header>(?<![A-Za-z0-9_-])(?:proxy-)?authorization[\"']?\s{{0,8}}[:=]\s{{0,8}}[\"']?)"
@@ -292,7 +306,7 @@ _SECRETS = re.compile(
     # the password of a URL: scheme://user:password@host
     r"|(?P<url>[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s:/?#@]{0,256}:)(?P<password>[^\s/?#]{0,512})(?=@)"
     # a JWT: header.payload.signature, base64url, the header a JSON object
-    r"|(?<![A-Za-z0-9_-])(?P<jwt>eyJ[A-Za-z0-9_-]{2,8192}\.[A-Za-z0-9_-]{2,65536}\.[A-Za-z0-9_-]{0,8192})"
+    r"|(?<![A-Za-z0-9_-])(?P<jwt>eyJ[A-Za-z0-9_-]{2,8192}\.[A-Za-z0-9_-]{2,65536}(?:\.[A-Za-z0-9_-]{0,8192}|\Z))"
     rf"|(?P<pem>{_PEM})"
     # <password>value</password> (XML, SOAP)
     r"|(?P<xname><(?P<xkey>[A-Za-z_][A-Za-z0-9_.\-]{0,63})>)(?P<xvalue>[^<\n]{1,4096})(?=</(?P=xkey)>)"
@@ -312,7 +326,9 @@ _SECRETS = re.compile(
 
 def _redact_text(text: str, rules: _Rules, depth: int = 0) -> str:
     try:
-        return _SECRETS.sub(_replacer(rules, depth), text)
+        if depth:  # the value of a pair, re-scanned: short, and scanned whole
+            return _SECRETS.sub(_replacer(rules, depth), text)
+        return anchored.sub(_SECRETS, _replacer(rules, depth), text)
     except Exception:  # never fail the caller; when in doubt, show nothing
         return _TEXT_REDACTED if text else text
 

@@ -1,0 +1,128 @@
+"""How much text redaction scans: only near the characters a secret needs
+(``celery_grousset.anchored``), and only as far as can be shown (``SCAN_MARGIN``).
+Both are held to the plain single pass: the same output on generated text."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from celery_grousset import anchored, redact
+from celery_grousset.redact import DEFAULT_REDACT_KEYS, SCAN_MARGIN, safe_repr
+
+RULES = redact._rules_for(DEFAULT_REDACT_KEYS)
+#: pieces of every secret form and every anchor, and ordinary text between them
+PIECES = [
+    "password", "token", "api_key", "note", "x", "Name", "key", "-", "--", "_", ".", " ",
+    "  ", "\t", "\n", "=", ":", "%3d", "'", '"', ",", ";", "&", "{", "}", "[", "]", "(",
+    ")", "<", ">", "</", "<pin>", "</pin>", "<note>", "</note>", "4111", "1111", " 1111",
+    "-1111", "42", "7", "eyJhbGciOiJIUzI1NiJ9", "eyJ", "EYJ", "Bearer ", "bearer\t",
+    "Authorization: ", "proxy-authorization=", "Basic ", "https://", "://", "u:p@h", "@",
+    "-----BEGIN RSA PRIVATE KEY-----", "-----END RSA PRIVATE KEY-----", "-----BEGıN ",  # noqa: RUF001
+    "MIIEow", "abc/+=", "İ", "ſ", "K", "é", "ü", "a" * 63, " " * 8, "KeyError: ",  # noqa: RUF001
+    # the farthest an anchor lies from a match's start: a long name, then its separator
+    "--password" + "p" * 56 + " " * 8 + "=", "'token" + "s" * 59 + "'" + " " * 8 + ":",
+    "c" + "h" * 30 + "://u:pw@h", "proxy-authorization" + " " * 8 + ":",
+]  # fmt: skip
+
+
+def generated(rng: random.Random, count: int) -> list[str]:
+    return ["".join(rng.choice(PIECES) for _ in range(rng.randint(0, 120))) for _ in range(count)]
+
+
+def both(text: str) -> tuple[str, str]:
+    repl = redact._replacer(RULES, 0)
+    return anchored.sub(redact._SECRETS, repl, text), redact._SECRETS.sub(repl, text)
+
+
+@pytest.mark.parametrize("dense", [anchored.DENSE, 0], ids=["as-shipped", "windows-always"])
+def test_anchored_scan_gives_exactly_the_single_pass(
+    dense: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(anchored, "DENSE", dense)
+    # Given generated text full of secret forms, near-misses and anchors, and the
+    # farthest an anchor can lie from a match's start (a 64-character name, 8 spaces)
+    texts = generated(random.Random(20261203), 4000)
+    texts += [
+        "x " * 40 + "-" * 2 + "p" * 64 + " " * 8 + "=hunter2 " + "y " * 100,
+        "z " * 60 + "'" + "s" * 64 + "'" + " " * 8 + ": 'v' " + "w " * 90,
+        "q " * 50 + "a" * 31 + "://user:pw@host " + "r " * 90,
+        "plain words only, " * 30,
+    ]
+    for text in texts:
+        # Then the anchored scan gives what one pass over the whole text gives
+        fast, whole = both(text)
+        assert fast == whole, text
+
+
+def test_the_generated_text_reaches_the_anchor_distance(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The differential test above can fail: with windows one character shorter than the
+    # farthest a match's start can lie from its anchor, the anchored scan misses matches
+    monkeypatch.setattr(anchored, "BACK", 73)
+    monkeypatch.setattr(anchored, "DENSE", 0)  # windows even on dense text
+    texts = generated(random.Random(20261203), 4000)
+    assert any(fast != whole for fast, whole in map(both, texts))
+
+
+def test_text_without_anchors_is_not_scanned(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given an argument with none of the characters a secret needs
+    tried: list[int] = []
+    real = redact._SECRETS
+
+    class Spy:
+        def match(self, text: str, at: int) -> re.Match[str] | None:
+            tried.append(at)
+            return real.match(text, at)
+
+        def sub(self, repl: object, text: str) -> str:
+            tried.extend(range(len(text)))
+            return real.sub(repl, text)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(redact, "_SECRETS", Spy())
+    # When it is rendered / Then the pattern is tried at no position
+    assert safe_repr(("a customer from example dot com, " * 20,), {}) .startswith("'a customer")
+    assert tried == []
+    # ... while a secret is still found where its anchor is
+    assert "hunter2" not in safe_repr(("x " * 300 + "password=hunter2",), {}, max_length=5000)
+    assert 0 < len(tried) <= anchored.BACK + 1
+
+
+def test_only_what_can_be_shown_is_scanned(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a 1 MB argument and a 100-character args_repr
+    seen: list[int] = []
+    real = anchored.sub
+    monkeypatch.setattr(
+        anchored, "sub", lambda p, r, text: seen.append(len(text)) or real(p, r, text)
+    )
+    text = safe_repr(("word " * 200_000,), {}, max_length=100)
+    # Then redaction scans the shown part and its margin, not the megabyte
+    assert seen == [100 + SCAN_MARGIN]
+    # ... and the cut still says how much was left out, the whole argument counted
+    dropped = int(re.search(r"…\(\+(\d+) chars\)$", text)[1])  # type: ignore[index]
+    assert len(text) <= 100 and 999_900 <= dropped <= 1_000_002
+
+
+def test_several_arguments_share_the_scan_budget() -> None:
+    # Given many long arguments: past the budget, later values are not scanned at all
+    shown = safe_repr(tuple("v" * 3000 for _ in range(50)), {}, max_length=200)
+    dropped = int(re.search(r"…\(\+(\d+) chars\)$", shown)[1])  # type: ignore[index]
+    assert 150_000 - 200 - SCAN_MARGIN <= dropped <= 150_000 + 4 * 50  # (quotes, commas)
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [
+        "-----BEGIN RSA PRIVATE KEY-----\n" + "MIIEowIBAAKCAQEA" * 2000,  # END past the cut
+        "eyJhbGciOiJIUzI1NiJ9." + "eyJzdWIiOiIxIn0" * 3000 + ".c2ln",  # a JWT past the cut
+        "token='" + "s3cr3t" * 5000 + "'",  # a quoted value closing past the cut
+    ],
+    ids=["pem", "jwt", "quoted"],
+)
+def test_a_secret_running_past_the_cut_is_masked(secret: str) -> None:
+    # Given a secret that starts in the shown part and ends past the scanned margin
+    shown = safe_repr(("intro " + secret,), {}, max_length=300)
+    # Then none of its body is shown
+    assert "MIIEow" not in shown and "eyJzdWIi" not in shown and "s3cr3t" not in shown, shown
+    assert "***" in shown
