@@ -41,8 +41,12 @@ def journal_alias() -> str:
 
 
 def clean_term(value: str | None) -> str:
-    """A query-string value made safe for every backend: no NUL, bounded, stripped."""
-    return (value or "").replace("\x00", "")[: MAX_TERM * 4].strip()[:MAX_TERM]
+    """A query-string value made safe for every backend: no NUL, bounded, stripped, and a
+    character outside the BMP written as a utf8mb3 MySQL journal stores it (its escape:
+    such a connection refuses to compare the character itself)."""
+    from celery_grousset.store.mysql import bmp
+
+    return bmp((value or "").replace("\x00", "")[: MAX_TERM * 4].strip()[:MAX_TERM])
 
 
 def humanize(delta: timedelta | None) -> str:

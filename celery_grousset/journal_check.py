@@ -1,8 +1,9 @@
 """The database checks of a journal database (``manage.py check --database <alias>``):
 whether it can be opened (``W007``), whether the journal's table is there and its
 migrations all applied (``W009``),
-whether its layout is the one ``GROUSSET["JOURNAL_LAYOUT"]`` names (``W010``), and
-whether a SQLite journal is in WAL mode (``W005``).
+whether its layout is the one ``GROUSSET["JOURNAL_LAYOUT"]`` names (``W010``),
+whether a SQLite journal is in WAL mode (``W005``), and whether a MySQL/MariaDB journal
+stores text as utf8mb4 (``W012``).
 
 They are warnings, not errors, because ``manage.py migrate`` runs the database checks
 of the database it migrates before it migrates it: an error there would stop the very
@@ -79,6 +80,7 @@ def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
     try:
         with conn.cursor() as cur:
             mode = _sqlite_mode(cur) if conn.vendor == "sqlite" else "wal"
+            charsets = _mysql_charsets(cur) if conn.vendor == "mysql" else None
         problem = schema_problem(alias)
         partitioned = None if problem == TABLES_MISSING else _partitioned(alias)
     except DatabaseError as exc:
@@ -106,6 +108,8 @@ def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
     wanted = layout == "partitioned"
     if partitioned is not None and conn.vendor == "postgresql" and partitioned != wanted:
         found.append(_layout_mismatch(alias, layout))
+    if charsets is not None:
+        found.append(_utf8mb3(alias, *charsets))
     if mode != "wal":
         found.append(
             checks.Warning(
@@ -183,4 +187,27 @@ def _layout_mismatch(alias: str, layout: str) -> checks.CheckMessage:
         f"is {what}: every claim there fails.",
         hint=fix,
         id="celery_grousset.W010",
+    )
+
+
+def _mysql_charsets(cur: object) -> tuple[str, str | None] | None:
+    """The connection's and the journal's character sets, when they cannot store text
+    outside the BMP (None: they can)."""
+    from celery_grousset.store.mysql import CONNECTION_SQL, four_byte
+
+    cur.execute(CONNECTION_SQL)  # type: ignore[attr-defined]
+    _, connection, column = cur.fetchone()  # type: ignore[attr-defined]
+    return None if four_byte(connection, column) else (connection, column)
+
+
+def _utf8mb3(alias: str, connection: str, column: str | None) -> checks.CheckMessage:
+    return checks.Warning(
+        f"The MySQL/MariaDB journal database {alias!r} stores text as {connection} "
+        f"(connection) / {column or '-'} (journal table), not utf8mb4: a character outside "
+        "the BMP (an emoji) in a call's arguments or an error is stored as its escape "
+        "(\\U0001f600).",
+        hint=f"Set DATABASES[{alias!r}]['OPTIONS']['charset'] = 'utf8mb4' (Django 5.2's "
+        "default) and convert the tables: ALTER TABLE celery_grousset_outcome CONVERT TO "
+        "CHARACTER SET utf8mb4 (and celery_grousset_delivery, celery_grousset_outboxmessage).",
+        id="celery_grousset.W012",
     )

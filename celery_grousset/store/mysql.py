@@ -8,14 +8,22 @@ transaction (bounded); a lock wait over ``GROUSSET["STORE_TIMEOUT"]`` is
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from celery_grousset.claim import ENC_NOT_STORED, ClaimRequest
 from celery_grousset.exceptions import StoreUnavailable
-from celery_grousset.store.base import Completion, data_error, missing_table, schema_behind
+from celery_grousset.store.base import (
+    ClaimResult,
+    Completion,
+    data_error,
+    missing_table,
+    schema_behind,
+)
 from celery_grousset.store.locking import COLS, TABLE, LockingStore
 
 T = TypeVar("T")
@@ -24,10 +32,32 @@ _RETRY = {1213, 1062, 1020}  # deadlock, duplicate key (lost insert race), recor
 _GONE = {2006, 2013, 2055, 4031}  # server gone / lost connection / idle disconnect
 _TIMEOUT = {1205, 1969, 3024}  # lock wait timeout, statement time limit (MariaDB, MySQL)
 _TOO_BIG = 1153  # a statement over max_allowed_packet (the server drops the connection)
+_BAD_STRING = 1366  # text the column's character set cannot hold: the data, every time
 #: room for the completion's SQL text, its other parameters and the row read back
 PACKET_MARGIN = 64 * 1024
 #: bytes MySQLdb escapes with a backslash in a string literal (each then takes two)
 _ESCAPED = tuple(bytes([c]) for c in b"\x00\n\r\x1a'\"\\")
+
+#: read once per connection: the packet limit, and the character sets of the connection
+#: and of the journal's text: both utf8mb4, or a character outside the BMP (an emoji)
+#: cannot be stored (utf8mb3: Django 4.2's default connection charset)
+CONNECTION_SQL = (
+    "SELECT @@max_allowed_packet, @@character_set_connection, (SELECT CHARACTER_SET_NAME "
+    "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = "
+    f"'{TABLE}' AND COLUMN_NAME = 'args_repr')"
+)
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+
+
+def four_byte(connection_charset: str, column_charset: str | None) -> bool:
+    """Whether text outside the BMP can be stored (a missing table: W009 says so)."""
+    return connection_charset == "utf8mb4" and column_charset in (None, "utf8mb4")
+
+
+def bmp(text: str) -> str:
+    """``text`` with each character outside the BMP written as its escape (``\\U0001f600``)."""
+    return text if text.isascii() else _ASTRAL.sub(lambda m: f"\\U{ord(m[0]):08x}", text)
+
 
 _SELECT = (
     f"SELECT {', '.join('o.' + c.strip() for c in COLS.split(','))}, UTC_TIMESTAMP(6) "
@@ -40,6 +70,8 @@ class MySQLStore(LockingStore):
     vendor = "mysql"
     #: the server's max_allowed_packet, read when the private connection opens
     max_packet: int | None = None
+    #: whether the journal stores text outside the BMP as it is (see CONNECTION_SQL)
+    astral: bool = True
 
     def _connect(self) -> Any:
         import MySQLdb
@@ -54,8 +86,10 @@ class MySQLStore(LockingStore):
             cur = conn.cursor()
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
             cur.execute(f"SET SESSION innodb_lock_wait_timeout = {secs}, time_zone = '+00:00'")
-            cur.execute("SELECT @@max_allowed_packet")  # once per connection
-            self.max_packet = int(cur.fetchone()[0])
+            cur.execute(CONNECTION_SQL)  # once per connection
+            packet, connection_charset, column_charset = cur.fetchone()
+            self.max_packet = int(packet)
+            self.astral = four_byte(connection_charset, column_charset)
             conn.commit()
         except MySQLdb.Error as exc:
             raise StoreUnavailable(
@@ -107,7 +141,7 @@ class MySQLStore(LockingStore):
                 code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
                 if code in _RETRY:
                     continue
-                if isinstance(exc, MySQLdb.DataError) or code == _TOO_BIG:
+                if isinstance(exc, MySQLdb.DataError) or code in (_TOO_BIG, _BAD_STRING):
                     if code == _TOO_BIG:
                         self.discard()  # the server has closed the connection
                     raise data_error(self.alias, exc) from exc
@@ -130,6 +164,23 @@ class MySQLStore(LockingStore):
             f"({self.attempts} attempts)"
         )
 
+    # -- text the journal can store ---------------------------------------------------------
+
+    def _claim_together(self, reqs: Sequence[ClaimRequest]) -> list[ClaimResult]:
+        if self._conn is None:
+            self._connect()  # reads the character sets (in the caller's _guard)
+        return super()._claim_together([self.storable(req) for req in reqs])
+
+    def storable(self, req: ClaimRequest) -> ClaimRequest:
+        """``req``, its text escaped outside the BMP when the journal is utf8mb3 (an emoji
+        in the arguments must not refuse the call: ``args_repr`` is for humans)."""
+        if self.astral:
+            return req
+        return dataclasses.replace(
+            req, task_name=bmp(req.task_name), task_id=bmp(req.task_id),
+            worker=bmp(req.worker), args_repr=bmp(req.args_repr),
+        )  # fmt: skip
+
     # -- completions that fit in one packet ---------------------------------------------
 
     def finish(
@@ -144,11 +195,13 @@ class MySQLStore(LockingStore):
         """``completion``, or — when its memo would make the statement larger than the
         server's ``max_allowed_packet`` (the server refuses it, every time) — the same
         completion with "result not stored": never a reason to run the effect again."""
+        if self.max_packet is None:
+            self._guard(self._cursor)  # connect: reads max_allowed_packet
+        if not self.astral:
+            completion = dataclasses.replace(completion, error=bmp(completion.error))
         raw = completion.result
         if raw is None or completion.status != "completed":
             return completion
-        if self.max_packet is None:
-            self._guard(self._cursor)  # connect: reads max_allowed_packet
         limit = int(self.max_packet or 0)
         size = len(raw) + len(completion.error.encode()) * 2 + PACKET_MARGIN
         if size + len(raw) > limit:  # might not fit: count the escapes exactly
