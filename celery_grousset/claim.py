@@ -161,7 +161,7 @@ class ClaimRequest:
     #: BLAKE3 of all the bound arguments of a keyed call ('' for a plain call, or when
     #: payload validation is off): written by every claim that takes the row
     payload_hash: str = ""
-    #: this delivery is an in-flight requeue of one already counted (its requeues header)
+    #: this delivery is an in-flight requeue of one already counted (grousset_counted)
     bounce: bool = False
 
 

@@ -9,8 +9,11 @@ from typing import Any
 
 from celery_grousset.exceptions import PoisonDelivery, PoisonRejected
 
-#: the header an in-flight requeue carries: how many times this delivery was requeued
+#: the header every requeue carries: how many times this delivery was requeued
 REQUEUES_HEADER = "grousset_requeues"
+#: the header an in-flight requeue adds: the journal counted this delivery (its claim
+#: committed); a requeue after a store outage does not add it (nothing was counted)
+COUNTED_HEADER = "grousset_counted"
 
 
 def header(request: Any, name: str) -> Any:
@@ -30,7 +33,7 @@ def delivery_fields(request: Any) -> dict[str, Any]:
         f"{k}:{info[k]}" for k in ("exchange", "routing_key", "redelivered")
         if info.get(k) not in (None, "")
     )  # fmt: skip
-    return {"delivery": text, "bounce": bool(header(request, REQUEUES_HEADER))}
+    return {"delivery": text, "bounce": bool(header(request, COUNTED_HEADER))}
 
 
 def rejected(task: Any, request: Any, exc: PoisonDelivery) -> PoisonRejected:

@@ -22,7 +22,7 @@ from celery_grousset import carry, events, exceptions, guard, memo, periodic, pu
 from celery_grousset.binding import check_call_arguments
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.conf import grousset_settings, on_reload
-from celery_grousset.delivery import REQUEUES_HEADER, delivery_fields, rejected
+from celery_grousset.delivery import COUNTED_HEADER, REQUEUES_HEADER, delivery_fields, rejected
 from celery_grousset.delivery import header as _header
 from celery_grousset.exceptions import FingerprintError, PoisonDelivery, StoreUnavailable
 from celery_grousset.fingerprint import validate_key_names
@@ -301,7 +301,7 @@ class GroussetTaskMixin:
         request = self.request if request is None else request
         n = int(_header(request, REQUEUES_HEADER) or 0)
         headers = {**(request.headers or {}), REQUEUES_HEADER: n + 1, **(extra or {})}
-        for name in (KEY_HEADER, periodic.SLOT_HEADER):  # the call's identity travels on
+        for name in (KEY_HEADER, periodic.SLOT_HEADER, COUNTED_HEADER):  # these travel on
             if (value := _header(request, name)) is not None:
                 headers[name] = value
         sig = self.signature_from_request(  # type: ignore[attr-defined]
@@ -335,7 +335,7 @@ class _TaskCaller:
         countdown = self.task._in_flight_countdown(self.request, res.retry_in)
         why = exceptions.ClaimInFlight.requeued(req.task_name, req.fingerprint, res.retry_in,
                                                 countdown)  # Celery logs it as a retry's
-        self.task._requeue(countdown, why, request=self.request)
+        self.task._requeue(countdown, why, {COUNTED_HEADER: 1}, self.request)
 
     def store_unavailable(self, exc: StoreUnavailable, extra: Any = None) -> NoReturn:
         if self.local:

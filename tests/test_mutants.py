@@ -348,6 +348,43 @@ def test_in_flight_requeue_does_not_use_up_max_retries(
     assert message.headers["id"] == task_id
     assert message.headers["retries"] == 3
     assert message.headers["grousset_requeues"] == 1
+    # ... and says that the journal counted it (its next claim is a redelivery)
+    assert message.headers["grousset_counted"] == 1
+
+
+def test_a_requeue_the_journal_did_not_count_is_a_duplicate_later(
+    journal_db: str, temp_task: Any, other_store: Store, scratch_queue: str
+) -> None:
+    ran: list[int] = []
+
+    def effect(self: Any, k: str) -> str:
+        ran.append(1)
+        return "second run"
+
+    task = temp_task(effect, max_processing_time=30)
+    key = f"outage-{uuid.uuid4().hex[:8]}"
+    fp = task.grousset_fingerprint((key,), {})
+    processor = task.grousset_options().processor_id
+    first = claim_request(processor, fp, task.name)
+    assert other_store.claim(first).owned
+    assert other_store.finish(processor, fp, first.token, Completion("completed", b'"done"',
+                                                                     "application/json"))
+    # Given another publish of the call, requeued twice while the journal was down (its
+    # claims never committed: the requeues header, and no grousset_counted)
+    task.push_request(
+        id=f"d-{uuid.uuid4().hex[:8]}", args=[key], kwargs={}, called_directly=False,
+        is_eager=False, headers={"grousset_requeues": 2},
+        delivery_info={"exchange": "", "routing_key": scratch_queue},
+    )  # fmt: skip
+    try:
+        # When it is delivered again, the journal back
+        assert task(key) == "done"
+    finally:
+        task.pop_request()
+    # Then the record answered it as the duplicate it is, and the body did not run
+    assert ran == []
+    rec = row(journal_db, processor, fp)
+    assert (rec.deliveries, rec.duplicates) == (2, 1)
 
 
 # -- Celery's revoke with terminate releases the claim -------------------------------------
