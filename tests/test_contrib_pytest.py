@@ -285,3 +285,70 @@ def test_a_guarded_call_without_the_fixtures_is_refused_where_its_claims_would_l
         "*test_no_test_database*no test database*django_db(transaction=True)*",
         "*test_in_a_testcase*rolled-back test transaction*",
     ], consecutive=False)  # fmt: skip
+
+
+def test_a_test_that_may_not_use_the_journal_database_is_refused_not_leaked(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    import sqlite3
+
+    from django.core.management import call_command
+
+    from tests.test_checks import database
+
+    # Given a project whose journal has a database of its own (a migrated file: the
+    # database in the settings, which a test must never write to)
+    real = tmp_path / "real-journal.sqlite3"
+    with database("real_journal", ENGINE="django.db.backends.sqlite3", NAME=str(real)):
+        call_command("migrate", "celery_grousset", database="real_journal", verbosity=0)
+    pytester.makepyfile(settings_journal=textwrap.dedent(f"""
+        from tests.settings import *  # noqa: F403
+        DATABASES = {{"default": DATABASES["default"], "journal": {{
+            "ENGINE": "django.db.backends.sqlite3", "NAME": {str(real)!r},
+            "TEST": {{"NAME": {str(tmp_path / "test-journal.sqlite3")!r}}}}}}}
+        GROUSSET = {{**GROUSSET, "DATABASE": "journal"}}
+    """))
+    pytester.makepyfile(test_leaks=textwrap.dedent("""
+        import pytest
+        from django.test import TestCase, TransactionTestCase
+        from celery_grousset import protect
+
+        def once(key):
+            return protect(key, lambda: 1, max_processing_time=5)
+
+        @pytest.mark.django_db(transaction=True)
+        def test_not_listed():
+            once("a")
+
+        @pytest.mark.django_db(transaction=True, databases="__all__")
+        def test_listed():
+            assert once("b") == 1
+
+        class NotListed(TransactionTestCase):
+            databases = {"default"}
+            def test_protect(self):
+                once("c")
+
+        class RolledBack(TestCase):
+            databases = {"default", "journal"}
+            def test_protect(self):
+                once("d")
+
+        class Listed(TransactionTestCase):
+            databases = {"default", "journal"}
+            def test_protect(self):
+                assert once("e") == 1
+    """))
+    pytester._monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(ROOT)]))
+    pytester._monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "settings_journal")
+    pytester._monkeypatch.setenv("GROUSSET_TEST_SQLITE", str(tmp_path / "default.sqlite3"))
+    # When its tests run
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rf")
+    # Then the two that may not use the journal, and the rolled-back one, fail and say why
+    result.assert_outcomes(passed=2, failed=3)
+    result.stdout.fnmatch_lines(["*test_not_listed*'journal', which this test may not use*"])
+    result.stdout.fnmatch_lines(["*NotListed*'journal', which this test may not use*"])
+    result.stdout.fnmatch_lines(["*RolledBack*rolled-back test transaction*"])
+    # And nothing was written to the database in the settings
+    with sqlite3.connect(real) as conn:
+        assert conn.execute("SELECT count(*) FROM celery_grousset_outcome").fetchone() == (0,)

@@ -157,20 +157,19 @@ def _refuse_rollback_only_db(request: pytest.FixtureRequest) -> None:
         return
     transaction = marker.kwargs.get("transaction", marker.args[0] if marker.args else False)
     if not transaction:
-        _refuse(request, _ROLLED_BACK)
+        from celery_grousset.testcase_check import ROLLED_BACK
+
+        _refuse(request, ROLLED_BACK)
 
 
-#: why a test's guarded call is refused (then: "Use django_db(transaction=True).")
+#: why a test's guarded call is refused
 _NO_TEST_DATABASE = ("guarded tasks write the journal, and this test has no test database: "
                      "without a django_db mark their claims would go to the database in "
-                     "your settings.")  # fmt: skip
-_ROLLED_BACK = ("guarded tasks claim on the journal's own connection and commit at once, "
-                "which a rolled-back test transaction cannot contain.")  # fmt: skip
+                     "your settings. Use @pytest.mark.django_db(transaction=True).")  # fmt: skip
 
 
 def _refuse(request: pytest.FixtureRequest, why: str) -> None:
-    pytest.fail(f"{request.node.nodeid}: {why} Use @pytest.mark.django_db(transaction=True).",
-                pytrace=False)  # fmt: skip
+    pytest.fail(f"{request.node.nodeid}: {why}", pytrace=False)
 
 
 @pytest.fixture(autouse=True)
@@ -185,14 +184,18 @@ def _grousset_test_database(request: pytest.FixtureRequest) -> Iterator[None]:
     from celery_grousset import guard
 
     def check(alias: str) -> None:
-        from django.db import connections
+        from django.test.testcases import (  # type: ignore[attr-defined]
+            DatabaseOperationForbidden,
+        )
 
-        from celery_grousset.publish_check import from_testcase
+        from celery_grousset.testcase_check import refuse_leaks
 
-        if any(from_testcase(b) for b in connections[alias].atomic_blocks):
-            _refuse(request, _ROLLED_BACK)
         if request.node.get_closest_marker("django_db") is None and _access_blocked(alias):
             _refuse(request, _NO_TEST_DATABASE)
+        try:
+            refuse_leaks(alias)  # not a database of this test's, or a rolled-back one
+        except DatabaseOperationForbidden as exc:
+            _refuse(request, str(exc))
 
     saved, guard.test_database_check = guard.test_database_check, check
     try:

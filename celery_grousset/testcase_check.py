@@ -1,0 +1,54 @@
+"""A guarded call run in a test's own process (eager, direct, ``protect()``) whose claims
+would leak out of the test is refused, under Django's test runner and pytest-django
+alike (docs/testing.md).
+
+The journal store claims on a private connection of its own and commits at once, so
+two kinds of test cannot contain its writes:
+
+* a test that may not use the journal's database (Django's ``databases``: not listed
+  there, that database is not a test database; the claim would be written to the
+  database in your settings), and
+* a ``TestCase`` (pytest-django's ``django_db`` without ``transaction=True``): it rolls
+  its transaction back at the end, but not the journal's commits, so a later test
+  meets the memo of an earlier one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery_grousset.publish_check import from_testcase
+
+NOT_THIS_TESTS = (
+    "guarded tasks write the journal in database {alias!r}, which this test may not use: "
+    "its claims would be written to the database in your settings. List it in the test's "
+    "databases (pytest: @pytest.mark.django_db(transaction=True, databases=[..., "
+    "{alias!r}]); Django: databases = {{..., {alias!r}}} on the TransactionTestCase)."
+)
+ROLLED_BACK = (
+    "guarded tasks claim on the journal's own connection and commit at once, which a "
+    "rolled-back test transaction cannot contain (a later test would meet this test's "
+    "memos). Use @pytest.mark.django_db(transaction=True), or TransactionTestCase."
+)
+
+
+def refuse_leaks(alias: str) -> None:
+    """Raise Django's ``DatabaseOperationForbidden`` (a test failure) when the journal
+    database ``alias`` is one the running test may not use, or is inside the
+    transaction of a ``TestCase``. Outside tests: two attribute reads."""
+    from django.db import connections
+
+    conn = connections[alias]
+    failure = conn.__dict__.get("cursor")  # Django's test cases replace it when forbidden
+    if type(failure).__name__ == "_DatabaseFailure":
+        raise _forbidden(NOT_THIS_TESTS.format(alias=alias))
+    if conn.atomic_blocks and any(from_testcase(b) for b in conn.atomic_blocks):
+        raise _forbidden(ROLLED_BACK)
+
+
+def _forbidden(message: str) -> Any:
+    from django.test.testcases import (  # type: ignore[attr-defined]
+        DatabaseOperationForbidden,
+    )
+
+    return DatabaseOperationForbidden(f"celery-grousset: {message}")
