@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import time
 from collections.abc import Callable, Collection
 from typing import Any, NoReturn
 
@@ -38,8 +39,11 @@ MAX_CARRIED_BYTES = 64 * 1024
 Unwritten = Callable[[Completion, StoreUnavailable], NoReturn]
 
 
-def outcome(req: ClaimRequest, completion: Completion) -> dict[str, Any]:
-    """The header value that carries ``completion`` of the claim ``req`` (JSON-safe)."""
+def outcome(
+    req: ClaimRequest, completion: Completion, stale_by: float | None = None
+) -> dict[str, Any]:
+    """The header value that carries ``completion`` of the claim ``req`` (JSON-safe);
+    ``stale_by``: when the claim turns stale (Unix time), which the requeue must beat."""
     result, enc, error = completion.result, completion.result_encoding, completion.error
     if result is not None and len(result) > MAX_CARRIED_BYTES:
         error = memo.redacted_text(
@@ -55,20 +59,40 @@ def outcome(req: ClaimRequest, completion: Completion) -> dict[str, Any]:
         "result": base64.b64encode(result).decode("ascii") if result is not None else None,
         "encoding": enc,
         "error": error,
+        "stale_by": stale_by,
     }
 
 
-def hook(caller: Any, req: ClaimRequest) -> Unwritten | None:
+def stale_by(caller: Any) -> float | None:
+    """When the claim whose outcome this delivery carries turns stale (Unix time)."""
+    value = getattr(caller, "carried", None)
+    by = value.get("stale_by") if isinstance(value, dict) else None
+    return float(by) if isinstance(by, (int, float)) else None
+
+
+def countdown(outcome: dict[str, Any], backoff: float) -> float:
+    """The requeue's countdown: ``backoff``, but at most half the time left before the
+    claim turns stale, so that the carried outcome arrives while the claim is still
+    its own — past ``stale_at`` another delivery may take the claim over and run the
+    effect again (a journal outage shorter than ``max_processing_time`` must not)."""
+    by = outcome.get("stale_by")
+    if not isinstance(by, (int, float)):
+        return backoff
+    return min(backoff, max(0.0, (by - time.time()) / 2))
+
+
+def hook(caller: Any, req: ClaimRequest, stale: float | None = None) -> Unwritten | None:
     """What to do when the completion of ``req`` cannot be written: the caller's
-    optional ``carry(outcome, exc)`` (a task requeues its delivery with it); None
-    (``protect()``, eager and direct calls): StoreUnavailable is raised."""
+    optional ``carry(outcome, exc)`` (a task requeues its delivery with it, before
+    ``stale``: when the claim turns stale, Unix time); None (``protect()``, eager and
+    direct calls): StoreUnavailable is raised."""
     requeue = getattr(caller, "carry", None)
     if requeue is None:
         return None
 
     def unwritten(completion: Completion, exc: StoreUnavailable) -> NoReturn:
         events.outcome_carried(req, completion.status)
-        requeue(outcome(req, completion), exc)
+        requeue(outcome(req, completion, stale), exc)
         raise exc  # pragma: no cover - requeue never returns
 
     return unwritten

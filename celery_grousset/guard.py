@@ -117,7 +117,7 @@ def guarded(caller: Caller, call: Call) -> Any:
     held = carry.pending(caller, req)  # what a requeued delivery carries (celery_grousset.carry)
     if held is not None and held[1] is not None:  # an outcome whose completion failed
         return carry.deliver(store, held[0], held[1], accept_of(caller, call),
-                             carry.hook(caller, held[0]))  # fmt: skip
+                             carry.hook(caller, held[0], carry.stale_by(caller)))  # fmt: skip
     unsettled = req if held is None else held[0]  # the claim a requeue must settle
     try:
         check_claimable(req)  # a poison delivery never reaches the database
@@ -155,7 +155,7 @@ def guarded(caller: Caller, call: Call) -> Any:
     try:
         return run_owned(
             store, opts, req, res, lambda: caller.run(attempt), call.serializer,
-            carry.hook(caller, req),
+            carry.hook(caller, req, time.time() + res.retry_in),  # (an owned claim's)
         )  # fmt: skip
     except TransactionLost as exc:  # the next delivery finds out whether it committed
         carry.claim_unavailable(caller, req, exc)

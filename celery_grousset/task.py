@@ -337,13 +337,15 @@ class _TaskCaller:
                                                 countdown)  # Celery logs it as a retry's
         self.task._requeue(countdown, why, {COUNTED_HEADER: 1}, self.request)
 
-    def store_unavailable(self, exc: StoreUnavailable, extra: Any = None) -> NoReturn:
+    def store_unavailable(self, exc: StoreUnavailable, outcome: Any = None) -> NoReturn:
         if self.local:
             raise exc
-        self.task._requeue(self.task._store_countdown(self.request), exc, extra, self.request)
+        wait = carry.countdown(outcome or {}, self.task._store_countdown(self.request))
+        extra = {carry.HEADER: outcome} if outcome is not None else None
+        self.task._requeue(wait, exc, extra, self.request)
 
     def carry(self, outcome: dict[str, Any], exc: StoreUnavailable) -> NoReturn:
-        self.store_unavailable(exc, {carry.HEADER: outcome})  # celery_grousset.carry
+        self.store_unavailable(exc, outcome)  # celery_grousset.carry
 
     def run(self, attempt: guard.Attempt) -> Any:
         return self.task._with_attempt(attempt, self.body)

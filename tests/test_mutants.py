@@ -8,6 +8,7 @@ so a regression shows as a failure, never as a hang.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import uuid
@@ -385,6 +386,41 @@ def test_a_requeue_the_journal_did_not_count_is_a_duplicate_later(
     assert ran == []
     rec = row(journal_db, processor, fp)
     assert (rec.deliveries, rec.duplicates) == (2, 1)
+
+
+def test_a_carried_outcome_is_requeued_to_arrive_before_its_claim_turns_stale(
+    journal_db: str, temp_task: Any, scratch_queue: str
+) -> None:
+    from celery.exceptions import Retry
+
+    from tests.test_carry import _row_locked
+
+    locked = contextlib.ExitStack()
+    processor = f"carry-{uuid.uuid4().hex[:8]}"
+
+    def effect(self: Any, k: str) -> str:
+        locked.enter_context(_row_locked(journal_db, processor))  # the completion waits
+        return "done"
+
+    task = temp_task(effect, max_processing_time=4, processor_id=processor)
+    # Given a delivery requeued 6 times before (in flight, outages: a 60 s backoff by
+    # now) whose effect runs and whose completion the journal then refuses
+    task.push_request(
+        id=f"c-{uuid.uuid4().hex[:8]}", args=["k"], kwargs={}, called_directly=False,
+        is_eager=False, headers={"grousset_requeues": 6},
+        delivery_info={"exchange": "", "routing_key": scratch_queue},
+    )  # fmt: skip
+    try:
+        with override_settings(GROUSSET={"DATABASE": journal_db, "STORE_TIMEOUT": 0.5}), \
+                locked, pytest.raises(Retry) as err:  # fmt: skip
+            task("k")
+    finally:
+        task.pop_request()
+    # Then it is requeued with its outcome to arrive while the claim is still its own:
+    # within half the time left before stale_at (4 s from the claim), not after 30-60 s
+    message = take_message(scratch_queue)
+    assert message.headers["grousset_outcome"]["status"] == "completed"
+    assert 0 <= float(err.value.when) <= 2.0  # type: ignore[arg-type]
 
 
 # -- Celery's revoke with terminate releases the claim -------------------------------------
