@@ -202,6 +202,51 @@ def test_transactional_fenced_out_attempt_rolls_its_effect_back(
     assert other_store.finish(rec.processor_id, rec.fingerprint, taker[0].token, json_memo(1))
 
 
+def test_a_transactional_completion_waits_no_longer_than_store_timeout_for_a_lock(
+    journal_db: str, temp_task: Any
+) -> None:
+    import time
+
+    if connections[journal_db].vendor != "postgresql":
+        pytest.skip("bounded on PostgreSQL (SET LOCAL lock_timeout); see docs/configuration.md")
+    alias, key = journal_db, f"locked-{uuid.uuid4().hex[:8]}"
+    held = threading.Event()
+    release = threading.Event()
+
+    def lock_row(processor: str, fp: str) -> None:
+        # another session holds the journal row's lock for 30 s (or until released)
+        conn = services.pg_connect(**connections[alias].get_connection_params())
+        try:
+            conn.execute("BEGIN")
+            conn.execute("SELECT 1 FROM celery_grousset_outcome WHERE processor_id = %s AND "
+                         "fingerprint = %s FOR UPDATE", (processor, fp))  # fmt: skip
+            held.set()
+            release.wait(30)
+        finally:
+            conn.close()
+
+    def effect(self: Any, k: str) -> str:
+        g = self.grousset
+        threading.Thread(target=lock_row, args=(g.processor_id, g.fingerprint)).start()
+        assert held.wait(10)
+        Effect.objects.using(alias).create(key=k, value="effect")
+        return "done"
+
+    task = temp_task(effect, max_processing_time=60, transactional=True)
+    # Given a transactional task whose journal row another session locks during its body
+    started = time.monotonic()
+    try:
+        with override_settings(GROUSSET={"DATABASE": alias, "STORE_TIMEOUT": 1.0}):
+            result = task.apply((key,))
+    finally:
+        release.set()
+    # Then its completion gave up within about STORE_TIMEOUT, not after the lock's 30 s,
+    # and its effect was rolled back with it (nothing committed: it may run again)
+    assert time.monotonic() - started < 15
+    assert isinstance(result.result, Exception), result.result
+    assert ledger(alias, key) == 0
+
+
 def test_transactional_completion_is_fenced_while_the_taker_holds_the_claim(
     store: Store, alias: str, processor: str, fp: str
 ) -> None:

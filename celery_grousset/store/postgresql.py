@@ -68,6 +68,15 @@ BATCH_ATTEMPTS = 4
 ANSWER_GRACE = 1.0
 _NO_ARBITER = "42P10"  # invalid_column_reference: ON CONFLICT matches no unique key
 
+#: A transactional completion runs on Django's connection, inside the caller's
+#: transaction: bounded like the store's own statements, for the rest of that transaction
+#: only (a row lock another session holds: lock_timeout; a half-open connection: the
+#: server ends the session, and its locks, once it has waited that long on the client).
+BOUND_TRANSACTION_SQL = (
+    "SELECT set_config('lock_timeout', %(ms)s, true), "
+    "set_config('idle_in_transaction_session_timeout', %(ms)s, true)"
+)
+
 _LIBPQ_DROP = ("cursor_factory", "context", "prepare_threshold", "server_side_binding", "pool")
 
 
@@ -264,6 +273,13 @@ class PostgresStore(PostgresOperations, Store):
             return int(driver().execute(conn, FINISH_SQL, params, prepare=True).rowcount)
 
         return self._run(op) == 1
+
+    def finish_in_transaction(self, req: ClaimRequest, completion: Completion) -> bool:
+        from django.db import connections
+
+        with connections[self.alias].cursor() as cur:
+            cur.execute(BOUND_TRANSACTION_SQL, {"ms": f"{max(1, round(self.timeout * 1000))}ms"})
+        return super().finish_in_transaction(req, completion)
 
     def release(self, processor_id: str, fingerprint: str, token: str | None = None) -> bool:
         params = {
