@@ -583,7 +583,7 @@ def test_stats_numbers(store: Store, alias: str, processor: str) -> None:
     text = run("grousset_stats", processor_id=processor, database=alias)
     assert "entries      6 (in_flight 3, completed 2, failed 1)" in text
     assert "deliveries   10 (3 duplicates answered or deferred; 1 redelivery, requeue" in text
-    assert "stale claims 1" in text
+    assert "stale claims 1 in the counted entries" in text
 
 
 def test_stats_count_the_last_day_unless_asked_for_more(
@@ -633,6 +633,29 @@ def test_stats_count_the_last_day_unless_asked_for_more(
         "grousset_stats", processor_id=processor, database=alias
     )
     assert (stats("--all")["expired"], stats("--all")["expired_capped"]) == (2, False)
+
+
+def test_stats_list_the_stale_claims_started_before_the_window(
+    store: Store, alias: str, processor: str
+) -> None:
+    # Given a claim stuck for 3 days (its worker died), older than the default window
+    stuck = in_flight(store, processor)
+    rows(alias, processor).filter(fingerprint=stuck.fingerprint).update(
+        started_at=F("started_at") - timedelta(days=3), stale_at=F("stale_at") - timedelta(days=3)
+    )
+    in_flight(store, processor)  # and a fresh claim, in the window
+    # When the stats are asked for (the default: the last day)
+    data = json.loads(run("grousset_stats", json=True, processor_id=processor, database=alias))
+    # Then the window counts no stale claim, and the journal's stale claim is listed
+    assert data["stale_claims"] == 0
+    assert [r["fingerprint"] for r in data["stale"]] == [stuck.fingerprint]
+    text = run("grousset_stats", processor_id=processor, database=alias)
+    assert "stale now    in the whole journal (all 1;" in text
+    assert f"    {stuck.fingerprint[:16]}  {stuck.task_name}  started " in text
+    # And when there is none, it says so
+    run("grousset_release", stuck.fingerprint, processor_id=processor, database=alias)
+    again = run("grousset_stats", processor_id=processor, database=alias)
+    assert "stale now    none in the whole journal" in again
 
 
 def test_stats_answer_on_a_project_whose_system_checks_fail(migrated_default: str) -> None:

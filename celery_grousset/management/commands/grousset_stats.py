@@ -9,13 +9,12 @@ the entries ``grousset_purge`` would delete.
 
 By default only the entries started in the last 24 hours (``--since``, on the
 ``started_at`` index) are counted, in one statement, and the expired entries up to
-10,000: a large journal answers in well under a second. On PostgreSQL and MariaDB the
-default window is narrowed (to the last hour, then 10 minutes) when its statement needs
-more than ``STATS_BUDGET`` seconds (without starting it when the planner
-expects more than ``STATS_ROWS`` entries in it), and the expired entries are left uncounted when
-their count needs more; the output says so. An explicit ``--since`` is counted whatever
-it takes. ``--all`` counts every entry (a full scan). The command skips Django's
-system checks: it only reads.
+10,000; on PostgreSQL and MariaDB the window is narrowed (to the last hour, then 10
+minutes) when its statement needs more than ``STATS_BUDGET`` seconds (or the planner
+expects more than ``STATS_ROWS`` entries in it), and expired entries are left uncounted
+when their count needs more; the output says so. The stale claims of the whole journal
+are listed too (within ``STALE_BUDGET``). An explicit ``--since`` is counted whatever it
+takes; ``--all`` counts every entry. No system checks run: it only reads.
 """
 
 from __future__ import annotations
@@ -45,11 +44,14 @@ DEFAULT_SINCE = timedelta(days=1)
 EXPIRED_CAP = 10_000
 #: seconds a statement of the default window may take before it is narrowed
 STATS_BUDGET = 0.25
+#: the stale claims of the whole journal (no index finds in-flight rows: one is left out
+#: so that a completion stays a HOT update) are listed within this, up to STALE_LISTED
+STALE_BUDGET = 2.0
+STALE_LISTED = 10
 #: the narrower windows the default falls back to, in turn (the last one unbudgeted)
 NARROWER = (3600.0, 600.0)
-#: a window the planner expects to hold more entries is skipped without being started
-#: (PostgreSQL, MariaDB): about what STATS_BUDGET reads from a cold cache, 5-7 us an entry
-#: measured on a 50M-row journal
+#: a window the planner expects to hold more entries is skipped without being started:
+#: about what STATS_BUDGET reads from a cold cache (5-7 us an entry, 50M-row journal)
 STATS_ROWS = 50_000
 
 
@@ -195,6 +197,19 @@ def counts(
     }
 
 
+def stale_listed(
+    alias: str, now: datetime, processor_id: str | None, stale_seconds: float | None
+) -> dict[str, Any]:
+    """Up to :data:`STALE_LISTED` stale claims of the whole journal, whenever they started
+    (the window's count misses a claim started before it): what an operator releases."""
+    from celery_grousset import journal
+
+    qs = _window(alias, processor_id, None).filter(_stale(journal.stale(now), now, stale_seconds))
+    rows = qs.order_by().values("fingerprint", "task_name", "processor_id", "started_at")
+    found = [{**r, "started_at": r["started_at"].isoformat()} for r in rows[: STALE_LISTED + 1]]
+    return {"stale": found[:STALE_LISTED], "stale_capped": len(found) > STALE_LISTED}
+
+
 def collect(
     alias: str, processor_id: str | None, stale_seconds: float | None,
     since_seconds: float | None = None,
@@ -206,7 +221,8 @@ def collect(
     now = journal.now(alias)
     cap = None if since_seconds is None else EXPIRED_CAP
     data = counts(alias, processor_id, stale_seconds, since_seconds, now)
-    return data | _expired(alias, now, processor_id, cap)
+    listed = stale_listed(alias, now, processor_id, stale_seconds)
+    return data | _expired(alias, now, processor_id, cap) | listed
 
 
 def collect_default(
@@ -242,7 +258,12 @@ def collect_default(
             expired = _expired(alias, now, processor_id, EXPIRED_CAP)
     except BudgetExceeded:
         expired = {"expired": None, "expired_capped": False}
-    return data | expired | {"narrowed_from_seconds": default if narrowed else None}
+    try:
+        with statement_budget(alias, STALE_BUDGET):
+            listed = stale_listed(alias, now, processor_id, stale_seconds)
+    except BudgetExceeded:
+        listed = {"stale": None, "stale_capped": False}
+    return data | expired | listed | {"narrowed_from_seconds": default if narrowed else None}
 
 
 def _why(data: dict[str, Any]) -> str:
@@ -256,6 +277,21 @@ def _why(data: dict[str, Any]) -> str:
 
 
 REDELIVERIES = "redeliveries, requeues or re-claims"
+
+
+def _stale_lines(data: dict[str, Any]) -> list[str]:
+    if data["stale"] is None:
+        return [f"  stale now    not looked up: more than {STALE_BUDGET} s on this journal "
+                "(--all lists them; the grousset_stale_claims gauge counts them)"]  # fmt: skip
+    if not data["stale"]:
+        return ["  stale now    none in the whole journal"]
+    more = f"more than {STALE_LISTED}, the first" if data["stale_capped"] else "all"
+    lines = [f"  stale now    in the whole journal ({more} {len(data['stale'])}; "
+             "grousset_release <fingerprint> frees one):"]  # fmt: skip
+    lines += [f"    {r['fingerprint'][:16]}  {r['task_name']}  started {r['started_at']}"
+              + (f"  processor {r['processor_id']}" if not data["processor_id"] else "")
+              for r in data["stale"]]  # fmt: skip
+    return lines
 
 
 def _n(count: int, one: str, many: str) -> str:
@@ -338,7 +374,7 @@ class Command(BaseCommand):
             f"  takeovers    {data['takeovers']} (on "
             + _n(data["entries_taken_over"], "entry", "entries")
             + ")",
-            f"  stale claims {data['stale_claims']} ("
+            f"  stale claims {data['stale_claims']} in the counted entries ("
             + (
                 "past their own max_processing_time"
                 if data["stale_after_seconds"] is None
@@ -346,6 +382,7 @@ class Command(BaseCommand):
             )
             + ")",
             f"  expired      {expired}; grousset_purge deletes them)",
+            *_stale_lines(data),
         ]
         if data["by_task"]:
             width = max(len(t["task_name"]) for t in data["by_task"])
