@@ -151,6 +151,15 @@ class OutcomeAdmin(ReadOnlyAdmin):
         (_("Timeline"), {"fields": _timeline}),
     )
 
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """A settled record (completed, failed) shows no claim deadline nor claim token:
+        they mean something only while a claim is in flight."""
+        if obj is None or obj.status == Status.IN_FLIGHT:
+            return self.fieldsets
+        live = ("stale_at", "claim_token")
+        return [(name, {"fields": tuple(f for f in opts["fields"] if f not in live)})
+                for name, opts in self.fieldsets]  # fmt: skip
+
     class Media:
         css = {"all": ("celery_grousset/admin.css",)}
         js = ("celery_grousset/admin.js",)
@@ -190,8 +199,10 @@ class OutcomeAdmin(ReadOnlyAdmin):
             return super().narrowed_note(shown)
         return (
             f"These filters need more than {self.query_budget} s per query on the whole "
-            "journal: showing the claims started in the last hour. Pick a wider 'started' "
-            "window to look further back (it is narrowed again if it needs more)."
+            "journal: showing the claims started in the last hour. To look further back, "
+            "add a task or processor filter (each has an index; a wider 'started' window "
+            "alone is narrowed again); `manage.py grousset_stats` lists the stale claims "
+            "of the whole journal."
         )
 
     def has_release_permission(self, request: HttpRequest) -> bool:

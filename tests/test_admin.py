@@ -225,6 +225,18 @@ def test_a_duplicate_delivery_is_found_and_counted_apart(journal: str, processor
     assert "1 duplicate(s), 1 redelivery(ies) or requeue(s)" in html
 
 
+def test_a_settled_record_shows_no_claim_deadline_nor_token(journal: str, processor: str) -> None:
+    client = client_for(make_user(superuser=True))
+    # Given a completed record and a claim in flight
+    done, flying = put(journal, processor), put(journal, processor, status="in_flight")
+    # When their detail pages are shown
+    settled = client.get(f"{URL}{done.pk}/change/").content.decode()
+    live = client.get(f"{URL}{flying.pk}/change/").content.decode()
+    # Then only the claim in flight shows when it turns stale and its token
+    assert "field-stale_at" not in settled and "field-claim_token" not in settled
+    assert "field-stale_at" in live and "field-claim_token" in live
+
+
 @pytest.mark.parametrize(
     "term",
     ["%", "_", "%%_", "\x00", "ab\x00cd", "a" * 10_000, "f" * 10_000, "ünïcødé ☃ 🦆",
