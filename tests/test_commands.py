@@ -22,6 +22,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db.models import F
+from django.test import override_settings
 
 from celery_grousset import journal, memo
 from celery_grousset.claim import ClaimRequest, Kind
@@ -656,6 +657,16 @@ def test_stats_list_the_stale_claims_started_before_the_window(
     run("grousset_release", stuck.fingerprint, processor_id=processor, database=alias)
     again = run("grousset_stats", processor_id=processor, database=alias)
     assert "stale now    none in the whole journal" in again
+
+
+def test_stats_with_a_bad_setting_is_a_clear_command_error(migrated_default: str) -> None:
+    # Given a GROUSSET setting out of range (grousset_stats skips the system checks)
+    # When the stats are asked for / Then a command error names it, not a traceback
+    with (
+        override_settings(GROUSSET={"STORE_TIMEOUT": -3}),
+        pytest.raises(CommandError, match="STORE_TIMEOUT must be a duration above 0"),
+    ):
+        run("grousset_stats", database=migrated_default)
 
 
 def test_stats_answer_on_a_project_whose_system_checks_fail(migrated_default: str) -> None:

@@ -141,10 +141,13 @@ def database_errors(alias: str, doing: str) -> Iterator[None]:
     names the fix (:func:`schema_problem`) instead of the driver's text."""
     from django.db import DatabaseError
 
+    from celery_grousset.conf import GroussetSettingsError
     from celery_grousset.exceptions import StoreUnavailable
 
     try:
         yield
+    except GroussetSettingsError as exc:  # (a command that skips the system checks)
+        raise CommandError(f"{exc} (`manage.py check` lists every problem)") from exc
     except (DatabaseError, StoreUnavailable) as exc:
         raise CommandError(f"{doing} on {alias!r}: {schema_problem(alias) or exc}") from exc
 
@@ -170,9 +173,12 @@ def journal_alias(database: str | None) -> str:
     """The alias to read: ``--database`` or ``GROUSSET["DATABASE"]``; checked to exist."""
     from django.db import connections
 
-    from celery_grousset.conf import grousset_settings
+    from celery_grousset.conf import GroussetSettingsError, grousset_settings
 
-    alias = database or str(grousset_settings.DATABASE)
+    try:  # (a command that skips the system checks meets a bad GROUSSET here)
+        alias = database or str(grousset_settings.DATABASE)
+    except GroussetSettingsError as exc:
+        raise CommandError(f"{exc} (`manage.py check` lists every problem)") from exc
     if alias not in connections.settings:
         raise CommandError(
             f"unknown database alias {alias!r}; settings.DATABASES has "
