@@ -4,6 +4,7 @@ completes) logs nothing above DEBUG."""
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -40,11 +41,21 @@ def _log(level: int, event: str, req: ClaimRequest, **extra: Any) -> None:
         })  # fmt: skip
 
 
+def _text(value: Any) -> str:
+    """A field's value in the line: as it is, or quoted (JSON) when it holds a space, a
+    quote, ``=``, nothing, or a character that does not print (logfmt parsers split
+    there)."""
+    text = str(value)
+    plain = text and text.isprintable() and not any(c in text for c in ' "=')
+    return text if plain else json.dumps(text, ensure_ascii=False)
+
+
 def emit(level: int, event: str, values: dict[str, Any], note: str | None = None) -> None:
-    """The one shape of the package's log lines: ``event key=value … [note=…]``, the
-    fields also on the record (``record.grousset``, ``record.grousset_<field>``)."""
+    """The one shape of the package's log lines: ``event key=value … [note=…]`` (a value
+    quoted when it must be; ``note`` last, to the end of the line), the fields also on
+    the record (``record.grousset``, ``record.grousset_<field>``)."""
     values = {k: v for k, v in values.items() if v is not None}
-    fields = " ".join(f"{k}={v}" for k, v in values.items())
+    fields = " ".join(f"{k}={_text(v)}" for k, v in values.items())
     if note is not None:
         fields += f" note={note}"
     record_extra = {f"grousset_{k}": v for k, v in values.items()}

@@ -369,8 +369,8 @@ def accept_of(caller: Caller, call: Call) -> Collection[str]:
 def poisoned(caller: Caller, req: ClaimRequest, exc: PoisonDelivery) -> NoReturn:
     """A call the journal can never record: say so once, loudly; then the caller's
     ``poison(exc)`` hook (a task rejects the delivery without requeue), else raise."""
-    def shown(value: str) -> str:  # bounded, no NUL: safe in a log line
-        return memo.clean_text(repr(value), 100)
+    def shown(value: str) -> str:  # bounded, no NUL (the log line quotes what it must)
+        return memo.clean_text(value, 100)
 
     safe = dataclasses.replace(req, task_id=shown(req.task_id),
                                task_name=shown(req.task_name),

@@ -1,0 +1,37 @@
+"""The package's log lines parse as logfmt: ``event key=value …``, a value quoted when
+it holds a space, a quote, ``=`` or a character that does not print; the record keeps
+the raw values for JSON formatters."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import pytest
+
+from celery_grousset import events
+
+#: a logfmt field: key=value, the value plain or a quoted (JSON) string
+FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S*)')
+
+
+def test_a_value_with_a_space_is_quoted_and_the_record_keeps_it_raw(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given fields with spaces, quotes, '=' and a newline, and plain ones
+    values = {"task": "shop.tasks.charge", "action": "requeued with its outcome",
+              "reason": 'bad "input" a=b', "task_id": "t\\n1\nx", "n": 3, "empty": ""}  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="celery_grousset"):
+        events.emit(logging.INFO, "grousset.test_event", values, note="free text to the end")
+    [record] = [r for r in caplog.records if r.getMessage().startswith("grousset.test_event")]
+    line = record.getMessage()
+    # Then a logfmt reader splits the line into the same fields
+    head, _, note = line.partition(" note=")
+    parsed = {k: json.loads(v) if v.startswith('"') else v for k, v in FIELD.findall(head)}
+    assert parsed == {k: str(v) for k, v in values.items()}
+    assert note == "free text to the end" and "\n" not in line
+    # ... plain values stay unquoted, and the record's fields are the raw values
+    assert "task=shop.tasks.charge " in line and " n=3 " in line
+    assert record.grousset_action == "requeued with its outcome"  # type: ignore[attr-defined]
+    assert record.grousset["reason"] == 'bad "input" a=b'  # type: ignore[attr-defined]
