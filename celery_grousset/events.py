@@ -149,9 +149,10 @@ def fenced(req: ClaimRequest, fence: int) -> None:
 
 def lost_claim(req: ClaimRequest, released: bool) -> None:
     """A delivery settled the claim a previous delivery sent without getting its answer:
-    ``released`` True when it had committed (it is freed), False when it had not."""
-    _log(logging.WARNING, "grousset.lost_claim", req, committed=released,
-         action="released" if released else "none")  # fmt: skip
+    ``released`` True when it had committed (it is freed): WARNING; False when it had
+    not (it never reached the database, as in every outage): INFO."""
+    _log(logging.WARNING if released else logging.INFO, "grousset.lost_claim", req,
+         committed=released, action="released" if released else "none")  # fmt: skip
 
 
 def transaction_lost(req: ClaimRequest, committed: bool) -> None:

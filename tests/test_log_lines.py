@@ -35,3 +35,20 @@ def test_a_value_with_a_space_is_quoted_and_the_record_keeps_it_raw(
     assert "task=shop.tasks.charge " in line and " n=3 " in line
     assert record.grousset_action == "requeued with its outcome"  # type: ignore[attr-defined]
     assert record.grousset["reason"] == 'bad "input" a=b'  # type: ignore[attr-defined]
+
+
+def test_a_lost_claim_that_never_committed_is_no_warning(caplog: pytest.LogCaptureFixture) -> None:
+    from celery_grousset.claim import ClaimRequest
+
+    req = ClaimRequest(
+        processor_id="p", fingerprint="f" * 64, task_name="t", task_id="id", token="tok",
+        worker="w", args_repr="", max_processing_time=60.0, expires_after=3600.0, max_takeovers=3,
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="celery_grousset"):
+        # When a delivery settles a lost claim that had not committed (every outage's),
+        # then one that had
+        events.lost_claim(req, False)
+        events.lost_claim(req, True)
+    levels = [r.levelno for r in caplog.records if r.getMessage().startswith("grousset.lost_")]
+    # Then only the one that had committed (and was released) is a warning
+    assert levels == [logging.INFO, logging.WARNING]
