@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from celery_grousset.claim import ENC_NOT_STORED, ClaimRequest
 from celery_grousset.exceptions import StoreUnavailable
+from celery_grousset.store import refusals
 from celery_grousset.store.base import (
     ClaimResult,
     Completion,
@@ -25,6 +26,7 @@ from celery_grousset.store.base import (
     schema_behind,
 )
 from celery_grousset.store.locking import COLS, TABLE, LockingStore
+from celery_grousset.store.refusals import refused
 
 T = TypeVar("T")
 
@@ -32,6 +34,9 @@ _RETRY = {1213, 1062, 1020}  # deadlock, duplicate key (lost insert race), recor
 _GONE = {2006, 2013, 2055, 4031}  # server gone / lost connection / idle disconnect
 _TIMEOUT = {1205, 1969, 3024}  # lock wait timeout, statement time limit (MariaDB, MySQL)
 _TOO_BIG = 1153  # a statement over max_allowed_packet (the server drops the connection)
+#: table access denied; --read-only, a read-only transaction, read-only mode
+_REFUSALS = {1142: refusals.DENIED, 1290: refusals.READ_ONLY, 1792: refusals.READ_ONLY,
+             1836: refusals.READ_ONLY}  # fmt: skip
 _BAD_STRING = 1366  # text the column's character set cannot hold: the data, every time
 #: room for the completion's SQL text, its other parameters and the row read back
 PACKET_MARGIN = 64 * 1024
@@ -154,6 +159,8 @@ class MySQLStore(LockingStore):
                     raise missing_table(self.alias, exc) from exc
                 if code == 1054:  # unknown column
                     raise schema_behind(self.alias, exc) from exc
+                if code in _REFUSALS:
+                    raise refused(self.alias, exc, _REFUSALS[code]) from exc
                 self.discard()
                 if code in _GONE and not fresh and not reconnected:
                     reconnected = True

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.exceptions import StoreUnavailable
+from celery_grousset.store import refusals
 from celery_grousset.store.base import (
     RELEASED,
     ClaimResult,
@@ -42,6 +43,7 @@ from celery_grousset.store.base import (
 from celery_grousset.store.pgclaim import BATCH_SQL, CLAIM_SQL, GAVE_UP_ERROR, KEY, NOW, PER_ROW
 from celery_grousset.store.pgdriver import driver, sqlstate
 from celery_grousset.store.pgops import PostgresOperations
+from celery_grousset.store.refusals import refused
 from celery_grousset.store.watchdog import Watchdog
 
 T = TypeVar("T")
@@ -67,6 +69,8 @@ BATCH_ATTEMPTS = 4
 #: connection down (a half-open connection; the server's statement_timeout fires first)
 ANSWER_GRACE = 1.0
 _NO_ARBITER = "42P10"  # invalid_column_reference: ON CONFLICT matches no unique key
+#: insufficient_privilege, read_only_sql_transaction
+_REFUSALS = {"42501": refusals.DENIED, "25006": refusals.READ_ONLY}
 
 #: A transactional completion runs on Django's connection, inside the caller's
 #: transaction: bounded like the store's own statements, for the rest of that transaction
@@ -146,6 +150,8 @@ class PostgresStore(PostgresOperations, Store):
                     f"{self.alias!r} is partitioned: set JOURNAL_LAYOUT to 'partitioned', "
                     f"or run `manage.py grousset_partition revert --database {self.alias}`."
                 ) from exc
+            if (why := _REFUSALS.get(sqlstate(exc) or "")) is not None:
+                raise refused(self.alias, exc, why) from exc
             raise StoreUnavailable(f"journal database {self.alias!r}: {exc}") from exc
         # The connection had gone stale (server restart, idle timeout): once more, fresh.
         conn = self._connect()

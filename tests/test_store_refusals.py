@@ -1,0 +1,44 @@
+"""A journal database that refuses the store's writes for a reason of its own (a
+read-only database or session, a user without the grants) fails closed with an error
+that names the problem and the fix, on PostgreSQL and MariaDB."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.db import connections
+
+from celery_grousset.claim import ClaimRequest
+from celery_grousset.exceptions import StoreUnavailable
+from celery_grousset.store import store_class
+from tests import services
+
+
+def claim_request() -> ClaimRequest:
+    return ClaimRequest(
+        processor_id=f"test-{uuid.uuid4().hex[:12]}", fingerprint=uuid.uuid4().hex * 2,
+        task_name="t", task_id="id", token="tok", worker="w", args_repr="",
+        max_processing_time=60.0, expires_after=3600.0, max_takeovers=3,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("alias", ["postgresql", "mysql"])
+def test_a_read_only_journal_is_named_with_its_fix(alias: str) -> None:
+    services.require_database(alias)
+    settings = connections.settings[alias]
+    store = store_class(settings["ENGINE"])(alias, settings, 5.0)
+    try:
+        store.claim(claim_request())  # connected
+        # Given the store's session turned read-only (a replica, a read-only mode)
+        if store.vendor == "postgresql":
+            from celery_grousset.store.pgdriver import driver
+
+            driver().execute(store._conn, "SET default_transaction_read_only = on", {})
+        else:
+            store._conn.cursor().execute("SET SESSION TRANSACTION READ ONLY")
+        # When a call claims / Then it fails closed, naming the problem and the fix
+        with pytest.raises(StoreUnavailable, match="refused the write.*read-only.*primary"):
+            store.claim(claim_request())
+    finally:
+        store.close()
