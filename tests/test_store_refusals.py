@@ -38,7 +38,7 @@ def test_a_read_only_journal_is_named_with_its_fix(alias: str) -> None:
         else:
             store._conn.cursor().execute("SET SESSION TRANSACTION READ ONLY")
         # When a call claims / Then it fails closed, naming the problem and the fix
-        with pytest.raises(StoreUnavailable, match="refused the write.*read-only.*primary"):
+        with pytest.raises(StoreUnavailable, match=r"refused the write.*read-only.*primary"):
             store.claim(claim_request())
     finally:
         store.close()
