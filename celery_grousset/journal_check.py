@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from django.core import checks
 
 OUTCOME_TABLE = "celery_grousset_outcome"
+LAYOUT_MISMATCH = "celery_grousset.W010"
 TABLES_MISSING = "the journal's tables do not exist"
 
 
@@ -186,7 +187,7 @@ def _layout_mismatch(alias: str, layout: str) -> checks.CheckMessage:
         f"GROUSSET['JOURNAL_LAYOUT'] is {layout!r}, but the journal in database {alias!r} "
         f"is {what}: every claim there fails.",
         hint=fix,
-        id="celery_grousset.W010",
+        id=LAYOUT_MISMATCH,
     )
 
 

@@ -272,11 +272,17 @@ def log_schema_problems() -> None:
     from django.db import connections
 
     from celery_grousset.checks import journal_databases
+    from celery_grousset.conf import grousset_settings
+    from celery_grousset.journal_check import LAYOUT_MISMATCH, journal_messages
     from celery_grousset.management import schema_problem
 
     try:
         for alias in [a for a in journal_databases() if a in connections.settings]:
-            if problem := schema_problem(alias):
+            problem = schema_problem(alias) or next(
+                (f"{m.msg} {m.hint}" for m in journal_messages(alias,
+                 str(grousset_settings.JOURNAL_LAYOUT)) if m.id == LAYOUT_MISMATCH), None
+            )  # fmt: skip  (a layout that is not JOURNAL_LAYOUT: every claim fails)
+            if problem:
                 logger.error(
                     "celery-grousset: journal database %r: %s Guarded deliveries are "
                     "retried, never run, until then.", alias, problem,

@@ -403,6 +403,28 @@ def test_a_worker_on_an_unmigrated_journal_says_so_when_it_starts(
     assert "retried, never run, until then" in text, text
 
 
+def test_a_worker_on_a_journal_of_the_other_layout_says_so_when_it_starts(
+    redis_url: str, queue: str
+) -> None:
+    from tests import services
+    from tests.workers import start_worker
+
+    # Given a partitioned journal, and a worker whose JOURNAL_LAYOUT is the single table
+    part = services.require_partitioned()
+    worker = start_worker(queue, database=part, broker=redis_url,
+                          env={"GROUSSET_TEST_LAYOUT": "table"})  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while f"journal database {part!r}" not in (text := worker.text()):
+            assert time.monotonic() < deadline, text
+            time.sleep(0.1)
+    finally:
+        worker.stop()
+    # Then its log names the mismatch and the fix at once (every claim there would fail)
+    assert "GROUSSET['JOURNAL_LAYOUT'] is 'table', but the journal in database" in text, text
+    assert "retried, never run, until then" in text, text
+
+
 def test_bypass_runs_tasks_when_the_configuration_has_an_error(
     redis_url: str, pg: str, queue: str
 ) -> None:
