@@ -276,6 +276,27 @@ def test_commands_on_an_unmigrated_journal_name_migrate(tmp_path: Path, argv: li
     assert "tables do not exist: run `manage.py migrate celery_grousset`" in proc.stderr
 
 
+@pytest.mark.parametrize("action", ["status", "create-ahead", "convert"])
+def test_partition_commands_on_an_unmigrated_journal_name_migrate(action: str) -> None:
+    from django.db import connections
+
+    from tests.test_checks import database
+
+    services.require_database("postgresql")
+    # Given a PostgreSQL database where `migrate` has not run
+    name = f"grousset_unmigrated_{uuid.uuid4().hex[:8]}"
+    admin = services.pg_connect(host="127.0.0.1", user="postgres", dbname="postgres")
+    admin.execute(f"CREATE DATABASE {name}")
+    try:
+        with database("unmigrated_pg", **{**connections.settings["postgresql"], "NAME": name}):
+            # When a partition command runs there / Then it names migrate, not "convert"
+            with pytest.raises(CommandError, match="migrate celery_grousset --database"):
+                run("grousset_partition", action, database="unmigrated_pg")
+    finally:
+        services.drop_database("postgresql", name)
+        admin.close()
+
+
 def test_relay_once_with_the_database_down_is_a_clean_error() -> None:
     # Given the outbox's database unreachable (the alias pointed at a closed port)
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT),

@@ -31,6 +31,7 @@ from celery_grousset.management import (
     count_option,
     duration_option,
     journal_alias,
+    schema_problem,
 )
 
 
@@ -83,6 +84,8 @@ class Command(BaseCommand):
                 "PostgreSQL has the partitioned layout."
             )
         action = options["action"]
+        if problem := schema_problem(alias):  # not "not partitioned": `migrate` first
+            raise CommandError(f"the journal of {alias!r}: {problem}")
         try:
             if action in ("status", "create-ahead") and not pgpartops.is_partitioned(alias):
                 raise CommandError(

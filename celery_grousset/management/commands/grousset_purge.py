@@ -44,7 +44,7 @@ class Command(BaseCommand):
     help = (
         "Delete expired journal entries and abandoned claims in batches (never an "
         "unexpired entry or a live claim). "
-        "Exit code 0 on success, 1 on error."
+        "Exit code 0 on success, 1 on error, 2 on a bad argument."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
