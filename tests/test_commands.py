@@ -288,10 +288,12 @@ def test_partition_commands_on_an_unmigrated_journal_name_migrate(action: str) -
     admin = services.pg_connect(host="127.0.0.1", user="postgres", dbname="postgres")
     admin.execute(f"CREATE DATABASE {name}")
     try:
-        with database("unmigrated_pg", **{**connections.settings["postgresql"], "NAME": name}):
-            # When a partition command runs there / Then it names migrate, not "convert"
-            with pytest.raises(CommandError, match="migrate celery_grousset --database"):
-                run("grousset_partition", action, database="unmigrated_pg")
+        # When a partition command runs there / Then it names migrate, not "convert"
+        with (
+            database("unmigrated_pg", **{**connections.settings["postgresql"], "NAME": name}),
+            pytest.raises(CommandError, match="migrate celery_grousset --database"),
+        ):
+            run("grousset_partition", action, database="unmigrated_pg")
     finally:
         services.drop_database("postgresql", name)
         admin.close()
