@@ -282,7 +282,8 @@ class OutcomeAdmin(ReadOnlyAdmin):
         rows.append((_("claims"), claims))
         again = max(obj.deliveries - 1 - obj.duplicates, 0)
         rows.append((_("deliveries"), f"{obj.duplicates} duplicate(s), {again} redelivery(ies) "
-                     "or requeue(s)"))  # fmt: skip
+                     "or requeue(s); each other delivery's task id finds this record (the "
+                     "search above, grousset_inspect <task id>)"))  # fmt: skip
         body = format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", rows)
         return format_html('<table class="grousset-timeline">{}</table>', body)
 
