@@ -32,6 +32,8 @@ from celery_grousset.store import Completion, Store
 
 #: the message header of a requeued delivery that carries its attempt's outcome
 HEADER = "grousset_outcome"
+#: the shortest countdown of a requeue that carries an outcome (no hot loop near stale)
+MIN_COUNTDOWN = 0.5
 #: the largest memo carried in a header (a header has to fit in one broker frame); a
 #: larger one is carried as "result not stored": the effect still never runs again
 MAX_CARRIED_BYTES = 64 * 1024
@@ -76,9 +78,10 @@ def countdown(outcome: dict[str, Any], backoff: float) -> float:
     its own — past ``stale_at`` another delivery may take the claim over and run the
     effect again (a journal outage shorter than ``max_processing_time`` must not)."""
     by = outcome.get("stale_by")
-    if not isinstance(by, (int, float)):
+    left = by - time.time() if isinstance(by, (int, float)) else 0.0
+    if left <= 0:  # unknown, or already stale: no race left to win, no reason to hurry
         return backoff
-    return min(backoff, max(0.0, (by - time.time()) / 2))
+    return min(backoff, max(left / 2, MIN_COUNTDOWN))
 
 
 def hook(caller: Any, req: ClaimRequest, stale: float | None = None) -> Unwritten | None:

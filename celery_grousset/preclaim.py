@@ -73,9 +73,12 @@ def adopt(caller: Any, store: Store, req: ClaimRequest) -> tuple[ClaimRequest, C
         )  # fmt: skip
         return req, None
     own = dataclasses.replace(req, token=str(token))
-    if time.time() - float(at) > renew_after(req) and not renew(store, own):
-        return own, None  # taken over or settled meanwhile: the claim with `own` decides
-    return own, _result(own, Kind(kind), int(fence), int(deliveries), int(takeovers))
+    left = float(at) + req.max_processing_time - time.time()  # until it turns stale
+    if time.time() - float(at) > renew_after(req):
+        if not renew(store, own):
+            return own, None  # taken over or settled meanwhile: the claim with `own` decides
+        left = req.max_processing_time
+    return own, _result(own, Kind(kind), int(fence), int(deliveries), int(takeovers), left)
 
 
 def renew(store: Store, req: ClaimRequest) -> bool:
@@ -98,10 +101,10 @@ def renew(store: Store, req: ClaimRequest) -> bool:
 
 
 def _result(
-    req: ClaimRequest, kind: Kind, fence: int, deliveries: int, takeovers: int
+    req: ClaimRequest, kind: Kind, fence: int, deliveries: int, takeovers: int, left: float
 ) -> ClaimResult:
     return ClaimResult(
         kind=kind, fence=fence, status=Status.IN_FLIGHT.value, deliveries=deliveries,
         takeovers=takeovers, result=None, result_encoding="", error="", task_id=req.task_id,
-        started_at=None, completed_at=None, retry_in=0.0, payload_hash=req.payload_hash,
+        started_at=None, completed_at=None, retry_in=max(0.0, left), payload_hash=req.payload_hash,
     )  # fmt: skip

@@ -187,3 +187,17 @@ def test_a_lost_claim_is_settled_by_the_next_delivery(short: str, processor: str
     # the memo
     copy = TaskLikeCaller(opts, lambda: {"receipt": "copy"}, header)
     assert guard.guarded(copy, _call(key)) == {"receipt": key} and copy.runs == 0
+
+
+def test_a_carried_requeue_beats_stale_at_and_never_spins() -> None:
+    import time
+
+    now = time.time()
+    # A claim 20 s from stale: the backoff, capped at half the time left
+    assert carry.countdown({"stale_by": now + 20}, 60.0) == pytest.approx(10.0, abs=0.1)
+    assert carry.countdown({"stale_by": now + 20}, 2.0) == 2.0
+    # Close to stale: not below the floor (no hot loop of requeues)
+    assert carry.countdown({"stale_by": now + 0.2}, 60.0) == carry.MIN_COUNTDOWN
+    # Already stale, or not known (an older header): the backoff, no hurry left to win
+    assert carry.countdown({"stale_by": now - 5}, 30.0) == 30.0
+    assert carry.countdown({}, 30.0) == carry.countdown({"stale_by": None}, 30.0) == 30.0

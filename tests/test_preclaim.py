@@ -124,3 +124,18 @@ def test_a_late_start_whose_claim_was_taken_does_not_run(
     assert caller.ran == []
     rec = row(journal, opts, call)
     assert rec.claim_token == other.token and rec.status == "in_flight"
+
+
+@pytest.mark.parametrize(("age", "left"), [(1.0, (28.0, 29.5)), (10.0, (29.0, 30.0))])
+def test_an_adopted_claim_knows_when_it_turns_stale(
+    setup: tuple[str, Options, guard.Call], age: float, left: tuple[float, float]
+) -> None:
+    journal, opts, call = setup
+    # Given a claim the main process made `age` s ago (10 s: past the renewal bound)
+    carried = main_process_claim(journal, opts, call, age=age)
+    fp, args_repr, payload = guard.identity(call)
+    req = guard.request(opts, fp, call.name, call.task_id, args_repr, payload_hash=payload)
+    # When the child adopts it / Then its result says how long until it turns stale (what a
+    # requeue carrying its outcome must beat), not 0
+    _, res = preclaim.adopt(Caller(opts, carried), get_store(journal), req)
+    assert res is not None and left[0] <= res.retry_in <= left[1]
