@@ -53,6 +53,7 @@ from celery_grousset.exceptions import ConfigurationError
 logger = logging.getLogger("celery_grousset")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+DIR_PREFIX = "grousset-metrics-"  #: + the worker's pid: the directory of its counters
 
 #: ``Kind`` values (what a claim found) → the ``outcome`` label
 OUTCOMES = {
@@ -350,7 +351,7 @@ class WorkerMetrics:
 
         path = os.environ.get(MULTIPROC_ENV)
         if not path:
-            path = tempfile.mkdtemp(prefix="grousset-metrics-")
+            path = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-")  # (swept_dirs)
             os.environ[MULTIPROC_ENV] = path
             owner = os.getpid()
             atexit.register(_remove_dir, path, owner)

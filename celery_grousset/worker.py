@@ -143,6 +143,7 @@ class GroussetStep(bootsteps.StartStopStep):
         if grousset_metrics_port is not None:
             from celery_grousset.metrics import WorkerMetrics
 
+            swept_dirs()  # a worker killed with -9 ran no atexit: its directory stayed
             self.metrics = WorkerMetrics(int(grousset_metrics_port))
             self.metrics.prepare()
         # The worker ran Django's system checks before building this step, and they
@@ -291,6 +292,39 @@ def log_schema_problems() -> None:
         logger.debug("celery-grousset: journal schema not checked", exc_info=True)
     finally:
         connections.close_all()  # this thread's
+
+
+def swept_dirs(tmp: str | None = None) -> list[str]:
+    """Remove the metrics directories (``grousset-metrics-<pid>-…``) of this user's
+    workers that are gone (killed: no atexit ran); return them."""
+    import os
+    import shutil
+    import tempfile
+
+    from celery_grousset.metrics import DIR_PREFIX
+
+    root, gone = tmp or tempfile.gettempdir(), []
+    for name in os.listdir(root):
+        pid = name[len(DIR_PREFIX) :].split("-", 1)[0]
+        path = os.path.join(root, name)
+        if not (name.startswith(DIR_PREFIX) and pid.isdigit()) or _alive(int(pid)):
+            continue
+        if os.stat(path).st_uid == os.getuid():
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(path)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
 
 
 def _settings_bypass() -> bool:

@@ -13,6 +13,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -451,3 +452,25 @@ def test_the_gauges_cover_every_journal_database_by_default() -> None:
     # both have their gauges (a stale claim there raises GroussetStaleClaims too)
     for alias in (default, "mysql"):
         assert set(gauge_values(registry, alias)) == set(GAUGES), alias
+
+
+def test_a_killed_workers_metrics_directory_is_swept_at_the_next_start(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from celery_grousset.metrics import DIR_PREFIX
+    from celery_grousset.worker import swept_dirs
+
+    # Given the directories a worker killed with -9 left (its pid gone), a live worker's,
+    # and names that are not ours
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    for name in (f"{DIR_PREFIX}{dead}-abc", f"{DIR_PREFIX}{os.getpid()}-def",
+                 f"{DIR_PREFIX}old", "something-else"):  # fmt: skip
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "counter_1.db").write_bytes(b"x")
+    # When a worker starts with metrics / Then only the dead worker's directory goes
+    assert swept_dirs(str(tmp_path)) == [str(tmp_path / f"{DIR_PREFIX}{dead}-abc")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"{DIR_PREFIX}{os.getpid()}-def", f"{DIR_PREFIX}old", "something-else"]
+    )
