@@ -147,7 +147,10 @@ def release(rec: Outcome, alias: str, *, token: str | None = None) -> bool:
 def forget_plan(rec: Outcome, at: datetime) -> tuple[bool, str]:
     """Whether *forget* ends the retention window of this row, and why."""
     if rec.status == Status.IN_FLIGHT:
-        return False, "in flight: release it first"
+        if is_stale(rec, at):
+            return False, "in flight, stale: release it first (Release stale claims)"
+        return False, ("in flight, fresh (its attempt may be running): wait until it turns "
+                       "stale, or `manage.py grousset_release --force` it")  # fmt: skip
     if rec.expires_on <= at:
         return False, "already expired: the next delivery runs again"
     if rec.status == Status.FAILED and rec.result_encoding == ENC_NONE:

@@ -439,7 +439,8 @@ def test_forget_action_lets_the_next_delivery_run_again(journal: str, processor:
     form = {"action": "forget_outcomes", "_selected_action": [done.pk, flying.pk]}
     # When the action is chosen / Then a confirmation page comes first
     first = client.post(URL, form).content.decode()
-    assert "grousset-confirm-rows" in first and "in flight: release it first" in first
+    assert "grousset-confirm-rows" in first and "grousset_release --force" in first
+    assert "in flight, fresh (its attempt may be running)" in first
     assert Outcome.objects.using(journal).get(pk=done.pk).expires_on == done.expires_on
     # When it is confirmed
     client.post(URL, {**form, "post": "yes"})

@@ -469,6 +469,14 @@ def test_inspect_lists_several_matches(store: Store, alias: str, processor: str)
 # -- grousset_release ---------------------------------------------------------------------
 
 
+def test_release_of_a_task_id_points_at_inspect(alias: str, processor: str) -> None:
+    # When a task id (not a fingerprint) is given to grousset_release / Then the error
+    # says where the fingerprint comes from
+    with pytest.raises(CommandError, match=r"no journal entry.*grousset_inspect <task id>"):
+        run("grousset_release", "0b6d2c1e-9a1f-4c3e-8d2a-1f0e9c8b7a6d", processor_id=processor,
+            database=alias)  # fmt: skip
+
+
 def test_release_refuses_a_fresh_claim_without_force(
     store: Store, alias: str, processor: str
 ) -> None:

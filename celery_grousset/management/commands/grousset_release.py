@@ -69,7 +69,9 @@ class Command(BaseCommand):
         if not records:
             who = f" for processor {options['processor_id']!r}" if options["processor_id"] else ""
             raise CommandError(f"no journal entry with fingerprint {needle!r}{who} in {alias!r}"
-                               f"{other_journals(alias)}")  # fmt: skip
+                               f"{other_journals(alias)} (a task id, or a prefix under 8 hex "
+                               "characters? `manage.py grousset_inspect <task id>` shows the "
+                               "fingerprint)")  # fmt: skip
         if len({r.fingerprint for r in records}) > 1:
             raise CommandError(
                 describe_matches(records) + "\nThe prefix is ambiguous: pass more characters."
