@@ -1,12 +1,13 @@
 """Worker flags and the worker bootstep.
 
 ``install(app)`` (call it in your ``proj/celery.py``, next to
-``app.autodiscover_tasks()``) adds six options to ``celery worker``:
+``app.autodiscover_tasks()``) adds seven options to ``celery worker``:
 
 =====================================  ===================================================
 ``--grousset-processor-id ID``         default ``processor_id`` of this worker's tasks
 ``--grousset-max-processing-time S``   default ``max_processing_time`` (seconds)
 ``--grousset-metrics-port PORT``       serve Prometheus metrics on this port
+``--grousset-metrics-addr ADDR``       ... on this address (default 0.0.0.0: all)
 ``--grousset-bypass``                  EMERGENCY: run every task unguarded, logging loudly
 ``--grousset-relay``                   publish the transactional outbox from this worker
 ``--grousset-batch``                   claim in the main process (``WORKER_CLAIM``)
@@ -36,6 +37,7 @@ FLAG_NAMES = (
     "grousset_processor_id",
     "grousset_max_processing_time",
     "grousset_metrics_port",
+    "grousset_metrics_addr",
     "grousset_bypass",
     "grousset_relay",
     "grousset_batch",
@@ -82,6 +84,13 @@ def _options() -> list[Any]:
             "(needs celery-grousset[prometheus]).",
         ),
         _option(
+            ("--grousset-metrics-addr",),
+            default="0.0.0.0",
+            metavar="ADDR",
+            help="The address the metrics listen on (default 0.0.0.0, every interface; "
+            "127.0.0.1: this host only).",
+        ),
+        _option(
             ("--grousset-bypass",),
             is_flag=True,
             default=False,
@@ -115,6 +124,7 @@ class GroussetStep(bootsteps.StartStopStep):
         grousset_processor_id: str | None = None,
         grousset_max_processing_time: float | None = None,
         grousset_metrics_port: int | None = None,
+        grousset_metrics_addr: str = "0.0.0.0",
         grousset_bypass: bool = False,
         grousset_relay: bool = False,
         grousset_batch: bool | None = None,
@@ -144,7 +154,7 @@ class GroussetStep(bootsteps.StartStopStep):
             from celery_grousset.metrics import WorkerMetrics
 
             swept_dirs()  # a worker killed with -9 ran no atexit: its directory stayed
-            self.metrics = WorkerMetrics(int(grousset_metrics_port))
+            self.metrics = WorkerMetrics(int(grousset_metrics_port), grousset_metrics_addr)
             self.metrics.prepare()
         # The worker ran Django's system checks before building this step, and they
         # resolved (and cached) each task's options without these defaults.

@@ -196,7 +196,8 @@ def test_worker_serves_metrics_of_its_children() -> None:
         database="postgresql",
         broker=broker,
         concurrency=2,
-        extra=["--grousset-metrics-port", str(port), "--grousset-max-processing-time", "30"],
+        extra=["--grousset-metrics-port", str(port), "--grousset-metrics-addr", "127.0.0.1",
+               "--grousset-max-processing-time", "30"],
     ) as worker:
         # When one call is delivered 5 times (the first completes before the others)
         send(task, queue, key).get(timeout=60)  # type: ignore[attr-defined]
@@ -210,13 +211,13 @@ def test_worker_serves_metrics_of_its_children() -> None:
             assert time.monotonic() < deadline, samples
             time.sleep(0.2)
         log = worker.text()
-    # Then the parent serves the children's aggregated counts
+    # Then the parent serves the children's aggregated counts, on the address asked for
+    assert f"celery-grousset metrics on http://127.0.0.1:{port}/metrics" in log, log
     assert sample(samples, "grousset_claims_total", task=task, outcome="new") == 1
     assert sample(samples, "grousset_claims_total", task=task, outcome="duplicate") == 4
     assert sample(samples, "grousset_duplicate_detections_total", task=task) == 4
     count = sample(samples, "grousset_store_seconds_count", operation="claim")
     assert count is not None and count >= 5
-    assert f"celery-grousset metrics on http://0.0.0.0:{port}/metrics" in log
     # And the parent serves the journal gauges of the worker's database
     for gauge in GAUGES:
         value = sample(samples, gauge, database="postgresql")

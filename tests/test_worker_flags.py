@@ -72,12 +72,13 @@ def test_help_shows_the_flags() -> None:
         timeout=60,
         check=False,
     )
-    # Then the six flags are listed under their own heading
+    # Then the seven flags are listed under their own heading
     assert proc.returncode == 0, proc.stderr
     for flag in (
         "--grousset-processor-id",
         "--grousset-max-processing-time",
         "--grousset-metrics-port",
+        "--grousset-metrics-addr",
         "--grousset-bypass",
         "--grousset-relay",
         "--grousset-batch",
@@ -120,6 +121,7 @@ def test_install_is_idempotent() -> None:
             "grousset_processor_id",
             "grousset_max_processing_time",
             "grousset_metrics_port",
+            "grousset_metrics_addr",
             "grousset_bypass",
             "grousset_relay",
             "grousset_batch",
