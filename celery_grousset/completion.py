@@ -208,8 +208,9 @@ def finish_retrying(store: Store, req: ClaimRequest, completion: Completion) -> 
         try:
             return _finish(store, req, completion)
         except StoreUnavailable as exc:
-            events.store_error(req, "complete", exc)
-            if delay is None or time.monotonic() + delay > deadline:
+            last = delay is None or time.monotonic() + delay > deadline
+            events.store_error(req, "complete", exc, retried=not last)
+            if last or delay is None:
                 raise
             time.sleep(delay)
         except PoisonDelivery:  # refused for its data: sending it again cannot help

@@ -170,17 +170,24 @@ def outcome_carried(req: ClaimRequest, status: str) -> None:
          action="requeued with its outcome")  # fmt: skip
 
 
-def store_error(req: ClaimRequest, operation: str, exc: BaseException) -> None:
+def store_error(
+    req: ClaimRequest, operation: str, exc: BaseException, retried: bool = False
+) -> None:
+    """The journal did not take ``operation``: ERROR, counted; ``retried``: this try of
+    an operation that is tried again at once (a completion's), a WARNING only."""
     _log(
-        logging.ERROR,
+        logging.WARNING if retried else logging.ERROR,
         "grousset.store_unavailable",
         req,
         operation=operation,
-        error=repr(str(exc)[:300]),
+        error=str(exc)[:300],
+        action="tried again" if retried else None,
     )
-    if recorder is not None and operation == "claim":
+    if recorder is None or retried:
+        return
+    if operation == "claim":
         recorder.counted(req.task_name, "store_unavailable")
-    elif recorder is not None:
+    else:
         recorder.commit_error(req.task_name)
 
 

@@ -201,3 +201,23 @@ def test_a_carried_requeue_beats_stale_at_and_never_spins() -> None:
     # Already stale, or not known (an older header): the backoff, no hurry left to win
     assert carry.countdown({"stale_by": now - 5}, 30.0) == 30.0
     assert carry.countdown({}, 30.0) == carry.countdown({"stale_by": None}, 30.0) == 30.0
+
+
+def test_a_completion_tried_again_warns_per_try_and_errs_once(
+    short: str, processor: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    # Given a completion the journal refuses through every retry
+    with caplog.at_level(logging.INFO, logger="celery_grousset"):
+        _unwritable(short, processor, f"order-{uuid.uuid4().hex}")
+    tries = [r for r in caplog.records if r.getMessage().startswith("grousset.store_unavailable")
+             and r.grousset_operation == "complete"]  # type: ignore[attr-defined]  # fmt: skip
+    # Then each try that is tried again is a warning, and only the last one an error
+    levels = [r.levelno for r in tries]
+    assert levels[-1] == logging.ERROR and set(levels[:-1]) <= {logging.WARNING}, levels
+    from django.db import connections
+
+    if connections[short].vendor != "mysql":  # (MariaDB's 1 s lock wait: one try fits)
+        assert len(levels) >= 2, levels
+    assert all(r.grousset_action == "tried again" for r in tries[:-1])  # type: ignore[attr-defined]
