@@ -247,6 +247,29 @@ def test_a_transactional_completion_waits_no_longer_than_store_timeout_for_a_loc
     assert ledger(alias, key) == 0
 
 
+def test_a_transactional_protect_in_the_callers_transaction_leaves_its_settings_alone(
+    journal_db: str, processor: str
+) -> None:
+    if connections[journal_db].vendor != "postgresql":
+        pytest.skip("the bound is set on PostgreSQL only")
+    alias = journal_db
+
+    def show(name: str) -> str:
+        with connections[alias].cursor() as cur:
+            cur.execute(f"SHOW {name}")
+            return str(cur.fetchone()[0])
+
+    # Given a caller's own open transaction (a view under ATOMIC_REQUESTS, say)
+    with transaction.atomic(using=alias):
+        before = (show("lock_timeout"), show("idle_in_transaction_session_timeout"))
+        # When a transactional protect() completes inside it
+        assert protect(f"in-caller-{uuid.uuid4().hex[:8]}", lambda: 1, max_processing_time=30,
+                       processor_id=processor, database=alias, transactional=True) == 1  # fmt: skip
+        # Then the caller's later statements keep the session's own settings
+        after = (show("lock_timeout"), show("idle_in_transaction_session_timeout"))
+    assert after == before
+
+
 def test_transactional_completion_is_fenced_while_the_taker_holds_the_claim(
     store: Store, alias: str, processor: str, fp: str
 ) -> None:

@@ -72,10 +72,12 @@ _NO_ARBITER = "42P10"  # invalid_column_reference: ON CONFLICT matches no unique
 #: insufficient_privilege, read_only_sql_transaction
 _REFUSALS = {"42501": refusals.DENIED, "25006": refusals.READ_ONLY}
 
-#: A transactional completion runs on Django's connection, inside the caller's
-#: transaction: bounded like the store's own statements, for the rest of that transaction
-#: only (a row lock another session holds: lock_timeout; a half-open connection: the
-#: server ends the session, and its locks, once it has waited that long on the client).
+#: A transactional completion runs on Django's connection, in the attempt's transaction:
+#: bounded like the store's own statements, for the rest of that transaction only (a row
+#: lock another session holds: lock_timeout; a half-open connection: the server ends the
+#: session, and its locks, once it has waited that long on the client). Not when that
+#: transaction is the caller's own (protect() in an open atomic(), ATOMIC_REQUESTS): the
+#: settings would outlive the completion and bound the caller's statements too.
 BOUND_TRANSACTION_SQL = (
     "SELECT set_config('lock_timeout', %(ms)s, true), "
     "set_config('idle_in_transaction_session_timeout', %(ms)s, true)"
@@ -283,7 +285,10 @@ class PostgresStore(PostgresOperations, Store):
     def finish_in_transaction(self, req: ClaimRequest, completion: Completion) -> bool:
         from django.db import connections
 
-        with connections[self.alias].cursor() as cur:
+        conn = connections[self.alias]
+        if len(conn.atomic_blocks) > 1:  # inside the caller's own transaction: its session
+            return super().finish_in_transaction(req, completion)  # settings are its own
+        with conn.cursor() as cur:
             cur.execute(BOUND_TRANSACTION_SQL, {"ms": f"{max(1, round(self.timeout * 1000))}ms"})
         return super().finish_in_transaction(req, completion)
 
