@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from functools import lru_cache
 
 from celery_grousset import anchored
+from celery_grousset.textcut import clean_and_cut
 
 __all__ = ["DEFAULT_REDACT_KEYS", "REDACTED", "is_sensitive", "redact_text", "safe_repr"]
 
@@ -42,9 +43,9 @@ REDACTED = "'***'"
 """What a redacted value renders as."""
 
 _MAX_DEPTH = 20
-#: How far past the shown ``max_length`` texts are scanned: a secret starting in the shown
-#: part is recognised if it ends within it (an XML element's or quoted value: 4,096 chars;
-#: a URL's password, a card: less); a PEM block, a JWT, a quoted value cut off: masked.
+#: How far past the shown ``max_length`` the redacted text reaches before the rest is left
+#: unscanned: a secret starting in the shown part is recognised if it ends within it (an
+#: XML element's or quoted value: 4,096; a URL's password, a card: less; PEM, JWT: masked).
 SCAN_MARGIN = 4096 + 128
 _WHOLE_WORD_BELOW = 5  # one-part redact keys shorter than this must match a whole part
 # Parts: an acronym (not the capital that starts the next word), a capitalised or
@@ -147,12 +148,18 @@ class _Renderer:
         self.active: set[int] = set()  # ids of the containers being rendered (cycles)
 
     def scanned(self, text: str) -> str:
-        """``text`` redacted. Only the first ``max_length + SCAN_MARGIN`` characters of all
-        the texts are scanned: what lies past them can never be shown."""
-        keep = min(len(text), max(self.budget, 0))
-        self.budget -= keep
+        """``text`` redacted, scanned only until its redacted part fills what is left of
+        ``max_length + SCAN_MARGIN`` (a secret masked shrinks it: then more is scanned,
+        doubling): what lies past that can never be shown."""
+        need, keep = self.budget, min(len(text), max(self.budget, 0))
+        while True:
+            out = _redact_text(text[:keep] if keep < len(text) else text, self.rules)
+            if keep == len(text) or len(out) >= need:
+                break
+            keep = min(len(text), max(2 * keep, keep + need - len(out)))
+        self.budget -= len(out)
         self.dropped += len(text) - keep
-        return _redact_text(text[:keep] if keep < len(text) else text, self.rules)
+        return out
 
     def named(self, name: object, value: object, depth: int) -> str:
         """Render the value of a field/key called ``name``."""
@@ -208,27 +215,6 @@ class _Renderer:
     def _call_like(self, value: object, fields: Iterable[tuple[str, object]], depth: int) -> str:
         inner = ", ".join(f"{name}={self.named(name, item, depth)}" for name, item in fields)
         return f"{type(value).__qualname__}({inner})"
-
-
-def _truncate(text: str, max_length: int, dropped: int = 0) -> str:
-    """Cut ``text`` to at most ``max_length`` characters, ending with ``…(+N chars)``
-    (``dropped``: characters already cut from it, counted in N)."""
-    if len(text) <= max_length and not dropped:
-        return text
-    keep = min(len(text), max(max_length, 0))
-    for _ in range(3):  # the marker's own length depends on N; converges in <= 2 steps
-        keep = min(len(text), max(max_length - len(f"…(+{len(text) - keep + dropped} chars)"), 0))
-    return (text[:keep] + f"…(+{len(text) - keep + dropped} chars)")[: max(max_length, 0)]
-
-
-def clean_and_cut(text: str, max_length: int, dropped: int = 0) -> str:
-    """``text`` without NUL or lone surrogates, cut to ``max_length`` (``…(+N chars)``)."""
-    text = text.replace("\x00", "")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates cannot be stored as UTF-8
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return _truncate(text, max_length, dropped)
 
 
 def safe_repr(
@@ -306,7 +292,7 @@ _SECRETS = re.compile(
     # the password of a URL: scheme://user:password@host
     r"|(?P<url>[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s:/?#@]{0,256}:)(?P<password>[^\s/?#]{0,512})(?=@)"
     # a JWT: header.payload.signature, base64url, the header a JSON object
-    r"|(?<![A-Za-z0-9_-])(?P<jwt>eyJ[A-Za-z0-9_-]{2,8192}\.[A-Za-z0-9_-]{2,65536}(?:\.[A-Za-z0-9_-]{0,8192}|\Z))"
+    r"|(?<![A-Za-z0-9_-])(?P<jwt>eyJ[A-Za-z0-9_-]{2,8192}(?:\.[A-Za-z0-9_-]{2,65536}(?:\.[A-Za-z0-9_-]{0,8192}|\Z)|\Z))"
     rf"|(?P<pem>{_PEM})"
     # <password>value</password> (XML, SOAP)
     r"|(?P<xname><(?P<xkey>[A-Za-z_][A-Za-z0-9_.\-]{0,63})>)(?P<xvalue>[^<\n]{1,4096})(?=</(?P=xkey)>)"

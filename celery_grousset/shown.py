@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from celery_grousset.redact import clean_and_cut, is_sensitive, redact_text
+from celery_grousset.redact import is_sensitive, redact_text
+from celery_grousset.textcut import clean_and_cut
 
 _MAX_DEPTH = 20
 

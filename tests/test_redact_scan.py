@@ -114,7 +114,7 @@ def test_several_arguments_share_the_scan_budget() -> None:
 @pytest.mark.parametrize(
     "secret",
     [
-        "-----BEGIN RSA PRIVATE KEY-----\n" + "MIIEowIBAAKCAQEA" * 2000,  # END past the cut
+        "-----BEGIN RSA PRIVATE KEY-----\n" + "MIIEowIBAAKCAQEA" * 600,  # END past the cut
         "eyJhbGciOiJIUzI1NiJ9." + "eyJzdWIiOiIxIn0" * 3000 + ".c2ln",  # a JWT past the cut
         "token='" + "s3cr3t" * 5000 + "'",  # a quoted value closing past the cut
     ],
@@ -126,3 +126,43 @@ def test_a_secret_running_past_the_cut_is_masked(secret: str) -> None:
     # Then none of its body is shown
     assert "MIIEow" not in shown and "eyJzdWIi" not in shown and "s3cr3t" not in shown, shown
     assert "***" in shown
+
+
+def test_a_secret_masked_early_does_not_hide_the_arguments_after_it() -> None:
+    # Given a long secret value (masked to ***) followed by more text and another argument
+    shown = safe_repr(("token=" + "x" * 5000 + " user=alice", "second-arg"), {}, max_length=100)
+    # Then what follows it is shown as it is, not cut away or emptied
+    assert shown == "'token=*** user=alice', 'second-arg'"
+
+
+def test_a_secret_after_a_long_masked_one_is_still_recognised() -> None:
+    # Given a card number and a password after a 5,000-character token (the token's ***
+    # brings them into the shown part)
+    shown = safe_repr(("token=" + "x" * 5000 + " pw=hunter2 4111 1111 1111 1111 end",), {},
+                      max_length=100)  # fmt: skip
+    # Then they are masked, as one pass over the whole text masks them
+    assert shown == "'token=*** pw=*** *** end'"
+
+
+def test_a_jwt_cut_in_its_first_segment_is_masked() -> None:
+    shown = safe_repr(("x " + "eyJ" + "A" * 5000 + ".eyJzdWIiOiIxIn0.c2ln",), {}, max_length=60)
+    assert "AAAA" not in shown and "***" in shown, shown
+
+
+def test_the_bounded_scan_shows_what_the_whole_scan_shows(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given arguments with long secret values (masked to ***) among ordinary text
+    rng = random.Random(3)
+    long_pieces = [*PIECES, "token=" + "x" * 3000, "'" + "q" * 6000 + "'", "a" * 2000,
+                   "password=" + "p" * 9000 + " ", "<pin>" + "9" * 5000 + "</pin>"]  # fmt: skip
+    calls = [tuple("".join(rng.choice(long_pieces) for _ in range(rng.randint(1, 12)))
+                   for _ in range(rng.randint(1, 3))) for _ in range(300)]  # fmt: skip
+    bounded = [safe_repr(args, {}, max_length=200) for args in calls]
+    # When the same are rendered scanning every character
+    monkeypatch.setattr(redact, "SCAN_MARGIN", 10**9)
+    whole = [safe_repr(args, {}, max_length=200) for args in calls]
+    # Then the shown text is the same (the quote that repr() picks for a string it saw
+    # whole or cut aside, with the escapes it brings: compared up to 150 of 200 chars)
+    def same(text: str) -> str:
+        return text.replace("\\'", "'").replace('"', "'")[:150]
+
+    assert [same(t) for t in bounded] == [same(t) for t in whole]
