@@ -77,7 +77,7 @@ class _CleanFilter(admin.SimpleListFilter):
         return [(v, v) for v in values]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        value = clean_term(self.value())
+        value = clean_term(self.value(), queryset.db)
         return queryset.filter(**{self.column: value}) if value else queryset
 
 
@@ -175,7 +175,7 @@ class OutcomeAdmin(ReadOnlyAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
     ) -> tuple[QuerySet[Outcome], bool]:
-        term = clean_term(search_term)
+        term = clean_term(search_term, queryset.db)
         match = Q(task_id=term)  # exact; anything else only as a fingerprint prefix
         for d in journal.deliveries_of(queryset.db, term) if term else ():
             match |= Q(processor_id=d.processor_id, fingerprint=d.fingerprint)

@@ -40,13 +40,16 @@ def journal_alias() -> str:
     return str(grousset_settings.DATABASE)
 
 
-def clean_term(value: str | None) -> str:
-    """A query-string value made safe for every backend: no NUL, bounded, stripped, and a
-    character outside the BMP written as a utf8mb3 MySQL journal stores it (its escape:
-    such a connection refuses to compare the character itself)."""
-    from celery_grousset.store.mysql import bmp
+def clean_term(value: str | None, alias: str | None = None) -> str:
+    """A query-string value made safe for every backend: no NUL, bounded, stripped; for
+    the journal on ``alias``, written as its store writes text (a utf8mb3 MySQL journal:
+    a character outside the BMP as its escape, which such a connection can compare)."""
+    text = (value or "").replace("\x00", "")[: MAX_TERM * 4].strip()[:MAX_TERM]
+    if alias is None or text.isascii():
+        return text
+    from celery_grousset.store import get_store
 
-    return bmp((value or "").replace("\x00", "")[: MAX_TERM * 4].strip()[:MAX_TERM])
+    return str(getattr(get_store(alias), "stored_text", str)(text))  # (MySQL's only)
 
 
 def humanize(delta: timedelta | None) -> str:

@@ -237,6 +237,21 @@ def test_a_settled_record_shows_no_claim_deadline_nor_token(journal: str, proces
     assert "field-stale_at" in live and "field-claim_token" in live
 
 
+def test_a_task_id_with_an_emoji_is_found_by_its_own_text(journal: str, processor: str) -> None:
+    from celery_grousset.claim import ClaimRequest
+
+    # Given a row whose task id has an emoji (SQLite stores it as it is)
+    fp = uuid.uuid4().hex + uuid.uuid4().hex
+    get_store(journal).claim(ClaimRequest(
+        processor_id=processor, fingerprint=fp, task_name="tests.emoji", task_id="t-\U0001f600",
+        token="tok", worker="w", args_repr="()", max_processing_time=60.0,
+        expires_after=3600.0, max_takeovers=3,
+    ))  # fmt: skip
+    # When it is searched for / Then it is found (the MySQL escape is for utf8mb3 only)
+    page = client_for(make_user(superuser=True)).get(URL, {"q": "t-\U0001f600"})
+    assert page.status_code == 200 and fp[:12] in page.content.decode()
+
+
 @pytest.mark.parametrize(
     "term",
     ["%", "_", "%%_", "\x00", "ab\x00cd", "a" * 10_000, "f" * 10_000, "ünïcødé ☃ 🦆",

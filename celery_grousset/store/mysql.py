@@ -178,6 +178,12 @@ class MySQLStore(LockingStore):
             self._connect()  # reads the character sets (in the caller's _guard)
         return super()._claim_together([self.storable(req) for req in reqs])
 
+    def stored_text(self, text: str) -> str:
+        """``text`` as this journal stores it (a look-up's value must compare to it)."""
+        if self.max_packet is None:
+            self._guard(self._cursor)  # connect: reads the character sets
+        return text if self.astral else bmp(text)
+
     def storable(self, req: ClaimRequest) -> ClaimRequest:
         """``req``, its text escaped outside the BMP when the journal is utf8mb3 (an emoji
         in the arguments must not refuse the call: ``args_repr`` is for humans)."""
