@@ -161,6 +161,26 @@ def test_check_database_names_a_layout_that_is_not_the_journals(processor: str) 
 # -- the command ---------------------------------------------------------------------------
 
 
+def test_migrate_refreshes_the_claim_function_of_a_partitioned_journal(part: str) -> None:
+    from django.core.management import call_command
+
+    from celery_grousset.store.pgpartsql import FUNCTION_SQL
+
+    def body() -> str:
+        with connections[part].cursor() as cur:
+            cur.execute("SELECT prosrc FROM pg_proc WHERE proname = 'grousset_claim'")
+            return str(cur.fetchone()[0])
+
+    # Given a journal converted by an earlier version (its claim function another one)
+    with connections[part].cursor() as cur:
+        cur.execute(FUNCTION_SQL.replace("$fn$\n", "$fn$\n-- an earlier version\n", 1))
+    assert "an earlier version" in body()
+    # When `migrate` runs after the upgrade / Then the function is this version's
+    call_command("migrate", "celery_grousset", database=part, verbosity=0)
+    assert "an earlier version" not in body()
+    assert body().strip() == FUNCTION_SQL.split("$fn$")[1].strip()
+
+
 def test_convert_status_and_create_ahead(part: str) -> None:
     # Given the converted journal: converting again is refused
     with pytest.raises(CommandError, match="partitioned already"):

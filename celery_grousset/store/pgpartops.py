@@ -59,6 +59,18 @@ def _cursor(alias: str) -> Any:
     return connections[alias].cursor()
 
 
+def refresh_claim_function(alias: str) -> bool:
+    """The partitioned journal's claim function as this version writes it (``convert``
+    created it; ``migrate`` after an upgrade refreshes it: apps.py). False: not partitioned."""
+    from celery_grousset.store.pgpartsql import FUNCTION_SQL
+
+    if not is_partitioned(alias):
+        return False
+    with _cursor(alias) as cur:
+        cur.execute(FUNCTION_SQL)
+    return True
+
+
 def is_partitioned(alias: str) -> bool:
     """The journal table of ``alias`` is the partitioned layout."""
     with _cursor(alias) as cur:
