@@ -284,7 +284,8 @@ def _stale_lines(data: dict[str, Any]) -> list[str]:
         return [f"  stale now    not looked up: more than {STALE_BUDGET} s on this journal "
                 "(--all lists them; the grousset_stale_claims gauge counts them)"]  # fmt: skip
     if not data["stale"]:
-        return ["  stale now    none in the whole journal"]
+        of = f" for processor {data['processor_id']!r}" if data["processor_id"] else ""
+        return [f"  stale now    none in the whole journal{of}"]
     more = f"more than {STALE_LISTED}, the first" if data["stale_capped"] else "all"
     lines = [f"  stale now    in the whole journal ({more} {len(data['stale'])}; "
              "grousset_release <fingerprint> frees one):"]  # fmt: skip
