@@ -120,6 +120,14 @@ def taken_over(req: ClaimRequest, res: ClaimResult) -> None:
     )
 
 
+def poison_delivery(req: ClaimRequest, reason: str) -> None:
+    """A call the journal can never record (``req``'s text already bounded for the line):
+    rejected, never re-queued — counted, so an alert can see what no retry will mend."""
+    _log(logging.ERROR, "grousset.poison_delivery", req, reason=reason, action="not retried")
+    if recorder is not None:
+        recorder.counted(req.task_name, "poison")
+
+
 def gave_up(req: ClaimRequest, res: ClaimResult) -> None:
     _log(
         logging.ERROR,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import logging
 import os
 import socket
 import time
@@ -375,8 +374,7 @@ def poisoned(caller: Caller, req: ClaimRequest, exc: PoisonDelivery) -> NoReturn
     safe = dataclasses.replace(req, task_id=shown(req.task_id),
                                task_name=shown(req.task_name),
                                processor_id=shown(req.processor_id))  # fmt: skip
-    events._log(logging.ERROR, "grousset.poison_delivery", safe, reason=str(exc),
-                action="not retried")  # fmt: skip
+    events.poison_delivery(safe, str(exc))
     hook = getattr(caller, "poison", None)
     if callable(hook):
         hook(exc)

@@ -67,9 +67,10 @@ OUTCOMES = {
     "gave_up": "gave_up",
 }
 #: every ``outcome`` of ``grousset_claims_total``: a claim's decision (``OUTCOMES``
-#: merges some), a completion refused because the claim was taken over, or a claim
-#: the journal did not answer (``store_unavailable``: the delivery waits and retries)
-CLAIM_LABELS = (*dict.fromkeys(OUTCOMES.get(k.value, k.value) for k in Kind if k is not Kind.BYPASSED), "fenced_out", "store_unavailable")  # noqa: E501  # fmt: skip
+#: merges some), a completion refused because the claim was taken over, a claim the
+#: journal did not answer (``store_unavailable``: the delivery waits and retries), or a
+#: call it can never record (``poison``: rejected, never run)
+CLAIM_LABELS = (*dict.fromkeys(OUTCOMES.get(k.value, k.value) for k in Kind if k is not Kind.BYPASSED), "fenced_out", "store_unavailable", "poison")  # noqa: E501  # fmt: skip
 #: outcomes that are a duplicate delivery answered from the journal
 DUPLICATES = frozenset({"duplicate", "failed_replayed"})
 #: claim latency buckets (seconds): a claim is a single round trip, usually < 5 ms
@@ -178,7 +179,8 @@ class Recorder:
             logger.debug("celery-grousset: could not record a claim metric", exc_info=True)
 
     def counted(self, task: str, outcome: str) -> None:
-        """``fenced_out`` or ``store_unavailable``: a claim outcome no decision counts."""
+        """``fenced_out``, ``store_unavailable`` or ``poison``: a claim outcome no decision
+        counts."""
         try:
             self.claims.labels(task=task, outcome=outcome).inc()
         except Exception:

@@ -123,6 +123,8 @@ tests:
         values: '0x5 1x40'
       - series: 'grousset_claims_total{{task="shop.tasks.pay", outcome="gave_up"}}'
         values: '0x40'
+      - series: 'grousset_claims_total{{task="shop.tasks.mail", outcome="poison"}}'
+        values: '0x8 1x40'
       - series: 'grousset_claims_total{{task="shop.tasks.ship", outcome="store_unavailable"}}'
         values: '0x10 1+1x10 11x20'
     alert_rule_test:
@@ -156,6 +158,16 @@ tests:
         exp_alerts: []
       - eval_time: 30m
         alertname: GroussetGaveUp
+        exp_alerts: []
+      - eval_time: 5m
+        alertname: GroussetPoisonDeliveries
+        exp_alerts: []
+      - eval_time: 12m
+        alertname: GroussetPoisonDeliveries
+        exp_alerts:
+          - exp_labels: {{severity: warning, task: shop.tasks.mail}}
+      - eval_time: 30m
+        alertname: GroussetPoisonDeliveries
         exp_alerts: []
       - eval_time: 13m
         alertname: GroussetClaimErrors
