@@ -49,7 +49,7 @@ def clean_term(value: str | None, alias: str | None = None) -> str:
         return text
     from celery_grousset.store import get_store
 
-    return str(getattr(get_store(alias), "stored_text", str)(text))  # (MySQL's only)
+    return get_store(alias).stored_text(text)
 
 
 def humanize(delta: timedelta | None) -> str:

@@ -68,8 +68,14 @@ def outcome(
 def stale_by(caller: Any) -> float | None:
     """When the claim whose outcome this delivery carries turns stale (Unix time)."""
     value = getattr(caller, "carried", None)
-    by = value.get("stale_by") if isinstance(value, dict) else None
-    return float(by) if isinstance(by, (int, float)) else None
+    return _stale_by(value) if isinstance(value, dict) else None
+
+
+def _stale_by(outcome: dict[str, Any]) -> float | None:
+    """The carried outcome's ``stale_by`` header: a Unix time, or None (absent, or not a
+    number: an outcome from an earlier version, or a damaged one)."""
+    by = outcome.get("stale_by")
+    return float(by) if isinstance(by, (int, float)) and not isinstance(by, bool) else None
 
 
 def countdown(outcome: dict[str, Any], backoff: float) -> float:
@@ -77,8 +83,8 @@ def countdown(outcome: dict[str, Any], backoff: float) -> float:
     claim turns stale, so that the carried outcome arrives while the claim is still
     its own — past ``stale_at`` another delivery may take the claim over and run the
     effect again (a journal outage shorter than ``max_processing_time`` must not)."""
-    by = outcome.get("stale_by")
-    left = by - time.time() if isinstance(by, (int, float)) else 0.0
+    by = _stale_by(outcome)
+    left = by - time.time() if by is not None else 0.0
     if left <= 0:  # unknown, or already stale: no race left to win, no reason to hurry
         return backoff
     return min(backoff, max(left / 2, MIN_COUNTDOWN))

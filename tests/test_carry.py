@@ -201,6 +201,14 @@ def test_a_carried_requeue_beats_stale_at_and_never_spins() -> None:
     # Already stale, or not known (an older header): the backoff, no hurry left to win
     assert carry.countdown({"stale_by": now - 5}, 30.0) == 30.0
     assert carry.countdown({}, 30.0) == carry.countdown({"stale_by": None}, 30.0) == 30.0
+    # A damaged header is not known either: the backoff, whichever reader asks
+    for damaged in ("soon", True, [now + 20]):
+        assert carry.countdown({"stale_by": damaged}, 30.0) == 30.0
+
+        class Caller:
+            carried = {"stale_by": damaged}
+
+        assert carry.stale_by(Caller()) is None
 
 
 def test_a_completion_tried_again_warns_per_try_and_errs_once(

@@ -197,13 +197,8 @@ class Store(abc.ABC):
     #: ``SELECT`` of the database clock on Django's connection (None: this host's clock)
     clock_sql: str | None = None
 
-    def __init__(
-        self,
-        alias: str,
-        settings_dict: dict[str, Any],
-        timeout: float,
-        claim_commit: str = "durable",
-    ) -> None:
+    def __init__(self, alias: str, settings_dict: dict[str, Any], timeout: float,
+                 claim_commit: str = "durable") -> None:  # fmt: skip
         self.alias = alias
         self.settings_dict = settings_dict
         self.timeout = timeout
@@ -241,6 +236,10 @@ class Store(abc.ABC):
         self._conn = None
 
     _conn: Any = None
+
+    def stored_text(self, text: str) -> str:
+        """``text`` as this journal stores it (a look-up's value must compare to it)."""
+        return text
 
     def driver_params(self) -> dict[str, Any]:
         """Connection keyword arguments for the driver, as Django's own backend builds

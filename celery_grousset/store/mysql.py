@@ -26,7 +26,6 @@ from celery_grousset.store.base import (
     schema_behind,
 )
 from celery_grousset.store.locking import COLS, TABLE, LockingStore
-from celery_grousset.store.refusals import refused
 
 T = TypeVar("T")
 
@@ -160,7 +159,7 @@ class MySQLStore(LockingStore):
                 if code == 1054:  # unknown column
                     raise schema_behind(self.alias, exc) from exc
                 if code in _REFUSALS:
-                    raise refused(self.alias, exc, _REFUSALS[code]) from exc
+                    raise refusals.refused(self.alias, exc, _REFUSALS[code]) from exc
                 self.discard()
                 if code in _GONE and not fresh and not reconnected:
                     reconnected = True
@@ -173,15 +172,19 @@ class MySQLStore(LockingStore):
 
     # -- text the journal can store ---------------------------------------------------------
 
+    def _facts(self, guarded: bool = False) -> None:
+        """Connect if the connection's facts (CONNECTION_SQL) are still unread; ``guarded``:
+        the caller's own ``_guard`` handles the errors."""
+        if self.max_packet is None:
+            self._cursor() if guarded else self._guard(self._cursor)
+
     def _claim_together(self, reqs: Sequence[ClaimRequest]) -> list[ClaimResult]:
-        if self._conn is None:
-            self._connect()  # reads the character sets (in the caller's _guard)
+        self._facts(guarded=True)
         return super()._claim_together([self.storable(req) for req in reqs])
 
     def stored_text(self, text: str) -> str:
         """``text`` as this journal stores it (a look-up's value must compare to it)."""
-        if self.max_packet is None:
-            self._guard(self._cursor)  # connect: reads the character sets
+        self._facts()
         return text if self.astral else bmp(text)
 
     def storable(self, req: ClaimRequest) -> ClaimRequest:
@@ -208,8 +211,7 @@ class MySQLStore(LockingStore):
         """``completion``, or — when its memo would make the statement larger than the
         server's ``max_allowed_packet`` (the server refuses it, every time) — the same
         completion with "result not stored": never a reason to run the effect again."""
-        if self.max_packet is None:
-            self._guard(self._cursor)  # connect: reads max_allowed_packet
+        self._facts()
         if not self.astral:
             completion = dataclasses.replace(completion, error=bmp(completion.error))
         raw = completion.result

@@ -43,7 +43,6 @@ from celery_grousset.store.base import (
 from celery_grousset.store.pgclaim import BATCH_SQL, CLAIM_SQL, GAVE_UP_ERROR, KEY, NOW, PER_ROW
 from celery_grousset.store.pgdriver import driver, sqlstate
 from celery_grousset.store.pgops import PostgresOperations
-from celery_grousset.store.refusals import refused
 from celery_grousset.store.watchdog import Watchdog
 
 T = TypeVar("T")
@@ -153,7 +152,7 @@ class PostgresStore(PostgresOperations, Store):
                     f"or run `manage.py grousset_partition revert --database {self.alias}`."
                 ) from exc
             if (why := _REFUSALS.get(sqlstate(exc) or "")) is not None:
-                raise refused(self.alias, exc, why) from exc
+                raise refusals.refused(self.alias, exc, why) from exc
             raise StoreUnavailable(f"journal database {self.alias!r}: {exc}") from exc
         # The connection had gone stale (server restart, idle timeout): once more, fresh.
         conn = self._connect()
