@@ -51,6 +51,29 @@ def test_emoji_in_arguments_and_errors_is_stored_escaped(mb3: str) -> None:
     assert (row.status, row.error) == ("failed", "bad \\U0001f600 input")
 
 
+def test_a_task_id_whose_escapes_overflow_the_column_still_runs(mb3: str) -> None:
+    import dataclasses
+
+    processor, fp = f"test-{uuid.uuid4().hex[:12]}", uuid.uuid4().hex * 2
+    # Given a task id of 250 characters, two of them emoji: within the column, but 268
+    # characters once escaped for a utf8mb3 journal
+    task_id = "\U0001f600\U0001f4e6" + "t" * 248
+    req = ClaimRequest(
+        processor_id=processor, fingerprint=fp, task_name="shop.send_receipt",
+        task_id=task_id, token="tok", worker="w", args_repr="()",
+        max_processing_time=60.0, expires_after=3600.0, max_takeovers=3,
+    )  # fmt: skip
+    store = get_store(mb3)
+    # When it claims and completes / Then it is an ordinary call, not a poison delivery
+    assert store.claim(req).kind is Kind.NEW
+    assert store.finish(processor, fp, "tok", Completion("completed"))
+    row = Outcome.objects.using("mysql").get(processor_id=processor, fingerprint=fp)
+    assert row.task_id == ("\\U0001f600\\U0001f4e6" + "t" * 248)[:255]
+    # And its redelivery (another attempt, the same task id) is answered from the record
+    again = store.claim(dataclasses.replace(req, token="tok2"))
+    assert again.kind is Kind.COMPLETED and again.task_id == row.task_id
+
+
 def database_checks(alias: str) -> dict[str, checks.CheckMessage]:
     found = checks.run_checks(databases=[alias], tags=[checks.Tags.database])
     return {m.id: m for m in found if m.id}

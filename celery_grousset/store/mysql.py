@@ -19,6 +19,7 @@ from celery_grousset.claim import ENC_NOT_STORED, ClaimRequest
 from celery_grousset.exceptions import StoreUnavailable
 from celery_grousset.store import refusals
 from celery_grousset.store.base import (
+    ID_LIMITS,
     ClaimResult,
     Completion,
     data_error,
@@ -192,9 +193,12 @@ class MySQLStore(LockingStore):
         in the arguments must not refuse the call: ``args_repr`` is for humans)."""
         if self.astral:
             return req
+        # an escape takes 10 characters: cut to the column (the same cut for every
+        # delivery of the call, so its own task id still compares equal)
         return dataclasses.replace(
-            req, task_name=bmp(req.task_name), task_id=bmp(req.task_id),
-            worker=bmp(req.worker), args_repr=bmp(req.args_repr),
+            req, task_name=bmp(req.task_name)[: ID_LIMITS["task_name"]],
+            task_id=bmp(req.task_id)[: ID_LIMITS["task_id"]],
+            worker=bmp(req.worker)[:255], args_repr=bmp(req.args_repr),
         )  # fmt: skip
 
     # -- completions that fit in one packet ---------------------------------------------
