@@ -27,7 +27,7 @@ BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
 
-.PHONY: help venv lint test test-fast compat demo docs bench chaos services clean
+.PHONY: help venv lint test test-fast compat demo docs snippets bench chaos services clean
 
 help: ## list the targets
 	@echo "celery-grousset — make targets:"
@@ -78,6 +78,9 @@ demo: venv ## run the example project's demo (honours DATABASE_URL, CELERY_BROKE
 
 docs: venv ## build the mkdocs site into site/ (strict)
 	$(BIN)/mkdocs build --strict -d site
+
+snippets: venv ## write the docs' code samples out in their pages from the files tests run
+	$(BIN)/python scripts/inline_snippets.py
 
 bench: $(BENCH_STAMP) ## run the benchmarks (BENCH_ARGS=...; installs the [bench] extra)
 	$(BIN)/python -m bench $(BENCH_ARGS)

@@ -39,7 +39,6 @@ FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 #: a sample written out in a page (readable as plain Markdown), and the file it copies
 INLINED = re.compile(r"^<!-- snippet: (\S+) -->\n```(\w*)[^\n]*\n(.*?)^```\s*$",
                      re.MULTILINE | re.DOTALL)  # fmt: skip
-REGION_MARKER = re.compile(r"^\s*# -+8<-+ \[(start|end):\w+\]\s*$")
 #: samples of other libraries: compiled, not imported (they are not dependencies)
 COMPILE_ONLY = {"migrating_before_once.py", "migrating_before_singleton.py"}
 #: a settings fragment, executed over a minimal settings namespace
@@ -132,69 +131,67 @@ def test_configuration_states_the_precedence_of_the_code() -> None:
 # -- includes and samples ----------------------------------------------------------------
 
 
-def test_every_include_resolves_to_a_file_and_region() -> None:
-    seen = 0
+def inliner() -> ModuleType:
+    """``scripts/inline_snippets.py``: what a page shows of a snippet file, in one place."""
+    spec = importlib.util.spec_from_file_location("grousset_inline_snippets",
+                                                  ROOT / "scripts" / "inline_snippets.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_page_includes_a_file_it_does_not_show() -> None:
+    # Given every page / Then none uses an include (--8<--): GitHub and PyPI show the
+    # page's Markdown as it is, where an include is one bare line
     for page in pages():
-        for target in INCLUDE.findall(page.read_text()):
-            # Given an include --8<-- "path[:region]"
-            path, _, region = target.partition(":")
-            source = ROOT / path
-            # Then the file exists, and the region is marked in it
-            assert source.is_file(), f"{page.name}: {path} does not exist"
-            if region and not region.replace(":", "").isdigit():
-                text = source.read_text()
-                assert f"[start:{region}]" in text and f"[end:{region}]" in text, (
-                    f"{page.name}: no region {region!r} in {path}"
-                )
-            seen += 1
-    assert seen >= 15
+        assert not INCLUDE.findall(page.read_text()), (
+            f"{page.name}: an include; run `python scripts/inline_snippets.py`"
+        )
 
 
-def snippet_text(target: str) -> str:
-    """What ``--8<-- "path[:region]"`` puts in a page (region markers left out)."""
-    path, _, region = target.partition(":")
-    text = (ROOT / path).read_text()
-    if region:
-        start, end = f"[start:{region}]", f"[end:{region}]"
-        text = text[text.index(start):text.index(end)].split("\n", 1)[1].rsplit("\n", 1)[0]
-    return "\n".join(ln for ln in text.splitlines() if not REGION_MARKER.match(ln)) + "\n"
-
-
-def test_every_python_sample_is_an_included_file() -> None:
+def test_every_python_sample_is_a_written_out_file() -> None:
     # Given every fenced code block of the docs
     for page in pages():
         text = page.read_text()
         inlined = {body for _, lang, body in INLINED.findall(text) if lang == "python"}
         for lang, body in FENCE.findall(text):
-            if lang != "python" or body in inlined:
-                continue  # written out: test_inlined_samples_equal_their_files holds it
-            # Then Python samples are includes of files that this module tests
-            lines = [line for line in body.splitlines() if line.strip()]
-            assert lines and all(INCLUDE.match(line) for line in lines), (
-                f"{page.name}: inline Python sample; put it in docs/snippets/ instead:\n{body}"
+            # Then Python samples are files that this module tests, written out
+            assert lang != "python" or body in inlined, (
+                f"{page.name}: a Python sample of no file; put it in docs/snippets/, then "
+                f"`<!-- snippet: docs/snippets/<file> -->` above its block:\n{body}"
             )
 
 
 def test_inlined_samples_equal_their_files() -> None:
-    seen = 0
+    module, seen = inliner(), 0
     for page in pages():
-        for target, _, body in INLINED.findall(page.read_text()):
+        text = page.read_text()
+        for target, _, body in INLINED.findall(text):
             # Given a sample written out in a page under <!-- snippet: path[:region] -->
-            # Then it is, character for character, that file (region) this module tests
-            assert body == snippet_text(target), (
+            path, _, region = target.partition(":")
+            # Then its file exists, with the region marked in it
+            source = ROOT / path
+            assert source.is_file(), f"{page.name}: {path} does not exist"
+            if region:
+                file_text = source.read_text()
+                assert f"[start:{region}]" in file_text and f"[end:{region}]" in file_text, (
+                    f"{page.name}: no region {region!r} in {path}"
+                )
+            # And it is, character for character, that file (region) this module tests
+            assert body == module.snippet_text(target), (
                 f"{page.name}: the block under <!-- snippet: {target} --> differs from the "
-                f"file; copy the file's text into the page:\n{snippet_text(target)}"
+                "file; run `python scripts/inline_snippets.py`"
             )
             seen += 1
-    # And Getting started reads as plain Markdown: its samples are written out
-    text = (DOCS / "getting-started.md").read_text()
-    assert not INCLUDE.findall(text) and len(INLINED.findall(text)) == 8
-    assert seen >= 8
+        assert module.inlined(text) == text  # what the script would write: nothing
+    # And Getting started's samples are all there
+    assert len(INLINED.findall((DOCS / "getting-started.md").read_text())) == 8
+    assert seen >= 25
 
 
 def test_every_snippet_is_used_by_a_page() -> None:
-    used = {t.partition(":")[0] for p in pages() for t in INCLUDE.findall(p.read_text())}
-    used |= {t.partition(":")[0] for p in pages() for t, _, _ in INLINED.findall(p.read_text())}
+    used = {t.partition(":")[0] for p in pages() for t, _, _ in INLINED.findall(p.read_text())}
     for path in SNIPPETS.glob("**/*.py"):
         if not path.read_text().strip():
             continue  # an empty package marker

@@ -2,8 +2,8 @@
 
 The test reads the pages, not a copy of them: it runs their shell commands in
 order (``django-admin startproject``, ``manage.py startapp / migrate /
-makemigrations / check``), writes every sample (included, or written out in the
-page under a ``<!-- snippet: path -->`` comment) to the file the page names
+makemigrations / check``), writes every sample (written out in the page under a
+``<!-- snippet: path -->`` comment) to the file the page names
 (``settings.py`` regions are appended to ``mysite/settings.py``), runs the
 page's interactive session in ``manage.py shell``, and finally runs the testing
 page's pytest sample with pytest-django. A change to the docs that breaks the
@@ -28,27 +28,14 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 BIN = Path(sys.executable).parent
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
-INCLUDE = re.compile(r'^\s*-{1,}8<-{1,}\s+"([^"]+)"\s*$', re.MULTILINE)
 #: a Python block written out in the page, with the snippet file it copies named above it
 INLINED = re.compile(r"^<!-- snippet: (\S+) -->\n```python[^\n]*\n(.*?)^```\s*$",
                      re.MULTILINE | re.DOTALL)  # fmt: skip
-MARKER = re.compile(r"^\s*# -+8<-+ \[(start|end):\w+\]\s*$")
 
 
 def blocks(page: str) -> list[tuple[str, str]]:
     """(language, body) of every fenced block of a docs page, in order."""
     return FENCE.findall((DOCS / page).read_text())
-
-
-def included(target: str) -> str:
-    """The text a ``--8<-- "path[:region]"`` include puts in the page."""
-    path, _, region = target.partition(":")
-    text = (ROOT / path).read_text()
-    if region:
-        start, end = f"[start:{region}]", f"[end:{region}]"
-        text = text[text.index(start):text.index(end)].split("\n", 1)[1]
-        text = text.rsplit("\n", 1)[0]
-    return "\n".join(line for line in text.splitlines() if not MARKER.match(line)) + "\n"
 
 
 def destination(path: str) -> str | None:
@@ -93,10 +80,8 @@ class Project:
         else:
             raise AssertionError(f"unexpected command in the docs: {line}")
 
-    def include(self, target: str, text: str | None = None) -> None:
-        """Write a sample to the project: the page's own text of it when the page shows
-        it inline (``text``), else what the include puts in the page."""
-        text = included(target) if text is None else text
+    def include(self, target: str, text: str) -> None:
+        """Write a sample to the project: the page's own text of it (``text``)."""
         dest = destination(target.partition(":")[0])
         if dest is None:
             with open(self.path / "mysite" / "settings.py", "a") as fh:
@@ -129,12 +114,8 @@ def follow(project: Project, page: str) -> list[list[str]]:
                 if line.strip() and not line.lstrip().startswith("#"):
                     project.shell_line(line.strip())
         elif lang == "python":
-            targets = INCLUDE.findall(body)
-            assert targets or body in inlined, f"{page}: a Python block of no snippet:\n{body}"
-            for target in targets:
-                project.include(target)
-            if not targets:
-                project.include(inlined[body], body)
+            assert body in inlined, f"{page}: a Python block of no snippet:\n{body}"
+            project.include(inlined[body], body)
         elif lang == "ini":
             first = body.splitlines()[0]
             assert first == "[pytest]"
