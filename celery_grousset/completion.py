@@ -42,8 +42,11 @@ def run_owned(
         return _run_transactional(store, opts, req, res, fn, serializer)
     try:
         value = fn()
-    except BaseException as exc:
+    except Exception as exc:
         fail(store, opts, req, exc)
+        raise
+    except BaseException as exc:  # the process is being stopped: the effect may have
+        events.interrupted(req, exc)  # happened, so its claim is taken over once stale
         raise
     fault("after_effect")
     if not complete(store, req, _completed(opts, value, serializer), res.fence, unwritten):

@@ -128,6 +128,14 @@ def poison_delivery(req: ClaimRequest, reason: str) -> None:
         recorder.counted(req.task_name, "poison")
 
 
+def interrupted(req: ClaimRequest, exc: BaseException) -> None:
+    """The process was stopped (``SystemExit``: a pool child's SIGTERM, a hard time
+    limit, ``revoke(terminate=True)``; ``KeyboardInterrupt``) while the effect ran: the
+    claim is left in flight, for a takeover once stale — the effect may have happened."""
+    _log(logging.WARNING, "grousset.interrupted", req, error=type(exc).__name__,
+         action="claim left in flight until max_processing_time")  # fmt: skip
+
+
 def gave_up(req: ClaimRequest, res: ClaimResult) -> None:
     _log(
         logging.ERROR,

@@ -146,6 +146,28 @@ def test_failure_releases_then_reruns(alias: str, processor: str) -> None:
     assert len(attempts) == 2
 
 
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_a_stopped_process_keeps_its_claim_for_a_takeover(
+    alias: str, processor: str, stop: type[BaseException], caplog: pytest.LogCaptureFixture
+) -> None:
+    ran: list[str] = []
+
+    def interrupted() -> None:
+        ran.append("effect")
+        raise stop()
+
+    opts: dict[str, Any] = {"processor_id": processor, "database": alias}
+    # Given an effect interrupted by a stop of the process (Ctrl-C, a pool child's SIGTERM)
+    with caplog.at_level("WARNING", logger="celery_grousset"), pytest.raises(stop):
+        protect("stopped", interrupted, max_processing_time=60, **opts)
+    # Then its claim stays in flight (the effect may have happened) until it is stale,
+    # and the log says so
+    rec = Outcome.objects.using(alias).get(processor_id=processor)
+    assert (rec.status, rec.takeovers, ran) == ("in_flight", 0, ["effect"])
+    assert rec.stale_at - rec.started_at == timedelta(seconds=60)
+    assert any("grousset.interrupted" in r.getMessage() for r in caplog.records)
+
+
 def test_memoized_failure_is_replayed(alias: str, processor: str) -> None:
     def boom() -> None:
         raise KeyError("gone")

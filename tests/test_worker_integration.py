@@ -12,6 +12,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -503,6 +504,31 @@ def test_password_never_stored_or_logged(redis_url: str, pg: str, queue: str) ->
         assert cur.fetchone()[0] == 0
 
 
+def test_a_pool_child_stopped_by_sigterm_mid_effect_keeps_its_claim(
+    pg_workers: tuple[str, list[Worker]], pg: str
+) -> None:
+    from tests.tasks import effect
+
+    queue, _ = pg_workers
+    key = f"sigterm-{uuid.uuid4().hex[:8]}"
+    # Given a task that has run its effect and holds its claim (max_processing_time 30 s)
+    effect.apply_async((key, 20.0), queue=queue)
+    pid = holder_pid(pg, effect, (key, 20.0))
+    wait_for(lambda: effects(pg, key) == 1, 20, "the effect")
+    # When its pool child is stopped with SIGTERM (a hard time limit, a group-wide stop:
+    # the child sees SystemExit in the middle of the body)
+    os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), 20, "the child to exit")
+    # And a duplicate of the call is delivered
+    effect.apply_async((key, 20.0), queue=queue)
+    wait_for(lambda: record_of(pg, effect, (key, 20.0)).deliveries >= 2, 20, "the duplicate")
+    # Then the claim was not given up: the duplicate found it in flight and did not run
+    # the effect again (a re-run waits for max_processing_time, as a takeover)
+    rec = record_of(pg, effect, (key, 20.0))
+    assert (rec.status, rec.takeovers) == ("in_flight", 0), (rec.status, rec.error)
+    assert effects(pg, key) == 1
+
+
 def test_revoke_terminate_releases_the_claim(pg_workers: tuple[str, list[Worker]], pg: str) -> None:
     from tests.celeryapp import app
     from tests.tasks import effect
@@ -519,9 +545,8 @@ def test_revoke_terminate_releases_the_claim(pg_workers: tuple[str, list[Worker]
         20,
         "the claim to be released",
     )
-    # Then the claim is released at once, and the next delivery runs without waiting 30 s
-    # (the terminated child releases it itself on SystemExit; the task_revoked handler
-    # covers a child killed outright)
+    # Then the claim is released at once (by the task_revoked handler in the worker's
+    # main process), and the next delivery runs without waiting 30 s
     assert rec.status == "failed" and rec.result_encoding == ""
     t0 = time.monotonic()
     value = effect.apply_async((key, 0.0), queue=queue, idempotency_key=None).get(timeout=20)
