@@ -108,3 +108,11 @@ def check_call_arguments(where: str, args: object, kwargs: object) -> None:
             f"and a dict (got {type(args).__name__} and {type(kwargs).__name__}): e.g. "
             f"{where.rsplit('.', 1)[-1]}((42,), {{'email': 'a@example.com'}})."
         )
+
+
+def signature_of(fn: object) -> inspect.Signature | None:
+    """``inspect.signature(fn)``, or None where it has none (a builtin, a C function)."""
+    try:
+        return inspect.signature(fn)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None

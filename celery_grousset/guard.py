@@ -36,7 +36,7 @@ from celery_grousset.faults import fault
 from celery_grousset.fingerprint import bind_arguments, fingerprint_bound, payload_hash
 from celery_grousset.options import Options
 from celery_grousset.publish_check import effect_in_transaction
-from celery_grousset.redact import safe_repr, secret_values
+from celery_grousset.redact import safe_repr, secret_values, without_values
 from celery_grousset.store import ClaimResult, Store, check_claimable, get_store
 
 __all__ = [
@@ -53,6 +53,9 @@ class Call:
     args: Sequence[Any] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     signature: inspect.Signature | None = None
+    #: binds the arguments by name for redaction alone (protect()'s function: its
+    #: fingerprint and payload hash stay positional, as they were)
+    names: inspect.Signature | None = None
     key: Sequence[str] | Callable[..., Any] | None = None  #: grousset_key
     idempotency_key: str | None = None
     serializer: str = "json"
@@ -252,10 +255,11 @@ def _fingerprint(call: Call) -> tuple[str, dict[str, object] | None]:
 def named(call: Call) -> dict[str, object] | None:
     """The call's arguments bound by name to its task's signature, so that a positional
     secret is known by its name; None without a signature or when they do not fit it."""
-    if call.signature is None:
+    signature = call.signature or call.names
+    if signature is None:
         return None
     try:
-        return bind_arguments(call.signature, call.args, call.kwargs)
+        return bind_arguments(signature, call.args, call.kwargs)
     except FingerprintError:
         return None
 
@@ -271,14 +275,12 @@ def redacted(
     args: Sequence[Any], kwargs: Mapping[str, Any], bound: Mapping[str, object] | None
 ) -> str:
     """The only text of a call's arguments the package stores or shows: redacted by name
-    (bound to the signature, so a positional secret is redacted too), truncated."""
-    return safe_repr(
-        args,
-        kwargs,
-        redact_keys=redact_keys(),
-        bound=bound,
-        max_length=int(grousset_settings.ARGS_REPR_MAX_LENGTH),
-    )
+    (bound to the signature, so a positional secret is redacted too), truncated; a
+    sensitive argument's value quoted in another one is masked there too."""
+    keys = redact_keys()
+    text = safe_repr(args, kwargs, redact_keys=keys, bound=bound,
+                     max_length=int(grousset_settings.ARGS_REPR_MAX_LENGTH))  # fmt: skip
+    return without_values(text, secret_values((kwargs if bound is None else bound).items(), keys))
 
 
 #: set by the pytest plugin (celery_grousset.contrib.pytest) during a test: refuses an

@@ -19,7 +19,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import json
-import re
 from collections.abc import Callable, Collection
 from contextvars import ContextVar
 from functools import lru_cache
@@ -42,7 +41,7 @@ from celery_grousset.exceptions import (
     MemoNotAccepted,
     ResultNotStored,
 )
-from celery_grousset.redact import DEFAULT_REDACT_KEYS, redact_text
+from celery_grousset.redact import DEFAULT_REDACT_KEYS, redact_text, without_values
 
 ERROR_MAX = 2000
 #: the longest ``result_encoding`` the journal column holds
@@ -72,13 +71,10 @@ SECRETS: ContextVar[Callable[[], Collection[str]] | None] = ContextVar("grousset
 def _without_secrets(text: str) -> str:
     """``text`` with the running attempt's secret argument values masked."""
     secrets = SECRETS.get()
-    if secrets is not None:
-        try:
-            for secret in secrets():  # as given, or in another case ("CARD 4111…")
-                text = re.sub(re.escape(secret), "***", text, flags=re.IGNORECASE)
-        except Exception:  # arguments that cannot be read again: the patterns still apply
-            pass
-    return text
+    try:
+        return text if secrets is None else without_values(text, secrets())
+    except Exception:  # arguments that cannot be read again: the patterns still apply
+        return text
 
 
 def redacted_text(text: str, limit: int = ERROR_MAX) -> str:

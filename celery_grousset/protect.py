@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any, NoReturn, TypeVar
 
 from celery_grousset import guard
+from celery_grousset.binding import signature_of
 from celery_grousset.claim import PROTECT_NAME, ClaimRequest
 from celery_grousset.conf import grousset_settings, redact_keys
 from celery_grousset.exceptions import (
@@ -124,6 +125,7 @@ def protect(
         args=args,
         kwargs=kwargs,
         serializer=serializer,
+        names=signature_of(fn) if args else None,  # a positional secret, known by name
         args_repr=shown_text(  # a key may quote a token: redacted as arguments are
             "key=", repr(key), redact_keys(), int(grousset_settings.ARGS_REPR_MAX_LENGTH)
         ),

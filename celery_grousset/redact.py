@@ -35,7 +35,8 @@ DEFAULT_REDACT_KEYS: frozenset[str] = frozenset({  # key: a whole part (stripe_k
     "session_key", "session_token", "jwt", "otp", "totp", "pin", "bearer", "dsn",
     "credit_card", "access_key", "signing_key", "pin_code", "security_code", "auth_code",
     "mfa_code", "recovery_code", "social_security", "connection_string", "database_url",
-    "mnemonic", "pw",
+    "mnemonic", "pw", "signature", "sig", "hmac", "account_number", "routing_number",
+    "creds", "privkey",
 })  # fmt: skip
 """Argument and mapping key names whose values are never shown."""
 
@@ -96,6 +97,14 @@ def _name_matches(name: str, rules: _Rules) -> bool:
     if any(pattern in squashed for pattern in substrings):
         return True
     return any(part in words or (part[-1:] == "s" and part[:-1] in words) for part in parts)
+
+
+def without_values(text: str, values: Iterable[str]) -> str:
+    """``text`` with each of ``values`` (secret values, :func:`secret_values`) masked, as
+    given or in another case (``CARD 4111…``)."""
+    for value in values:
+        text = re.sub(re.escape(value), _TEXT_REDACTED, text, flags=re.IGNORECASE)
+    return text
 
 
 def is_sensitive(name: str, redact_keys: Collection[str] = DEFAULT_REDACT_KEYS) -> bool:
@@ -171,8 +180,9 @@ class _Renderer:
         """Render one value; containers recurse, everything else uses its repr."""
         if isinstance(value, str):
             return _plain_repr(self.scanned(value))
-        if isinstance(value, (int, float, type(None))):
-            return _plain_repr(value)
+        if isinstance(value, (int, float, type(None))):  # a long number may be a card's
+            text = _plain_repr(value)
+            return self.scanned(text) if value and abs(value) >= 1e12 else text
         if isinstance(value, bytes):
             return self.scanned(_plain_repr(value))
         if depth >= _MAX_DEPTH:
@@ -191,18 +201,20 @@ class _Renderer:
     def _render_container(self, value: object, depth: int) -> str:
         if isinstance(value, Mapping):
             items = ", ".join(
-                f"{_plain_repr(key)}: {self.named(key, item, depth)}" for key, item in value.items()
+                f"{self.render(key, depth)}: {self.named(key, item, depth)}"
+                for key, item in value.items()
             )
             if type(value) is dict:
                 return f"{{{items}}}"
             return f"{type(value).__qualname__}({{{items}}})"
-        if isinstance(value, tuple):
-            names = getattr(value, "_fields", None)
-            if isinstance(names, tuple):  # a namedtuple: render by field name, to redact
-                return self._call_like(value, zip(names, value, strict=False), depth)
-            if len(value) == 2 and isinstance(value[0], str) and _matches(value[0], self.rules):
-                return f"({_plain_repr(value[0])}, {REDACTED})"  # a (name, value) pair
+        names = getattr(value, "_fields", None)
+        if isinstance(value, tuple) and isinstance(names, tuple):  # a namedtuple: by field
+            return self._call_like(value, zip(names, value, strict=False), depth)
         if isinstance(value, (list, tuple)):
+            if len(value) == 2 and isinstance(value[0], str) and _matches(value[0], self.rules):
+                # a (name, value) pair; a list after JSON: a header list's [name, value]
+                pair = f"{_plain_repr(value[0])}, {REDACTED}"
+                return f"({pair})" if isinstance(value, tuple) else f"[{pair}]"
             items = ", ".join(self.render(item, depth) for item in value)
             if isinstance(value, list):
                 return f"[{items}]"
@@ -295,14 +307,16 @@ _SECRETS = re.compile(
     r"|(?<![A-Za-z0-9_-])(?P<jwt>eyJ[A-Za-z0-9_-]{2,8192}(?:\.[A-Za-z0-9_-]{2,65536}(?:\.[A-Za-z0-9_-]{0,8192}|\Z)|\Z))"
     rf"|(?P<pem>{_PEM})"
     # <password>value</password> (XML, SOAP)
-    r"|(?P<xname><(?P<xkey>[A-Za-z_][A-Za-z0-9_.\-]{0,63})>)(?P<xvalue>[^<\n]{1,4096})(?=</(?P=xkey)>)"
+    r"|(?P<xname><(?P<xkey>[A-Za-z_][A-Za-z0-9_.:\-]{0,63})>)"
+    r"(?P<xvalue><!\[CDATA\[[^\]]{0,4096}\]\]>|[^<\n]{1,4096})(?=</(?P=xkey)>)"
     # a card number: 13-19 digits, spaced or dashed in groups (the Luhn check decides)
     rf"|(?<![0-9])(?P<pan>{_CARD})"
     # 'name': value / "name": value (reprs, JSON)
     rf"|(?P<qname>(?P<q>['\"])(?P<qkey>[A-Za-z0-9_.\- ]{{1,64}})(?P=q)\s{{0,8}}:\s{{0,8}})"
     rf"(?P<qvalue>{_QUOTED}|{_LONG_QUOTED}|{_CARD}|[^\s,}}\]]{{1,65536}})"
     # name=value, name: value (libpq DSNs, query strings, keyword reprs, --flags, headers)
-    r"|(?P<kname>(?<![A-Za-z0-9_.\-])(?P<key>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]{0,63})"
+    # (after a URL-encoded separator too: %26 &, %3F ?)
+    r"|(?P<kname>(?:(?<![A-Za-z0-9_.\-])|(?<=%26)|(?<=%3f))(?P<key>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]{0,63})"
     r"\s{0,8}(?:[=:]|%3d)\s{0,8})"
     # (the value may start with an auth scheme: token=Bearer <token>)
     rf"(?P<kvalue>{_PEM}|{_QUOTED}|{_LONG_QUOTED}|{_CARD}|(?:(?:{_SCHEMES})\s{{1,8}})?[^\s&,;)\]}}'\"]{{1,65536}})",

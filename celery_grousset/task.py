@@ -19,7 +19,7 @@ from celery import Task
 from celery.exceptions import Reject, Retry
 
 from celery_grousset import carry, events, exceptions, guard, memo, periodic, publish_check
-from celery_grousset.binding import check_call_arguments
+from celery_grousset.binding import check_call_arguments, signature_of
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.conf import grousset_settings, on_reload
 from celery_grousset.delivery import COUNTED_HEADER, REQUEUES_HEADER, delivery_fields, rejected
@@ -140,9 +140,8 @@ class GroussetTaskMixin:
     def _signature(self) -> inspect.Signature | None:
         sig = self._grousset_sig
         if sig is None:
-            try:
-                sig = inspect.signature(self.run)  # type: ignore[attr-defined]
-            except (TypeError, ValueError):
+            sig = signature_of(self.run)  # type: ignore[attr-defined]
+            if sig is None:
                 return None
             self._grousset_sig = sig
         return sig

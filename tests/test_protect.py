@@ -168,6 +168,19 @@ def test_a_stopped_process_keeps_its_claim_for_a_takeover(
     assert any("grousset.interrupted" in r.getMessage() for r in caplog.records)
 
 
+def test_a_positional_secret_is_masked_in_the_error_text(alias: str, processor: str) -> None:
+    def charge(card_pin: str, password: str | None = None) -> None:
+        raise ValueError(f"declined pin {card_pin} password {password}")
+
+    # Given protect() of a function given its secret positionally / When it fails
+    with pytest.raises(ValueError):
+        protect("charge-1", charge, "PROTPOSPIN1", password="PROTKWPW1",
+                max_processing_time=60, processor_id=processor, database=alias)  # fmt: skip
+    # Then the stored error masks it, known by its parameter's name
+    rec = Outcome.objects.using(alias).get(processor_id=processor)
+    assert rec.error == "ValueError: declined pin *** password ***", rec.error
+
+
 def test_memoized_failure_is_replayed(alias: str, processor: str) -> None:
     def boom() -> None:
         raise KeyError("gone")

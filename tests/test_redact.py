@@ -298,6 +298,14 @@ def test_shared_sub_structures_are_not_mistaken_for_cycles() -> None:
         "DATABASE_DSN",
         "x-auth-token",
         "credential",
+        "webhook_signature",
+        "X-Amz-Signature",
+        "sig",
+        "hmac",
+        "bank_account_number",
+        "routing_number",
+        "creds",
+        "privkey",
     ],
 )
 def test_more_sensitive_names(name: str) -> None:
@@ -509,3 +517,41 @@ def test_redact_text_removes_xml_url_encoded_and_pem_secrets(
 
     shown = redact_text(text)
     assert secret not in shown and kept in shown and "***" in shown, shown
+
+
+def test_secrets_in_numbers_json_pairs_keys_and_namespaced_xml_are_redacted() -> None:
+    from celery_grousset.redact import redact_text
+
+    # Given a card number as an int (and a float), header pairs after JSON (lists), a
+    # mapping whose key holds a DSN password
+    text = safe_repr(
+        (1, 4111111111111111, 4012888888881881.0, 12345678901234),
+        {"headers": [["Authorization", "Basic SEC04basic"], ["X-Api-Key", "SEC04apikey"],
+                     ["Host", "shop.example"]],
+         "routes": {"postgres://app:KEYSECRETpw@db/x": "primary"}},
+    )  # fmt: skip
+    # Then none of the secrets is shown; what is not secret is
+    for secret in ("4111111111111111", "401288888888", "SEC04basic", "SEC04apikey",
+                   "KEYSECRETpw"):  # fmt: skip
+        assert secret not in text, (secret, text)
+    assert "12345678901234" in text and "shop.example" in text and "postgres://app:" in text
+    # And in free text: a namespaced or CDATA XML element, a pair after %26 or %3F
+    shown = redact_text("<ns:Password>XMLNSSECRET</ns:Password> <password><![CDATA[CDSEC]]>"
+                        "</password> foo%3Dbar%26api_key%3DENC2 next=%2Fpay%3Fpassword%3DENC6")
+    for secret in ("XMLNSSECRET", "CDSEC", "ENC2", "ENC6"):
+        assert secret not in shown, (secret, shown)
+    assert "foo%3Dbar" in shown and "<ns:Password>" in shown
+
+
+def test_a_secret_quoted_in_another_argument_is_masked_there_too() -> None:
+    from celery_grousset import guard
+    from celery_grousset.binding import bind_arguments, signature_of
+
+    def login(message: str, password: str = "") -> None: ...
+
+    args, kwargs = ("login failed with ERR01pwvalue",), {"password": "ERR01pwvalue"}
+    # Given a call whose password is quoted in another argument / When it is shown
+    for bound in (bind_arguments(signature_of(login), args, kwargs), None):
+        text = guard.redacted(args, kwargs, bound)
+        # Then the value is masked wherever it appears, by name or quoted
+        assert "ERR01pwvalue" not in text and "login failed with ***" in text, text
