@@ -19,11 +19,14 @@ COVERAGE: dict[int, tuple[str, str]] = {
     4: ("done", "stale claim + 2 deliveries at a barrier: exactly one takeover (3 backends)"),
     5: ("done", "SIGKILL after claim: taken over after max_processing_time, 1 effect"),
     6: ("done", "SIGKILL mid-effect: plain 2 effects (the documented window, counted as a "
-                "takeover), transactional 1 (3 backends)"),
+                "takeover), transactional 1 (3 backends); SIGTERM to the child mid-effect: "
+                "the claim stays in flight, plain 2 effects only after a takeover, "
+                "transactional 1"),
     7: ("done", "SIGKILL after effect: plain ≤ 1 extra effect + 1 takeover, transactional 1"),
     8: ("done", "SIGKILL after completion: redelivery returns the memo, no effect, no takeover"),
     9: ("done", "SIGKILL on every attempt: GaveUp after 3 takeovers, record failed, no redelivery"),
-    10: ("done", "time_limit 1.5 s < run 5 s: TimeLimitExceeded once, not requeued"),
+    10: ("done", "time_limit 1.5 s < run 5 s: TimeLimitExceeded once, not requeued, the "
+                 "claim left in flight"),
     11: ("done", "soft_time_limit fires while finish() waits on a row lock held by another "
                  "session: the record is completed with its memo or has no result; the worker's "
                  "next task runs"),
