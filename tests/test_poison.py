@@ -77,31 +77,6 @@ def test_worker_delivery_with_a_poison_task_id_is_rejected_without_requeue(
     assert requeued == [] and ledger(journal, key) == 0
 
 
-def test_a_poison_delivery_is_counted_for_the_alert(journal: str) -> None:
-    from prometheus_client import CollectorRegistry
-
-    from celery_grousset import events
-    from celery_grousset.metrics import Recorder
-    from tests.tasks import effect
-
-    registry = CollectorRegistry()
-    previous, events.recorder = events.recorder, Recorder(registry)
-    key = f"poison-{uuid.uuid4().hex[:8]}"
-    try:
-        # Given metrics are on / When a call with a poison task id is refused, and a
-        # good call of the same task runs
-        refused = effect.apply((key,), task_id="t" * 300)
-        effect.apply((key,)).get()
-    finally:
-        events.recorder = previous
-    # Then the refusal is counted once as a poison claim outcome (the alert's series)
-    assert isinstance(refused.result, PoisonDelivery)
-    poison = {"task": effect.name, "outcome": "poison"}
-    assert registry.get_sample_value("grousset_claims_total", poison) == 1
-    fresh = {"task": effect.name, "outcome": "new"}
-    assert registry.get_sample_value("grousset_claims_total", fresh) == 1
-
-
 def test_protect_with_a_poison_processor_id_raises_poison_delivery(alias: str) -> None:
     from celery_grousset.conf import GroussetSettingsError
 
