@@ -36,7 +36,8 @@ from celery_grousset.faults import fault
 from celery_grousset.fingerprint import bind_arguments, fingerprint_bound, payload_hash
 from celery_grousset.options import Options
 from celery_grousset.publish_check import effect_in_transaction
-from celery_grousset.redact import safe_repr, secret_values, without_values
+from celery_grousset.quoted import call_secrets, without_values
+from celery_grousset.redact import safe_repr
 from celery_grousset.store import ClaimResult, Store, check_claimable, get_store
 
 __all__ = [
@@ -267,8 +268,7 @@ def named(call: Call) -> dict[str, object] | None:
 def secrets_of(call: Call) -> list[str]:
     """The values the call's sensitive arguments hold (bound to the signature, so a
     positional one is found too): what its stored error text must not quote."""
-    bound = named(call)
-    return secret_values((call.kwargs if bound is None else bound).items(), redact_keys())
+    return call_secrets(call.kwargs, named(call), redact_keys())
 
 
 def redacted(
@@ -280,7 +280,7 @@ def redacted(
     keys = redact_keys()
     text = safe_repr(args, kwargs, redact_keys=keys, bound=bound,
                      max_length=int(grousset_settings.ARGS_REPR_MAX_LENGTH))  # fmt: skip
-    return without_values(text, secret_values((kwargs if bound is None else bound).items(), keys))
+    return without_values(text, call_secrets(kwargs, bound, keys))
 
 
 #: set by the pytest plugin (celery_grousset.contrib.pytest) during a test: refuses an

@@ -41,7 +41,8 @@ from celery_grousset.exceptions import (
     MemoNotAccepted,
     ResultNotStored,
 )
-from celery_grousset.redact import DEFAULT_REDACT_KEYS, redact_text, without_values
+from celery_grousset.quoted import without_values
+from celery_grousset.redact import DEFAULT_REDACT_KEYS, redact_text
 
 ERROR_MAX = 2000
 #: the longest ``result_encoding`` the journal column holds

@@ -25,7 +25,8 @@ from functools import lru_cache
 from celery_grousset import anchored
 from celery_grousset.textcut import clean_and_cut
 
-__all__ = ["DEFAULT_REDACT_KEYS", "REDACTED", "is_sensitive", "redact_text", "safe_repr"]
+__all__ = ["DEFAULT_REDACT_KEYS", "REDACTED", "is_long_number", "is_secret_pair", "is_sensitive",
+           "redact_text", "safe_repr"]
 
 DEFAULT_REDACT_KEYS: frozenset[str] = frozenset({  # key: a whole part (stripe_key, not keyboard)
     "password", "passwd", "secret", "token", "api_key", "apikey", "authorization", "auth",
@@ -99,14 +100,6 @@ def _name_matches(name: str, rules: _Rules) -> bool:
     return any(part in words or (part[-1:] == "s" and part[:-1] in words) for part in parts)
 
 
-def without_values(text: str, values: Iterable[str]) -> str:
-    """``text`` with each of ``values`` (secret values, :func:`secret_values`) masked, as
-    given or in another case (``CARD 4111…``)."""
-    for value in values:
-        text = re.sub(re.escape(value), _TEXT_REDACTED, text, flags=re.IGNORECASE)
-    return text
-
-
 def is_sensitive(name: str, redact_keys: Collection[str] = DEFAULT_REDACT_KEYS) -> bool:
     """Whether a value named ``name`` (argument, key or field) must be redacted."""
     try:
@@ -115,29 +108,20 @@ def is_sensitive(name: str, redact_keys: Collection[str] = DEFAULT_REDACT_KEYS) 
         return True
 
 
-def secret_values(
-    named: Iterable[tuple[object, object]], redact_keys: Collection[str] = DEFAULT_REDACT_KEYS
-) -> list[str]:
-    """The text of each value a sensitive name holds (``named``: a call's bound arguments;
-    mappings are searched too), longest first: what an error message must not quote.
-    Values under 4 characters are left alone (masking them would mask ordinary text)."""
-    rules, found = _rules_for(redact_keys), set[str]()
+def is_secret_pair(value: object, redact_keys: Collection[str] = DEFAULT_REDACT_KEYS) -> bool:
+    """A ``(name, value)`` pair whose name is sensitive (a list after JSON: a header
+    list's ``[name, value]``): its value is never shown."""
+    return _secret_pair(value, _rules_for(redact_keys))
 
-    def walk(name: object, value: object, depth: int, secret: bool = False) -> None:
-        secret = secret or _matches(name, rules)
-        if secret and isinstance(value, (str, bytes, int)) and not isinstance(value, bool):
-            text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-            found.update({text, repr(text)[1:-1]} if len(text) >= 4 else ())  # as quoted too
-        elif isinstance(value, Mapping) and depth < 8:
-            for key, item in value.items():
-                walk(key, item, depth + 1, secret)
-        elif isinstance(value, (list, tuple, set, frozenset)) and depth < 8:
-            for item in value:  # {"cards": [...]}, [{"password": ...}]
-                walk(None, item, depth + 1, secret)
 
-    for name, value in named:
-        walk(name, value, 0)
-    return sorted(found, key=len, reverse=True)
+def _secret_pair(value: object, rules: _Rules) -> bool:
+    return (isinstance(value, (list, tuple)) and len(value) == 2
+            and isinstance(value[0], str) and _matches(value[0], rules))  # fmt: skip
+
+
+def is_long_number(value: object) -> bool:
+    """A number long enough to be a card's: scanned as text (:func:`redact_text`)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) >= 1e12
 
 
 def _plain_repr(value: object) -> str:
@@ -180,9 +164,9 @@ class _Renderer:
         """Render one value; containers recurse, everything else uses its repr."""
         if isinstance(value, str):
             return _plain_repr(self.scanned(value))
-        if isinstance(value, (int, float, type(None))):  # a long number may be a card's
+        if isinstance(value, (int, float, type(None))):
             text = _plain_repr(value)
-            return self.scanned(text) if value and abs(value) >= 1e12 else text
+            return self.scanned(text) if is_long_number(value) else text
         if isinstance(value, bytes):
             return self.scanned(_plain_repr(value))
         if depth >= _MAX_DEPTH:
@@ -211,8 +195,7 @@ class _Renderer:
         if isinstance(value, tuple) and isinstance(names, tuple):  # a namedtuple: by field
             return self._call_like(value, zip(names, value, strict=False), depth)
         if isinstance(value, (list, tuple)):
-            if len(value) == 2 and isinstance(value[0], str) and _matches(value[0], self.rules):
-                # a (name, value) pair; a list after JSON: a header list's [name, value]
+            if _secret_pair(value, self.rules):  # a (name, value) pair
                 pair = f"{_plain_repr(value[0])}, {REDACTED}"
                 return f"({pair})" if isinstance(value, tuple) else f"[{pair}]"
             items = ", ".join(self.render(item, depth) for item in value)
@@ -282,8 +265,7 @@ def _as_text(value: object) -> str:
     return value if isinstance(value, str) else _plain_repr(value)
 
 
-
-_TEXT_REDACTED = "***"
+TEXT_REDACTED = "***"  # what a secret in text becomes
 _TOKEN = r"[A-Za-z0-9\-._~+/]+=*"  # RFC 6750 b64token
 _SCHEMES = r"basic|bearer|digest|negotiate|ntlm|token|aws4-hmac-sha256"
 _QUOTED = r"'(?:[^'\\\n]|\\.){0,4096}'|\"(?:[^\"\\\n]|\\.){0,4096}\""
@@ -330,7 +312,7 @@ def _redact_text(text: str, rules: _Rules, depth: int = 0) -> str:
             return _SECRETS.sub(_replacer(rules, depth), text)
         return anchored.sub(_SECRETS, _replacer(rules, depth), text)
     except Exception:  # never fail the caller; when in doubt, show nothing
-        return _TEXT_REDACTED if text else text
+        return TEXT_REDACTED if text else text
 
 
 #: "KeyError: 'user_id'" is an exception's summary, not a key's value
@@ -346,7 +328,7 @@ def _luhn(number: str) -> bool:
 def _masked(value: str) -> str:
     """``***``, in the quotes of ``value`` if it is quoted."""
     quote = value[:1]
-    return f"{quote}{_TEXT_REDACTED}{quote}" if quote in ("'", '"') else _TEXT_REDACTED
+    return f"{quote}{TEXT_REDACTED}{quote}" if quote in ("'", '"') else TEXT_REDACTED
 
 
 def _replacer(rules: _Rules, depth: int) -> Callable[[re.Match[str]], str]:
@@ -356,20 +338,20 @@ def _replacer(rules: _Rules, depth: int) -> Callable[[re.Match[str]], str]:
     def replace(match: re.Match[str]) -> str:
         if match.group("header") is not None:
             scheme = (match.group("scheme") or "") + (match.group("gap") or "")
-            return match.group("header") + scheme + _TEXT_REDACTED
+            return match.group("header") + scheme + TEXT_REDACTED
         if match.group("bearer") is not None:
-            return match.group("bearer") + _TEXT_REDACTED
+            return match.group("bearer") + TEXT_REDACTED
         if match.group("url") is not None:
-            return match.group("url") + _TEXT_REDACTED
+            return match.group("url") + TEXT_REDACTED
         if match.group("jwt") is not None:
-            return _TEXT_REDACTED
+            return TEXT_REDACTED
         if match.group("pem") is not None:
-            return _TEXT_REDACTED
+            return TEXT_REDACTED
         if match.group("xname") is not None:
             secret = _matches(match.group("xkey"), rules)
-            return match.group("xname") + (_TEXT_REDACTED if secret else match.group("xvalue"))
+            return match.group("xname") + (TEXT_REDACTED if secret else match.group("xvalue"))
         if match.group("pan") is not None:
-            return _TEXT_REDACTED if _luhn(match.group("pan")) else match.group(0)
+            return TEXT_REDACTED if _luhn(match.group("pan")) else match.group(0)
         if match.group("qname") is not None:
             if _matches(match.group("qkey"), rules):
                 return match.group("qname") + _masked(match.group("qvalue"))

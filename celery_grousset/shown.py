@@ -11,27 +11,33 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from celery_grousset.redact import is_sensitive, redact_text
+from celery_grousset.redact import is_long_number, is_secret_pair, is_sensitive, redact_text
 from celery_grousset.textcut import clean_and_cut
 
 _MAX_DEPTH = 20
 
 
 def shown_json(value: Any, keys: Collection[str], depth: int = 0) -> Any:
-    """A JSON value (a memo, an outbox row's options) with the value under every
-    sensitive name replaced by ``***`` and secret values removed from every string."""
+    """A JSON value (a memo, an outbox row's options) as arguments are shown: the value
+    under every sensitive name (a key, a ``[name, value]`` pair's name) replaced by
+    ``***``, secret values removed from every string and key, a number long enough to be
+    a card's masked if it is one."""
     if depth >= _MAX_DEPTH:
         return "…"
     if isinstance(value, dict):
         return {
-            str(name): "***" if is_sensitive(str(name), keys)
+            redact_text(str(name), keys): "***" if is_sensitive(str(name), keys)
             else shown_json(item, keys, depth + 1)
             for name, item in value.items()
         }  # fmt: skip
     if isinstance(value, list):
+        if is_secret_pair(value, keys):
+            return [value[0], "***"]
         return [shown_json(item, keys, depth + 1) for item in value]
     if isinstance(value, str):
         return redact_text(value, keys)
+    if is_long_number(value) and redact_text(repr(value), keys) != repr(value):
+        return "***"
     return value
 
 

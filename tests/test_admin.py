@@ -295,14 +295,22 @@ def test_detail_page_pretty_prints_the_memo(journal: str, processor: str) -> Non
     # And there is nothing to save
     assert 'name="_save"' not in html
 
-
-def test_a_memo_is_shown_redacted_and_kept_whole_for_duplicates(
-    journal: str, processor: str
-) -> None:
+def shown_by_admin_and_inspect(row: Outcome, journal: str) -> tuple[str, str]:
+    """What a superuser's detail page and ``grousset_inspect --json`` show of ``row``."""
     from io import StringIO
 
     from django.core.management import call_command
 
+    html = client_for(make_user(superuser=True)).get(f"{URL}{row.pk}/change/").content.decode()
+    out = StringIO()
+    call_command("grousset_inspect", row.task_id, "--json", database=journal, stdout=out)
+    return html, out.getvalue()
+
+
+
+def test_a_memo_is_shown_redacted_and_kept_whole_for_duplicates(
+    journal: str, processor: str
+) -> None:
     from celery_grousset import memo
 
     # Given a completed row whose memo holds a token under a sensitive name and a
@@ -311,17 +319,31 @@ def test_a_memo_is_shown_redacted_and_kept_whole_for_duplicates(
                  b'"note": "password=RetHunter2 ok"}')  # fmt: skip
     row = put(journal, processor, result=memo_json)
     # When the admin's detail page and grousset_inspect show it
-    html = client_for(make_user(superuser=True)).get(f"{URL}{row.pk}/change/").content.decode()
-    out = StringIO()
-    call_command("grousset_inspect", row.task_id, "--json", database=journal, stdout=out)
     # Then neither shows the secrets; the rest of the value is there
-    for shown in (html, out.getvalue()):
+    for shown in shown_by_admin_and_inspect(row, journal):
         assert "sk_live_RETURNED123" not in shown and "RetHunter2" not in shown, shown
         assert "***" in shown and "password=" in shown and "7" in shown
     # And what a duplicate gets is the value as returned
     row.refresh_from_db(using=journal)
     value = memo.decode(bytes(row.result), row.result_encoding, row.error, row.fingerprint)
     assert value["api_token"] == "sk_live_RETURNED123"
+
+
+def test_memo_secrets_in_numbers_pairs_and_keys_are_not_shown(
+    journal: str, processor: str
+) -> None:
+    # Given a memo whose secrets are not under a sensitive name: a card number as a
+    # JSON number, a header list's ["Password", value] pair, a DSN password in a key
+    memo_json = (b'{"charged_to": 4111111111111111, "amount": 1250, '
+                 b'"headers": [["X-Password", "PairHunter2"], ["Accept", "json"]], '
+                 b'"by_dsn": {"postgres://app:KeyHunter2@db/x": 1}}')  # fmt: skip
+    row = put(journal, processor, result=memo_json)
+    # When the admin's detail page and grousset_inspect show it
+    # Then none of the secrets is shown; the harmless values are
+    for shown in shown_by_admin_and_inspect(row, journal):
+        for secret in ("4111111111111111", "PairHunter2", "KeyHunter2"):
+            assert secret not in shown, (secret, shown)
+        assert "1250" in shown and "Accept" in shown and "X-Password" in shown
 
 
 @pytest.mark.parametrize(

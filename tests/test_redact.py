@@ -482,7 +482,7 @@ def test_safe_repr_redacts_bytes_sets_pairs_objects_and_one_word_names() -> None
 
 
 def test_secret_values_are_found_in_lists_and_deep_mappings() -> None:
-    from celery_grousset.redact import secret_values
+    from celery_grousset.quoted import secret_values
 
     named = {"cards": ["4111111111111111"], "items": [{"password": "Pw-in-a-list"}],
              "a": {"b": {"c": {"d": {"e": {"token": "deep-token-5"}}}}},

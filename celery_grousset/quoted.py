@@ -1,0 +1,61 @@
+"""The values a call's sensitive arguments hold, masked wherever other text quotes them.
+
+Redaction by name (:mod:`celery_grousset.redact`) hides the value after ``password=``;
+the same value quoted in another argument (``message="login failed for <password>"``)
+or in an exception's message has no name in front of it. These are the values to mask
+there, as given or in another case.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Iterable, Mapping
+
+from celery_grousset.redact import DEFAULT_REDACT_KEYS, TEXT_REDACTED, is_sensitive
+
+__all__ = ["call_secrets", "secret_values", "without_values"]
+
+
+def call_secrets(
+    kwargs: Mapping[str, object],
+    bound: Mapping[str, object] | None,
+    redact_keys: Collection[str] = DEFAULT_REDACT_KEYS,
+) -> list[str]:
+    """The secret values of one call: from its arguments bound to the task's signature
+    (``bound``, so a positional secret is found too), else from its keyword arguments."""
+    return secret_values((kwargs if bound is None else bound).items(), redact_keys)
+
+
+def secret_values(
+    named: Iterable[tuple[object, object]], redact_keys: Collection[str] = DEFAULT_REDACT_KEYS
+) -> list[str]:
+    """The text of each value a sensitive name holds (``named``: a call's bound arguments;
+    mappings are searched too), longest first: what an error message must not quote.
+    Values under 4 characters are left alone (masking them would mask ordinary text)."""
+    found = set[str]()
+
+    def walk(name: object, value: object, depth: int, secret: bool = False) -> None:
+        if isinstance(name, bytes):
+            name = name.decode("latin-1")
+        secret = secret or (isinstance(name, str) and is_sensitive(name, redact_keys))
+        if secret and isinstance(value, (str, bytes, int)) and not isinstance(value, bool):
+            text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+            found.update({text, repr(text)[1:-1]} if len(text) >= 4 else ())  # as quoted too
+        elif isinstance(value, Mapping) and depth < 8:
+            for key, item in value.items():
+                walk(key, item, depth + 1, secret)
+        elif isinstance(value, (list, tuple, set, frozenset)) and depth < 8:
+            for item in value:  # {"cards": [...]}, [{"password": ...}]
+                walk(None, item, depth + 1, secret)
+
+    for name, value in named:
+        walk(name, value, 0)
+    return sorted(found, key=len, reverse=True)
+
+
+def without_values(text: str, values: Iterable[str]) -> str:
+    """``text`` with each of ``values`` (:func:`secret_values`) masked, as given or in
+    another case (``CARD 4111…``)."""
+    for value in values:
+        text = re.sub(re.escape(value), TEXT_REDACTED, text, flags=re.IGNORECASE)
+    return text
