@@ -9,6 +9,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from celery_grousset import signals
+from celery_grousset.memo import redacted_text
 
 if TYPE_CHECKING:
     from celery_grousset.claim import ClaimRequest
@@ -196,7 +197,7 @@ def store_error(
         "grousset.store_unavailable",
         req,
         operation=operation,
-        error=str(exc)[:300],
+        error=redacted_text(str(exc), 300),  # a driver's text may quote a DSN
         action="tried again" if retried else None,
     )
     if recorder is None or retried:

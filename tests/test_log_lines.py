@@ -52,3 +52,24 @@ def test_a_lost_claim_that_never_committed_is_no_warning(caplog: pytest.LogCaptu
     levels = [r.levelno for r in caplog.records if r.getMessage().startswith("grousset.lost_")]
     # Then only the one that had committed (and was released) is a warning
     assert levels == [logging.INFO, logging.WARNING]
+
+
+def test_a_journal_error_is_logged_redacted(caplog: pytest.LogCaptureFixture) -> None:
+    from celery_grousset.claim import ClaimRequest
+    from celery_grousset.exceptions import StoreUnavailable
+
+    req = ClaimRequest(
+        processor_id="p", fingerprint="f" * 64, task_name="t", task_id="id", token="tok",
+        worker="w", args_repr="", max_processing_time=60.0, expires_after=3600.0, max_takeovers=3,
+    )  # fmt: skip
+    # Given a driver's error text that quotes a DSN's password and a bearer token
+    exc = StoreUnavailable("could not connect to postgres://app:DsnHunter2@db:5432/j; "
+                           "proxy said: Authorization: Bearer TokHunter2")  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="celery_grousset"):
+        # When the journal's trouble is logged
+        events.store_error(req, "claim", exc)
+    [record] = [r for r in caplog.records if r.getMessage().startswith("grousset.store_unava")]
+    # Then the line and the record's fields say what failed, without the secrets
+    shown = record.getMessage() + repr(record.grousset)  # type: ignore[attr-defined]
+    assert "DsnHunter2" not in shown and "TokHunter2" not in shown, shown
+    assert "could not connect to postgres://app:***@db" in shown
