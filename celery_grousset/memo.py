@@ -129,11 +129,14 @@ def encode(
 
 def encode_exception(exc: BaseException) -> tuple[bytes, str, str]:
     """The memo of a failure replayed to duplicates (``on_failure="memoize"``)."""
-    cls = type(exc)
+    cls, args = type(exc), exc.args
+    # a builtin's one message as given: str(KeyError("k")) is "'k'", rebuilt it would be
+    # quoted twice
+    one = cls.__module__ == "builtins" and len(args) == 1 and isinstance(args[0], str)
     payload = {
         "exc_type": cls.__qualname__,
         "exc_module": cls.__module__,
-        "exc_message": redacted_text(str(exc)),
+        "exc_message": redacted_text(args[0] if one else str(exc)),
     }
     return json.dumps(payload).encode(), ENC_EXCEPTION, error_summary(exc)
 
@@ -214,7 +217,7 @@ def rebuild_exception(result: bytes | None, error: str) -> BaseException:
     cls = _known_exception(module, qualname)
     if cls is not None:
         try:
-            return cls(message)
+            return cls(message) if message else cls()
         except Exception:  # a constructor that needs more than a message
             pass
     name = qualname if module == "builtins" else f"{module}.{qualname}"

@@ -216,6 +216,21 @@ def test_rebuilt_exceptions_are_builtin_or_the_packages_own(
         assert qualname in str(exc) and "card declined" in str(exc)
 
 
+@pytest.mark.parametrize(
+    "raised", [KeyError("sku-7"), ValueError("card declined"), LookupError("a", 2), KeyError()]
+)
+def test_a_memoized_builtin_exception_comes_back_as_it_was_raised(raised: Exception) -> None:
+    # Given a builtin failure memoized (KeyError's str() is the repr of its key)
+    result, encoding, error = memo.encode_exception(raised)
+    # When a duplicate rebuilds it
+    with pytest.raises(type(raised)) as err:
+        memo.decode(result, encoding, error, "f" * 64)
+    # Then it has the message it was raised with: a KeyError's key not quoted twice
+    assert str(err.value) == str(raised), (str(err.value), str(raised))
+    if len(raised.args) == 1:
+        assert err.value.args == raised.args
+
+
 def test_an_app_that_accepts_pickle_still_gets_its_pickled_memo(
     journal: str, temp_task: Any, alias: str, processor: str
 ) -> None:
