@@ -2,9 +2,10 @@
 needs: every alternative of ``redact._SECRETS`` contains, at most :data:`BACK` characters
 after its start, an *anchor* — ``=``, ``:``, ``<`` or ``%`` (a ``name=value`` pair, a
 URL, a header, an XML element, ``%3d``), the start of a run of digits (a card number),
-or ``bearer``, ``eyj`` (a JWT), ``-----beg`` (a PEM block), in any case. So a match can
-only start in the :data:`BACK` characters before an anchor: :func:`sub` tries the
-pattern there, and nowhere else. It gives exactly ``pattern.sub(repl, text)`` (a
+or ``bearer``, ``eyj`` (a JWT), ``-----beg`` (a PEM block), in any case, or the prefix
+of an API key of a known form (``sk_live_``, ``AKIA``, ``ghp_``…: :data:`KEY_PREFIXES`).
+So a match can only start in the :data:`BACK` characters before an anchor: :func:`sub`
+tries the pattern there, and nowhere else. It gives exactly ``pattern.sub(repl, text)`` (a
 differential test holds it to that on generated text) at a fraction of the cost on
 ordinary text: a name, an e-mail address, a sentence with a number.
 """
@@ -22,7 +23,13 @@ BACK = 80
 _CHARS = re.compile(r"[=:<%]")
 _DIGIT = re.compile(r"[0-9]")
 _DIGITS = re.compile(r"[0-9]+")  # a run's start
-_WORDS = ("bearer", "eyj", "-----beg")  # (no i, k or s: lower() is exact for them)
+#: the start of an API key whose form is known (redact._KNOWN_KEYS), lower-cased; those
+#: patterns match in exact case only, so a long s or a Kelvin sign never makes them match
+KEY_PREFIXES = ("sk_", "rk_", "whsec_", "akia", "asia", "ghp_", "gho_", "ghu_", "ghs_",
+                "ghr_", "github_pat_", "xox", "aiza", "glpat-", "sg.", "sk-")  # fmt: skip
+#: words found in the lower-cased text (those matched in any case have no i, k or s,
+#: where lower() is not exact); none starts inside another where a match could start
+_WORDS = re.compile("|".join(map(re.escape, ("bearer", "eyj", "-----beg", *KEY_PREFIXES))))
 #: more anchors than one in DENSE characters: one pass costs less than the windows (a
 #: position tried from Python costs about twice one the single pass scans)
 DENSE = 160
@@ -40,11 +47,7 @@ def _anchors(text: str) -> list[int] | None:
         return None
     if _DIGIT.search(text) is not None:
         found += [m.start() for m in _DIGITS.finditer(text)]
-    for word in _WORDS:
-        at = low.find(word)
-        while at >= 0:
-            found.append(at)
-            at = low.find(word, at + 1)
+    found += [m.start() for m in _WORDS.finditer(low)]
     return sorted(found)
 
 

@@ -272,6 +272,13 @@ _QUOTED = r"'(?:[^'\\\n]|\\.){0,4096}'|\"(?:[^\"\\\n]|\\.){0,4096}\""
 _CARD = r"[0-9](?:[ -]?[0-9]){12,18}(?![0-9])"  # 13-19 digits, maybe in groups
 # a PEM block (a private key): the whole block, its body included
 _PEM = r"-----BEGIN [A-Z0-9 ]{1,40}-----[A-Za-z0-9+/=\s]{0,16384}(?:-----END [A-Z0-9 ]{1,40}-----|\Z)"  # noqa: E501
+_KNOWN_KEYS = (
+    r"(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,247}|whsec_[0-9A-Za-z+/=]{24,256}"
+    r"|(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])|gh[pousr]_[0-9A-Za-z]{36,251}"
+    r"|github_pat_[0-9A-Za-z_]{22,255}|xox[abposr]-[0-9A-Za-z-]{10,250}"
+    r"|AIza[0-9A-Za-z_-]{35}|glpat-[0-9A-Za-z_-]{20,255}"
+    r"|SG\.[0-9A-Za-z_-]{16,64}\.[0-9A-Za-z_-]{16,64}|sk-(?:proj-)?[0-9A-Za-z_-]{20,255}"
+)  # their anchors: anchored.KEY_PREFIXES
 # a quoted value too long (or not closed) for _QUOTED: masked to the end of its line
 _LONG_QUOTED = r"['\"][^\n]*"
 
@@ -288,6 +295,9 @@ _SECRETS = re.compile(
     # a JWT: header.payload.signature, base64url, the header a JSON object
     r"|(?<![A-Za-z0-9_-])(?P<jwt>eyJ[A-Za-z0-9_-]{2,8192}(?:\.[A-Za-z0-9_-]{2,65536}(?:\.[A-Za-z0-9_-]{0,8192}|\Z)|\Z))"
     rf"|(?P<pem>{_PEM})"
+    # an API key whose form says what it is (Stripe, AWS, GitHub, Slack, Google, GitLab,
+    # SendGrid, OpenAI): in exactly this case, whatever its name
+    rf"|(?<![A-Za-z0-9_-])(?P<known>(?-i:{_KNOWN_KEYS}))"
     # <password>value</password> (XML, SOAP)
     r"|(?P<xname><(?P<xkey>[A-Za-z_][A-Za-z0-9_.:\-]{0,63})>)"
     r"(?P<xvalue><!\[CDATA\[[^\]]{0,4096}\]\]>|[^<\n]{1,4096})(?=</(?P=xkey)>)"
@@ -343,7 +353,7 @@ def _replacer(rules: _Rules, depth: int) -> Callable[[re.Match[str]], str]:
             return match.group("bearer") + TEXT_REDACTED
         if match.group("url") is not None:
             return match.group("url") + TEXT_REDACTED
-        if match.group("jwt") is not None:
+        if match.group("jwt") is not None or match.group("known") is not None:
             return TEXT_REDACTED
         if match.group("pem") is not None:
             return TEXT_REDACTED

@@ -377,6 +377,15 @@ JWT = (
             "failed for {'user': 'bob', 'password': '***'}",
         ),
         ('{"pin": 1234, "n": 1}', '{"pin": ***, "n": 1}'),
+        # API keys of a known form, whatever their name (and none in ordinary words)
+        ("stripe=sk_live_51HxYzAbCdEfGhIjKlMn ok", "stripe=*** ok"),
+        ("{'provider': 'rk_test_4eC39HqLyjWDarjtT1zdp7dc'}", "{'provider': '***'}"),
+        ("aws AKIAIOSFODNN7EXAMPLE here", "aws *** here"),
+        ("gh ghp_abcdefghijklmnopqrstuvwxyz0123456789 x", "gh *** x"),
+        ("slack xoxb-1234567890-abcdefghij", "slack ***"),
+        ("maps AIzaSyA1234567890abcdefghijklmnopqrstuv ok", "maps *** ok"),
+        ("openai sk-proj-abcdefghij0123456789KLMN", "openai ***"),
+        *[(text, text) for text in ["mask-the-disk-sk-queue ASIAN market task_live_x"]],
         # harmless text is untouched
         ("KeyError: 'token'", "KeyError: 'token'"),
         ("ValueError: order 42 is not open", "ValueError: order 42 is not open"),

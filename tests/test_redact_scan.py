@@ -25,6 +25,10 @@ PIECES = [
     # the farthest an anchor lies from a match's start: a long name, then its separator
     "--password" + "p" * 56 + " " * 8 + "=", "'token" + "s" * 59 + "'" + " " * 8 + ":",
     "c" + "h" * 30 + "://u:pw@h", "proxy-authorization" + " " * 8 + ":",
+    # API keys of a known form, their prefixes in other cases, and near-misses
+    "sk_live_", "SK_LIVE_", "sk_test_", "rk_", "whsec_", "AKIA", "akia", "ASIA", "ghp_",
+    "GHP_", "github_pat_", "xoxb-", "XOXB-", "AIza", "glpat-", "SG.", "sk-", "sk-proj-",
+    "ABCDEFGHIJKLMNOP", "0123456789abcdefghij", "Zz9_-", "\u017fk_live_", "\u212aey",
 ]  # fmt: skip
 
 
