@@ -248,6 +248,9 @@ class Relay:
                 else:
                     sent.append(row.id)
                     self.fault("outbox_published")  # chaos hook: die mid-batch
+                    if "headers" in (row.options or {}):  # may carry a token: dropped
+                        options = {k: v for k, v in row.options.items() if k != "headers"}
+                        manager.filter(pk=row.id).update(options=options)
             if sent:
                 manager.filter(pk__in=sent).update(
                     status=OutboxStatus.SENT,

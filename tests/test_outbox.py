@@ -82,7 +82,8 @@ def test_only_committed_messages_are_published_once_each(alias: str, queue: str)
     # Given three transactions: one commits two messages, one rolls back, one commits one
     with transaction.atomic(using=alias):
         first = outbox.enqueue(effect, ("a",), using=alias, queue=queue)
-        outbox.enqueue(effect, ("b",), {"sleep": 0.0}, using=alias, queue=queue)
+        outbox.enqueue(effect, ("b",), {"sleep": 0.0}, using=alias, queue=queue,
+                       headers={"x-auth": "HeaderTok_9"})  # fmt: skip
     with pytest.raises(RuntimeError), transaction.atomic(using=alias):
         outbox.enqueue(effect, ("lost",), using=alias, queue=queue)
         raise RuntimeError("rollback")
@@ -103,8 +104,10 @@ def test_only_committed_messages_are_published_once_each(alias: str, queue: str)
     # (a call's identity is the one delay() gives it: its arguments, or its own key)
     keys = {m["args"][0]: m.get(KEY_HEADER) for m in got}
     assert keys == {"a": None, "b": None, "c": "k"}
-    # ... and the rows are sent, their arguments dropped
+    assert [m.get("x-auth") for m in got] == [None, "HeaderTok_9", None]
+    # ... and the rows are sent, their arguments and headers dropped, the rest kept
     assert all(r.status == "sent" and r.sent_at and r.args == [] and r.attempts == 1
+               and "headers" not in r.options and r.options["queue"] == queue
                for r in rows.values())  # fmt: skip
 
 
