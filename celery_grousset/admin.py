@@ -1,4 +1,5 @@
-"""The outcome journal in the Django admin (docs/operations.md), read from ``GROUSSET["DATABASE"]``.
+"""The outcome journal in the Django admin (docs/operations.md), read from ``GROUSSET["DATABASE"]``
+or another journal database picked with the *journal database* filter.
 
 Read-only for everyone. Two actions, each behind its own permission and a
 confirmation page: *release stale claims* (free an in-flight claim so the next
@@ -30,10 +31,12 @@ from django.utils.translation import gettext_lazy as _
 
 from celery_grousset import journal
 from celery_grousset.admin_base import (
+    DATABASE_PARAM,
     ReadOnlyAdmin,
     clean_term,
     humanize,
     journal_alias,
+    journal_databases_shown,
 )
 from celery_grousset.models import Outcome, Status
 from celery_grousset.store import get_store
@@ -73,7 +76,7 @@ class _CleanFilter(admin.SimpleListFilter):
     column = ""
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        values = get_store(journal_alias()).distinct_values(self.column, MAX_CHOICES)
+        values = get_store(model_admin.alias(request)).distinct_values(self.column, MAX_CHOICES)
         return [(v, v) for v in values]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
@@ -99,6 +102,27 @@ class TaskNameFilter(_CleanFilter):
 
 class ProcessorFilter(_CleanFilter):
     title, parameter_name, column = _("processor"), "processor", "processor_id"
+
+
+class DatabaseFilter(admin.SimpleListFilter):
+    """Which journal database the pages show, when there is more than one (a task's
+    ``database`` option): ``GROUSSET["DATABASE"]`` unless another is picked."""
+
+    title, parameter_name = _("journal database"), DATABASE_PARAM
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        aliases = journal_databases_shown()
+        return [(alias, alias) for alias in aliases] if len(aliases) > 1 else []
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset  # the page's database is chosen by get_queryset
+
+    def choices(self, changelist: Any) -> Any:
+        current = self.value() if (self.value(), self.value()) in self.lookup_choices else None
+        current = current or journal_alias()
+        for alias, label in self.lookup_choices:
+            query = changelist.get_query_string({DATABASE_PARAM: alias})
+            yield {"selected": alias == current, "display": label, "query_string": query}
 
 
 class StartedFilter(admin.SimpleListFilter):
@@ -131,7 +155,8 @@ class OutcomeAdmin(ReadOnlyAdmin):
     list_display = ("status_badge", "task", "processor_id", "short_fingerprint",
                     "delivery_count", "takeover_count", "started", "completed", "age")  # fmt: skip
     list_display_links = ("status_badge", "task")
-    list_filter = (StatusFilter, TaskNameFilter, ProcessorFilter, StartedFilter)
+    list_filter = (DatabaseFilter, StatusFilter, TaskNameFilter, ProcessorFilter, StartedFilter)
+    database_param = True
     search_fields = ("=task_id",)  # the search itself: get_search_results
     search_help_text = _("A fingerprint prefix (hex) or an exact task id.")
     ordering = ("-started_at",)
@@ -258,13 +283,13 @@ class OutcomeAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("memo"))
     def memo(self, obj: Outcome) -> SafeString:
-        ok, text = memo_text(obj, journal.now(journal_alias()))
+        ok, text = memo_text(obj, journal.now(obj._state.db or journal_alias()))
         html = '<pre class="grousset-memo">{}</pre>' if ok else "<p><em>{}</em></p>"
         return format_html(html, text)
 
     @admin.display(description=_("timeline"))
     def timeline(self, obj: Outcome) -> SafeString:
-        now, start = journal.now(journal_alias()), obj.started_at
+        now, start = journal.now(obj._state.db or journal_alias()), obj.started_at
         first, rows = obj.first_claimed_at or start, list[tuple[Any, str]]()
         if first != start:  # taken over or claimed again since its first claim
             rows.append((_("first claim"), f"{_ts(first)} ({humanize(now - first)} ago)"))

@@ -1,6 +1,6 @@
 """What the journal's and the outbox's admins share: read-only pages on the journal's
-database (``GROUSSET["DATABASE"]``), a paginator that never counts a large table, and
-the helpers that clean and show values."""
+database (``GROUSSET["DATABASE"]``, or another journal database picked by ``?db=``), a
+paginator that never counts a large table, and the helpers that clean and show values."""
 
 from __future__ import annotations
 
@@ -35,9 +35,32 @@ else:
     _ModelAdmin = admin.ModelAdmin
 
 
-def journal_alias() -> str:
-    """The database alias that holds the journal (``GROUSSET["DATABASE"]``)."""
-    return str(grousset_settings.DATABASE)
+#: the query-string parameter that picks which journal database the journal's pages show
+DATABASE_PARAM = "db"
+
+
+def journal_alias(request: HttpRequest | None = None) -> str:
+    """The database alias whose journal a page shows: ``GROUSSET["DATABASE"]``, or the one
+    its ``?db=`` names among the journal databases (each guarded task's ``database``); a
+    detail page reads it from the list's preserved filters. Any other name: the default."""
+    default = str(grousset_settings.DATABASE)
+    if request is None:
+        return default
+    asked = request.GET.get(DATABASE_PARAM)
+    if asked is None:
+        asked = QueryDict(request.GET.get("_changelist_filters", "")).get(DATABASE_PARAM)
+    return asked if asked and asked in journal_databases_shown() else default
+
+
+def journal_databases_shown() -> list[str]:
+    """The journal databases (:func:`celery_grousset.checks.journal_databases`); only
+    ``GROUSSET["DATABASE"]`` when the tasks' options cannot be read (the checks say why)."""
+    from celery_grousset.checks import journal_databases
+
+    try:
+        return journal_databases()
+    except Exception:
+        return [str(grousset_settings.DATABASE)]
 
 
 def clean_term(value: str | None, alias: str | None = None) -> str:
@@ -115,12 +138,19 @@ class ReadOnlyAdmin(_ModelAdmin):
         return EstimatedCountPaginator(queryset, per_page, orphans, allow_empty_first_page,
                                        cap=self.count_cap)  # fmt: skip
 
+    #: Whether ``?db=`` picks the database (the journal's pages; the outbox has one).
+    database_param = False
+
+    def alias(self, request: HttpRequest | None) -> str:
+        """The database this admin's page reads (:func:`journal_alias`)."""
+        return journal_alias(request if self.database_param else None)
+
     #: Seconds each statement of the list page may take on PostgreSQL and MariaDB (None:
     #: no limit). A page past it is shown again narrowed (:meth:`narrowed`), with a note.
     query_budget: float | None = QUERY_BUDGET
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).using(journal_alias())
+        return super().get_queryset(request).using(self.alias(request))
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
         """Only the list's own filters filter it: no ad-hoc ``?field=value`` lookup, with
@@ -145,7 +175,7 @@ class ReadOnlyAdmin(_ModelAdmin):
                 }
             )
             try:
-                with statement_budget(journal_alias(), self.query_budget):
+                with statement_budget(self.alias(request), self.query_budget):
                     response = super().changelist_view(attempt, {**(extra_context or {}), **note})
                     if isinstance(response, TemplateResponse):
                         response.render()  # the list's queries run here, inside the budget

@@ -700,3 +700,42 @@ def test_the_age_column_reads_the_journal_clock_whatever_the_session_time_zone()
         get_store("mysql_tz").close()
     # Then it is seconds, not two hours (or nothing) off
     assert timedelta(0) <= age < timedelta(minutes=1), age
+
+
+def test_another_journal_database_is_picked_by_its_filter(journal: str, processor: str) -> None:
+    from urllib.parse import urlencode
+
+    import tests.tasks  # noqa: F401  (registers a task journaled on "mysql")
+
+    services.require_database("mysql")
+    # Given GROUSSET["DATABASE"] on "default" and a task routing its journal to "mysql",
+    # a stale claim in each
+    rows = {}
+    for alias in ("default", "mysql"):
+        rows[alias] = put(alias, processor, status="in_flight")
+        Outcome.objects.using(alias).filter(pk=rows[alias].pk).update(
+            started_at=F("started_at") - timedelta(seconds=61),
+            stale_at=F("stale_at") - timedelta(seconds=61),
+        )
+    client = client_for(make_user(superuser=True))
+    # When the journal is listed without and with the journal database filter
+    plain = client.get(URL, {"processor": processor}).content.decode()
+    other = client.get(URL, {"processor": processor, "db": "mysql"}).content.decode()
+    # Then each list shows its own database's row, and the filter offers both databases
+    assert listed(plain, rows["default"], rows["mysql"]) == [True, False]
+    assert listed(other, rows["default"], rows["mysql"]) == [False, True]
+    assert "By journal database" in plain and "?db=mysql" in plain.replace("&amp;", "&")
+    # ... the detail page, opened from that list, reads the same database
+    kept = urlencode({"_changelist_filters": urlencode({"db": "mysql"})})
+    detail = client.get(f"{URL}{rows['mysql'].pk}/change/?{kept}")
+    assert detail.status_code == 200 and rows["mysql"].fingerprint in detail.content.decode()
+    # ... a name that is not a journal database shows the default one
+    bogus = client.get(URL, {"processor": processor, "db": "postgresql"}).content.decode()
+    assert listed(bogus, rows["default"], rows["mysql"]) == [True, False]
+    # When the release action runs on the list of the other database
+    form = {"action": "release_stale_claims", "_selected_action": [rows["mysql"].pk],
+            "post": "yes"}  # fmt: skip
+    client.post(f"{URL}?db=mysql&processor={processor}", form)
+    # Then it released that database's claim, and the default one's is untouched
+    assert Outcome.objects.using("mysql").get(pk=rows["mysql"].pk).status == "failed"
+    assert Outcome.objects.using("default").get(pk=rows["default"].pk).status == "in_flight"
