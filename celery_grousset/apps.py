@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.apps import AppConfig
 
 
@@ -18,6 +20,23 @@ class GroussetConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         post_migrate.connect(_refresh_claim_function, sender=self)
+        from django.db.backends.signals import connection_created
+
+        connection_created.connect(_close_stores_before_server_ddl,
+                                   dispatch_uid="celery_grousset.server_ddl")  # fmt: skip
+
+
+def _close_stores_before_server_ddl(sender: object, connection: Any, **kwargs: object) -> None:
+    """Django connects without a database (``_nodb_cursor``) to create or drop one: a test
+    run's setup and teardown (``manage.py test``, pytest-django). The journal's own
+    connections close first, or PostgreSQL refuses to drop the test database they are
+    still connected to; the next claim opens them again."""
+    from django.db.backends.base.base import NO_DB_ALIAS
+
+    if getattr(connection, "alias", None) == NO_DB_ALIAS:
+        from celery_grousset.store import reset_stores
+
+        reset_stores()
 
 
 def _refresh_claim_function(sender: object, using: str = "default", **kwargs: object) -> None:
