@@ -7,7 +7,9 @@ Rows written before this migration keep ``first_claimed_at`` NULL (shown as thei
 ``started_at``) and count their duplicates from now on: nothing is rewritten, so the
 migration does not lock a large journal. On PostgreSQL and MySQL/MariaDB ``duplicates``
 also keeps 0 as its database default (as ``payload_hash`` does, 0005), so an ``INSERT``
-from a worker still running the previous release works during a rolling upgrade.
+from a worker of a release that already had 0005 works during a rolling upgrade. From
+0.1.0 there is no rolling upgrade (it does not write 0003's ``stale_at``): stop its
+workers before ``migrate`` (docs/operations.md, "Upgrading from 0.1.0").
 """
 
 from django.db import migrations, models
