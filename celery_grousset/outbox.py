@@ -90,6 +90,25 @@ def _jsonable_options(options: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _refuse_outside_transaction(alias: str) -> None:
+    """A row written without ``using=`` while a transaction is open on another database
+    only: it would commit at once, whatever that transaction does (a receipt for an
+    order rolled back)."""
+    from django.db import connections
+
+    if connections[alias].in_atomic_block:
+        return
+    open_on = [c.alias for c in connections.all(initialized_only=True) if c.in_atomic_block]
+    if open_on:
+        raise InvalidArgument(
+            f"outbox.enqueue: a transaction is open on database {open_on[0]!r}, but this "
+            f"row would be written to {alias!r} (GROUSSET['DATABASE']), where it commits "
+            f"at once whatever that transaction does. Pass using={open_on[0]!r} (the "
+            "outbox's table must exist there: manage.py migrate celery_grousset --database "
+            f"{open_on[0]}), or using={alias!r} to write it there on purpose."
+        )
+
+
 def enqueue(
     task: Any,
     args: Sequence[Any] | None = None,
@@ -102,7 +121,8 @@ def enqueue(
 
     ``options`` are ``apply_async``'s (``queue``, ``countdown``, ``eta``, ``priority``,
     ``idempotency_key``…); ``args``/``kwargs`` must be JSON-serializable. ``using``:
-    the database of the caller's transaction (default ``GROUSSET["DATABASE"]``). The
+    the database of the caller's transaction (default ``GROUSSET["DATABASE"]``; without
+    it, a transaction open on another database only is refused: ``InvalidArgument``). The
     arguments are checked against a task's signature now, as ``delay()`` checks them
     (a ``TypeError``), not when the relay publishes. The row's ``task_id`` is the Celery
     task id the message will carry. Its ``created_at`` and
@@ -110,6 +130,8 @@ def enqueue(
     object until ``refresh_from_db()``).
     """
     alias = _alias(using)
+    if using is None:
+        _refuse_outside_transaction(alias)
     name = task if isinstance(task, str) else task.name
     if not isinstance(task, str) and getattr(task, "typing", False):
         task.__header__(*(args or ()), **(kwargs or {}))  # Celery's own check (delay())

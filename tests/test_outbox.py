@@ -25,12 +25,14 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import transaction
 from django.db.models import Count, Max
 from django.test import Client
 
 from celery_grousset import outbox
+from celery_grousset.exceptions import InvalidArgument
 from celery_grousset.journal import now as _db_now
 from celery_grousset.models import OutboxMessage, Outcome
 from celery_grousset.task import KEY_HEADER
@@ -255,6 +257,31 @@ def test_enqueue_checks_the_arguments_and_the_relay_never_retries_a_wrong_call(
     row.refresh_from_db(using=alias)
     assert (stats.dead, row.status, row.attempts) == (1, "dead", 1)
     assert "colour" in row.last_error and messages(queue) == []
+
+
+def test_enqueue_refuses_a_row_outside_the_transaction_it_is_written_in(queue: str) -> None:
+    from django.test import override_settings
+
+    from tests.tasks import effect
+
+    services.require_database("postgresql")
+    # Given the journal (and so the outbox, by default) on "postgresql", and a transaction
+    # open on "default" only
+    grousset = {**settings.GROUSSET, "DATABASE": "postgresql"}
+    mine = OutboxMessage.objects.using("postgresql").filter(options__queue=queue)
+    with override_settings(GROUSSET=grousset):
+        with pytest.raises(InvalidArgument) as err, transaction.atomic(using="default"):
+            # When a message is enqueued without using=
+            outbox.enqueue(effect, ("order-1",), queue=queue)
+        # Then it is refused, naming both databases and the fix; no row was written
+        assert "'default'" in str(err.value) and "'postgresql'" in str(err.value)
+        assert "using='default'" in str(err.value)
+        assert not mine.exists()
+        # ... and a deliberate using=, or a call outside any transaction, is written
+        with transaction.atomic(using="default"):
+            outbox.enqueue(effect, ("order-2",), queue=queue, using="postgresql")
+        outbox.enqueue(effect, ("order-3",), queue=queue)
+    assert mine.count() == 2
 
 
 def test_relay_once_exits_nonzero_when_a_row_failed(alias: str, queue: str) -> None:
