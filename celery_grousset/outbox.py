@@ -9,16 +9,14 @@ MariaDB 10.6+; on SQLite, which has one writer, the batch takes the write lock
 first), marks them sent, and retries failures with exponential backoff until
 ``max_attempts``, when the row goes ``dead`` with its last error.
 
-Several relays may run at once: a locked row is skipped, so no row is published
-twice in normal operation. A relay killed between the publish and the commit of
-"sent" leaves its rows pending; another relay publishes them again, and the
-consumer's claim absorbs the copy: the copy is the same call, with the same identity
-as ``delay()`` gives it (the task's arguments, its ``grousset_key``, or the caller's
-own ``idempotency_key``). So is a second row for the same call (a form submitted
-twice): it runs once, as two ``delay()`` calls would.
+Several relays may run at once: a locked row is skipped. A relay killed between the
+publish and the commit of "sent" leaves its rows pending; another relay publishes them
+again, and the consumer's claim absorbs the copy: the same call, with the identity
+``delay()`` gives it (its arguments, ``grousset_key`` or ``idempotency_key``). So is a
+second row for the same call (a form submitted twice): it runs once.
 
 Unlike the journal, the outbox holds the task's arguments (JSON) until the row is
-sent, as a broker would; "sent" drops them.
+sent, as a broker would; "sent" drops them and the message headers.
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ from django.db import DatabaseError, connections, transaction
 from celery_grousset.exceptions import InvalidArgument
 from celery_grousset.memo import error_summary
 from celery_grousset.models import OutboxMessage, OutboxStatus
-from celery_grousset.publish_check import deliberate
+from celery_grousset.publish_check import deliberate, open_transactions
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -92,13 +90,8 @@ def _jsonable_options(options: dict[str, Any]) -> dict[str, Any]:
 
 def _refuse_outside_transaction(alias: str) -> None:
     """A row written without ``using=`` while a transaction is open on another database
-    only: it would commit at once, whatever that transaction does (a receipt for an
-    order rolled back)."""
-    from django.db import connections
-
-    if connections[alias].in_atomic_block:
-        return
-    open_on = [c.alias for c in connections.all(initialized_only=True) if c.in_atomic_block]
+    only would commit at once, whatever that transaction does: refused."""
+    open_on = [] if connections[alias].in_atomic_block else open_transactions()
     if open_on:
         raise InvalidArgument(
             f"outbox.enqueue: a transaction is open on database {open_on[0]!r}, but this "
@@ -124,11 +117,8 @@ def enqueue(
     the database of the caller's transaction (default ``GROUSSET["DATABASE"]``; without
     it, a transaction open on another database only is refused: ``InvalidArgument``). The
     arguments are checked against a task's signature now, as ``delay()`` checks them
-    (a ``TypeError``), not when the relay publishes. The row's ``task_id`` is the Celery
-    task id the message will carry. Its ``created_at`` and
-    ``available_at`` are set by the database clock (``None`` on the returned
-    object until ``refresh_from_db()``).
-    """
+    (a ``TypeError``). The row's ``task_id`` is the Celery task id the message will carry;
+    its ``created_at``/``available_at`` come from the database clock (``None`` here)."""
     alias = _alias(using)
     if using is None:
         _refuse_outside_transaction(alias)
