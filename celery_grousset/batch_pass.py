@@ -8,7 +8,7 @@ Decided here, on the claim thread, never on the event loop:
 * ``ANSWERED``: a completed key's memo is stored as this delivery's result;
 * ``DEFERRED``: a key in flight elsewhere (or owned by another delivery of the same
   pass), ``on_in_flight="retry"``: the delivery was published again with the per-task
-  path's countdown (:meth:`GroussetTaskMixin._in_flight_countdown`, same header count,
+  path's countdown (:func:`celery_grousset.delivery.in_flight_countdown`, same header count,
   same max_retries semantics, same ``grousset.in_flight`` line) and is acked;
 * ``WAITING``: the same with ``on_in_flight="wait"``: claimed again later from the
   event loop's timer, holding no pool child;

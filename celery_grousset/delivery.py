@@ -5,6 +5,8 @@ already counted (docs/operations.md, "Deliveries, duplicates and redeliveries").
 from __future__ import annotations
 
 import contextlib
+import math
+import random
 from typing import Any
 
 from celery_grousset.exceptions import PoisonDelivery, PoisonRejected
@@ -47,3 +49,47 @@ def rejected(task: Any, request: Any, exc: PoisonDelivery) -> PoisonRejected:
             store_result=task.store_errors_even_if_ignored or not task.ignore_result,
         )  # fmt: skip
     return reject
+
+
+#: the longest an in-flight requeue waits: a message a worker holds unacknowledged (an
+#: ETA) for longer than RabbitMQ's consumer_timeout (30 min) closes its channel
+IN_FLIGHT_BACKOFF_MAX = 60.0
+
+
+def in_flight_countdown(request: Any, retry_in: float) -> float:
+    """An in-flight requeue's delay: 0.25 s, 0.5 s, 1 s… by the delivery's requeues, up to
+    :data:`IN_FLIGHT_BACKOFF_MAX`, jittered (times 0.5 to 1), never past the moment the
+    claim turns stale (``retry_in``, on the database clock): a redelivery arrives in time
+    to take over."""
+    n = min(int(header(request, REQUEUES_HEADER) or 0), 16)
+    backoff = min(0.25 * 2.0**n, IN_FLIGHT_BACKOFF_MAX) * random.uniform(0.5, 1.0)
+    return max(0.0, min(backoff, retry_in))
+
+
+def store_countdown(request: Any) -> float:
+    """A requeue's delay after a journal outage: ``STORE_RETRY_BACKOFF`` doubling by the
+    delivery's requeues up to ``STORE_RETRY_BACKOFF_MAX``, jittered (times 0.5 to 1)."""
+    from celery_grousset.conf import grousset_settings
+
+    n = int(header(request, REQUEUES_HEADER) or 0)
+    base = float(grousset_settings.STORE_RETRY_BACKOFF)
+    cap = float(grousset_settings.STORE_RETRY_BACKOFF_MAX)
+    return min(base * 2.0**n, cap) * random.uniform(0.5, 1.0)
+
+
+def broker_countdown(app: Any, countdown: float) -> float:
+    """``countdown`` as the broker can delay it. Celery (5.5+) delays a message sent to a
+    RabbitMQ quorum queue on a topic or fanout exchange in the broker, in whole seconds,
+    and refuses a countdown under one second there ("countdown must be a positive
+    number"): a requeue sooner than that would never leave. There, it is rounded up to
+    whole seconds; anywhere else it is kept as it is."""
+    if countdown <= 0 or countdown == int(countdown):
+        return countdown
+    try:
+        from celery.utils.quorum_queues import detect_quorum_queues
+
+        driver = app.producer_pool.connections.connection.transport.driver_type
+        quorum = bool(detect_quorum_queues(app, driver)[0])
+    except Exception:  # Celery < 5.5 (no native delayed delivery), or no broker yet
+        return countdown
+    return float(math.ceil(countdown)) if quorum else countdown

@@ -8,7 +8,6 @@ delivery, bypass, eager mode, and the publish-time checks.
 from __future__ import annotations
 
 import inspect
-import random
 import uuid
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
@@ -22,7 +21,15 @@ from celery_grousset import carry, events, exceptions, guard, memo, periodic, pu
 from celery_grousset.binding import check_call_arguments, signature_of
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.conf import grousset_settings, on_reload
-from celery_grousset.delivery import COUNTED_HEADER, REQUEUES_HEADER, delivery_fields, rejected
+from celery_grousset.delivery import (
+    COUNTED_HEADER,
+    REQUEUES_HEADER,
+    broker_countdown,
+    delivery_fields,
+    in_flight_countdown,
+    rejected,
+    store_countdown,
+)
 from celery_grousset.delivery import header as _header
 from celery_grousset.exceptions import FingerprintError, PoisonDelivery, StoreUnavailable
 from celery_grousset.fingerprint import validate_key_names
@@ -277,27 +284,13 @@ class GroussetTaskMixin:
         finally:
             _ATTEMPT.reset(reset)
 
-    @staticmethod
-    def _in_flight_countdown(request: Any, retry_in: float) -> float:
-        """Backoff 0.25 s, 0.5 s, 1 s…, jittered (times 0.5 to 1), never past the moment the
-        claim turns stale (database clock): a redelivery arrives in time to take over."""
-        n = int(_header(request, REQUEUES_HEADER) or 0)
-        return max(0.0, min(0.25 * 2.0**n * random.uniform(0.5, 1.0), retry_in))
-
-    @staticmethod
-    def _store_countdown(request: Any) -> float:
-        """``STORE_RETRY_BACKOFF`` doubling up to its max, jittered (times 0.5 to 1)."""
-        n = int(_header(request, REQUEUES_HEADER) or 0)
-        base = float(grousset_settings.STORE_RETRY_BACKOFF)
-        cap = float(grousset_settings.STORE_RETRY_BACKOFF_MAX)
-        return min(base * 2.0**n, cap) * random.uniform(0.5, 1.0)
-
     def _requeue(
         self, countdown: float, exc: BaseException | None, extra: Any = None, request: Any = None
     ) -> NoReturn:
         """Send this delivery (``request``, default: the one running) again after
         ``countdown`` without using up max_retries."""
         request = self.request if request is None else request
+        countdown = broker_countdown(self.app, countdown)
         n = int(_header(request, REQUEUES_HEADER) or 0)
         headers = {**(request.headers or {}), REQUEUES_HEADER: n + 1, **(extra or {})}
         for name in (KEY_HEADER, periodic.SLOT_HEADER, COUNTED_HEADER):  # these travel on
@@ -331,7 +324,7 @@ class _TaskCaller:
         return "wait" if opts.on_in_flight == "wait" or self.local else "retry"
 
     def defer(self, req: ClaimRequest, res: ClaimResult) -> NoReturn:
-        countdown = self.task._in_flight_countdown(self.request, res.retry_in)
+        countdown = in_flight_countdown(self.request, res.retry_in)
         why = exceptions.ClaimInFlight.requeued(req.task_name, req.fingerprint, res.retry_in,
                                                 countdown)  # Celery logs it as a retry's
         self.task._requeue(countdown, why, {COUNTED_HEADER: 1}, self.request)
@@ -339,7 +332,7 @@ class _TaskCaller:
     def store_unavailable(self, exc: StoreUnavailable, outcome: Any = None) -> NoReturn:
         if self.local:
             raise exc
-        wait = carry.countdown(outcome or {}, self.task._store_countdown(self.request))
+        wait = carry.countdown(outcome or {}, store_countdown(self.request))
         extra = {carry.HEADER: outcome} if outcome is not None else None
         self.task._requeue(wait, exc, extra, self.request)
 

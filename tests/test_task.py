@@ -355,7 +355,8 @@ def _requeued(n: int) -> Any:
 
 
 def test_in_flight_requeue_countdowns_are_jittered_never_past_the_stale_moment() -> None:
-    countdown = GroussetTask._in_flight_countdown
+    from celery_grousset.delivery import in_flight_countdown as countdown
+
     # Given an in-flight duplicate re-queued 3 times (backoff 0.25 s * 2**3 = 2 s) whose
     # holder's claim turns stale in 60 s
     # When its next countdown is drawn 500 times
@@ -368,11 +369,16 @@ def test_in_flight_requeue_countdowns_are_jittered_never_past_the_stale_moment()
     near = [countdown(_requeued(3), 1.5) for _ in range(500)]
     assert all(1.0 <= c <= 1.5 for c in near) and len(set(near)) > 100
     assert {countdown(_requeued(12), 30.0) for _ in range(100)} == {30.0}
+    # And a long claim's duplicates come back at least every minute (a worker holding an
+    # ETA message past RabbitMQ's consumer_timeout loses its channel)
+    far = [countdown(_requeued(n), 7200.0) for n in (12, 40, 10_000) for _ in range(100)]
+    assert all(30.0 <= c <= 60.0 for c in far) and len(set(far)) > 200
     assert {countdown(_requeued(0), 0.0) for _ in range(100)} == {0.0}
 
 
 def test_store_outage_requeue_countdowns_are_jittered_within_their_cap() -> None:
-    countdown = GroussetTask._store_countdown
+    from celery_grousset.delivery import store_countdown as countdown
+
     with override_settings(GROUSSET={"STORE_RETRY_BACKOFF": 1.0, "STORE_RETRY_BACKOFF_MAX": 60.0}):
         # Given deliveries that found the journal down, re-queued twice (1 s * 2**2 = 4 s)
         drawn = [countdown(_requeued(2)) for _ in range(500)]

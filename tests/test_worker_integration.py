@@ -175,6 +175,32 @@ def test_200_duplicates_rabbitmq(pg: str, queue: str) -> None:
     assert record_of(pg, effect, (key,), {"sleep": 0.2}).deliveries >= 200
 
 
+def test_in_flight_duplicates_on_a_rabbitmq_quorum_queue(pg: str, queue: str) -> None:
+    """Celery delays a message to a quorum queue on a topic exchange in the broker, in
+    whole seconds, and refuses a countdown under one second: an in-flight requeue sooner
+    than that was handed back to the broker at once, over and over, until the queue's
+    delivery limit dropped it (its caller never got the memo)."""
+    amqp = services.require_rabbitmq()
+    from tests.celeryapp import app, quorum_queue
+    from tests.tasks import effect
+
+    target = quorum_queue(queue)
+    with workers(queue, 1, database=pg, broker=amqp, concurrency=2,
+                 env={"GROUSSET_TEST_QUORUM": "1"}) as started:  # fmt: skip
+        with app.connection_for_write(amqp) as conn:
+            key = f"quorum-{uuid.uuid4().hex[:8]}"
+            # Given a call in flight for 3 s and two duplicates of it on the quorum queue
+            results = [effect.apply_async((key,), {"sleep": 3.0}, queue=target, connection=conn)
+                       for _ in range(3)]  # fmt: skip
+            # When they are delivered (each duplicate requeued while the call runs)
+            values = [r.get(timeout=60) for r in results]
+        log = started[0].text()
+    # Then each got the one outcome: the effect ran once, no requeue was refused
+    assert effects(pg, key) == 1 and len({repr(v) for v in values}) == 1
+    assert "countdown must be a positive number" not in log
+    assert record_of(pg, effect, (key,), {"sleep": 3.0}).duplicates == 2
+
+
 def test_sigkill_mid_effect_is_taken_over_after_max_processing_time(
     pg_workers: tuple[str, list[Worker]], pg: str
 ) -> None:
