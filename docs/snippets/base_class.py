@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+# --8<-- [start:base]
 from celery import shared_task
 
 from celery_grousset import GroussetTask
 
-REFUNDED: list[int] = []
+REFUNDED: list[int] = []  # stands in for your refunds
 
 
-# --8<-- [start:base]
 class ShopTask(GroussetTask):
     max_processing_time = 120
     expires_after = 30 * 24 * 3600
@@ -19,7 +17,7 @@ class ShopTask(GroussetTask):
 
 
 @shared_task(base=ShopTask, bind=True)
-def refund(self: Any, order_id: int) -> str:
+def refund(self, order_id: int) -> str:
     REFUNDED.append(order_id)
     return f"refunded {order_id}"
 # --8<-- [end:base]

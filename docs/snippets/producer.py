@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from django.db import transaction
-
-from celery_grousset import outbox
-
 
 # --8<-- [start:publish_unique]
-def send_todays_receipts(send_receipt: Any, orders: Any) -> Any:
+def send_todays_receipts(send_receipt, orders):
     """``send_receipt(order_id, email)`` is a GroussetTask; ``orders`` may be a generator."""
     report = send_receipt.publish_unique(((o.id, o.email), {}) for o in orders)
     print(report.published, report.skipped_in_batch,
@@ -20,7 +14,12 @@ def send_todays_receipts(send_receipt: Any, orders: Any) -> Any:
 
 
 # --8<-- [start:outbox]
-def place_order(Order: Any, send_receipt: Any, **fields: Any) -> Any:
+from django.db import transaction
+
+from celery_grousset import outbox
+
+
+def place_order(Order, send_receipt, **fields):
     with transaction.atomic():
         order = Order.objects.create(**fields)
         outbox.enqueue(send_receipt, args=(order.id, order.email), countdown=10)

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
+# --8<-- [start:protect]
 from datetime import date
 
 from celery_grousset import protect
 
-#: what load_file did (stands in for the rows a real import would write)
-LOADED: list[str] = []
+LOADED: list[str] = []  # stands in for the rows a real import writes
 
 
 def load_file(day: date) -> int:
-    """Import one day's file; return how many rows were loaded."""
+    """Your code: import one day's file, return how many rows were loaded."""
     LOADED.append(day.isoformat())
     return 1200
 
 
-# --8<-- [start:protect]
 def import_day(day: date) -> int:
     # The first caller runs load_file; every later caller (another process, a
     # retry, a second cron host) gets the memoized row count instead.
