@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 
-from celery_grousset.exceptions import FingerprintError, InvalidArgument
+from celery_grousset.exceptions import ArgumentsMismatch, FingerprintError, InvalidArgument
 
 _EMPTY = inspect.Parameter.empty
 _VAR_POSITIONAL = inspect.Parameter.VAR_POSITIONAL
@@ -44,7 +44,10 @@ def _fast_bind(
 
 
 def bind_arguments(
-    signature: inspect.Signature | None, args: Sequence[object], kwargs: Mapping[str, object]
+    signature: inspect.Signature | None,
+    args: Sequence[object],
+    kwargs: Mapping[str, object],
+    name: str = "",
 ) -> dict[str, object]:
     """Bind ``args``/``kwargs`` to ``signature`` by name, with defaults applied.
 
@@ -52,7 +55,8 @@ def bind_arguments(
     run function's signature *without* a leading ``self`` (``inspect.signature(
     task.run)`` of a bound task already omits it). ``*args`` binds to a list under
     its name, ``**kwargs`` to a dict; without a signature the result is
-    ``{"args": list(args), "kwargs": dict(kwargs)}``. Raises FingerprintError.
+    ``{"args": list(args), "kwargs": dict(kwargs)}``. Raises ArgumentsMismatch (a
+    FingerprintError and a TypeError) naming ``name``, the task or function.
     """
     if signature is None:
         return {"args": list(args), "kwargs": dict(kwargs)}
@@ -65,8 +69,9 @@ def bind_arguments(
     except TypeError as exc:
         bare = [p.replace(default=_EMPTY, annotation=_EMPTY) for p in params]
         names = str(signature.replace(parameters=bare, return_annotation=_EMPTY))
-        raise FingerprintError(
-            f"the arguments do not match the parameters {names}: {exc}"
+        who = f"{name}: " if name else ""
+        raise ArgumentsMismatch(
+            f"{who}the arguments do not match the parameters {names}: {exc}"
         ) from None
     arguments.apply_defaults()
     result: dict[str, object] = {}

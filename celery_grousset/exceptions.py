@@ -62,6 +62,11 @@ class FingerprintError(GroussetError, ValueError):
     """An argument cannot be encoded deterministically into a fingerprint."""
 
 
+class ArgumentsMismatch(FingerprintError, TypeError):
+    """A call's arguments do not fit its task's (or function's) parameters: a ``TypeError``
+    too, as Celery's own ``delay()`` check raises."""
+
+
 class ResultNotStored(GroussetError):
     """The effect completed, but its return value could not be memoized.
 

@@ -281,7 +281,7 @@ def fingerprint(
     """
     bound = None
     if idempotency_key is None:
-        bound = bind_arguments(signature, args, {} if kwargs is None else kwargs)
+        bound = bind_arguments(signature, args, {} if kwargs is None else kwargs, name)
     return fingerprint_bound(
         name, bound, signature=signature, key=key, idempotency_key=idempotency_key,
         causality=causality,

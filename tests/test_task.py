@@ -162,6 +162,19 @@ def test_unfingerprintable_argument_fails_at_publish(journal: str) -> None:
         effect.apply_async(("x",), queue="never-consumed", idempotency_key="")
 
 
+def test_a_call_that_does_not_fit_the_task_is_a_type_error_naming_it(journal: str) -> None:
+    from tests.tasks import effect
+
+    # Given a guarded task effect(key, sleep=0.0) / When it is published with an argument
+    # too many, or a keyword it does not take
+    for args, kwargs in (((1, 2, 3), {}), (("k",), {"colour": "red"})):
+        with pytest.raises(TypeError) as err:
+            effect.apply_async(args, kwargs, queue="never-consumed")
+        # Then it is a TypeError, as Celery's own delay() check raises, naming the task
+        assert isinstance(err.value, FingerprintError)
+        assert effect.name in str(err.value) and "(key, sleep)" in str(err.value)
+
+
 def test_missing_max_processing_time_refuses_to_run(journal: str, temp_task: Any) -> None:
     ran: list[int] = []
 
