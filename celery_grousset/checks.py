@@ -172,12 +172,16 @@ def _task_options(task: Any) -> tuple[Any, list[checks.CheckMessage]]:
         )
         errors.append(
             checks.Error(
-                str(exc).replace("celery-grousset: ", "", 1),
-                hint=f"Set it in {where}, or GROUSSET['MAX_PROCESSING_TIME'] in settings.",
+                f"The task {task.name!r} has no max_processing_time: how long an attempt may "
+                "hold its claim before another delivery takes it over (no default, on purpose).",
+                hint=f"Set it in {where}, or GROUSSET['MAX_PROCESSING_TIME'] in settings. A "
+                "worker's --grousset-max-processing-time sets it only inside that worker: "
+                "these checks, migrate and calls outside it (eager, a web process) never see it.",
                 obj=task.name,
                 id="celery_grousset.E001",
             )
         )
+        del exc
         return None, errors
     except Exception as exc:  # e.g. int("abc") for an integer option
         errors.append(

@@ -59,12 +59,13 @@ class Options:
 
         mpt = seconds(pick("max_processing_time"), name="max_processing_time")
         if mpt is None:
+            fix = ("pass max_processing_time= to protect()" if where == "protect()" else
+                   "set it on the task (@app.task(base=GroussetTask, max_processing_time=60)), "
+                   "start this worker with --grousset-max-processing-time")  # fmt: skip
             raise ConfigurationError(
                 f"celery-grousset: {where} has no max_processing_time. It has no default on "
-                "purpose (how long may an attempt hold the claim before another worker takes "
-                "it over?). Set it on the task (@app.task(base=GroussetTask, "
-                "max_processing_time=60)), pass it to protect(), start the worker with "
-                "--grousset-max-processing-time, or set GROUSSET['MAX_PROCESSING_TIME'] in "
+                "purpose (how long may an attempt hold the claim before another delivery takes "
+                f"it over?). To fix it: {fix}, or set GROUSSET['MAX_PROCESSING_TIME'] in "
                 "Django settings."
             )
         return cls(

@@ -137,6 +137,10 @@ def test_missing_max_processing_time_is_E001(make_app: Callable[..., Celery]) ->
     assert ids(name) == {"celery_grousset.E001"}
     [e001] = [m for m in checks.run_checks(tags=[TAG]) if m.obj == name]
     assert "the task decorator (max_processing_time=<seconds>)" in (e001.hint or "")
+    # ... not the worker flag, which sets it only in its own worker (checks, migrate and
+    # a web process never see it)
+    assert "--grousset-max-processing-time" not in e001.msg
+    assert "only inside that worker" in (e001.hint or "")
     # And a GROUSSET default satisfies it
     with override_settings(GROUSSET={"MAX_PROCESSING_TIME": 30}):
         assert ids(name) == set()

@@ -44,6 +44,11 @@ def test_missing_max_processing_time_is_a_configuration_error() -> None:
     assert isinstance(err.value, GroussetError)
     assert "the test has no max_processing_time" in str(err.value)
     assert "--grousset-max-processing-time" in str(err.value)
+    # ... and protect()'s names protect()'s own fixes, not a task's or a worker's
+    with override_settings(GROUSSET=base), pytest.raises(ImproperlyConfigured) as err:
+        Options.resolve("protect()", {}, default_processor="app-main")
+    assert "pass max_processing_time= to protect()" in str(err.value)
+    assert "worker" not in str(err.value) and "@app.task" not in str(err.value)
 
 
 def test_every_option_name_is_a_setting_and_a_field() -> None:
