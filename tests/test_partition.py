@@ -347,7 +347,10 @@ def test_convert_refuses_a_large_table_and_other_vendors() -> None:
     with pytest.raises(CommandError, match="only PostgreSQL"):
         run("grousset_partition", "convert", database="default")
     with pytest.raises(CommandError, match="is not partitioned"):
-        run("grousset_partition", "status", database="postgresql")
+        run("grousset_partition", "create-ahead", database="postgresql")
+    # ... and status reports the single table as the layout it is (exit 0)
+    shown = run("grousset_partition", "status", database="postgresql")
+    assert "single table (not partitioned)" in shown and "convert" in shown
 
 
 # -- retention -----------------------------------------------------------------------------

@@ -87,7 +87,13 @@ class Command(BaseCommand):
         if problem := schema_problem(alias):  # not "not partitioned": `migrate` first
             raise CommandError(f"the journal of {alias!r}: {problem}")
         try:
-            if action in ("status", "create-ahead") and not pgpartops.is_partitioned(alias):
+            if action == "status" and not pgpartops.is_partitioned(alias):
+                self.stdout.write(
+                    f"the journal of {alias!r} is a single table (not partitioned): "
+                    f"`manage.py grousset_partition convert --database {alias}` partitions it."
+                )
+                return
+            if action == "create-ahead" and not pgpartops.is_partitioned(alias):
                 raise CommandError(
                     f"the journal of {alias!r} is not partitioned: run "
                     f"`manage.py grousset_partition convert --database {alias}` first."
