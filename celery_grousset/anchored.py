@@ -28,8 +28,10 @@ _DIGITS = re.compile(r"[0-9]+")  # a run's start
 KEY_PREFIXES = ("sk_", "rk_", "whsec_", "akia", "asia", "ghp_", "gho_", "ghu_", "ghs_",
                 "ghr_", "github_pat_", "xox", "aiza", "glpat-", "sg.", "sk-")  # fmt: skip
 #: words found in the lower-cased text (those matched in any case have no i, k or s,
-#: where lower() is not exact); none starts inside another where a match could start
-_WORDS = re.compile("|".join(map(re.escape, ("bearer", "eyj", "-----beg", *KEY_PREFIXES))))
+#: where lower() is not exact), overlapping ones too (``sk-----begin``)
+_WORDS = re.compile(
+    f"(?=(?:{'|'.join(map(re.escape, ('bearer', 'eyj', '-----beg', *KEY_PREFIXES)))}))"
+)
 #: more anchors than one in DENSE characters: one pass costs less than the windows (a
 #: position tried from Python costs about twice one the single pass scans)
 DENSE = 160

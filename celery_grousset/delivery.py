@@ -71,7 +71,7 @@ def store_countdown(request: Any) -> float:
     delivery's requeues up to ``STORE_RETRY_BACKOFF_MAX``, jittered (times 0.5 to 1)."""
     from celery_grousset.conf import grousset_settings
 
-    n = int(header(request, REQUEUES_HEADER) or 0)
+    n = min(int(header(request, REQUEUES_HEADER) or 0), 64)  # 2.0**1024 overflows
     base = float(grousset_settings.STORE_RETRY_BACKOFF)
     cap = float(grousset_settings.STORE_RETRY_BACKOFF_MAX)
     return min(base * 2.0**n, cap) * random.uniform(0.5, 1.0)

@@ -237,8 +237,7 @@ def fingerprint_and_payload(call: Call, payload: bool) -> tuple[str, str]:
 
 def _fingerprint(call: Call) -> tuple[str, dict[str, object] | None]:
     try:
-        bound: dict[str, object] | None = bind_arguments(call.signature, call.args,
-                                                         call.kwargs, call.name)  # fmt: skip
+        bound = bind_arguments(call.signature, call.args, call.kwargs, call.name)
     except FingerprintError:
         if call.idempotency_key is None:
             raise

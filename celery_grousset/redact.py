@@ -196,7 +196,7 @@ class _Renderer:
             return self._call_like(value, zip(names, value, strict=False), depth)
         if isinstance(value, (list, tuple)):
             if _secret_pair(value, self.rules):  # a (name, value) pair
-                pair = f"{_plain_repr(value[0])}, {REDACTED}"
+                pair = f"{self.render(value[0], depth)}, {REDACTED}"
                 return f"({pair})" if isinstance(value, tuple) else f"[{pair}]"
             items = ", ".join(self.render(item, depth) for item in value)
             if isinstance(value, list):
@@ -275,9 +275,10 @@ _PEM = r"-----BEGIN [A-Z0-9 ]{1,40}-----[A-Za-z0-9+/=\s]{0,16384}(?:-----END [A-
 _KNOWN_KEYS = (
     r"(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,247}|whsec_[0-9A-Za-z+/=]{24,256}"
     r"|(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])|gh[pousr]_[0-9A-Za-z]{36,251}"
-    r"|github_pat_[0-9A-Za-z_]{22,255}|xox[abposr]-[0-9A-Za-z-]{10,250}"
+    r"|github_pat_[0-9A-Za-z_]{22,255}|xox[abpsr]-[0-9A-Za-z-]{10,250}"
     r"|AIza[0-9A-Za-z_-]{35}|glpat-[0-9A-Za-z_-]{20,255}"
-    r"|SG\.[0-9A-Za-z_-]{16,64}\.[0-9A-Za-z_-]{16,64}|sk-(?:proj-)?[0-9A-Za-z_-]{20,255}"
+    r"|SG\.[0-9A-Za-z_-]{16,64}\.[0-9A-Za-z_-]{16,64}"
+    r"|sk-(?=[A-Za-z_-]{0,255}[0-9])[0-9A-Za-z_-]{20,255}"  # (a digit: not sk-learn-…)
 )  # their anchors: anchored.KEY_PREFIXES
 # a quoted value too long (or not closed) for _QUOTED: masked to the end of its line
 _LONG_QUOTED = r"['\"][^\n]*"
@@ -296,8 +297,8 @@ _SECRETS = re.compile(
     r"|(?<![A-Za-z0-9_-])(?P<jwt>eyJ[A-Za-z0-9_-]{2,8192}(?:\.[A-Za-z0-9_-]{2,65536}(?:\.[A-Za-z0-9_-]{0,8192}|\Z)|\Z))"
     rf"|(?P<pem>{_PEM})"
     # an API key whose form says what it is (Stripe, AWS, GitHub, Slack, Google, GitLab,
-    # SendGrid, OpenAI): in exactly this case, whatever its name
-    rf"|(?<![A-Za-z0-9_-])(?P<known>(?-i:{_KNOWN_KEYS}))"
+    # SendGrid, OpenAI): in exactly this case, whatever its name; whole, and not a name
+    rf"|(?<![A-Za-z0-9_-])(?P<known>(?-i:{_KNOWN_KEYS}))(?![A-Za-z0-9_-]|\s{{0,8}}(?:[=:]|%3d))"
     # <password>value</password> (XML, SOAP)
     r"|(?P<xname><(?P<xkey>[A-Za-z_][A-Za-z0-9_.:\-]{0,63})>)"
     r"(?P<xvalue><!\[CDATA\[[^\]]{0,4096}\]\]>|[^<\n]{1,4096})(?=</(?P=xkey)>)"

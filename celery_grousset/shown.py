@@ -32,7 +32,7 @@ def shown_json(value: Any, keys: Collection[str], depth: int = 0) -> Any:
         }  # fmt: skip
     if isinstance(value, list):
         if is_secret_pair(value, keys):
-            return [value[0], "***"]
+            return [redact_text(value[0], keys), "***"]
         return [shown_json(item, keys, depth + 1) for item in value]
     if isinstance(value, str):
         return redact_text(value, keys)

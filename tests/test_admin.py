@@ -25,6 +25,7 @@ from celery_grousset.claim import ENC_EXCEPTION, ENC_NOT_STORED, ClaimRequest, K
 from celery_grousset.journal import fingerprint_prefix
 from celery_grousset.journal import now as _db_now
 from celery_grousset.models import Outcome
+from celery_grousset.redact import DEFAULT_REDACT_KEYS
 from celery_grousset.store import get_store
 from celery_grousset.store.base import Completion
 from tests import services
@@ -344,6 +345,10 @@ def test_memo_secrets_in_numbers_pairs_and_keys_are_not_shown(
         for secret in ("4111111111111111", "PairHunter2", "KeyHunter2"):
             assert secret not in shown, (secret, shown)
         assert "1250" in shown and "Accept" in shown and "X-Password" in shown
+    # ... nor a secret in a pair's name
+    from celery_grousset.shown import shown_json
+
+    assert shown_json(["password=PairName2", "x"], DEFAULT_REDACT_KEYS) == ["password=***", "***"]
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ import pytest
 from celery import Celery
 from django.conf import settings
 from django.core.management import CommandError, call_command
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import Count, Max
 from django.test import Client
 
@@ -259,6 +259,13 @@ def test_enqueue_checks_the_arguments_and_the_relay_never_retries_a_wrong_call(
     assert "colour" in row.last_error and messages(queue) == []
 
 
+def _testcase_block() -> Any:
+    """An atomic block as a Django TestCase opens around its test."""
+    block = transaction.Atomic(None, True, False)
+    block._from_testcase = True  # type: ignore[attr-defined]
+    return block
+
+
 def test_enqueue_refuses_a_row_outside_the_transaction_it_is_written_in(queue: str) -> None:
     from django.test import override_settings
 
@@ -281,6 +288,18 @@ def test_enqueue_refuses_a_row_outside_the_transaction_it_is_written_in(queue: s
         with transaction.atomic(using="default"):
             outbox.enqueue(effect, ("order-2",), queue=queue, using="postgresql")
         outbox.enqueue(effect, ("order-3",), queue=queue)
+        # ... and a Django TestCase's own blocks on both databases change nothing: the
+        # caller's transaction on "default" alone is still refused
+        for alias in ("default", "postgresql"):
+            connections[alias].atomic_blocks.append(_testcase_block())
+        connections["postgresql"].in_atomic_block = True  # as TestCase leaves it
+        try:
+            with pytest.raises(InvalidArgument), transaction.atomic(using="default"):
+                outbox.enqueue(effect, ("order-4",), queue=queue)
+        finally:
+            connections["postgresql"].in_atomic_block = False
+            for alias in ("default", "postgresql"):
+                connections[alias].atomic_blocks.pop(0)
     assert mine.count() == 2
 
 

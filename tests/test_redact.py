@@ -385,7 +385,12 @@ JWT = (
         ("slack xoxb-1234567890-abcdefghij", "slack ***"),
         ("maps AIzaSyA1234567890abcdefghijklmnopqrstuv ok", "maps *** ok"),
         ("openai sk-proj-abcdefghij0123456789KLMN", "openai ***"),
-        *[(text, text) for text in ["mask-the-disk-sk-queue ASIAN market task_live_x"]],
+        *[(text, text) for text in ["mask-the-disk-sk-queue ASIAN market task_live_x",
+                                    "xoxo-hugs-and-kisses", "sk-learn-tutorial-classification"]],
+        # ... and a name that starts like one is a name: its value is what is masked
+        ("xoxb-bot-token-secret=hunter2", "xoxb-bot-token-secret=***"),
+        ("github_pat_token_for_ci_user_password=hunter2",
+         "github_pat_token_for_ci_user_password=***"),
         # harmless text is untouched
         ("KeyError: 'token'", "KeyError: 'token'"),
         ("ValueError: order 42 is not open", "ValueError: order 42 is not open"),

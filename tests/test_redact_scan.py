@@ -54,6 +54,7 @@ def test_anchored_scan_gives_exactly_the_single_pass(
         "z " * 60 + "'" + "s" * 64 + "'" + " " * 8 + ": 'v' " + "w " * 90,
         "q " * 50 + "a" * 31 + "://user:pw@host " + "r " * 90,
         "plain words only, " * 30,
+        "y " * 100 + "sk-----BEGIN X-----abc",  # overlapping anchors (sk- and -----beg)
     ]
     for text in texts:
         # Then the anchored scan gives what one pass over the whole text gives
