@@ -37,6 +37,7 @@ from celery_grousset.admin_base import (
     humanize,
     journal_alias,
     journal_databases_shown,
+    picked_alias,
 )
 from celery_grousset.models import Outcome, Status
 from celery_grousset.store import get_store
@@ -118,8 +119,7 @@ class DatabaseFilter(admin.SimpleListFilter):
         return queryset  # the page's database is chosen by get_queryset
 
     def choices(self, changelist: Any) -> Any:
-        current = self.value() if (self.value(), self.value()) in self.lookup_choices else None
-        current = current or journal_alias()
+        current = picked_alias(self.value())
         for alias, label in self.lookup_choices:
             query = changelist.get_query_string({DATABASE_PARAM: alias})
             yield {"selected": alias == current, "display": label, "query_string": query}

@@ -43,12 +43,17 @@ def journal_alias(request: HttpRequest | None = None) -> str:
     """The database alias whose journal a page shows: ``GROUSSET["DATABASE"]``, or the one
     its ``?db=`` names among the journal databases (each guarded task's ``database``); a
     detail page reads it from the list's preserved filters. Any other name: the default."""
-    default = str(grousset_settings.DATABASE)
     if request is None:
-        return default
+        return str(grousset_settings.DATABASE)
     asked = request.GET.get(DATABASE_PARAM)
     if asked is None:
         asked = QueryDict(request.GET.get("_changelist_filters", "")).get(DATABASE_PARAM)
+    return picked_alias(asked)
+
+
+def picked_alias(asked: str | None) -> str:
+    """``asked`` if it names a journal database, else ``GROUSSET["DATABASE"]``."""
+    default = str(grousset_settings.DATABASE)
     return asked if asked and asked in journal_databases_shown() else default
 
 

@@ -162,7 +162,7 @@ def _task_options(task: Any) -> tuple[Any, list[checks.CheckMessage]]:
             )
         )
         return None, errors
-    except ImproperlyConfigured as exc:
+    except ImproperlyConfigured:
         from celery_grousset.install import from_settings
 
         where = (
@@ -181,7 +181,6 @@ def _task_options(task: Any) -> tuple[Any, list[checks.CheckMessage]]:
                 id="celery_grousset.E001",
             )
         )
-        del exc
         return None, errors
     except Exception as exc:  # e.g. int("abc") for an integer option
         errors.append(
