@@ -29,9 +29,10 @@ the caller's payload hashes: a keyed call never gets, waits for, takes over or c
 again a record its key holds for another payload inside its retention (the caller
 raises ``PayloadMismatch``); only an expired record is claimed afresh by any arguments.
 
-"Stale" is one rule (:data:`STALE`): the row's own ``stale_at``, written by the claim
-as ``started_at + max_processing_time`` on the database clock. The admin, the
-management commands and the metrics read the same column through
+"Stale" is one rule (:data:`STALE`, :func:`deadline`): the row's own ``stale_at``, written
+by the claim as ``started_at + max_processing_time`` on the database clock (a 0.1.0
+worker's claim, which leaves it unwritten, by its claimant's ``max_processing_time``).
+The admin, the management commands and the metrics read the same column through
 :mod:`celery_grousset.journal`.
 
 Fences never go back for a key, even after its row is purged: a claim that takes a
@@ -178,6 +179,8 @@ class Prev:
     payload_hash: str = ""
     #: the delivery that holds (or completed) the row
     task_id: str = ""
+    #: when the holder claimed it (None where the reader does not fetch it)
+    started_at: datetime | None = None
 
 
 def payload_differs(stored: str, given: str) -> bool:
@@ -200,9 +203,28 @@ HELD = Condition("in flight", lambda p, now, r: p.status == Status.IN_FLIGHT,
                  "o.status = 'in_flight'")
 OWN = Condition("the caller's own token", lambda p, now, r: p.claim_token == r.token,
                 "o.claim_token = %(tok)s")
+
+
+def deadline(p: Prev, r: ClaimRequest) -> datetime:
+    """When the claim in ``p`` turns stale for the claimant ``r``: the ``stale_at`` its
+    holder's claim wrote. Every claim of this version writes a ``stale_at`` after its
+    ``started_at``; a row whose ``stale_at`` is not after it was claimed by a 0.1.0
+    worker, which does not write the column (a fleet upgraded without a full stop,
+    docs/operations.md): it is judged as 0.1.0 judges it, ``started_at`` + the
+    claimant's own ``max_processing_time``."""
+    if p.started_at is not None and p.stale_at <= p.started_at:
+        return p.started_at + timedelta(seconds=r.max_processing_time)
+    return p.stale_at
+
+
+#: :func:`deadline` in SQL, on the row ``o`` (``%(mpt)s``: the claimant's, an interval)
+DEADLINE_SQL = (
+    "(CASE WHEN o.stale_at > o.started_at THEN o.stale_at ELSE o.started_at + %(mpt)s END)"
+)
 #: the one definition of a stale claim: past the deadline its holder's claim wrote
-STALE = Condition("stale", lambda p, now, r: p.stale_at <= now, "o.stale_at <= {now}")
-FRESH = Condition("not stale", lambda p, now, r: p.stale_at > now, "o.stale_at > {now}")
+STALE = Condition("stale", lambda p, now, r: deadline(p, r) <= now, f"{DEADLINE_SQL} <= {{now}}")
+FRESH = Condition("not stale", lambda p, now, r: deadline(p, r) > now,
+                  f"{DEADLINE_SQL} > {{now}}")
 EXHAUSTED = Condition("max_takeovers reached", lambda p, now, r: p.takeovers >= r.max_takeovers,
                       "o.takeovers >= %(maxt)s")
 EXPIRED = Condition("retention passed", lambda p, now, r: p.expires_on <= now,

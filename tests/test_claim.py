@@ -41,6 +41,8 @@ def prev(**over: Any) -> Prev:
         result_encoding="", takeovers=0, claim_token="theirs",
     )  # fmt: skip
     values.update(over)
+    # a claim of this version: started max_processing_time before its stale_at
+    values.setdefault("started_at", values["stale_at"] - timedelta(seconds=60))
     return Prev(**values)
 
 
@@ -91,6 +93,16 @@ CASES: list[tuple[str, Prev, Kind]] = [
      prev(status="completed", result_encoding="application/json", payload_hash=OTHER,
           task_id="id"), Kind.COMPLETED),
     ("fresh claim, other payload, its own task id", prev(payload_hash=OTHER, task_id="id"),
+     Kind.IN_FLIGHT),
+    # a claim by a 0.1.0 worker (upgrade without a full stop): started_at written, stale_at
+    # left from the claim before; judged by the claimant's max_processing_time (60 s)
+    ("0.1.0 claim, fresh by the claimant's time", prev(stale_at=NOW - timedelta(minutes=2),
+     started_at=EARLIER), Kind.IN_FLIGHT),
+    ("0.1.0 claim, stale by the claimant's time", prev(stale_at=NOW - timedelta(minutes=3),
+     started_at=NOW - timedelta(seconds=90)), Kind.TAKEOVER),
+    ("0.1.0 claim at the claimant's deadline", prev(stale_at=NOW - timedelta(minutes=3),
+     started_at=NOW - timedelta(seconds=60)), Kind.TAKEOVER),
+    ("0.1.0 claim, same stale_at and started_at", prev(stale_at=EARLIER, started_at=EARLIER),
      Kind.IN_FLIGHT),
 ]  # fmt: skip
 
@@ -151,7 +163,7 @@ def test_sql_form_decides_every_row_as_the_python_form(pg_cursor: Any) -> None:
         "AS status, %(tok_row)s::text AS claim_token, %(stale_at)s::timestamptz AS stale_at, "
         "%(expires_on)s::timestamptz AS expires_on, %(enc)s::text AS result_encoding, "
         "%(takeovers)s::int AS takeovers, %(row_ph)s::text AS payload_hash, "
-        "%(row_tid)s::text AS task_id) AS o"
+        "%(row_tid)s::text AS task_id, %(started_at)s::timestamptz AS started_at) AS o"
     )
     for case, row, kind in CASES:
         params = {
@@ -160,6 +172,7 @@ def test_sql_form_decides_every_row_as_the_python_form(pg_cursor: Any) -> None:
             "enc": row.result_encoding, "takeovers": row.takeovers,
             "tok": REQ.token, "maxt": REQ.max_takeovers, "row_ph": row.payload_hash,
             "ph": REQ.payload_hash, "row_tid": row.task_id, "tid": REQ.task_id,
+            "started_at": row.started_at, "mpt": timedelta(seconds=REQ.max_processing_time),
         }  # fmt: skip
         pg_cursor.execute(sql, params)
         (code,) = pg_cursor.fetchone()

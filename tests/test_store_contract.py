@@ -174,6 +174,35 @@ def test_stale_claim_is_taken_over_and_zombie_fenced(
     assert rec.expires_on - rec.started_at == timedelta(seconds=3600)
 
 
+def test_a_claim_that_left_stale_at_unwritten_is_judged_by_the_claimants_time(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    # Given a claim just taken over by a 0.1.0 worker (a fleet upgraded without a full
+    # stop, docs/operations.md): 0.1.0 writes started_at but not stale_at, so the row is
+    # in flight since now with the stale_at of the claim before it, long past
+    first = req(processor, fp)
+    store.claim(first)
+    age(alias, processor, fp, 120, field="stale_at")
+    Outcome.objects.using(alias).filter(processor_id=processor, fingerprint=fp).update(
+        claim_token="held-by-0.1.0"
+    )
+    # When a delivery of this version claims it (max_processing_time 60 s)
+    res = store.claim(req(processor, fp))
+    # Then the claim is live: stale only max_processing_time after its started_at, as
+    # 0.1.0 judges it, and nobody runs the effect beside the 0.1.0 worker
+    assert res.kind is Kind.IN_FLIGHT and not res.owned
+    if alias not in (services.PARTITIONED, BACKENDS["postgresql"]):
+        assert 50 < res.retry_in <= 60  # (PostgreSQL's own claims always write stale_at)
+    # ... and a claimant with a longer max_processing_time waits for its own
+    age(alias, processor, fp, 61)
+    assert store.claim(req(processor, fp, max_processing_time=600.0)).kind is Kind.IN_FLIGHT
+    # Then, past started_at + its max_processing_time, the next delivery takes it over
+    res = store.claim(req(processor, fp))
+    assert res.kind is Kind.TAKEOVER and res.owned
+    rec = row(alias, processor, fp)
+    assert rec.stale_at - rec.started_at == timedelta(seconds=60)
+
+
 def test_a_takeover_adds_one_to_a_fence_ahead_of_the_clock(
     store: Store, alias: str, processor: str, fp: str
 ) -> None:

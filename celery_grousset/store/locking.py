@@ -25,6 +25,7 @@ from celery_grousset.claim import (
     Status,
     Write,
     clock_fence,
+    deadline,
     decide,
     gave_up_message,
     is_duplicate,
@@ -57,6 +58,7 @@ class Found:
             claim_token=row[5],
             payload_hash=row[13],
             task_id=row[10],
+            started_at=parse(row[11]),
         )
         self.fence: int = row[6]
         self.deliveries: int = row[7]
@@ -239,8 +241,9 @@ class LockingStore(Store):
             + _DUPLICATE[is_duplicate(kind, found.prev, req)],
             (self._ts(now), self._ts(expires), error),
         )
-        return _found(kind, found, now, status=Status.FAILED.value, result_encoding=ENC_GAVE_UP,
-                      error=error, result=None, completed_at=now, deliveries=found.deliveries + 1)
+        return _found(req, kind, found, now, status=Status.FAILED.value,
+                      result_encoding=ENC_GAVE_UP, error=error, result=None, completed_at=now,
+                      deliveries=found.deliveries + 1)
 
     def _count(
         self, cur: Any, req: ClaimRequest, kind: Kind, found: Found | None, now: datetime
@@ -248,13 +251,13 @@ class LockingStore(Store):
         assert found is not None
         dup = _DUPLICATE[is_duplicate(kind, found.prev, req)]
         self._update(cur, req, "deliveries = deliveries + 1" + dup, ())
-        return _found(kind, found, now, deliveries=found.deliveries + 1)
+        return _found(req, kind, found, now, deliveries=found.deliveries + 1)
 
     def _nothing(
         self, cur: Any, req: ClaimRequest, kind: Kind, found: Found | None, now: datetime
     ) -> ClaimResult:
         assert found is not None
-        return _found(kind, found, now)
+        return _found(req, kind, found, now)
 
     _WRITERS: dict[Write, Callable[..., ClaimResult]] = {
         Write.INSERT: _insert,
@@ -336,8 +339,11 @@ class LockingStore(Store):
         implicit)."""
 
 
-def _retry_in(stale_at: datetime, now: datetime) -> float:
-    return max(0.0, (stale_at - now).total_seconds())
+def _retry_in(prev: Prev, req: ClaimRequest, now: datetime) -> float:
+    """Seconds until the held claim ``prev`` turns stale for ``req`` (0: not held)."""
+    if prev.status != Status.IN_FLIGHT:
+        return 0.0
+    return max(0.0, (deadline(prev, req) - now).total_seconds())
 
 
 def _owned(
@@ -353,14 +359,16 @@ def _owned(
     )
 
 
-def _found(kind: Kind, found: Found, now: datetime, **changed: Any) -> ClaimResult:
+def _found(
+    req: ClaimRequest, kind: Kind, found: Found, now: datetime, **changed: Any
+) -> ClaimResult:
     """The result of a claim that left the row to its holder (``changed``: what it wrote)."""
     values: dict[str, Any] = dict(
         kind=kind, fence=found.fence, status=found.prev.status, deliveries=found.deliveries,
         takeovers=found.prev.takeovers, result=found.result,
         result_encoding=found.prev.result_encoding, error=found.error, task_id=found.task_id,
         started_at=found.started_at, completed_at=found.completed_at,
-        retry_in=_retry_in(found.prev.stale_at, now) if found.prev.status == "in_flight" else 0.0,
+        retry_in=_retry_in(found.prev, req, now),
         payload_hash=found.payload_hash,
     )
     values.update(changed)

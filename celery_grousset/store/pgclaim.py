@@ -38,7 +38,8 @@ KEY = "{t}fingerprint = %(f)s AND {t}processor_id || '' = %(p)s"
 
 # In ON CONFLICT DO UPDATE: the decision the CTE made on the locked row (generated from
 # claim.RULES, so the SQL and Python forms of the table cannot drift), carried into the
-# proposed row in its `error` column (read once in lock_first; '' when the CTE found no
+# proposed row in its `error` column (read once in lf, the rows read after the lock
+# ("lock first"; a short alias keeps the statement under 4 KiB); '' when the CTE found no
 # row). A fresh insert keeps that '' as its error. (Written as a scalar subquery on the
 # CTE instead, each of its ~20 uses was a separate sub-plan for the executor to set up on
 # every call: measured 3 % of a claim + complete, 7 % of a duplicate claim.)
@@ -54,21 +55,21 @@ _RESET = f"{_A} = '{Kind.EXPIRED.code}'"
 _GIVE_UP = f"{_A} = '{Kind.GAVE_UP.code}'"
 _KEEP = f"{_A} = '{Kind.RESUMED.code}'"
 _TAKEOVER = f"{_A} = '{Kind.TAKEOVER.code}'"
-# The claim's one moment: read once, after the lock (see lock_first), so that
+# The claim's one moment: read once, after the lock (see lf), so that
 # expires_on - started_at is exactly expires_after.
 _T = "EXCLUDED.started_at"
 # (a parameter, not a literal: the statement's text stays under psycopg's 4 KiB cache limit)
 GAVE_UP_ERROR = gave_up_message("{n}")
 # A new row's fence: the claim's moment in microseconds since the epoch (claim.clock_fence).
-_CLOCK_FENCE = "(EXTRACT(EPOCH FROM lock_first.t) * 1000000)::int8"
+_CLOCK_FENCE = "(EXTRACT(EPOCH FROM lf.t) * 1000000)::int8"
 # claim.counted(), in SQL: 1 when the row answers this delivery and it is not a redelivery
-# of one already counted (lock_first.ptid: the task id on the locked row). The insert
+# of one already counted (lf.ptid: the task id on the locked row). The insert
 # proposes it as its `duplicates` (0 for a new row: nothing answered it).
 # (Never NULL: a is '' for a new row, and a row found has a task id. The cast: the
 # parameter's first use decides its type, and the insert needs the column's.)
-_REDELIVERED = REDELIVERY.sql.replace("o.task_id", "lock_first.ptid")
+_REDELIVERED = REDELIVERY.sql.replace("o.task_id", "lf.ptid")
 _DUPLICATE = (
-    f"(lock_first.a IN {codes(Write.COUNT, Write.GIVE_UP)} AND NOT "
+    f"(lf.a IN {codes(Write.COUNT, Write.GIVE_UP)} AND NOT "
     f"{_REDELIVERED.replace('%(tid)s', '%(tid)s::varchar')})::int"
 )
 
@@ -131,19 +132,22 @@ _LOCKED = (
     f"{decision_sql(NOW)} AS a, o.task_id AS ptid FROM celery_grousset_outcome AS o "
     f"WHERE {KEY.format(t='o.')} FOR UPDATE"
 )
-# The upsert: one row per key (lock_first: the request, its decision a and the locked
+# The upsert: one row per key (lf: the request, its decision a and the locked
 # row's task id ptid, the moment t). A conflict with '' (no row when the CTE looked: a
 # concurrent first insert won the race) updates nothing and returns no row; the store
 # sends that claim again, and the CTE decides on the winner's row like any other.
+# The seconds it returns until the row turns stale read stale_at: on PostgreSQL every
+# claim writes it (claim.deadline's 0.1.0 case cannot arise here: a 0.1.0 worker's
+# upsert proposes no stale_at, a NOT NULL column, and fails).
 _UPSERT = f"""
 INSERT INTO celery_grousset_outcome AS o (
     processor_id, fingerprint, task_name, task_id, status, fence, claim_token,
     started_at, stale_at, expires_on, deliveries, takeovers, result_encoding, error,
     worker, args_repr, payload_hash, first_claimed_at, duplicates)
 SELECT %(p)s, %(f)s, %(task)s, %(tid)s, 'in_flight', {_CLOCK_FENCE}, %(tok)s,
-    lock_first.t, lock_first.t + %(mpt)s, lock_first.t + %(exp)s, 1, 0, '', lock_first.a,
-    %(worker)s, %(args)s, %(ph)s, lock_first.t, {_DUPLICATE}
-FROM <lock_first>
+    lf.t, lf.t + %(mpt)s, lf.t + %(exp)s, 1, 0, '', lf.a,
+    %(worker)s, %(args)s, %(ph)s, lf.t, {_DUPLICATE}
+FROM <lf>
 ON CONFLICT (processor_id, fingerprint) DO UPDATE SET
     {", ".join(f"{col} = {expr}" for col, expr in _SET.items())}
 WHERE {_A} <> ''
@@ -153,9 +157,9 @@ RETURNING <keys>o.fence, o.status, o.deliveries, o.takeovers, o.result,
 """
 
 
-def _upsert(lock_first: str, keys: str) -> str:
-    """The upsert reading its rows from ``lock_first``, returning ``keys`` first."""
-    return _UPSERT.replace("<lock_first>", lock_first).replace("<keys>", keys)
+def _upsert(rows: str, keys: str) -> str:
+    """The upsert reading its rows (alias ``lf``) from ``rows``, returning ``keys`` first."""
+    return _UPSERT.replace("<lf>", rows).replace("<keys>", keys)
 
 
 # A delivery that is not the row's own (claim.recorded), from prev; never an empty id.
@@ -177,7 +181,7 @@ _ANSWERED_ONLY = f"prev.a IN {codes(Write.COUNT, Write.NOTHING)}"
 # The one row to upsert: the moment read after the lock, the decision, the row's task id.
 _ONE_ROW = (
     f"(SELECT {NOW} AS t, coalesce(max(prev.a), '') AS a, max(prev.ptid) AS ptid "
-    "FROM prev) AS lock_first"
+    "FROM prev) AS lf"
 )
 CLAIM_SQL = f"""
 WITH prev AS MATERIALIZED (
@@ -207,8 +211,8 @@ _ALL_ANSWERED = f"bool_and(coalesce({_ANSWERED_ONLY}, false))"
 # locked row's task id; the batch's one moment, read after every lock.
 _ROWS = (
     "(SELECT r.*, c.t, coalesce(prev.a, '') AS a, prev.ptid FROM r LEFT JOIN prev ON "
-    f"prev.n = r.n, (SELECT {NOW} AS t, count(*) FROM prev) AS c) AS lock_first "
-    "ORDER BY lock_first.p, lock_first.f"
+    f"prev.n = r.n, (SELECT {NOW} AS t, count(*) FROM prev) AS c) AS lf "
+    "ORDER BY lf.p, lf.f"
 )
 # The batch: r holds the requests (n: the ordinal), prev the rows found, each locked by a
 # lookup through the unique key, in key order; the answer names each row's ordinal.
@@ -223,7 +227,7 @@ WITH r AS ({REQUESTS}
 ), prev AS MATERIALIZED (
     SELECT s.*, x.* FROM (SELECT * FROM r ORDER BY p, f) AS s,
     LATERAL (SELECT {_per_row(_LOCKED, "s")}) AS x
-), ins AS ({_per_row(_upsert(_ROWS, keys="o.processor_id, o.fingerprint, "), "lock_first")}
+), ins AS ({_per_row(_upsert(_ROWS, keys="o.processor_id, o.fingerprint, "), "lf")}
 ), d AS ({_per_row(_RECORD, "prev")}
 ), durability AS (
     SELECT {_DURABILITY.format(answered=_ALL_ANSWERED)}
