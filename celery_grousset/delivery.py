@@ -5,11 +5,16 @@ already counted (docs/operations.md, "Deliveries, duplicates and redeliveries").
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import random
+import time
 from typing import Any
 
+from celery_grousset import memo
 from celery_grousset.exceptions import PoisonDelivery, PoisonRejected
+
+logger = logging.getLogger("celery_grousset")
 
 #: the header every requeue carries: how many times this delivery was requeued
 REQUEUES_HEADER = "grousset_requeues"
@@ -93,3 +98,33 @@ def broker_countdown(app: Any, countdown: float) -> float:
     except Exception:  # Celery < 5.5 (no native delayed delivery), or no broker yet
         return countdown
     return float(math.ceil(countdown)) if quorum else countdown
+
+
+#: the longest a worker waits before it hands back a delivery it could not republish
+REPUBLISH_FAILED_WAIT_MAX = 30.0
+_republish_failures = [0]  # consecutive failed republishes in this process
+
+
+def republish_failed(task_name: str, countdown: float, exc: BaseException) -> float:
+    """A requeue's republish failed (the broker takes no message: Redis out of memory, a
+    refused option): the delivery goes back to the broker (``Reject(requeue=True)``) and
+    comes back at once, with the same headers. Wait first, at least the requeue's own
+    ``countdown``, doubling while republishes keep failing in this process (up to
+    :data:`REPUBLISH_FAILED_WAIT_MAX`), so a broker that keeps refusing is not met with
+    a hot loop. Returns the wait."""
+    n = min(_republish_failures[0], 16)
+    _republish_failures[0] += 1
+    wait = min(max(countdown, 0.5 * 2.0**n), REPUBLISH_FAILED_WAIT_MAX)
+    wait *= random.uniform(0.5, 1.0)
+    logger.warning(
+        "celery-grousset: %s: could not requeue the delivery (%s: %s); it goes back to "
+        "the broker in %.1f s (%d failed requeues in a row in this process)",
+        task_name, type(exc).__name__, memo.redacted_text(str(exc), 300), wait, n + 1,
+    )  # fmt: skip
+    time.sleep(wait)
+    return wait
+
+
+def republished() -> None:
+    """A requeue's republish went through: the next failure waits the least again."""
+    _republish_failures[0] = 0

@@ -28,6 +28,8 @@ from celery_grousset.delivery import (
     delivery_fields,
     in_flight_countdown,
     rejected,
+    republish_failed,
+    republished,
     store_countdown,
 )
 from celery_grousset.delivery import header as _header
@@ -302,8 +304,11 @@ class GroussetTaskMixin:
         try:
             sig.apply_async()
         except Exception as publish_exc:
-            # Could not re-publish: hand the message back to the broker instead.
+            # Could not re-publish: hand the message back to the broker instead, after a
+            # wait that grows while republishing keeps failing (no hot loop)
+            republish_failed(self.name, countdown, publish_exc)
             raise Reject(publish_exc, requeue=True) from publish_exc
+        republished()
         raise Retry(exc=cast(Any, exc), when=cast(Any, countdown), sig=sig)
 
 

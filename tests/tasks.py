@@ -147,3 +147,21 @@ def effect_on_mysql(self: Any, key: str) -> dict[str, Any]:
     ``GROUSSET["DATABASE"]``: one worker, two journal databases."""
     record(key, "mysql-journal")
     return {"key": key, "pid": os.getpid(), "fence": self.grousset.fence}
+
+
+class _RequeueRefused(GroussetTask):
+    """A task whose requeues the broker cannot take: each republish names a serializer
+    the worker does not have (a persistent publish failure)."""
+
+    def signature_from_request(self, *args: Any, **kwargs: Any) -> Any:
+        return super().signature_from_request(*args, **kwargs).set(
+            serializer="grousset-test-not-installed"
+        )
+
+
+@shared_task(base=_RequeueRefused, bind=True, max_processing_time=30)
+def unrequeuable(self: Any, key: str, sleep: float = 0.0) -> dict[str, Any]:
+    """``effect`` whose in-flight duplicates cannot be requeued."""
+    record(key, "unrequeuable")
+    _pause(sleep)
+    return {"key": key, "pid": os.getpid(), "fence": self.grousset.fence}

@@ -201,6 +201,32 @@ def test_in_flight_duplicates_on_a_rabbitmq_quorum_queue(pg: str, queue: str) ->
     assert record_of(pg, effect, (key,), {"sleep": 3.0}).duplicates == 2
 
 
+def test_a_requeue_the_broker_refuses_waits_before_its_delivery_goes_back(
+    pg: str, queue: str, redis_url: str
+) -> None:
+    """A requeue whose republish kept failing handed its delivery back to the broker at
+    once, which delivered it again at once: a hot loop of claims for as long as the call
+    stayed in flight."""
+    from tests.tasks import unrequeuable
+
+    key, kwargs = f"refused-{uuid.uuid4().hex[:8]}", {"sleep": 6.0}
+    with workers(queue, 1, database=pg, broker=redis_url, concurrency=2) as started:
+        # Given a call in flight for 6 s
+        first = unrequeuable.apply_async((key,), kwargs, queue=queue)
+        wait_for(lambda: effects(pg, key), 30, "the first call's effect")
+        # When a duplicate arrives, whose in-flight requeue the broker refuses every time
+        dup = unrequeuable.apply_async((key,), kwargs, queue=queue)
+        values = [first.get(timeout=60), dup.get(timeout=60)]
+        log = started[0].text()
+    # Then the duplicate still got the memo once the call completed, the effect ran once
+    assert effects(pg, key) == 1 and values[0] == values[1]
+    # ... and its delivery went back to the broker after growing waits: a few claims in
+    # 6 s, not one every few milliseconds
+    rec = record_of(pg, unrequeuable, (key,), kwargs)
+    assert 2 <= rec.deliveries <= 12, rec.deliveries
+    assert "could not requeue the delivery (SerializerNotInstalled" in log
+
+
 def test_sigkill_mid_effect_is_taken_over_after_max_processing_time(
     pg_workers: tuple[str, list[Worker]], pg: str
 ) -> None:
