@@ -83,11 +83,18 @@ def countdown(outcome: dict[str, Any], backoff: float) -> float:
     claim turns stale, so that the carried outcome arrives while the claim is still
     its own — past ``stale_at`` another delivery may take the claim over and run the
     effect again (a journal outage shorter than ``max_processing_time`` must not)."""
-    by = _stale_by(outcome)
-    left = by - time.time() if by is not None else 0.0
-    if left <= 0:  # unknown, or already stale: no race left to win, no reason to hurry
+    left = time_left(outcome)
+    if left is None:  # unknown, or already stale: no race left to win, no reason to hurry
         return backoff
     return min(backoff, max(left / 2, MIN_COUNTDOWN))
+
+
+def time_left(outcome: dict[str, Any] | None) -> float | None:
+    """Seconds until the claim whose outcome is carried turns stale (None: unknown, or
+    already stale)."""
+    by = _stale_by(outcome) if isinstance(outcome, dict) else None
+    left = by - time.time() if by is not None else 0.0
+    return left if left > 0 else None
 
 
 def hook(caller: Any, req: ClaimRequest, stale: float | None = None) -> Unwritten | None:

@@ -82,12 +82,14 @@ def store_countdown(request: Any) -> float:
     return min(base * 2.0**n, cap) * random.uniform(0.5, 1.0)
 
 
-def broker_countdown(app: Any, countdown: float) -> float:
+def broker_countdown(app: Any, countdown: float, latest: float | None = None) -> float:
     """``countdown`` as the broker can delay it. Celery (5.5+) delays a message sent to a
     RabbitMQ quorum queue on a topic or fanout exchange in the broker, in whole seconds,
     and refuses a countdown under one second there ("countdown must be a positive
     number"): a requeue sooner than that would never leave. There, it is rounded up to
-    whole seconds; anywhere else it is kept as it is."""
+    whole seconds, or down (0: at once) where rounding up would pass ``latest``, the
+    seconds the requeue must arrive within (a carried outcome, before its claim turns
+    stale); anywhere else it is kept as it is."""
     if countdown <= 0 or countdown == int(countdown):
         return countdown
     try:
@@ -97,7 +99,10 @@ def broker_countdown(app: Any, countdown: float) -> float:
         quorum = bool(detect_quorum_queues(app, driver)[0])
     except Exception:  # Celery < 5.5 (no native delayed delivery), or no broker yet
         return countdown
-    return float(math.ceil(countdown)) if quorum else countdown
+    if not quorum:
+        return countdown
+    up = float(math.ceil(countdown))
+    return float(math.floor(countdown)) if latest is not None and up > latest else up
 
 
 #: the longest a worker waits before it hands back a delivery it could not republish

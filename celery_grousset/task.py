@@ -287,12 +287,13 @@ class GroussetTaskMixin:
             _ATTEMPT.reset(reset)
 
     def _requeue(
-        self, countdown: float, exc: BaseException | None, extra: Any = None, request: Any = None
+        self, countdown: float, exc: BaseException | None, extra: Any = None, request: Any = None,
+        latest: float | None = None,
     ) -> NoReturn:
         """Send this delivery (``request``, default: the one running) again after
-        ``countdown`` without using up max_retries."""
+        ``countdown`` (to arrive within ``latest`` s, if given) without using up max_retries."""
         request = self.request if request is None else request
-        countdown = broker_countdown(self.app, countdown)
+        countdown = broker_countdown(self.app, countdown, latest)
         n = int(_header(request, REQUEUES_HEADER) or 0)
         headers = {**(request.headers or {}), REQUEUES_HEADER: n + 1, **(extra or {})}
         for name in (KEY_HEADER, periodic.SLOT_HEADER, COUNTED_HEADER):  # these travel on
@@ -339,7 +340,7 @@ class _TaskCaller:
             raise exc
         wait = carry.countdown(outcome or {}, store_countdown(self.request))
         extra = {carry.HEADER: outcome} if outcome is not None else None
-        self.task._requeue(wait, exc, extra, self.request)
+        self.task._requeue(wait, exc, extra, self.request, carry.time_left(outcome))
 
     def carry(self, outcome: dict[str, Any], exc: StoreUnavailable) -> NoReturn:
         self.store_unavailable(exc, outcome)  # celery_grousset.carry

@@ -211,6 +211,32 @@ def test_a_carried_requeue_beats_stale_at_and_never_spins() -> None:
         assert carry.stale_by(Caller()) is None
 
 
+def test_a_carried_requeue_to_a_quorum_queue_is_not_rounded_past_stale_at() -> None:
+    """On a RabbitMQ quorum queue Celery delays in whole seconds: a carried outcome with
+    0.8 s left before its claim turns stale was rounded up to 1 s and arrived after it."""
+    from celery import Celery
+
+    from celery_grousset.delivery import broker_countdown
+    from tests.celeryapp import quorum_queue
+
+    quorum = Celery("quorum", broker="amqp://guest:guest@127.0.0.1:5672//", set_as_current=False)
+    quorum.conf.task_queues = [quorum_queue("carried")]
+    # Whole seconds, up where there is time for them, down (0: at once) where there is not
+    assert broker_countdown(quorum, 0.25) == 1.0
+    assert broker_countdown(quorum, 0.5, latest=2.0) == 1.0
+    assert broker_countdown(quorum, 0.5, latest=0.8) == 0.0
+    assert broker_countdown(quorum, 1.4, latest=1.9) == 1.0
+    # A queue that delays in the worker keeps the countdown as it is
+    plain = Celery("plain", broker="amqp://guest:guest@127.0.0.1:5672//", set_as_current=False)
+    assert broker_countdown(plain, 0.5, latest=0.8) == 0.5
+    # The time left is read from the carried header, the same as carry.countdown's
+    import time
+
+    assert carry.time_left({"stale_by": time.time() + 0.8}) == pytest.approx(0.8, abs=0.1)
+    assert carry.time_left({"stale_by": time.time() - 1}) is None
+    assert carry.time_left(None) is None
+
+
 def test_a_completion_tried_again_warns_per_try_and_errs_once(
     short: str, processor: str, caplog: pytest.LogCaptureFixture
 ) -> None:
