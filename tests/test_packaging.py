@@ -131,10 +131,17 @@ def test_readme_links_work_outside_the_repository() -> None:
 def test_changelog_keeps_a_changelog() -> None:
     text = (ROOT / "CHANGELOG.md").read_text()
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    # Then an Unreleased section comes first, then the current version, with link targets
+    # Then an Unreleased section comes first, then the last release, with link targets
     headings = re.findall(r"^## \[([^\]]+)\]", text, re.MULTILINE)
-    assert headings[:2] == ["Unreleased", version]
-    assert f"[{version}]: {REPO_URL}/releases/tag/v{version}" in text
+    released = headings[1]
+    assert headings[0] == "Unreleased"
+    assert f"[{released}]: {REPO_URL}/releases/tag/v{released}" in text
+    # And the package's version is that release, or a development version after it (an
+    # unreleased build never calls itself the release before it)
+    from packaging.version import Version
+
+    assert version == released or (Version(version).is_devrelease
+                                   and Version(version) > Version(released)), version
     assert "[Unreleased]: " in text and "keepachangelog.com" in text
 
 
