@@ -31,7 +31,7 @@ raises ``PayloadMismatch``); only an expired record is claimed afresh by any arg
 
 "Stale" is one rule (:data:`STALE`, :func:`deadline`): the row's own ``stale_at``, written
 by the claim as ``started_at + max_processing_time`` on the database clock (a 0.1.0
-worker's claim, which leaves it unwritten, by its claimant's ``max_processing_time``).
+worker's claim, which writes none, by its claimant's ``max_processing_time``).
 The admin, the management commands and the metrics read the same column through
 :mod:`celery_grousset.journal`.
 
@@ -179,8 +179,10 @@ class Prev:
     payload_hash: str = ""
     #: the delivery that holds (or completed) the row
     task_id: str = ""
-    #: when the holder claimed it (None where the reader does not fetch it)
+    #: when the holder claimed it, and its fence (None where the reader does not fetch
+    #: them): together they tell a 0.1.0 worker's claim (:func:`deadline`)
     started_at: datetime | None = None
+    fence: int | None = None
 
 
 def payload_differs(stored: str, given: str) -> bool:
@@ -207,19 +209,30 @@ OWN = Condition("the caller's own token", lambda p, now, r: p.claim_token == r.t
 
 def deadline(p: Prev, r: ClaimRequest) -> datetime:
     """When the claim in ``p`` turns stale for the claimant ``r``: the ``stale_at`` its
-    holder's claim wrote. Every claim of this version writes a ``stale_at`` after its
-    ``started_at``; a row whose ``stale_at`` is not after it was claimed by a 0.1.0
-    worker, which does not write the column (a fleet upgraded without a full stop,
-    docs/operations.md): it is judged as 0.1.0 judges it, ``started_at`` + the
+    holder's claim wrote. A claim of this version writes a fence at or above its
+    ``started_at`` on the clock (:func:`clock_fence`, :func:`next_fence`); a 0.1.0 worker
+    counts the fence up by one and writes no ``stale_at`` (a fleet upgraded without a full
+    stop, docs/operations.md; or a claim in flight at the upgrade). Such a claim, its
+    fence below its ``started_at``, is judged as 0.1.0 judges it: ``started_at`` + the
     claimant's own ``max_processing_time``."""
-    if p.started_at is not None and p.stale_at <= p.started_at:
+    if unwritten_deadline(p.fence, p.started_at):
+        assert p.started_at is not None
         return p.started_at + timedelta(seconds=r.max_processing_time)
     return p.stale_at
 
 
+def unwritten_deadline(fence: int | None, started_at: datetime | None) -> bool:
+    """Whether the claim of a row (its ``fence`` and ``started_at``) was made by a 0.1.0
+    worker, which writes no ``stale_at`` (unknown: False)."""
+    return fence is not None and started_at is not None and fence < clock_fence(started_at)
+
+
+#: the SQL of :func:`clock_fence` on the timestamp ``{t}`` (the PostgreSQL statements)
+CLOCK_FENCE_SQL = "(EXTRACT(EPOCH FROM {t}) * 1000000)::int8"
 #: :func:`deadline` in SQL, on the row ``o`` (``%(mpt)s``: the claimant's, an interval)
 DEADLINE_SQL = (
-    "(CASE WHEN o.stale_at > o.started_at THEN o.stale_at ELSE o.started_at + %(mpt)s END)"
+    f"(CASE WHEN o.fence < {CLOCK_FENCE_SQL.format(t='o.started_at')} "
+    "THEN o.started_at + %(mpt)s ELSE o.stale_at END)"
 )
 #: the one definition of a stale claim: past the deadline its holder's claim wrote
 STALE = Condition("stale", lambda p, now, r: deadline(p, r) <= now, f"{DEADLINE_SQL} <= {{now}}")

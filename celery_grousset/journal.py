@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from django.db.models import Q
 
 from celery_grousset import memo
-from celery_grousset.claim import ENC_NONE, Kind, Status
+from celery_grousset.claim import ENC_NONE, Kind, Status, unwritten_deadline
 from celery_grousset.conf import redact_keys
 from celery_grousset.shown import shown_json
 from celery_grousset.store import get_store
@@ -133,6 +133,11 @@ def release_plan(rec: Outcome, at: datetime) -> tuple[bool, str]:
     """Whether *release stale claims* frees this row, and why."""
     if rec.status != Status.IN_FLIGHT:
         return False, f"not in flight ({rec.status})"
+    if unwritten_deadline(rec.fence, rec.started_at):
+        return False, (f"claimed by a 0.1.0 worker at {rec.started_at:%Y-%m-%d %H:%M:%S}, "
+                       "which writes no deadline: the next delivery takes it over after its "
+                       "own max_processing_time; `manage.py grousset_release --force` it once "
+                       "its worker is gone")  # fmt: skip
     if not is_stale(rec, at):
         return False, f"fresh: its claim turns stale at {rec.stale_at:%Y-%m-%d %H:%M:%S}"
     return True, f"stale since {rec.stale_at:%Y-%m-%d %H:%M:%S}"

@@ -19,6 +19,7 @@ from celery_grousset.claim import (
     Kind,
     Prev,
     Write,
+    clock_fence,
     decide,
     decision_sql,
     is_duplicate,
@@ -41,9 +42,19 @@ def prev(**over: Any) -> Prev:
         result_encoding="", takeovers=0, claim_token="theirs",
     )  # fmt: skip
     values.update(over)
-    # a claim of this version: started max_processing_time before its stale_at
+    # a claim of this version: started max_processing_time before its stale_at, fenced
+    # at its start on the clock
     values.setdefault("started_at", values["stale_at"] - timedelta(seconds=60))
+    values.setdefault("fence", clock_fence(values["started_at"]))
     return Prev(**values)
+
+
+def by_010(started: timedelta, stale: timedelta) -> Prev:
+    """A claim by a 0.1.0 worker, ``started`` ago: it counts the fence of the claim before
+    (made a minute before it) up by one and leaves that claim's stale_at, ``stale`` ago
+    (negative: still ahead)."""
+    return prev(started_at=NOW - started, stale_at=NOW - stale,
+                fence=clock_fence(NOW - started - timedelta(minutes=1)) + 1)  # fmt: skip
 
 
 #: (case, the row found, the decision it must give)
@@ -94,16 +105,21 @@ CASES: list[tuple[str, Prev, Kind]] = [
           task_id="id"), Kind.COMPLETED),
     ("fresh claim, other payload, its own task id", prev(payload_hash=OTHER, task_id="id"),
      Kind.IN_FLIGHT),
-    # a claim by a 0.1.0 worker (upgrade without a full stop): started_at written, stale_at
-    # left from the claim before; judged by the claimant's max_processing_time (60 s)
-    ("0.1.0 claim, fresh by the claimant's time", prev(stale_at=NOW - timedelta(minutes=2),
-     started_at=EARLIER), Kind.IN_FLIGHT),
-    ("0.1.0 claim, stale by the claimant's time", prev(stale_at=NOW - timedelta(minutes=3),
-     started_at=NOW - timedelta(seconds=90)), Kind.TAKEOVER),
-    ("0.1.0 claim at the claimant's deadline", prev(stale_at=NOW - timedelta(minutes=3),
-     started_at=NOW - timedelta(seconds=60)), Kind.TAKEOVER),
-    ("0.1.0 claim, same stale_at and started_at", prev(stale_at=EARLIER, started_at=EARLIER),
-     Kind.IN_FLIGHT),
+    # a claim by a 0.1.0 worker (upgrade without a full stop): started_at and the fence
+    # + 1 written, stale_at left from the claim before; judged by the claimant's
+    # max_processing_time (60 s)
+    ("0.1.0 takeover, fresh by the claimant's time",
+     by_010(timedelta(seconds=30), timedelta(minutes=2)), Kind.IN_FLIGHT),
+    ("0.1.0 takeover, stale by the claimant's time",
+     by_010(timedelta(seconds=90), timedelta(minutes=3)), Kind.TAKEOVER),
+    ("0.1.0 takeover at the claimant's deadline",
+     by_010(timedelta(seconds=60), timedelta(minutes=3)), Kind.TAKEOVER),
+    ("0.1.0 claim of a released row, past the stale_at left before it",
+     by_010(timedelta(seconds=16), timedelta(seconds=1)), Kind.IN_FLIGHT),
+    ("0.1.0 claim of a released row, before the stale_at left", by_010(
+        timedelta(seconds=90), timedelta(seconds=-10)), Kind.TAKEOVER),
+    ("a fence ahead of the clock (it stepped back) is this version's",
+     prev(stale_at=EARLIER, fence=clock_fence(NOW) + 10**9), Kind.TAKEOVER),
 ]  # fmt: skip
 
 
@@ -163,7 +179,8 @@ def test_sql_form_decides_every_row_as_the_python_form(pg_cursor: Any) -> None:
         "AS status, %(tok_row)s::text AS claim_token, %(stale_at)s::timestamptz AS stale_at, "
         "%(expires_on)s::timestamptz AS expires_on, %(enc)s::text AS result_encoding, "
         "%(takeovers)s::int AS takeovers, %(row_ph)s::text AS payload_hash, "
-        "%(row_tid)s::text AS task_id, %(started_at)s::timestamptz AS started_at) AS o"
+        "%(row_tid)s::text AS task_id, %(started_at)s::timestamptz AS started_at, "
+        "%(fence)s::int8 AS fence) AS o"
     )
     for case, row, kind in CASES:
         params = {
@@ -173,6 +190,7 @@ def test_sql_form_decides_every_row_as_the_python_form(pg_cursor: Any) -> None:
             "tok": REQ.token, "maxt": REQ.max_takeovers, "row_ph": row.payload_hash,
             "ph": REQ.payload_hash, "row_tid": row.task_id, "tid": REQ.task_id,
             "started_at": row.started_at, "mpt": timedelta(seconds=REQ.max_processing_time),
+            "fence": row.fence,
         }  # fmt: skip
         pg_cursor.execute(sql, params)
         (code,) = pg_cursor.fetchone()

@@ -174,33 +174,40 @@ def test_stale_claim_is_taken_over_and_zombie_fenced(
     assert rec.expires_on - rec.started_at == timedelta(seconds=3600)
 
 
-def test_a_claim_that_left_stale_at_unwritten_is_judged_by_the_claimants_time(
-    store: Store, alias: str, processor: str, fp: str
+@pytest.mark.parametrize("left", [-60.0, 15.0], ids=["takeover", "claim-again"])
+def test_a_claim_by_a_0_1_0_worker_is_judged_by_the_claimants_time(
+    store: Store, alias: str, processor: str, fp: str, left: float
 ) -> None:
-    # Given a claim just taken over by a 0.1.0 worker (a fleet upgraded without a full
-    # stop, docs/operations.md): 0.1.0 writes started_at but not stale_at, so the row is
-    # in flight since now with the stale_at of the claim before it, long past
-    first = req(processor, fp)
-    store.claim(first)
-    age(alias, processor, fp, 120, field="stale_at")
+    # Given a row claimed just now by a 0.1.0 worker (a fleet upgraded without a full
+    # stop, docs/operations.md): 0.1.0 writes started_at and the fence + 1, and leaves
+    # the stale_at of the claim before (made 2 minutes ago): `left` s from now (a
+    # takeover of a stale claim: in the past; a claim again of a released row: ahead)
+    store.claim(req(processor, fp))
     Outcome.objects.using(alias).filter(processor_id=processor, fingerprint=fp).update(
-        claim_token="held-by-0.1.0"
+        fence=F("fence") - 120_000_000 + 1, stale_at=F("started_at") + timedelta(seconds=left),
+        claim_token="held-by-0.1.0",
     )
+    age(alias, processor, fp, 20)  # 20 s into the 0.1.0 attempt
     # When a delivery of this version claims it (max_processing_time 60 s)
     res = store.claim(req(processor, fp))
-    # Then the claim is live: stale only max_processing_time after its started_at, as
-    # 0.1.0 judges it, and nobody runs the effect beside the 0.1.0 worker
+    # Then the claim is live, as 0.1.0 judges it: stale max_processing_time after its
+    # started_at (not at the stale_at left in the row), and nobody runs the effect beside
+    # the 0.1.0 worker
     assert res.kind is Kind.IN_FLIGHT and not res.owned
     if alias not in (services.PARTITIONED, BACKENDS["postgresql"]):
-        assert 50 < res.retry_in <= 60  # (PostgreSQL's own claims always write stale_at)
+        assert 30 < res.retry_in <= 40  # (PostgreSQL's own claims always write stale_at)
+    # ... and a release of stale claims leaves it to its holder (its deadline is unknown)
+    rec = row(alias, processor, fp)
+    assert journal.release_plan(rec, journal.now(alias))[0] is False
     # ... and a claimant with a longer max_processing_time waits for its own
-    age(alias, processor, fp, 61)
+    age(alias, processor, fp, 41)
     assert store.claim(req(processor, fp, max_processing_time=600.0)).kind is Kind.IN_FLIGHT
     # Then, past started_at + its max_processing_time, the next delivery takes it over
     res = store.claim(req(processor, fp))
     assert res.kind is Kind.TAKEOVER and res.owned
     rec = row(alias, processor, fp)
     assert rec.stale_at - rec.started_at == timedelta(seconds=60)
+    assert rec.fence == clock_fence(rec.started_at)
 
 
 def test_a_takeover_adds_one_to_a_fence_ahead_of_the_clock(

@@ -59,6 +59,7 @@ class Found:
             payload_hash=row[13],
             task_id=row[10],
             started_at=parse(row[11]),
+            fence=row[6],
         )
         self.fence: int = row[6]
         self.deliveries: int = row[7]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 
 from celery_grousset.claim import (
+    CLOCK_FENCE_SQL,
     ENC_GAVE_UP,
     OWN_DELIVERY,
     REDELIVERY,
@@ -61,7 +62,7 @@ _T = "EXCLUDED.started_at"
 # (a parameter, not a literal: the statement's text stays under psycopg's 4 KiB cache limit)
 GAVE_UP_ERROR = gave_up_message("{n}")
 # A new row's fence: the claim's moment in microseconds since the epoch (claim.clock_fence).
-_CLOCK_FENCE = "(EXTRACT(EPOCH FROM lf.t) * 1000000)::int8"
+_CLOCK_FENCE = CLOCK_FENCE_SQL.format(t="lf.t")
 # claim.counted(), in SQL: 1 when the row answers this delivery and it is not a redelivery
 # of one already counted (lf.ptid: the task id on the locked row). The insert
 # proposes it as its `duplicates` (0 for a new row: nothing answered it).

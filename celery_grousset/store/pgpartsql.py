@@ -12,8 +12,13 @@ from celery_grousset.store.pgclaim import CLAIM_SQL, KEY, PER_ROW, REQUESTS
 
 TABLE = "celery_grousset_outcome"
 
-# The parameters of CLAIM_SQL, in order of first use, and their SQL types (text if unlisted).
-PARAMS = tuple(dict.fromkeys(re.findall(r"%\((\w+)\)s", CLAIM_SQL)))
+# The parameters of CLAIM_SQL, in the function's fixed order (its signature: a change of
+# order would add an overload beside the installed function, not replace it), and their
+# SQL types (text if unlisted).
+PARAMS = ("tok", "ph", "tid", "maxt", "f", "p", "task", "mpt", "exp", "worker", "args",
+          "bounce", "gu", "async")  # fmt: skip
+if set(PARAMS) != set(re.findall(r"%\((\w+)\)s", CLAIM_SQL)):  # pragma: no cover
+    raise RuntimeError("CLAIM_SQL's parameters changed: update pgpartsql.PARAMS")
 _TYPES = {"exp": "interval", "mpt": "interval", "maxt": "int", "async": "boolean",
           "bounce": "boolean"}  # fmt: skip
 
