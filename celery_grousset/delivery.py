@@ -106,27 +106,35 @@ def broker_countdown(app: Any, countdown: float, latest: float | None = None) ->
 
 
 #: the longest a worker waits before it hands back a delivery it could not republish
-REPUBLISH_FAILED_WAIT_MAX = 30.0
+#: (short: the wait runs inside the task, against its time limits)
+REPUBLISH_FAILED_WAIT_MAX = 5.0
 _republish_failures = [0]  # consecutive failed republishes in this process
 
 
-def republish_failed(task_name: str, countdown: float, exc: BaseException) -> float:
+def republish_failed(
+    task_name: str, countdown: float, exc: BaseException, latest: float | None = None
+) -> float:
     """A requeue's republish failed (the broker takes no message: Redis out of memory, a
     refused option): the delivery goes back to the broker (``Reject(requeue=True)``) and
-    comes back at once, with the same headers. Wait first, at least the requeue's own
-    ``countdown``, doubling while republishes keep failing in this process (up to
-    :data:`REPUBLISH_FAILED_WAIT_MAX`), so a broker that keeps refusing is not met with
-    a hot loop. Returns the wait."""
+    comes back at once, with the same headers. Wait first, so a broker that keeps
+    refusing is not met with a hot loop: 0.5 s doubling while republishes keep failing
+    in this process (jittered), at least the requeue's own ``countdown``, at most
+    :data:`REPUBLISH_FAILED_WAIT_MAX` and half of ``latest`` (a carried outcome's time
+    before its claim turns stale). A soft time limit ends the wait, not the hand-back.
+    Returns the wait."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
     n = min(_republish_failures[0], 16)
     _republish_failures[0] += 1
-    wait = min(max(countdown, 0.5 * 2.0**n), REPUBLISH_FAILED_WAIT_MAX)
-    wait *= random.uniform(0.5, 1.0)
+    wait = max(countdown, 0.5 * 2.0**n * random.uniform(0.5, 1.0))
+    wait = min(wait, REPUBLISH_FAILED_WAIT_MAX, latest / 2 if latest else math.inf)
     logger.warning(
         "celery-grousset: %s: could not requeue the delivery (%s: %s); it goes back to "
         "the broker in %.1f s (%d failed requeues in a row in this process)",
         task_name, type(exc).__name__, memo.redacted_text(str(exc), 300), wait, n + 1,
     )  # fmt: skip
-    time.sleep(wait)
+    with contextlib.suppress(SoftTimeLimitExceeded):
+        time.sleep(wait)
     return wait
 
 

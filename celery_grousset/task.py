@@ -307,7 +307,7 @@ class GroussetTaskMixin:
         except Exception as publish_exc:
             # Could not re-publish: hand the message back to the broker instead, after a
             # wait that grows while republishing keeps failing (no hot loop)
-            republish_failed(self.name, countdown, publish_exc)
+            republish_failed(self.name, countdown, publish_exc, latest)
             raise Reject(publish_exc, requeue=True) from publish_exc
         republished()
         raise Retry(exc=cast(Any, exc), when=cast(Any, countdown), sig=sig)

@@ -255,3 +255,34 @@ def test_a_completion_tried_again_warns_per_try_and_errs_once(
     if connections[short].vendor != "mysql":  # (MariaDB's 1 s lock wait: one try fits)
         assert len(levels) >= 2, levels
     assert all(r.grousset_action == "tried again" for r in tries[:-1])  # type: ignore[attr-defined]
+
+
+def test_a_refused_requeue_waits_within_its_bounds_and_a_soft_limit_ends_only_the_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from celery_grousset import delivery
+
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        raise SoftTimeLimitExceeded()  # the task's soft time limit, inside the wait
+
+    monkeypatch.setattr(delivery.time, "sleep", sleep)
+    monkeypatch.setattr(delivery, "_republish_failures", [0])
+    refused = RuntimeError("refused")
+    # The first wait: 0.25-0.5 s, or the requeue's own countdown if longer; the soft
+    # limit ends the wait and the delivery still goes back (no exception escapes)
+    assert 0.25 <= delivery.republish_failed("t", 0.0, refused) <= 0.5
+    assert delivery.republish_failed("t", 3.0, refused) == 3.0
+    # Doubling while requeues keep failing, never past 5 s
+    for _ in range(8):
+        delivery.republish_failed("t", 0.0, refused)
+    assert slept[-1] == delivery.REPUBLISH_FAILED_WAIT_MAX
+    # A carried outcome 2 s from stale waits at most half of that
+    assert delivery.republish_failed("t", 3.0, refused, latest=2.0) == 1.0
+    # A republish that goes through starts the doubling again
+    delivery.republished()
+    assert delivery.republish_failed("t", 0.0, refused) <= 0.5
