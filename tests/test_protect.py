@@ -250,7 +250,7 @@ def test_closed_port_fails_closed() -> None:
     # Given the journal's PostgreSQL is unreachable (nothing listens on port 1)
     closed = {**connections.settings["postgresql"], "PORT": "1"}
     reset_stores()
-    base._stores["postgresql"] = PostgresStore("postgresql", closed, timeout=2.0)
+    base._install("postgresql", PostgresStore("postgresql", closed, timeout=2.0))
     try:
         # When protect() is called / Then it raises StoreUnavailable and fn never ran
         with pytest.raises(StoreUnavailable, match="cannot connect"):
@@ -293,7 +293,7 @@ def test_sqlite_locked_fails_closed() -> None:
     holder = sqlite3.connect(str(connections.settings["default"]["NAME"]), isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     reset_stores()
-    base._stores["default"] = SQLiteStore("default", connections.settings["default"], timeout=0.5)
+    base._install("default", SQLiteStore("default", connections.settings["default"], timeout=0.5))
     try:
         # When protect() claims / Then "database is locked" is StoreUnavailable, never "run it"
         with pytest.raises(StoreUnavailable, match="locked"):

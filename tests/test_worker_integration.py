@@ -155,6 +155,34 @@ def test_200_duplicates_one_effect_other_backends(redis_url: str, queue: str, ba
             assert _two_hundred(backend, queue, f"dup-{backend}-{rep}-{uuid.uuid4().hex[:8]}") == 1
 
 
+@pytest.mark.parametrize("backend", ["default", "mysql", "postgresql"],
+                         ids=["sqlite", "mariadb", "postgresql"])  # fmt: skip
+def test_a_threads_pool_worker_runs_each_call_once(
+    redis_url: str, queue: str, backend: str
+) -> None:
+    """A worker's threads shared one store (and connection) per process: on SQLite two
+    claims interleaved on it undid each other's transactions and a call ran twice; on
+    MariaDB and psycopg2 claims failed with "already in use" errors; on PostgreSQL every
+    claim queued behind the one connection."""
+    services.require_database(backend)
+    from tests.tasks import effect
+
+    run = uuid.uuid4().hex[:8]
+    keys = [f"threads-{backend}-{run}-{i}" for i in range(30)]
+    with workers(queue, 1, database=backend, broker=redis_url, concurrency=4,
+                 extra=["-P", "threads"]) as started:  # fmt: skip
+        # Given 30 calls, each published 6 times, to a worker running 4 threads
+        results = [effect.apply_async((k,), queue=queue) for k in keys for _ in range(6)]
+        values = [r.get(timeout=120) for r in results]
+        log = started[0].text()
+    # Then each call's effect ran once, and each duplicate got its memo
+    assert [effects(backend, k) for k in keys] == [1] * 30
+    assert len({repr(v) for v in values}) == 30
+    # ... and no claim failed on a connection another thread was using
+    assert "grousset.store_unavailable" not in log, log[-3000:]
+    assert "FencedOut" not in log
+
+
 def test_200_duplicates_rabbitmq(pg: str, queue: str) -> None:
     amqp = services.require_rabbitmq()
     with workers(queue, 2, database=pg, broker=amqp, concurrency=2):

@@ -1,7 +1,9 @@
 """Claim stores, one per database vendor (see :mod:`celery_grousset.store.base`):
 every SQL statement of the package and the database clock live in this package.
 
-:func:`get_store` gives the store of a database alias, one per process.
+:func:`get_store` gives the store of a database alias, one per thread of a process (per
+greenlet under gevent or eventlet, as Django's own connections): a store's connection
+runs one transaction at a time.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import weakref
 
 from celery_grousset.store.base import ClaimResult, Completion, Store, check_claimable
 
@@ -47,25 +50,43 @@ def store_class(engine: str) -> type[Store]:
 
 
 _lock = threading.Lock()
-_stores: dict[str, Store] = {}
+_local = threading.local()
+#: every store of this process, for :func:`reset_stores` and after a fork (weak: a
+#: thread's stores go with it)
+_every: weakref.WeakSet[Store] = weakref.WeakSet()
+_generation = [0]  # moved on by reset_stores: every thread's stores are then new
 _pid = os.getpid()
 
 
 def get_store(alias: str | None = None) -> Store:
-    """The store of ``alias`` (default: ``GROUSSET["DATABASE"]``) for this process."""
+    """The store of ``alias`` (default: ``GROUSSET["DATABASE"]``) for this thread. Threads
+    of one process never share a store: two claims interleaved on one connection (a
+    ``--pool threads`` worker, threads calling ``protect()``) undo each other's
+    transactions."""
     from celery_grousset.conf import grousset_settings
 
     if alias is None:
         alias = grousset_settings.DATABASE
     if os.getpid() != _pid:  # forked without the at-fork hook (e.g. os.fork in a test)
         _after_fork()
-    store = _stores.get(alias)
-    if store is not None:
-        return store
+    stores: dict[str, Store] | None = getattr(_local, "stores", None)
+    if stores is None or getattr(_local, "generation", None) != _generation[0]:
+        stores = _local.stores = {}
+        _local.generation = _generation[0]
+    store = stores.get(alias)
+    if store is None:
+        store = _install(alias, _new_store(alias), stores)
+    return store
+
+
+def _install(alias: str, store: Store, stores: dict[str, Store] | None = None) -> Store:
+    """Make ``store`` this thread's store of ``alias`` (tests inject one this way)."""
+    if stores is None:
+        get_store(alias)  # this thread's current generation of stores
+        stores = _local.stores
+    stores[alias] = store
     with _lock:
-        store = _stores.get(alias)
-        if store is None:
-            store = _stores[alias] = _new_store(alias)
+        _every.add(store)
     return store
 
 
@@ -102,20 +123,23 @@ def _new_store(alias: str) -> Store:
 
 
 def reset_stores() -> None:
-    """Close and forget every store of this process (settings changed, tests)."""
+    """Close and forget every store of this process, in every thread (settings changed,
+    tests)."""
     with _lock:
-        for store in _stores.values():
+        _generation[0] += 1
+        for store in list(_every):
             with contextlib.suppress(Exception):
                 store.close()
-        _stores.clear()
+        _every.clear()
 
 
 def _after_fork() -> None:
     global _pid
     _pid = os.getpid()
-    for store in _stores.values():
+    _generation[0] += 1
+    for store in list(_every):
         store.discard()
-    _stores.clear()
+    _every.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork)
