@@ -11,6 +11,7 @@
 ``celery_grousset.E013``    a guarded task's option has the wrong type or is out of range
 ``celery_grousset.E014``    a check could not run (an unexpected error; the message has it)
 ``celery_grousset.E015``    ``JOURNAL_LAYOUT = "partitioned"`` on a journal that is not PostgreSQL
+``celery_grousset.E016``    a MySQL/SQLite journal database with a ``TIME_ZONE`` other than UTC
 ``celery_grousset.W001``    Redis/SQS ``visibility_timeout`` < a task's ``max_processing_time``
 ``celery_grousset.W002``    ``acks_late`` is off on a guarded task
 ``celery_grousset.W003``    ``reject_on_worker_lost`` is off on a guarded task
@@ -70,7 +71,7 @@ _running = threading.local()
 _Check = Callable[..., list[checks.CheckMessage]]
 
 #: TIME_ZONE values under which naive datetimes are UTC.
-_UTC_NAMES = frozenset(
+UTC_NAMES = frozenset(
     {"UTC", "Etc/UTC", "UCT", "Etc/UCT", "Universal", "Etc/Universal", "Zulu", "Etc/Zulu",
      "GMT", "Etc/GMT", "GMT0", "Etc/GMT0", "GMT+0", "Etc/GMT+0", "GMT-0", "Etc/GMT-0",
      "Greenwich", "Etc/Greenwich"}
@@ -116,7 +117,7 @@ def time_zone_messages() -> list[checks.CheckMessage]:
     """``USE_TZ = False`` with naive times that are not UTC (E012)."""
     from django.conf import settings
 
-    if settings.USE_TZ or settings.TIME_ZONE in _UTC_NAMES:
+    if settings.USE_TZ or settings.TIME_ZONE in UTC_NAMES:
         return []
     return [
         checks.Error(

@@ -40,13 +40,37 @@ def alias_errors(alias: str, named: str, obj: str | None = None) -> list[checks.
     else:
         engine = connections.settings[alias]["ENGINE"]
         try:
-            store_class(engine)  # the store's own engine -> backend mapping
-            return []
+            vendor = store_class(engine).vendor  # the store's own engine -> backend mapping
+            return database_time_zone(alias, vendor, obj)
         except ImproperlyConfigured:
             why = (f"The journal database {alias!r} ({named}) uses {engine!r}; "
                    "celery-grousset supports PostgreSQL, SQLite and MySQL/MariaDB.")  # fmt: skip
             hint = "Point it at a supported database."
     return [checks.Error(why, hint=hint, obj=obj, id="celery_grousset.E003")]
+
+
+def database_time_zone(alias: str, vendor: str, obj: str | None) -> list[checks.CheckMessage]:
+    """E016: a MySQL/MariaDB or SQLite journal database whose ``DATABASES[alias]
+    ["TIME_ZONE"]`` is not UTC. Those databases store naive times: the store writes and
+    compares UTC, Django's ORM (the purge, the admin, the commands) would read and write
+    them as local times."""
+    from django.conf import settings
+    from django.db import connections
+
+    from celery_grousset.checks import UTC_NAMES
+
+    zone = connections.settings[alias].get("TIME_ZONE")
+    if vendor == "postgresql" or not settings.USE_TZ or zone is None or zone in UTC_NAMES:
+        return []  # (PostgreSQL stores time zones; USE_TZ = False is E012's)
+    return [checks.Error(
+        f"The journal database {alias!r} has DATABASES[{alias!r}]['TIME_ZONE'] = {zone!r} on "
+        f"{vendor}: the journal writes UTC times, which Django would read as {zone} times, "
+        "so the purge, the admin and the commands would misjudge every record by the "
+        "offset (an unexpired record can be purged and its effect run twice).",
+        hint=f"Remove TIME_ZONE from DATABASES[{alias!r}] (or set it to 'UTC'), or give the "
+        "journal a database alias of its own without it (GROUSSET['DATABASE']).",
+        obj=obj, id="celery_grousset.E016",
+    )]  # fmt: skip
 
 
 def repeatable_read(alias: str) -> list[checks.CheckMessage]:

@@ -351,6 +351,35 @@ def test_naive_local_datetimes_are_E012(time_zone: str | None) -> None:
 
 
 @pytest.mark.parametrize(
+    ("alias", "zone", "refused"),
+    [("default", "Asia/Kolkata", True), ("mysql", "America/New_York", True),
+     ("postgresql", "Asia/Kolkata", False), ("mysql", "UTC", False)],
+)  # fmt: skip
+def test_a_journal_database_storing_local_times_is_E016(
+    alias: str, zone: str, refused: bool
+) -> None:
+    """A MySQL or SQLite journal database with its own TIME_ZONE: the store wrote UTC,
+    Django read local times, and the purge deleted a record completed seconds before."""
+    from django.db import connections
+
+    # Given the journal database's DATABASES entry names a time zone
+    entry = connections.settings[alias]
+    before = entry.get("TIME_ZONE")
+    entry["TIME_ZONE"] = zone
+    try:
+        with override_settings(GROUSSET={"DATABASE": alias}):
+            messages = [m for m in checks.run_checks(tags=[TAG]) if m.id == "celery_grousset.E016"]
+    finally:
+        entry["TIME_ZONE"] = before
+    # Then a MySQL/SQLite journal storing local times is refused, naming the fix;
+    # PostgreSQL (time zones stored) and UTC are not
+    assert len(messages) == int(refused)
+    if refused:
+        assert zone in messages[0].msg and "purge" in messages[0].msg
+        assert f"Remove TIME_ZONE from DATABASES[{alias!r}]" in (messages[0].hint or "")
+
+
+@pytest.mark.parametrize(
     ("use_tz", "time_zone"), [(False, "UTC"), (True, "Asia/Tokyo"), (True, "UTC")]
 )
 def test_aware_or_utc_datetimes_are_not_E012(use_tz: bool, time_zone: str) -> None:
