@@ -284,8 +284,11 @@ RULES: tuple[tuple[tuple[Condition, ...], Kind], ...] = (
 
 
 def clock_fence(now: datetime) -> int:
-    """The fence of a new row claimed at ``now`` (database clock): microseconds since the
-    Unix epoch. The PostgreSQL statement computes the same value in SQL."""
+    """The fence of a new row claimed at ``now`` (database clock; naive: UTC, as Django
+    reads it under ``USE_TZ = False``): microseconds since the Unix epoch. The PostgreSQL
+    statement computes the same value in SQL."""
+    if now.tzinfo is None:
+        now = now.replace(tzinfo=timezone.utc)
     return (now - _EPOCH) // _MICROSECOND
 
 

@@ -805,3 +805,37 @@ def test_good_arguments_still_work(migrated_default: str) -> None:
         "grousset_stats", "--stale-after", "0.5", database=migrated_default
     )
     assert "stale claims" in run("grousset_stats", stale_after="2h", database=migrated_default)
+
+
+def test_the_tools_read_the_journal_under_use_tz_false(
+    store: Store, alias: str, processor: str
+) -> None:
+    """USE_TZ = False with TIME_ZONE = "UTC" (which E012 accepts): the database clock came
+    back aware and the ORM's times naive, so inspect, release and the gauges raised
+    TypeError, and on MySQL the purge and the stats raised ValueError."""
+    # Given a fresh claim, read by a project that keeps naive datetimes (in UTC)
+    running = in_flight(store, processor)
+    with override_settings(USE_TZ=False, TIME_ZONE="UTC"):
+        # Then the database clock is naive as the ORM's times are, and every tool reads
+        assert journal.now(alias).tzinfo is None
+        data = json.loads(run("grousset_inspect", running.fingerprint, json=True, database=alias))
+        assert "in flight" in data["memo_error"]
+        with pytest.raises(CommandError, match="fresh"):  # not released without --force
+            run("grousset_release", running.fingerprint, database=alias)
+        assert journal.gauges(alias)["grousset_stale_claims"] >= 0
+        run("grousset_purge", database=alias)
+        assert "in_flight" in run("grousset_stats", database=alias)
+    assert rows(alias, processor).get().status == "in_flight"
+
+
+def test_a_time_in_another_zone_is_printed_in_utc() -> None:
+    """A PostgreSQL alias with its own TIME_ZONE hands the ORM aware times in that zone:
+    grousset_inspect printed them with their local digits and a "UTC" label."""
+    from datetime import datetime, timezone
+    from zoneinfo import ZoneInfo
+
+    from celery_grousset.management import timestamp
+
+    at = datetime(2026, 12, 4, 19, 31, 40, 739000, tzinfo=ZoneInfo("Asia/Kolkata"))
+    assert timestamp(at) == "2026-12-04 14:01:40.739 UTC"
+    assert timestamp(at.astimezone(timezone.utc).replace(tzinfo=None)) == timestamp(at)

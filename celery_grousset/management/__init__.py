@@ -18,7 +18,7 @@ import math
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import CommandError, CommandParser
@@ -224,8 +224,12 @@ def human_seconds(seconds: float) -> str:
 
 
 def timestamp(value: datetime | None) -> str:
+    """``value`` in UTC (an aware value in another zone is converted; a naive one is UTC
+    already: ``USE_TZ = False`` with ``TIME_ZONE = "UTC"``)."""
     if value is None:
         return "—"
+    if value.tzinfo is not None:
+        value = value.astimezone(timezone.utc)
     return value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 

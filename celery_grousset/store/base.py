@@ -252,7 +252,10 @@ class Store(abc.ABC):
     # -- the database clock, on Django's connection -----------------------------------------
 
     def now(self) -> datetime:
-        """The database's clock (aware, UTC): never a worker's clock."""
+        """The database's clock, never a worker's: in UTC, aware, or naive under
+        ``USE_TZ = False`` (as Django's ORM reads the journal's times: E012 keeps that
+        to ``TIME_ZONE = "UTC"``)."""
+        from django.conf import settings
         from django.db import connections
         from django.utils import timezone
 
@@ -261,7 +264,9 @@ class Store(abc.ABC):
         with connections[self.alias].cursor() as cur:
             cur.execute(self.clock_sql)
             value: datetime = cur.fetchone()[0]
-        return value if value.tzinfo is not None else value.replace(tzinfo=dt_timezone.utc)
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt_timezone.utc)
+        return value if settings.USE_TZ else value.astimezone(dt_timezone.utc).replace(tzinfo=None)
 
     def now_expression(self, plus: float = 0.0) -> Any:
         """The database clock (+ ``plus`` seconds) as a value for a query or a write."""
