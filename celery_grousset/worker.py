@@ -167,6 +167,7 @@ class GroussetStep(bootsteps.StartStopStep):
             app.conf.task_time_limit = parent.time_limit
         if not (self.bypass or _settings_bypass()):  # unguarded: the options do not matter
             refuse_configuration_errors()
+            _warn_unenforced_time_limits(parent)
             from celery.signals import worker_ready  # a thread: a slow database never
             # holds the worker's start up
             worker_ready.connect(_check_schema, weak=False, dispatch_uid="celery_grousset.schema")
@@ -241,6 +242,26 @@ def _worker_claim(app: Any, flag: bool | None) -> list[str]:
     from celery_grousset.batch_claim import enable
 
     return enable(app)
+
+
+#: the pools that run tasks in the worker's own threads: Celery enforces no time limit there
+_UNLIMITED_POOLS = {"celery.concurrency.thread": "threads", "celery.concurrency.solo": "solo"}
+
+
+def _warn_unenforced_time_limits(parent: Any) -> None:
+    """A threads or solo pool enforces no ``time_limit``: a stuck attempt is never killed
+    before its claim turns stale, and a takeover can run the effect beside it (the
+    guarantee's "keep a hard time_limit below max_processing_time")."""
+    pool = _UNLIMITED_POOLS.get(getattr(getattr(parent, "pool_cls", None), "__module__", ""))
+    if pool is not None:
+        logger.warning(
+            "celery-grousset: the %s pool enforces no time limit (Celery ignores time_limit "
+            "and soft_time_limit there): a guarded attempt that runs past its "
+            "max_processing_time is not killed, and another delivery may take its claim "
+            "over and run the effect beside it. Keep each guarded task's "
+            "max_processing_time above its longest possible run, or use the prefork pool.",
+            pool,
+        )
 
 
 def refuse_configuration_errors() -> None:

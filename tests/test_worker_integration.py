@@ -181,6 +181,8 @@ def test_a_threads_pool_worker_runs_each_call_once(
     # ... and no claim failed on a connection another thread was using
     assert "grousset.store_unavailable" not in log, log[-3000:]
     assert "FencedOut" not in log
+    # ... and the worker said that its pool enforces no time limit
+    assert "the threads pool enforces no time limit" in log
 
 
 def test_200_duplicates_rabbitmq(pg: str, queue: str) -> None:
@@ -253,6 +255,7 @@ def test_a_requeue_the_broker_refuses_waits_before_its_delivery_goes_back(
     rec = record_of(pg, unrequeuable, (key,), kwargs)
     assert 2 <= rec.deliveries <= 12, rec.deliveries
     assert "could not requeue the delivery (SerializerNotInstalled" in log
+    assert "enforces no time limit" not in log  # (a prefork worker)
 
 
 def test_sigkill_mid_effect_is_taken_over_after_max_processing_time(
