@@ -13,6 +13,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, NoReturn, TypeVar
 
+from django.utils.asyncio import async_unsafe
+
 from celery_grousset import guard
 from celery_grousset.binding import signature_of
 from celery_grousset.claim import PROTECT_NAME, ClaimRequest
@@ -74,6 +76,11 @@ def _check(key: object, on_in_flight: str) -> None:
         )
 
 
+@async_unsafe(
+    "celery-grousset: protect() waits on the journal database and cannot run in an event "
+    "loop's thread (it would block the loop, and fail when it meets a claim in flight). "
+    "Call it through asgiref: `await sync_to_async(protect)(key, fn, ...)`."
+)
 def protect(
     key: str,
     fn: Callable[..., T],
@@ -100,6 +107,9 @@ def protect(
     a later call of the same key with other arguments raises
     :class:`~celery_grousset.exceptions.PayloadMismatch` (``validate_payload=False``
     turns that off). A closure's captured values are not seen: pass the arguments.
+    It blocks on the journal database: from async code (an async view) call it through
+    asgiref, ``await sync_to_async(protect)(key, fn, ...)``; called in an event loop's
+    thread it raises Django's ``SynchronousOnlyOperation``.
     """
     _check(key, on_in_flight)
     opts = Options.resolve(

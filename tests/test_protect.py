@@ -350,3 +350,33 @@ def test_an_option_of_the_wrong_type_is_refused_not_guessed(alias: str, processo
                 transactional="false")  # fmt: skip
     # Then nothing ran
     assert runs == []
+
+
+def test_protect_in_an_event_loop_is_refused_at_once_and_runs_through_sync_to_async(
+    alias: str, processor: str
+) -> None:
+    """protect() called in an event loop's thread blocked the loop, and raised only when
+    it met a claim in flight (its wait polls through Django's ORM)."""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+    from django.core.exceptions import SynchronousOnlyOperation
+
+    key, ran = f"async-{uuid.uuid4().hex[:8]}", []
+
+    async def direct() -> Any:
+        return protect(key, lambda: ran.append(1) or "done", max_processing_time=60,
+                       processor_id=processor, database=alias)  # fmt: skip
+
+    async def through_a_thread() -> Any:
+        return await sync_to_async(protect)(key, lambda: ran.append(1) or "done",
+                                            max_processing_time=60, processor_id=processor,
+                                            database=alias)  # fmt: skip
+
+    # When called in the loop's thread, it is refused at once, naming the way out
+    with pytest.raises(SynchronousOnlyOperation, match="sync_to_async"):
+        asyncio.run(direct())
+    assert ran == []
+    # ... and through sync_to_async it runs, once
+    assert asyncio.run(through_a_thread()) == asyncio.run(through_a_thread()) == "done"
+    assert ran == [1]
