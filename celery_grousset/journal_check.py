@@ -26,6 +26,14 @@ def journal_aliases(default: str, task_databases: Iterable[str]) -> list[str]:
     return sorted({default, *task_databases})
 
 
+#: TIME_ZONE values under which naive datetimes are UTC.
+UTC_NAMES = frozenset(
+    {"UTC", "Etc/UTC", "UCT", "Etc/UCT", "Universal", "Etc/Universal", "Zulu", "Etc/Zulu",
+     "GMT", "Etc/GMT", "GMT0", "Etc/GMT0", "GMT+0", "Etc/GMT+0", "GMT-0", "Etc/GMT-0",
+     "Greenwich", "Etc/Greenwich"}
+)  # fmt: skip
+
+
 def alias_errors(alias: str, named: str, obj: str | None = None) -> list[checks.CheckMessage]:
     """E003: the journal database ``alias`` (``named``: where it is set) is not in
     ``DATABASES``, or its engine is not one the journal supports."""
@@ -56,8 +64,6 @@ def database_time_zone(alias: str, vendor: str, obj: str | None) -> list[checks.
     them as local times."""
     from django.conf import settings
     from django.db import connections
-
-    from celery_grousset.checks import UTC_NAMES
 
     zone = connections.settings[alias].get("TIME_ZONE")
     if vendor == "postgresql" or not settings.USE_TZ or zone is None or zone in UTC_NAMES:

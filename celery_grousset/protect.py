@@ -107,9 +107,8 @@ def protect(
     a later call of the same key with other arguments raises
     :class:`~celery_grousset.exceptions.PayloadMismatch` (``validate_payload=False``
     turns that off). A closure's captured values are not seen: pass the arguments.
-    It blocks on the journal database: from async code (an async view) call it through
-    asgiref, ``await sync_to_async(protect)(key, fn, ...)``; called in an event loop's
-    thread it raises Django's ``SynchronousOnlyOperation``.
+    It blocks: from async code, ``await sync_to_async(protect)(key, fn, ...)`` (asgiref);
+    in an event loop's thread it raises Django's ``SynchronousOnlyOperation``.
     """
     _check(key, on_in_flight)
     opts = Options.resolve(

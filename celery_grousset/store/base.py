@@ -1,20 +1,19 @@
-"""The store contract: one atomic claim, a fenced completion, a release, and every
-other statement the package sends to the journal's database.
+"""The store contract: one atomic claim, a fenced completion, a release, and every other
+statement the package sends to the journal's database.
 
-A store talks to the journal's database on a connection of its own (one per
+A store talks to the journal's database on a connection of its own (one per thread of a
 process and database alias), in autocommit mode, so that:
 
-* the claim commits on its own even when the caller is inside
-  ``transaction.atomic()`` (docs/guarantee.md);
-* Celery's Django fixup, which closes Django's connections around every task,
-  does not make every claim pay for a new connection (docs/performance.md).
+* the claim commits on its own even when the caller is inside ``transaction.atomic()``
+  (docs/guarantee.md);
+* Celery's Django fixup, which closes Django's connections around every task, does not
+  make every claim pay for a new connection (docs/performance.md).
 
-A connection that breaks is dropped and opened again on the next call; an
-operation that fails on a connection that had been idle is retried once on a
-fresh one (safe: a claim re-sent with the same token is recognised as the
-caller's own, a completion re-sent with the same token matches its own row).
-Anything else is :class:`~celery_grousset.exceptions.StoreUnavailable`: the
-guard fails closed.
+A connection that breaks is dropped and opened again on the next call; an operation
+that fails on a connection that had been idle is retried once on a fresh one (safe: a
+claim re-sent with the same token is recognised as the caller's own, a completion re-sent
+with the same token matches its own row). Anything else is
+:class:`~celery_grousset.exceptions.StoreUnavailable`: the guard fails closed.
 
 The operations that must share the caller's transaction or are made for operators
 (the transactional completion, purge, lookups, the admin's counts, the database
@@ -253,8 +252,7 @@ class Store(abc.ABC):
 
     def now(self) -> datetime:
         """The database's clock, never a worker's: in UTC, aware, or naive under
-        ``USE_TZ = False`` (as Django's ORM reads the journal's times: E012 keeps that
-        to ``TIME_ZONE = "UTC"``)."""
+        ``USE_TZ = False`` (as Django's ORM reads the journal's times; E012: in UTC)."""
         from django.conf import settings
         from django.db import connections
         from django.utils import timezone
@@ -264,9 +262,8 @@ class Store(abc.ABC):
         with connections[self.alias].cursor() as cur:
             cur.execute(self.clock_sql)
             value: datetime = cur.fetchone()[0]
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=dt_timezone.utc)
-        return value if settings.USE_TZ else value.astimezone(dt_timezone.utc).replace(tzinfo=None)
+        utc = value.astimezone(dt_timezone.utc) if value.tzinfo else value  # naive: UTC
+        return utc.replace(tzinfo=dt_timezone.utc if settings.USE_TZ else None)
 
     def now_expression(self, plus: float = 0.0) -> Any:
         """The database clock (+ ``plus`` seconds) as a value for a query or a write."""
@@ -303,12 +300,8 @@ class Store(abc.ABC):
         """``(status, fence)`` of a key's row, or None (the wait policy's poll)."""
         from celery_grousset.models import Outcome
 
-        row = (
-            Outcome.objects.db_manager(self.alias)
-            .by_key(processor_id, fingerprint)
-            .values_list("status", "fence")
-            .first()
-        )
+        rows = Outcome.objects.db_manager(self.alias).by_key(processor_id, fingerprint)
+        row = rows.values_list("status", "fence").first()
         return (str(row[0]), int(row[1])) if row is not None else None
 
     # -- operators' statements -------------------------------------------------------------
