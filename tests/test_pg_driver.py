@@ -91,3 +91,73 @@ def test_a_database_without_the_journal_table_says_run_migrate() -> None:
             store.claim(make("bare"))
     finally:
         store.close()
+
+
+def _behind_the_drivers_back(conn: object, sql: str) -> None:
+    """``sql`` on the store's server session, unseen by the driver's own bookkeeping of
+    prepared statements (as another client's transaction on a pooled session is)."""
+    pgconn = getattr(conn, "pgconn", None)
+    if pgconn is not None:  # psycopg 3 clears its cache when it sees DEALLOCATE go by
+        assert pgconn.exec_(sql.encode()).error_message == b""
+    else:
+        conn.cursor().execute(sql)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("session", ["lost its statements", "has one under the name"])
+def test_a_server_session_that_does_not_keep_prepared_statements_is_served_unprepared(
+    session: str,
+) -> None:
+    """Behind a pooler in transaction mode (PgBouncer), each transaction may run on
+    another server session: one without the store's prepared statement ("does not
+    exist") or with another client's under its name ("already exists"). The statement
+    failed every time: claims and completions never went through, and on psycopg2 a
+    completion that kept failing left its claim to be taken over, the effect run twice."""
+    services.require_database("postgresql")
+    pg = PostgresStore("postgresql", connections.settings["postgresql"], timeout=1.0)
+    processor = f"pool-{uuid.uuid4().hex[:8]}"
+    first = make(processor)
+    try:
+        if session == "lost its statements":
+            # Given a session that prepared the claim, then lost it
+            assert pg.claim(first).kind is Kind.NEW
+            _behind_the_drivers_back(pg._conn, "DEALLOCATE ALL")
+        elif hasattr(pg._connect(), "pgconn"):
+            # Given a session that holds another client's statement under the name
+            # psycopg 3 gives its first one
+            _behind_the_drivers_back(pg._conn, "PREPARE _pg3_0 AS SELECT 1")
+        else:  # psycopg2 names a statement by its hash: another client's is the same
+            assert pg.claim(first).kind is Kind.NEW
+            pg._conn.prepared.clear()
+        # When claims and completions are sent
+        req = make(processor)
+        done = Completion("completed", b"1", "application/json")
+        assert pg.claim(req).kind is Kind.NEW
+        assert pg.claim(first).kind in (Kind.NEW, Kind.RESUMED)
+        assert pg.finish(processor, req.fingerprint, req.token, done)
+        assert pg.finish(processor, first.fingerprint, first.token, done)
+        # Then they went through, unprepared from then on
+        assert pg.prepare is False
+    finally:
+        pg.close()
+
+
+def test_an_alias_that_turns_prepared_statements_off_is_served_unprepared() -> None:
+    """psycopg's setting for a pooler, OPTIONS {"prepare_threshold": None}, was dropped
+    from the store's connection: it prepared its statements all the same."""
+    services.require_database("postgresql")
+    settings = connections.settings["postgresql"]
+    pooled = {**settings, "OPTIONS": {**settings.get("OPTIONS", {}), "prepare_threshold": None}}
+    pg = PostgresStore("postgresql", pooled, timeout=1.0)
+    try:
+        # When claims and a completion are sent, more than psycopg's threshold of times
+        processor = f"nopre-{uuid.uuid4().hex[:8]}"
+        for _ in range(6):
+            req = make(processor)
+            assert pg.claim(req).kind is Kind.NEW
+        assert pg.finish(processor, req.fingerprint, req.token,
+                         Completion("completed", b"1", "application/json"))  # fmt: skip
+        # Then the server session holds no prepared statement
+        count = driver().execute(pg._conn, "SELECT count(*) FROM pg_prepared_statements")
+        assert count.fetchone()[0] == 0 and pg.prepare is False
+    finally:
+        pg.close()

@@ -54,8 +54,12 @@ class Driver:
         """A new connection in autocommit mode (the driver's Error if it fails)."""
         raise NotImplementedError
 
-    def execute(self, conn: Any, sql: str, params: Any = None, *, prepare: bool = False) -> Any:
-        """Send ``sql``; a cursor with the outcome (``fetchone()``, ``rowcount``)."""
+    def execute(
+        self, conn: Any, sql: str, params: Any = None, *, prepare: bool | None = None
+    ) -> Any:
+        """Send ``sql``; a cursor with the outcome (``fetchone()``, ``rowcount``).
+        ``prepare``: True prepares it on the server, False never, None as the driver's
+        default does (psycopg 3: after a few executions)."""
         raise NotImplementedError
 
     def broken(self, conn: Any) -> bool:
@@ -75,8 +79,10 @@ class Psycopg3(Driver):
     def connect(self, params: dict[str, Any]) -> Any:
         return self.module.connect(autocommit=True, **params)
 
-    def execute(self, conn: Any, sql: str, params: Any = None, *, prepare: bool = False) -> Any:
-        return conn.execute(sql, params, prepare=prepare or None)
+    def execute(
+        self, conn: Any, sql: str, params: Any = None, *, prepare: bool | None = None
+    ) -> Any:
+        return conn.execute(sql, params, prepare=prepare)
 
     def broken(self, conn: Any) -> bool:
         return bool(conn.broken)
@@ -106,7 +112,9 @@ class Psycopg2(Driver):
         conn.prepared = set()
         return conn
 
-    def execute(self, conn: Any, sql: str, params: Any = None, *, prepare: bool = False) -> Any:
+    def execute(
+        self, conn: Any, sql: str, params: Any = None, *, prepare: bool | None = None
+    ) -> Any:
         cur = conn.cursor()
         if prepare:
             sql, params = self._prepared(conn, cur, sql, params)

@@ -21,6 +21,7 @@ connection uses (psycopg 3 or psycopg2: :mod:`celery_grousset.store.pgdriver`);
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -46,6 +47,7 @@ from celery_grousset.store.pgops import PostgresOperations
 from celery_grousset.store.watchdog import Watchdog
 
 T = TypeVar("T")
+logger = logging.getLogger("celery_grousset")
 
 FINISH_SQL = f"""
 UPDATE celery_grousset_outcome SET status = %(st)s, result = %(res)s,
@@ -85,13 +87,44 @@ BOUND_TRANSACTION_SQL = (
 _LIBPQ_DROP = ("cursor_factory", "context", "prepare_threshold", "server_side_binding", "pool")
 
 
+#: a prepared statement the server session no longer has, or has already under its name:
+#: a pooler in transaction mode hands each transaction another server session
+_SESSION_LOST_PREPARED = ("26000", "42P05")
+
+
 class PostgresStore(PostgresOperations, Store):
     vendor = "postgresql"
     claim_sql = CLAIM_SQL  # what claim() sends (the partitioned store's differs)
     batch_sql = BATCH_SQL  # what claim_all() sends for a batch, likewise
     _watchdog: Watchdog | None = None
+    #: the claim, the batch and the completion are prepared on the server: off when the
+    #: alias's OPTIONS say ``prepare_threshold: None`` (psycopg's setting for a pooler),
+    #: or once the server's sessions lose them
+    prepare = True
+
+    def _send(self, conn: Any, sql: str, params: Any) -> Any:
+        """``sql`` on ``conn``, prepared unless :attr:`prepare` is off. A statement the
+        server refuses as not (or already) prepared never ran: it is sent again,
+        unprepared, and the store prepares nothing more."""
+        db = driver()
+        if self.prepare:
+            try:
+                return db.execute(conn, sql, params, prepare=True)
+            except db.Error as exc:
+                if sqlstate(exc) not in _SESSION_LOST_PREPARED:
+                    raise
+                self.prepare = False
+                logger.warning(
+                    "celery-grousset: the journal database %r lost a prepared statement "
+                    "(%s): its server sessions do not keep them (a pooler in transaction "
+                    "mode?); the store no longer prepares its statements (docs/operations.md)",
+                    self.alias, str(exc).strip()[:200],
+                )  # fmt: skip
+        return db.execute(conn, sql, params, prepare=False)
 
     def _params(self) -> dict[str, Any]:
+        if (self.settings_dict.get("OPTIONS") or {}).get("prepare_threshold", 0) is None:
+            self.prepare = False
         params = self.driver_params()
         for key in _LIBPQ_DROP:
             params.pop(key, None)
@@ -213,7 +246,7 @@ class PostgresStore(PostgresOperations, Store):
         params = self.claim_params(req)
 
         def op(conn: Any) -> Any:
-            return driver().execute(conn, self.claim_sql, params, prepare=True).fetchone()
+            return self._send(conn, self.claim_sql, params).fetchone()
 
         for _race in range(3):
             row = self._run(op)
@@ -253,7 +286,7 @@ class PostgresStore(PostgresOperations, Store):
         batches must see different rows committed). Nothing was written: send it again."""
         db = driver()
         try:
-            return list(db.execute(conn, self.batch_sql, params, prepare=True).fetchall())
+            return list(self._send(conn, self.batch_sql, params).fetchall())
         except db.DeadlockDetected:
             return []
 
@@ -277,7 +310,7 @@ class PostgresStore(PostgresOperations, Store):
         }
 
         def op(conn: Any) -> int:
-            return int(driver().execute(conn, FINISH_SQL, params, prepare=True).rowcount)
+            return int(self._send(conn, FINISH_SQL, params).rowcount)
 
         return self._run(op) == 1
 
