@@ -245,11 +245,12 @@ def _worker_claim(app: Any, flag: bool | None) -> list[str]:
 
 
 #: the pools that run tasks in the worker's own threads: Celery enforces no time limit there
-_UNLIMITED_POOLS = {"celery.concurrency.thread": "threads", "celery.concurrency.solo": "solo"}
+_UNLIMITED_POOLS = {"celery.concurrency.thread": "threads", "celery.concurrency.solo": "solo",
+                    "celery.concurrency.eventlet": "eventlet"}  # fmt: skip
 
 
 def _warn_unenforced_time_limits(parent: Any) -> None:
-    """A threads or solo pool enforces no ``time_limit``: a stuck attempt is never killed
+    """A threads, solo or eventlet pool enforces no ``time_limit``: a stuck attempt is never killed
     before its claim turns stale, and a takeover can run the effect beside it (the
     guarantee's "keep a hard time_limit below max_processing_time")."""
     pool = _UNLIMITED_POOLS.get(getattr(getattr(parent, "pool_cls", None), "__module__", ""))

@@ -40,3 +40,32 @@ def test_a_call_answered_in_time_is_left_alone() -> None:
         # Then the connection still works and nothing was cut
         peer.sendall(b"y")
         assert ours.recv(1) == b"y" and dog.fired == 0
+
+
+def test_a_watchdog_whose_owner_is_gone_ends_its_thread() -> None:
+    """Stores are per thread, each PostgreSQL store with a watchdog: a watchdog's thread
+    held its watchdog for ever, so every short-lived thread that used the journal (a
+    development server's request thread) left a thread behind."""
+    import gc
+    import threading
+
+    before = set(threading.enumerate())
+    ours, peer = socket.socketpair()
+    with ours, peer:
+        # Given watchdogs that watched a call each
+        dogs = [Watchdog(0.2) for _ in range(3)]
+        for dog in dogs:
+            dog.arm(ours.fileno())
+            dog.disarm()
+        started = [t for t in threading.enumerate()
+                   if t not in before and t.name == "grousset-watchdog"]  # fmt: skip
+        assert len(started) == 3
+        time.sleep(0.2)
+        assert all(t.is_alive() for t in started)  # (alive while their watchdogs are)
+        # When they are dropped
+        del dog, dogs
+        gc.collect()
+        # Then their threads end within a few of their pauses
+        for thread in started:
+            thread.join(timeout=5)
+    assert not any(t.is_alive() for t in started)

@@ -1,9 +1,8 @@
 """Claim stores, one per database vendor (see :mod:`celery_grousset.store.base`):
 every SQL statement of the package and the database clock live in this package.
 
-:func:`get_store` gives the store of a database alias, one per thread of a process (per
-greenlet under gevent or eventlet, as Django's own connections): a store's connection
-runs one transaction at a time.
+:func:`get_store` gives the store of a database alias, one per thread of a process (the
+greenlets of a thread share it): a store's connection runs one transaction at a time.
 """
 
 from __future__ import annotations
@@ -49,11 +48,46 @@ def store_class(engine: str) -> type[Store]:
     )
 
 
+def _os_thread_local() -> type:
+    """``threading.local`` as it was before gevent or eventlet patched it: greenlets of
+    one OS thread share a store (a store per task would open a connection per task), as
+    they shared the one store of a process before stores were per thread."""
+    with contextlib.suppress(Exception):
+        from gevent import monkey  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+        if monkey.is_module_patched("threading"):
+            return monkey.get_original("threading", "local")  # type: ignore[no-any-return]
+    with contextlib.suppress(Exception):
+        import eventlet.patcher  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+        if eventlet.patcher.is_monkey_patched("thread"):
+            return eventlet.patcher.original("threading").local  # type: ignore[no-any-return]
+    return threading.local
+
+
+class _Stores(dict):  # type: ignore[type-arg]
+    """One thread's stores by alias; when the thread ends, its stores' connections are
+    closed (only by the process that opened them; after a fork, dropped without I/O)."""
+
+    def __init__(self, generation: int) -> None:
+        super().__init__()
+        self.generation = generation
+        self.opened: list[Store] = []
+        weakref.finalize(self, _close, self.opened, os.getpid())
+
+
+def _close(stores: list[Store], pid: int) -> None:
+    for store in stores:
+        with contextlib.suppress(Exception):
+            store.close() if os.getpid() == pid else store.discard()
+
+
 _lock = threading.Lock()
-_local = threading.local()
+_local = _os_thread_local()()
 #: every store of this process, for :func:`reset_stores` and after a fork (weak: a
 #: thread's stores go with it)
 _every: weakref.WeakSet[Store] = weakref.WeakSet()
+_held: list[Store] = []  # every store, held across a fork (see _before_fork)
 _generation = [0]  # moved on by reset_stores: every thread's stores are then new
 _pid = os.getpid()
 
@@ -62,29 +96,29 @@ def get_store(alias: str | None = None) -> Store:
     """The store of ``alias`` (default: ``GROUSSET["DATABASE"]``) for this thread. Threads
     of one process never share a store: two claims interleaved on one connection (a
     ``--pool threads`` worker, threads calling ``protect()``) undo each other's
-    transactions."""
+    transactions. (Greenlets of one thread share it: see :func:`_os_thread_local`.)"""
     from celery_grousset.conf import grousset_settings
 
     if alias is None:
         alias = grousset_settings.DATABASE
     if os.getpid() != _pid:  # forked without the at-fork hook (e.g. os.fork in a test)
         _after_fork()
-    stores: dict[str, Store] | None = getattr(_local, "stores", None)
-    if stores is None or getattr(_local, "generation", None) != _generation[0]:
-        stores = _local.stores = {}
-        _local.generation = _generation[0]
+    stores: _Stores | None = getattr(_local, "stores", None)
+    if stores is None or stores.generation != _generation[0]:
+        stores = _local.stores = _Stores(_generation[0])
     store = stores.get(alias)
     if store is None:
         store = _install(alias, _new_store(alias), stores)
     return store
 
 
-def _install(alias: str, store: Store, stores: dict[str, Store] | None = None) -> Store:
+def _install(alias: str, store: Store, stores: _Stores | None = None) -> Store:
     """Make ``store`` this thread's store of ``alias`` (tests inject one this way)."""
     if stores is None:
         get_store(alias)  # this thread's current generation of stores
         stores = _local.stores
     stores[alias] = store
+    stores.opened.append(store)
     with _lock:
         _every.add(store)
     return store
@@ -127,22 +161,38 @@ def reset_stores() -> None:
     tests)."""
     with _lock:
         _generation[0] += 1
-        for store in list(_every):
+        for store in _all():
             with contextlib.suppress(Exception):
                 store.close()
         _every.clear()
 
 
+def _all() -> list[Store]:
+    while True:
+        with contextlib.suppress(RuntimeError):  # a thread's stores went meanwhile
+            return list(_every)
+
+
+def _before_fork() -> None:
+    """Hold every store across the fork: in the child, the other threads' stores are
+    freed, and a connection freed there would close the parent's socket (psycopg2 and
+    mysqlclient say goodbye on it), unless it is discarded first."""
+    _held[:] = _all()
+
+
 def _after_fork() -> None:
-    global _pid
+    global _pid, _lock
     _pid = os.getpid()
+    _lock = threading.Lock()  # another thread may have held it at the fork
     _generation[0] += 1
-    for store in list(_every):
+    for store in [*_held, *_all()]:
         store.discard()
+    _held.clear()
     _every.clear()
 
 
-os.register_at_fork(after_in_child=_after_fork)
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork,
+                    after_in_parent=_held.clear)  # fmt: skip
 
 
 def _install_reload_hook() -> None:

@@ -36,6 +36,7 @@ from celery_grousset.exceptions import InvalidArgument, PoisonDelivery, StoreUna
 #: the error text of a released claim
 RELEASED = "released: the claim was given up (revoked, retried or by an operator)"
 #: the longest value each identifying column of a claim holds (the model's max_length)
+_ORPHANS: list[Any] = []  # discarded after a fork: freed, they would close the parent's
 ID_LIMITS = {"task_id": 255, "task_name": 255, "processor_id": 128}
 
 
@@ -231,7 +232,9 @@ class Store(abc.ABC):
         """Close the private connection (only from the process that opened it)."""
 
     def discard(self) -> None:
-        """Forget the connection without I/O (after fork: the socket is the parent's)."""
+        """Forget the connection without I/O (after a fork: kept, never freed; _ORPHANS)."""
+        if self._conn is not None:
+            _ORPHANS.append(self._conn)
         self._conn = None
 
     _conn: Any = None

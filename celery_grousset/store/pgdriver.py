@@ -58,13 +58,15 @@ class Driver:
         self, conn: Any, sql: str, params: Any = None, *, prepare: bool | None = None
     ) -> Any:
         """Send ``sql``; a cursor with the outcome (``fetchone()``, ``rowcount``).
-        ``prepare``: True prepares it on the server, False never, None as the driver's
-        default does (psycopg 3: after a few executions)."""
+        ``prepare``: True prepares it on the server; otherwise it is not prepared."""
         raise NotImplementedError
 
     def broken(self, conn: Any) -> bool:
         """The connection was lost (not merely an error on a statement)."""
         raise NotImplementedError
+
+
+_NEVER = 2**62  # psycopg 3's prepare_threshold: never prepared by itself
 
 
 class Psycopg3(Driver):
@@ -77,7 +79,10 @@ class Psycopg3(Driver):
         super().__init__()
 
     def connect(self, params: dict[str, Any]) -> Any:
-        return self.module.connect(autocommit=True, **params)
+        # prepared only when asked (prepare=True): a statement psycopg prepared by itself
+        # after a few runs would fail behind a pooler in transaction mode (None would turn
+        # off the asked-for ones too)
+        return self.module.connect(autocommit=True, prepare_threshold=_NEVER, **params)
 
     def execute(
         self, conn: Any, sql: str, params: Any = None, *, prepare: bool | None = None

@@ -16,6 +16,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from contextlib import suppress
 
 
@@ -37,20 +38,27 @@ class Watchdog:
         One attribute write: no lock, no wake-up (the thread polls)."""
         if self._pid != os.getpid():  # first use, or a forked child: start the thread
             self._pid = os.getpid()
-            threading.Thread(target=self._watch, name="grousset-watchdog", daemon=True).start()
+            threading.Thread(
+                target=_watch, args=(weakref.ref(self),), name="grousset-watchdog", daemon=True
+            ).start()
         self._armed = (time.monotonic() + self.bound, fd)
 
     def disarm(self) -> None:
         self._armed = None
 
-    def _watch(self) -> None:
-        while True:
-            time.sleep(self.bound / self.CHECKS)
-            armed = self._armed
-            if armed is not None and armed[0] <= time.monotonic() and self._armed is armed:
-                self._armed = None
-                self.fired += 1
-                _shut_down(armed[1])
+
+def _watch(ref: weakref.ref[Watchdog]) -> None:
+    """The watchdog's thread: it ends once its store (and watchdog) is gone, e.g. with
+    the thread that used it (stores are per thread)."""
+    while (dog := ref()) is not None:
+        pause = dog.bound / dog.CHECKS
+        armed = dog._armed
+        if armed is not None and armed[0] <= time.monotonic() and dog._armed is armed:
+            dog._armed = None
+            dog.fired += 1
+            _shut_down(armed[1])
+        del dog
+        time.sleep(pause)
 
 
 def _shut_down(fd: int) -> None:
