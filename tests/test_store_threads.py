@@ -68,3 +68,21 @@ def test_a_fork_leaves_another_threads_connection_to_the_parent() -> None:
     thread.join()
     # Then the parent's thread goes on on the same server session
     assert held["after"] == held["session"]
+
+
+def test_a_connection_dropped_in_its_own_process_is_not_kept() -> None:
+    """A store drops its connection after an error (discard): only a forked child must
+    keep it unfreed; in its own process a kept one stayed open for the worker's life,
+    one server session per error."""
+    from celery_grousset.store import base
+
+    services.require_database("postgresql")
+    store = claim_on("postgresql")
+    kept = len(base._ORPHANS)
+    store.discard()
+    assert len(base._ORPHANS) == kept and store._conn is None
+    # ... while a forked child keeps it (the parent's socket)
+    claim_on("postgresql")._conn  # noqa: B018 - connected again
+    get_store("postgresql").discard(forked=True)
+    assert len(base._ORPHANS) == kept + 1
+    base._ORPHANS.pop()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import weakref
 
@@ -52,34 +53,30 @@ def _os_thread_local() -> type:
     """``threading.local`` as it was before gevent or eventlet patched it: greenlets of
     one OS thread share a store (a store per task would open a connection per task), as
     they shared the one store of a process before stores were per thread."""
-    with contextlib.suppress(Exception):
-        from gevent import monkey  # type: ignore[import-untyped,import-not-found,unused-ignore]
-
-        if monkey.is_module_patched("threading"):
+    with contextlib.suppress(Exception):  # (imported already if they patched anything)
+        if (monkey := sys.modules.get("gevent.monkey")) and monkey.is_module_patched("threading"):
             return monkey.get_original("threading", "local")  # type: ignore[no-any-return]
-    with contextlib.suppress(Exception):
-        import eventlet.patcher  # type: ignore[import-untyped,import-not-found,unused-ignore]
-
-        if eventlet.patcher.is_monkey_patched("thread"):
-            return eventlet.patcher.original("threading").local  # type: ignore[no-any-return]
+        if (patcher := sys.modules.get("eventlet.patcher")) and patcher.is_monkey_patched("thread"):
+            return patcher.original("threading").local  # type: ignore[no-any-return]
     return threading.local
 
 
 class _Stores(dict):  # type: ignore[type-arg]
     """One thread's stores by alias; when the thread ends, its stores' connections are
-    closed (only by the process that opened them; after a fork, dropped without I/O)."""
+    closed (only by the process that opened them; after a fork, dropped without I/O).
+    Not at the interpreter's exit: a daemon thread may still be using them."""
 
     def __init__(self, generation: int) -> None:
         super().__init__()
         self.generation = generation
         self.opened: list[Store] = []
-        weakref.finalize(self, _close, self.opened, os.getpid())
+        weakref.finalize(self, _close, self.opened, os.getpid()).atexit = False
 
 
 def _close(stores: list[Store], pid: int) -> None:
     for store in stores:
         with contextlib.suppress(Exception):
-            store.close() if os.getpid() == pid else store.discard()
+            store.close() if os.getpid() == pid else store.discard(forked=True)
 
 
 _lock = threading.Lock()
@@ -117,6 +114,7 @@ def _install(alias: str, store: Store, stores: _Stores | None = None) -> Store:
     if stores is None:
         get_store(alias)  # this thread's current generation of stores
         stores = _local.stores
+    store._lock = threading.RLock()  # the greenlets of a thread share it (a green lock)
     stores[alias] = store
     stores.opened.append(store)
     with _lock:
@@ -175,8 +173,8 @@ def _all() -> list[Store]:
 
 def _before_fork() -> None:
     """Hold every store across the fork: in the child, the other threads' stores are
-    freed, and a connection freed there would close the parent's socket (psycopg2 and
-    mysqlclient say goodbye on it), unless it is discarded first."""
+    freed, and a connection freed there could close the parent's session (mysqlclient
+    says goodbye on the socket), unless it is discarded first."""
     _held[:] = _all()
 
 
@@ -186,7 +184,7 @@ def _after_fork() -> None:
     _lock = threading.Lock()  # another thread may have held it at the fork
     _generation[0] += 1
     for store in [*_held, *_all()]:
-        store.discard()
+        store.discard(forked=True)
     _held.clear()
     _every.clear()
 

@@ -24,6 +24,7 @@ the vendor modules too, never outside ``store/``.
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -36,7 +37,7 @@ from celery_grousset.exceptions import InvalidArgument, PoisonDelivery, StoreUna
 #: the error text of a released claim
 RELEASED = "released: the claim was given up (revoked, retried or by an operator)"
 #: the longest value each identifying column of a claim holds (the model's max_length)
-_ORPHANS: list[Any] = []  # discarded after a fork: freed, they would close the parent's
+_ORPHANS: list[Any] = []  # discarded after a fork: freed, mysqlclient's closes the parent's
 ID_LIMITS = {"task_id": 255, "task_name": 255, "processor_id": 128}
 
 
@@ -173,9 +174,7 @@ class ClaimResult:
     #: the row's payload hash: the caller's own when it took the row, else the holder's
     payload_hash: str = ""
 
-    @property
-    def owned(self) -> bool:
-        return self.kind.owned
+    owned = property(lambda self: self.kind.owned)  # the caller holds the claim now
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,13 +230,14 @@ class Store(abc.ABC):
     def close(self) -> None:
         """Close the private connection (only from the process that opened it)."""
 
-    def discard(self) -> None:
-        """Forget the connection without I/O (after a fork: kept, never freed; _ORPHANS)."""
-        if self._conn is not None:
+    def discard(self, forked: bool = False) -> None:
+        """Forget the connection without I/O (``forked``: kept, never freed; _ORPHANS)."""
+        if forked and self._conn is not None:
             _ORPHANS.append(self._conn)
         self._conn = None
 
     _conn: Any = None
+    _lock: Any = contextlib.nullcontext()  # one operation at a time (store.get_store's)
 
     def stored_text(self, text: str) -> str:
         """``text`` as this journal stores it (a look-up's value must compare to it)."""

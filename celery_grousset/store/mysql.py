@@ -135,6 +135,10 @@ class MySQLStore(LockingStore):
         return value.replace(tzinfo=timezone.utc)  # type: ignore[no-any-return]
 
     def _guard(self, fn: Callable[[], T]) -> T:
+        with self._lock:
+            return self._guard_alone(fn)
+
+    def _guard_alone(self, fn: Callable[[], T]) -> T:
         import MySQLdb
 
         reconnected = False

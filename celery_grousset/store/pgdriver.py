@@ -82,7 +82,7 @@ class Psycopg3(Driver):
         # prepared only when asked (prepare=True): a statement psycopg prepared by itself
         # after a few runs would fail behind a pooler in transaction mode (None would turn
         # off the asked-for ones too)
-        return self.module.connect(autocommit=True, prepare_threshold=_NEVER, **params)
+        return self.module.connect(**{**params, "autocommit": True, "prepare_threshold": _NEVER})
 
     def execute(
         self, conn: Any, sql: str, params: Any = None, *, prepare: bool | None = None

@@ -153,6 +153,10 @@ class PostgresStore(PostgresOperations, Store):
         return conn
 
     def _run(self, op: Callable[[Any], T]) -> T:
+        with self._lock:
+            return self._run_alone(op)
+
+    def _run_alone(self, op: Callable[[Any], T]) -> T:
         db = driver()
         conn = self._conn
         fresh = conn is None or conn.closed

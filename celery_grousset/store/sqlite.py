@@ -90,6 +90,10 @@ class SQLiteStore(LockingStore):
         return super()._claim_locked(cur, req)
 
     def _guard(self, fn: Callable[[], T]) -> T:
+        with self._lock:
+            return self._guard_alone(fn)
+
+    def _guard_alone(self, fn: Callable[[], T]) -> T:
         try:
             return fn()
         except sqlite3.DataError as exc:  # permanent: the data, not the database
