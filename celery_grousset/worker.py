@@ -244,7 +244,7 @@ def _worker_claim(app: Any, flag: bool | None) -> list[str]:
     return enable(app)
 
 
-#: the pools that run tasks in the worker's own threads: Celery enforces no time limit there
+#: the pools whose tasks Celery runs without a time limit (no pool process to kill)
 _UNLIMITED_POOLS = {"celery.concurrency.thread": "threads", "celery.concurrency.solo": "solo",
                     "celery.concurrency.eventlet": "eventlet"}  # fmt: skip
 

@@ -49,6 +49,7 @@ class Found:
 
     def __init__(self, store: LockingStore, row: tuple[Any, ...]) -> None:
         parse = store.parse_ts
+        self.started_at = parse(row[11])
         self.prev = Prev(
             status=row[0],
             stale_at=parse(row[1]),
@@ -58,7 +59,7 @@ class Found:
             claim_token=row[5],
             payload_hash=row[13],
             task_id=row[10],
-            started_at=parse(row[11]),
+            started_at=self.started_at,
             fence=row[6],
         )
         self.fence: int = row[6]
@@ -66,7 +67,6 @@ class Found:
         self.result = bytes(row[8]) if row[8] is not None else None
         self.error: str = row[9]
         self.task_id: str = row[10]
-        self.started_at = parse(row[11])
         self.completed_at = parse(row[12]) if row[12] is not None else None
         self.payload_hash: str = row[13]
 

@@ -117,7 +117,7 @@ class PostgresStore(PostgresOperations, Store):
                 logger.warning(
                     "celery-grousset: the journal database %r lost a prepared statement "
                     "(%s): its server sessions do not keep them (a pooler in transaction "
-                    "mode?); the store no longer prepares its statements (docs/operations.md)",
+                    "mode?); the store no longer prepares its statements (docs/configuration.md)",
                     self.alias, str(exc).strip()[:200],
                 )  # fmt: skip
         return db.execute(conn, sql, params, prepare=False)
