@@ -335,7 +335,7 @@ def journal_databases() -> list[str]:
 def check_journal_databases(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """W005, W007, W009, W010 and W012 on each journal database asked for (``check --database``)."""
+    """W005, W007, W009, W010, W012 and W013 on each journal database (``check --database``)."""
     from django.db import connections
 
     from celery_grousset.conf import GroussetSettingsError, grousset_settings

@@ -2,8 +2,9 @@
 whether it can be opened (``W007``), whether the journal's table is there and its
 migrations all applied (``W009``),
 whether its layout is the one ``GROUSSET["JOURNAL_LAYOUT"]`` names (``W010``),
-whether a SQLite journal is in WAL mode (``W005``), and whether a MySQL/MariaDB journal
-stores text as utf8mb4 (``W012``).
+whether a SQLite journal is in WAL mode (``W005``), whether a MySQL/MariaDB journal
+stores text as utf8mb4 (``W012``), and whether the claim store's own connection reads
+the journal (``W013``: a pooler can refuse it while Django's connection works).
 
 They are warnings, not errors, because ``manage.py migrate`` runs the database checks
 of the database it migrates before it migrates it: an error there would stop the very
@@ -18,6 +19,7 @@ from django.core import checks
 
 OUTCOME_TABLE = "celery_grousset_outcome"
 LAYOUT_MISMATCH = "celery_grousset.W010"
+STORE_REFUSED = "celery_grousset.W013"
 TABLES_MISSING = "the journal's tables do not exist"
 
 
@@ -136,6 +138,16 @@ def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
                 id="celery_grousset.W009",
             )
         )
+    if problem is None and (broken := store_problem(alias)) is not None:
+        found.append(
+            checks.Warning(
+                f"The journal database {alias!r} opens on Django's connection, but not on "
+                f"the claim store's own: {broken}",
+                hint="Every guarded task journaled there fails closed (retried, never run) "
+                "until the store's connection works.",
+                id=STORE_REFUSED,
+            )
+        )
     wanted = layout == "partitioned"
     if partitioned is not None and conn.vendor == "postgresql" and partitioned != wanted:
         found.append(_layout_mismatch(alias, layout))
@@ -164,6 +176,20 @@ def schema_problem(alias: str) -> str | None:
         return TABLES_MISSING
     if behind := unapplied_migrations(alias):
         return f"the journal's migrations {', '.join(behind)} are not applied"
+    return None
+
+
+def store_problem(alias: str) -> str | None:
+    """Why the claim store's own connection to ``alias`` cannot read the journal, or None.
+    It is not Django's connection (on PostgreSQL it carries the store's timeouts as
+    startup options), so Django's working proves nothing about it."""
+    from celery_grousset.exceptions import StoreUnavailable
+    from celery_grousset.store import get_store
+
+    try:
+        get_store(alias).probe()
+    except StoreUnavailable as exc:
+        return str(exc)
     return None
 
 

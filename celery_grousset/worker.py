@@ -298,23 +298,25 @@ def _check_schema(**kwargs: Any) -> None:
 
 
 def log_schema_problems() -> None:
-    """Log each journal database whose tables do not exist or lack a migration, with
-    the fix (at the worker's start). The worker runs all the same (a deploy may start
+    """Log each journal database whose tables do not exist or lack a migration, whose
+    layout is not JOURNAL_LAYOUT or which the claim store cannot open, with the fix (at
+    the worker's start). The worker runs all the same (a deploy may start
     it before its migrations): a guarded delivery is retried until they exist, never
     run without its claim. A database that cannot be asked is left to the claims."""
     from django.db import connections
 
     from celery_grousset.checks import journal_databases
     from celery_grousset.conf import grousset_settings
-    from celery_grousset.journal_check import LAYOUT_MISMATCH, journal_messages
+    from celery_grousset.journal_check import LAYOUT_MISMATCH, STORE_REFUSED, journal_messages
     from celery_grousset.management import schema_problem
 
     try:
         for alias in [a for a in journal_databases() if a in connections.settings]:
+            layout = str(grousset_settings.JOURNAL_LAYOUT)
             problem = schema_problem(alias) or next(
-                (f"{m.msg} {m.hint}" for m in journal_messages(alias,
-                 str(grousset_settings.JOURNAL_LAYOUT)) if m.id == LAYOUT_MISMATCH), None
-            )  # fmt: skip  (a layout that is not JOURNAL_LAYOUT: every claim fails)
+                (f"{m.msg} {m.hint}" for m in journal_messages(alias, layout)
+                 if m.id in (LAYOUT_MISMATCH, STORE_REFUSED)), None,
+            )  # fmt: skip  (another layout, or a store that cannot connect: every claim fails)
             if problem:
                 logger.error(
                     "celery-grousset: journal database %r: %s Guarded deliveries are "

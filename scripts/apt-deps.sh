@@ -3,6 +3,7 @@
 #   default-libmysqlclient-dev pkg-config  -> build mysqlclient
 #   chromium chromium-driver               -> browser tests
 #   faketime                               -> clock-skew tests
+#   pgbouncer                              -> the journal behind a pooler (tests/test_pgbouncer.py)
 #   fonts-liberation                       -> readable text in browser screenshots
 #                                             (chromium only recommends it, and we
 #                                             install without recommends)
@@ -12,7 +13,7 @@
 set -euo pipefail
 
 PACKAGES=(default-libmysqlclient-dev pkg-config chromium chromium-driver faketime fonts-liberation
-          prometheus)
+          prometheus pgbouncer)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 import pytest
@@ -174,3 +176,28 @@ def require_rabbitmq() -> str:
     if not port_open("127.0.0.1", 5672):
         unavailable("RabbitMQ", "nothing listens on 127.0.0.1:5672")
     return "amqp://guest:guest@127.0.0.1:5672//"
+
+
+@contextmanager
+def extra_database(alias: str, **settings: Any) -> Iterator[None]:
+    """An extra database alias visible to the checks (DATABASES is not re-read on
+    override_settings), removed afterwards with the stores opened meanwhile."""
+    from django.db import connections
+
+    from celery_grousset.store import reset_stores
+
+    old = connections.settings
+    default = {**old["default"]}
+    full = connections.configure_settings({"default": default, alias: settings})[alias]
+    connections.settings = {**old, alias: full}
+    try:
+        yield
+    finally:
+        # (asgiref's Local keeps the connections out of __dict__: close and forget it, or
+        # the next use of the alias would get this one back, on the old settings)
+        made = getattr(connections._connections, alias, None)  # type: ignore[attr-defined]
+        if made is not None:
+            made.close()
+            del connections[alias]
+        connections.settings = old
+        reset_stores()

@@ -119,6 +119,23 @@ DATABASES = {
     },
 }
 
+
+
+def bouncer_database(port: int | str) -> dict[str, object]:
+    """The suite's PostgreSQL database through tests/test_pgbouncer.py's PgBouncer, set
+    up as docs/configuration.md says for a pooler (psycopg 3: ``prepare_threshold``)."""
+    try:
+        import psycopg  # noqa: F401
+
+        options: dict[str, object] = {"prepare_threshold": None}
+    except ImportError:  # psycopg2 has no such option (nor psycopg 3's own naming)
+        options = {}
+    return {**DATABASES["postgresql"], "PORT": str(port), "OPTIONS": options}
+
+
+if os.environ.get("GROUSSET_TEST_PGBOUNCER_PORT"):  # that test's racer processes
+    DATABASES["bouncer"] = bouncer_database(os.environ["GROUSSET_TEST_PGBOUNCER_PORT"])
+
 GROUSSET = {
     "DATABASE": os.environ.get("GROUSSET_TEST_DB", "default"),
     "STORE_TIMEOUT": float(os.environ.get("GROUSSET_TEST_STORE_TIMEOUT", "5")),

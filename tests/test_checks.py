@@ -17,7 +17,6 @@ import sys
 import uuid
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from django.test import override_settings
 
 from celery_grousset import GroussetTask
 from tests import services
+from tests.services import extra_database as database
 
 ROOT = Path(__file__).resolve().parent.parent
 TAG = "celery_grousset"
@@ -92,28 +92,6 @@ def ids(obj: str | None = None, **kwargs: Any) -> set[str]:
         for m in checks.run_checks(tags=[TAG], **kwargs)
         if m.id and m.id.startswith(TAG) and m.obj == obj
     }
-
-
-@contextmanager
-def database(alias: str, **settings: Any) -> Iterator[None]:
-    """An extra database alias visible to the checks (DATABASES is not re-read on
-    override_settings), removed afterwards."""
-    from django.db import connections
-
-    old = connections.settings
-    default = {**old["default"]}
-    full = connections.configure_settings({"default": default, alias: settings})[alias]
-    connections.settings = {**old, alias: full}
-    try:
-        yield
-    finally:
-        # (asgiref's Local keeps the connections out of __dict__: close and forget it, or
-        # the next use of the alias would get this one back, on the old settings)
-        made = getattr(connections._connections, alias, None)  # type: ignore[attr-defined]
-        if made is not None:
-            made.close()
-            del connections[alias]
-        connections.settings = old
 
 
 # -- task checks --------------------------------------------------------------------------

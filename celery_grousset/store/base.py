@@ -11,9 +11,8 @@ process and database alias), in autocommit mode, so that:
 
 A connection that breaks is dropped and opened again on the next call; an operation
 that fails on a connection that had been idle is retried once on a fresh one (safe: a
-claim re-sent with the same token is recognised as the caller's own, a completion re-sent
-with the same token matches its own row). Anything else is
-:class:`~celery_grousset.exceptions.StoreUnavailable`: the guard fails closed.
+claim or a completion re-sent with the same token is recognised as the caller's own).
+Anything else is :class:`~celery_grousset.exceptions.StoreUnavailable`: fails closed.
 
 The operations that must share the caller's transaction or are made for operators
 (the transactional completion, purge, lookups, the admin's counts, the database
@@ -37,8 +36,8 @@ from celery_grousset.exceptions import InvalidArgument, PoisonDelivery, StoreUna
 #: the error text of a released claim
 RELEASED = "released: the claim was given up (revoked, retried or by an operator)"
 #: the longest value each identifying column of a claim holds (the model's max_length)
-_ORPHANS: list[Any] = []  # discarded after a fork: freed, mysqlclient's closes the parent's
 ID_LIMITS = {"task_id": 255, "task_name": 255, "processor_id": 128}
+_ORPHANS: list[Any] = []  # discarded after a fork: freed, mysqlclient's closes the parent's
 
 
 def purgeable(cutoff: datetime) -> Any:
@@ -201,8 +200,7 @@ class Store(abc.ABC):
         self.alias = alias
         self.settings_dict = settings_dict
         self.timeout = timeout
-        #: GROUSSET["CLAIM_COMMIT"]: "async" lets an owning claim skip the WAL flush
-        #: (PostgreSQL only; the other stores always commit durably).
+        #: CLAIM_COMMIT: "async" lets an owning claim skip the WAL flush (PostgreSQL only)
         self.claim_commit = claim_commit
 
     # -- the claim path, on the private connection ------------------------------------------
@@ -225,6 +223,10 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def release(self, processor_id: str, fingerprint: str, token: str | None = None) -> bool:
         """Free an in-flight claim so the next delivery runs (token None: any holder)."""
+
+    @abc.abstractmethod
+    def probe(self) -> None:
+        """Read the journal table once on the private connection (StoreUnavailable)."""
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -290,10 +292,8 @@ class Store(abc.ABC):
                 status=Status.IN_FLIGHT.value,
             )
             .update(
-                status=completion.status,
-                result=completion.result,
-                result_encoding=completion.result_encoding,
-                error=completion.error,
+                status=completion.status, result=completion.result,
+                result_encoding=completion.result_encoding, error=completion.error,
                 completed_at=self.now_expression(),
             )
         )

@@ -109,6 +109,17 @@ class LockingStore(Store):
 
     # -- claim ---------------------------------------------------------------------------
 
+    def probe(self) -> None:
+        def read() -> None:
+            cur = self._cursor()
+            try:
+                cur.execute(f"SELECT 1 FROM {TABLE} WHERE 1 = 0")
+                cur.fetchall()
+            finally:
+                self._rollback(cur)
+
+        self._guard(read)
+
     def claim(self, req: ClaimRequest) -> ClaimResult:
         return self._guard(lambda: self._claim_together([req])[0])  # type: ignore[no-any-return]
 

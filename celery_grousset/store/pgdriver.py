@@ -157,3 +157,9 @@ def driver() -> Driver:
     if _driver is None:
         _driver = Psycopg3() if is_psycopg3() else Psycopg2()
     return _driver
+
+
+def statement_timeout_ms(conn: Any) -> int:
+    """The server's ``statement_timeout`` on ``conn``, in ms (0: none)."""
+    sql = "SELECT setting FROM pg_settings WHERE name = 'statement_timeout'"
+    return int(driver().execute(conn, sql).fetchone()[0])

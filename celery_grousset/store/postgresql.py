@@ -4,8 +4,8 @@ The statement (:mod:`celery_grousset.store.pgclaim`) locks the existing row (if 
 in a materialized CTE that evaluates the decision table of :mod:`celery_grousset.claim`
 on it once (SQL generated from ``claim.RULES``), then runs an ``INSERT … ON CONFLICT
 DO UPDATE`` that applies the decision, and returns the row it left with the decision's
-code. A batch of claims (``claim_all``) is one statement too, built from the same
-pieces: one round trip and one commit for the batch. A claim that takes nothing (a duplicate, a
+code. A batch of claims (``claim_all``) is one statement too, built from the same pieces:
+one round trip and one commit for the batch. A claim that takes nothing (a duplicate, a
 fresh in-flight claim) only counts a delivery: it commits with
 ``synchronous_commit = off`` for that one transaction, so it does not wait for a
 WAL flush (a crash may lose a few delivery counts, never a claim or a completion).
@@ -42,7 +42,7 @@ from celery_grousset.store.base import (
     schema_behind,
 )
 from celery_grousset.store.pgclaim import BATCH_SQL, CLAIM_SQL, GAVE_UP_ERROR, KEY, NOW, PER_ROW
-from celery_grousset.store.pgdriver import driver, sqlstate
+from celery_grousset.store.pgdriver import driver, sqlstate, statement_timeout_ms
 from celery_grousset.store.pgops import PostgresOperations
 from celery_grousset.store.watchdog import Watchdog
 
@@ -85,11 +85,17 @@ BOUND_TRANSACTION_SQL = (
 )
 
 _LIBPQ_DROP = ("cursor_factory", "context", "prepare_threshold", "server_side_binding", "pool")
-
-
 #: a prepared statement the server session no longer has, or has already under its name:
 #: a pooler in transaction mode hands each transaction another server session
 _SESSION_LOST_PREPARED = ("26000", "42P05")
+#: why a pooler refuses the store's connection, and the fix
+_POOLER_FIX = (
+    " (a connection pooler such as PgBouncer refuses the startup options that carry the "
+    "store's timeouts, in session and transaction mode alike: point the journal's alias at "
+    "PostgreSQL directly, or add options to the pooler's ignore_startup_parameters, which "
+    "drops the timeouts; docs/configuration.md, \"PgBouncer and other poolers\")"
+)
+_unbounded: set[str] = set()  # aliases whose dropped timeouts were logged
 
 
 class PostgresStore(PostgresOperations, Store):
@@ -122,13 +128,17 @@ class PostgresStore(PostgresOperations, Store):
                 )  # fmt: skip
         return db.execute(conn, sql, params, prepare=False)
 
+    @property
+    def _ms(self) -> int:  # STORE_TIMEOUT as the server's timeouts take it
+        return max(1, int(self.timeout * 1000))
+
     def _params(self) -> dict[str, Any]:
         if (self.settings_dict.get("OPTIONS") or {}).get("prepare_threshold", 0) is None:
             self.prepare = False
         params = self.driver_params()
         for key in _LIBPQ_DROP:
             params.pop(key, None)
-        ms = max(1, int(self.timeout * 1000))
+        ms = self._ms
         options = params.pop("options", "") or ""
         params["options"] = (
             f"{options} -c lock_timeout={ms} -c statement_timeout={ms} -c TimeZone=UTC"
@@ -142,15 +152,34 @@ class PostgresStore(PostgresOperations, Store):
 
     def _connect(self) -> Any:
         db = driver()
+        conn = None
         try:
             conn = db.connect(self._params())
+            self._check_bounded(conn)
         except db.Error as exc:
+            if conn is not None:
+                conn.close()
+            pooler = _POOLER_FIX if "unsupported startup parameter" in str(exc) else ""
             raise StoreUnavailable(
                 f"celery-grousset cannot connect to the journal database "
-                f"{self.alias!r} (PostgreSQL): {exc}".strip()
+                f"{self.alias!r} (PostgreSQL): {str(exc).strip()}{pooler}"
             ) from exc
         self._conn = conn
         return conn
+
+    def _check_bounded(self, conn: Any) -> None:
+        """Log (once per alias) a connection that came up without the store's timeouts: a
+        pooler told to ignore its startup options (it cannot be told apart from here)."""
+        ms, server = self._ms, statement_timeout_ms(conn)
+        if server != ms and self.alias not in _unbounded:
+            _unbounded.add(self.alias)
+            logger.warning(
+                "celery-grousset: the journal database %r does not apply the store's "
+                "statement_timeout (%s ms, STORE_TIMEOUT) but %s ms: a pooler dropped its "
+                "startup options? The server no longer bounds the store's statements, only "
+                "the store's watchdog does, STORE_TIMEOUT + 1 s later (docs/configuration.md)",
+                self.alias, ms, server,
+            )  # fmt: skip
 
     def _run(self, op: Callable[[Any], T]) -> T:
         with self._lock:
@@ -325,8 +354,12 @@ class PostgresStore(PostgresOperations, Store):
         if len(conn.atomic_blocks) > 1:  # inside the caller's own transaction: its session
             return super().finish_in_transaction(req, completion)  # settings are its own
         with conn.cursor() as cur:
-            cur.execute(BOUND_TRANSACTION_SQL, {"ms": f"{max(1, round(self.timeout * 1000))}ms"})
+            cur.execute(BOUND_TRANSACTION_SQL, {"ms": f"{self._ms}ms"})
         return super().finish_in_transaction(req, completion)
+
+    def probe(self) -> None:
+        sql = "SELECT 1 FROM celery_grousset_outcome WHERE false"
+        self._run(lambda conn: driver().execute(conn, sql).fetchall())
 
     def release(self, processor_id: str, fingerprint: str, token: str | None = None) -> bool:
         params = {
