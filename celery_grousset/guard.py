@@ -110,7 +110,7 @@ def guarded(caller: Caller, call: Call) -> Any:
     """Run ``call`` at most once per key: the whole guarded flow."""
     opts = caller.options()
     local = getattr(caller, "local", False)  # protect(), an eager or direct call
-    if local:  # in a test, its claims must not leak out of it (testcase_check)
+    if local or test_database_check:  # in a test's process, its claims must stay in it
         (test_database_check or testcase_check.refuse_leaks)(opts.database)
     fp, args_repr, payload = identity(call, opts.validate_payload)
     store = get_store(opts.database)
@@ -283,8 +283,8 @@ def redacted(
     return without_values(text, call_secrets(kwargs, bound, keys))
 
 
-#: set by the pytest plugin (celery_grousset.contrib.pytest) during a test: refuses an
-#: in-process guarded call whose claims would leak out of the test
+#: set by the pytest plugin (celery_grousset.contrib.pytest) during a test: refuses a
+#: call in the test's process (an in-process worker's too) whose claims would leak out
 test_database_check: Callable[[str], None] | None = None
 
 _worker_id: tuple[int, str] = (0, "")

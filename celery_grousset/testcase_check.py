@@ -32,21 +32,22 @@ ROLLED_BACK = (
 )
 
 
-def refuse_leaks(alias: str) -> None:
+def refuse_leaks(alias: str, conn: Any = None) -> None:
     """Raise Django's ``DatabaseOperationForbidden`` (a test failure) when the journal
     database ``alias`` is one the running test may not use, or is inside the
-    transaction of a ``TestCase``. Outside tests: two attribute reads."""
+    transaction of a ``TestCase``, as ``conn`` (default: this thread's connection to
+    ``alias``) says. Outside tests: two attribute reads."""
     from django.db import connections
 
-    conn = connections[alias]
+    conn = connections[alias] if conn is None else conn
     failure = conn.__dict__.get("cursor")  # Django's test cases replace it when forbidden
     if type(failure).__name__ == "_DatabaseFailure":
-        raise _forbidden(NOT_THIS_TESTS.format(alias=alias))
+        raise forbidden(NOT_THIS_TESTS.format(alias=alias))
     if conn.atomic_blocks and any(from_testcase(b) for b in conn.atomic_blocks):
-        raise _forbidden(ROLLED_BACK)
+        raise forbidden(ROLLED_BACK)
 
 
-def _forbidden(message: str) -> Any:
+def forbidden(message: str) -> Any:
     from django.test.testcases import (  # type: ignore[attr-defined]
         DatabaseOperationForbidden,
     )

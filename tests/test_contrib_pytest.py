@@ -288,19 +288,14 @@ def test_a_guarded_call_without_the_fixtures_is_refused_where_its_claims_would_l
         result.stdout.fnmatch_lines([line])
 
 
-def test_a_test_that_may_not_use_the_journal_database_is_refused_not_leaked(
-    pytester: pytest.Pytester, tmp_path: Path
-) -> None:
-    import sqlite3
-
+def _journal_of_its_own(pytester: pytest.Pytester, tmp_path: Path) -> Path:
+    """An inner project (``settings_journal``) whose journal is the database ``journal``:
+    a migrated file, the database in its settings, which a test must never write to."""
     from django.core.management import call_command
 
-    from tests.test_checks import database
-
-    # Given a project whose journal has a database of its own (a migrated file: the
-    # database in the settings, which a test must never write to)
     real = tmp_path / "real-journal.sqlite3"
-    with database("real_journal", ENGINE="django.db.backends.sqlite3", NAME=str(real)):
+    with services.extra_database("real_journal", ENGINE="django.db.backends.sqlite3",
+                                 NAME=str(real)):  # fmt: skip
         call_command("migrate", "celery_grousset", database="real_journal", verbosity=0)
     pytester.makepyfile(settings_journal=textwrap.dedent(f"""
         from tests.settings import *  # noqa: F403
@@ -309,6 +304,19 @@ def test_a_test_that_may_not_use_the_journal_database_is_refused_not_leaked(
             "TEST": {{"NAME": {str(tmp_path / "test-journal.sqlite3")!r}}}}}}}
         GROUSSET = {{**GROUSSET, "DATABASE": "journal"}}
     """))
+    pytester._monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(ROOT)]))
+    pytester._monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "settings_journal")
+    pytester._monkeypatch.setenv("GROUSSET_TEST_SQLITE", str(tmp_path / "default.sqlite3"))
+    return real
+
+
+def test_a_test_that_may_not_use_the_journal_database_is_refused_not_leaked(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    import sqlite3
+
+    # Given a project whose journal has a database of its own
+    real = _journal_of_its_own(pytester, tmp_path)
     pytester.makepyfile(test_leaks=textwrap.dedent("""
         import pytest
         from django.test import TestCase, TransactionTestCase
@@ -340,9 +348,6 @@ def test_a_test_that_may_not_use_the_journal_database_is_refused_not_leaked(
             def test_protect(self):
                 assert once("e") == 1
     """))
-    pytester._monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(ROOT)]))
-    pytester._monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "settings_journal")
-    pytester._monkeypatch.setenv("GROUSSET_TEST_SQLITE", str(tmp_path / "default.sqlite3"))
     # When its tests run
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rf")
     # Then the two that may not use the journal, and the rolled-back one, fail and say why
@@ -350,6 +355,64 @@ def test_a_test_that_may_not_use_the_journal_database_is_refused_not_leaked(
     result.stdout.fnmatch_lines(["*test_not_listed*'journal', which this test may not use*"])
     result.stdout.fnmatch_lines(["*NotListed*'journal', which this test may not use*"])
     result.stdout.fnmatch_lines(["*RolledBack*rolled-back test transaction*"])
+    # And nothing was written to the database in the settings
+    with sqlite3.connect(real) as conn:
+        assert conn.execute("SELECT count(*) FROM celery_grousset_outcome").fetchone() == (0,)
+
+
+def test_a_delivery_to_an_in_process_worker_is_refused_where_its_claims_would_leak(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    """Celery's in-process worker runs deliveries in a thread of the test's process: the
+    test's database rules are on the test thread's connections, not the worker's. Its
+    claims went to the database in the settings, or outlived a rolled-back test."""
+    import sqlite3
+
+    # Given a project whose journal has a database of its own
+    real = _journal_of_its_own(pytester, tmp_path)
+    # ... and tests that publish to Celery's in-process worker, as docs/testing.md shows
+    pytester.makepyfile(test_worker_leaks=textwrap.dedent("""
+        import pytest
+        from celery import shared_task
+        from celery.contrib import pytest as celery_fixtures
+        from celery_grousset import GroussetTask
+
+        celery_worker = celery_fixtures.celery_worker
+
+        @shared_task(base=GroussetTask, bind=True, max_processing_time=30, name="inner.send")
+        def send(self, n):
+            return n
+
+        @pytest.mark.django_db(transaction=True)
+        def test_not_listed(celery_app, celery_worker):
+            send.delay(1).get(timeout=20)
+
+        @pytest.mark.django_db(databases="__all__")
+        def test_rolled_back(celery_app, celery_worker):
+            send.delay(2).get(timeout=20)
+
+        def test_no_mark(celery_app, celery_worker):
+            send.delay(3).get(timeout=20)
+
+        @pytest.mark.django_db(transaction=True, databases="__all__")
+        def test_listed(celery_app, celery_worker):
+            assert send.delay(4).get(timeout=20) == 4
+            assert send.delay(4).get(timeout=20) == 4
+    """))
+    # When its tests run
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "celery.contrib.pytest",
+                                           "-rf")  # fmt: skip
+    # Then the three whose claims would leak fail and say why; the listed one passes
+    result.assert_outcomes(passed=1, failed=3)
+    for line in (  # the worker's failure reaches the test through the task's result
+        "FAILED *::test_not_listed - *",
+        "FAILED *::test_rolled_back - *",
+        "FAILED *::test_no_mark - *",
+        "*DatabaseOperationForbidden: *'journal', which this test may not use*",
+        "*DatabaseOperationForbidden: *rolled-back test transaction*",
+        "*DatabaseOperationForbidden: *no test database*django_db(transaction=True)*",
+    ):
+        result.stdout.fnmatch_lines([line])
     # And nothing was written to the database in the settings
     with sqlite3.connect(real) as conn:
         assert conn.execute("SELECT count(*) FROM celery_grousset_outcome").fetchone() == (0,)

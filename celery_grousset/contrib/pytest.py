@@ -174,34 +174,57 @@ def _refuse(request: pytest.FixtureRequest, why: str) -> None:
 
 @pytest.fixture(autouse=True)
 def _grousset_test_database(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Under pytest-django, a guarded call run in the test's process (eager, direct,
-    ``protect()``) with or without the fixtures is refused where its claims would
-    leak: into a rolled-back test transaction's database (they would outlive it), or,
-    with no test database, into the settings' database."""
+    """Under pytest-django, a guarded call run in the test's process is refused where its
+    claims would leak: into a rolled-back test transaction's database (they would outlive
+    it), or, with no test database, into the settings' database. That is a call in the
+    test's own thread (eager, direct, ``protect()``; with or without the fixtures), where
+    it fails the test, and a delivery to an in-process worker's thread (Celery's
+    ``celery_worker``), which fails with ``DatabaseOperationForbidden``: it is judged by
+    the test thread's connections, which hold the test's database rules."""
     if not request.config.pluginmanager.hasplugin("django"):
         yield
         return
+    import threading
+
+    from django.test.testcases import (  # type: ignore[attr-defined]
+        DatabaseOperationForbidden,
+    )
+
     from celery_grousset import guard
+    from celery_grousset.testcase_check import forbidden, refuse_leaks
+
+    test_thread, held = threading.current_thread(), _this_threads_connections()
 
     def check(alias: str) -> None:
-        from django.test.testcases import (  # type: ignore[attr-defined]
-            DatabaseOperationForbidden,
-        )
-
-        from celery_grousset.testcase_check import refuse_leaks
-
-        if request.node.get_closest_marker("django_db") is None and _access_blocked(alias):
-            _refuse(request, _NO_TEST_DATABASE)
+        here = threading.current_thread() is test_thread
         try:
-            refuse_leaks(alias)  # not a database of this test's, or a rolled-back one
+            if request.node.get_closest_marker("django_db") is None and _access_blocked(alias):
+                raise forbidden(_NO_TEST_DATABASE)
+            refuse_leaks(alias, None if here else held.get(alias))
         except DatabaseOperationForbidden as exc:
-            _refuse(request, str(exc))
+            if here:
+                _refuse(request, str(exc).removeprefix("celery-grousset: "))
+            raise
 
     saved, guard.test_database_check = guard.test_database_check, check
     try:
         yield
     finally:
         guard.test_database_check = saved
+
+
+def _this_threads_connections() -> dict[str, Any]:
+    """This thread's Django connection objects, by alias (opened or not: the test's setup
+    marks them as it goes, forbidden or inside its transaction)."""
+    from django.db import connections
+
+    held = {}
+    for alias in connections.settings:
+        try:
+            held[alias] = connections[alias]
+        except Exception:  # a misconfigured alias: the checks report it
+            continue
+    return held
 
 
 def _access_blocked(alias: str | None = None) -> bool:
