@@ -67,6 +67,11 @@ def start_worker(
     full_env = _environment(queue, database, broker, env)
     for var in drop_env:
         full_env.pop(var, None)
+    extra, pool = list(extra or []), "prefork"
+    if "-P" in extra:  # in place of prefork: Celery patches for gevent by the FIRST -P only
+        at = extra.index("-P")
+        pool = extra.pop(at + 1)
+        del extra[at]
     cmd = [
         sys.executable,
         "-m",
@@ -75,7 +80,7 @@ def start_worker(
         app,
         "worker",
         "-P",
-        "prefork",
+        pool,
         "-c",
         str(concurrency),
         "-Q",
@@ -87,7 +92,7 @@ def start_worker(
         "--without-gossip",
         "--without-mingle",
         "--without-heartbeat",
-        *(extra or []),
+        *extra,
     ]
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=fh, stderr=subprocess.STDOUT)
