@@ -18,7 +18,7 @@ from celery_grousset.exceptions import (
 )
 from celery_grousset.faults import fault
 from celery_grousset.options import Options
-from celery_grousset.store import ClaimResult, Completion, Store
+from celery_grousset.store import ClaimResult, Completion, Store, refusals
 
 #: pauses between attempts of a completion write that found the store unavailable
 COMPLETION_RETRY_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
@@ -117,6 +117,13 @@ def _run_transactional(
     except FencedOut:
         raise
     except BaseException as exc:
+        if refusals.rolled_back(exc):  # its completion too: never the task's failure
+            release_lost(store, req, res.fence, exc)
+            raise TransactionLost(
+                f"{req.task_name}: the journal database {store.alias!r} rolled the "
+                f"transaction back, effect and completion, for a conflict with another "
+                f"transaction ({exc}); the claim is released and the delivery sent again."
+            ) from exc
         if not connection_lost(conn, raw, exc):
             fail(store, opts, req, exc)
             raise

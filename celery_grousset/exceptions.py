@@ -51,7 +51,10 @@ class TransactionLost(StoreUnavailable):
     """A transactional attempt's connection to the journal database was lost before its
     commit was confirmed: its effect was rolled back with its completion (or, if the
     commit reached the server, both stand). A task's delivery is requeued and the next
-    one finds out which, running the effect once or answering from the memo."""
+    one finds out which, running the effect once or answering from the memo. Raised too
+    when the database rolled the transaction back for a conflict with another one (a
+    serialization failure, a deadlock): the claim is released, and the next delivery
+    runs the effect."""
 
 
 class FencedOut(GroussetError):

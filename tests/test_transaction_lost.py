@@ -119,3 +119,65 @@ def test_a_commit_whose_answer_is_lost_is_not_reported_fenced_out(
     assert len(runs) == 1
     rec = Outcome.objects.using(alias).get(task_name="protect", args_repr=f"key={key!r}")
     assert rec.status == "completed" and rec.takeovers == 0
+
+
+def _isolation(level: str) -> object:
+    """The driver's constant for ``level`` (Django's OPTIONS["isolation_level"])."""
+    from celery_grousset.store.pgdriver import is_psycopg3
+
+    if is_psycopg3():
+        import psycopg
+
+        return psycopg.IsolationLevel[level]
+    import psycopg2.extensions
+
+    return getattr(psycopg2.extensions, f"ISOLATION_LEVEL_{level}")
+
+
+@pytest.mark.parametrize("level", ["SERIALIZABLE", "REPEATABLE_READ"])
+def test_a_transaction_the_database_rolls_back_is_run_again_never_memoized(level: str) -> None:
+    """A duplicate's claim counts its delivery on the row the attempt holds; under
+    REPEATABLE READ or SERIALIZABLE the attempt's completion then fails with a
+    serialization failure, which rolled the effect back: it was memoized as the task's
+    failure (on_failure="memoize"), and the effect never ran."""
+    import threading
+
+    from celery_grousset.exceptions import ClaimInFlight
+    from tests.ledger.models import Effect
+
+    services.require_database("postgresql")
+    base = connections.settings["postgresql"]
+    alias, key = f"pg_{level.lower()}", f"conflict-{uuid.uuid4().hex[:8]}"
+    options = {**base.get("OPTIONS", {}), "isolation_level": _isolation(level)}
+    with database(alias, **{**base, "OPTIONS": options}), override_settings(
+        GROUSSET={"DATABASE": alias, "MAX_PROCESSING_TIME": 30}
+    ):
+        reset_stores()
+
+        def duplicate() -> None:  # another delivery of the call, while the attempt runs
+            with pytest.raises(ClaimInFlight):
+                protect(key, lambda: "never", on_in_flight="raise")
+
+        attempts: list[int] = []
+
+        def body() -> str:
+            attempts.append(1)
+            Effect.objects.using(alias).create(key=key, value="booked", pid=0)
+            if len(attempts) == 1:  # a duplicate arrives while the first attempt runs
+                thread = threading.Thread(target=duplicate)
+                thread.start()
+                thread.join(30)
+            return "booked"
+
+        # When the first attempt's transaction meets the duplicate's claim
+        with pytest.raises(TransactionLost, match="rolled the transaction back"):
+            protect(key, body, transactional=True, on_failure="memoize")
+        # Then its effect was rolled back and the claim released, not memoized: the
+        # next delivery runs the effect, once, and completes
+        assert Effect.objects.using("postgresql").filter(key=key).count() == 0
+        assert protect(key, body, transactional=True, on_failure="memoize") == "booked"
+        assert Effect.objects.using("postgresql").filter(key=key).count() == 1
+        record = Outcome.objects.using(alias).get(fingerprint__isnull=False, task_name="protect",
+                                                  args_repr__contains=key)  # fmt: skip
+        assert record.status == "completed"
+    reset_stores()
