@@ -391,6 +391,14 @@ JWT = (
         ("xoxb-bot-token-secret=hunter2", "xoxb-bot-token-secret=***"),
         ("github_pat_token_for_ci_user_password=hunter2",
          "github_pat_token_for_ci_user_password=***"),
+        # a pair right after another name and its separator (an exception's summary, a
+        # label): the first is no pair of its own, the second's value is masked
+        ("ValueError: password: hunter2", "ValueError: password: ***"),
+        ("upstream said: token: tok777", "upstream said: token: ***"),
+        ('E: "password": "x"', 'E: "password": "***"'),
+        ("Error: api_key: abc123456xyz", "Error: api_key: ***"),
+        ("note='Login problem: password: pw9'", "note='Login problem: password: ***'"),
+        ("note: a=b time=12:30", "note: a=b time=12:30"),
         # harmless text is untouched
         ("KeyError: 'token'", "KeyError: 'token'"),
         ("ValueError: order 42 is not open", "ValueError: order 42 is not open"),
