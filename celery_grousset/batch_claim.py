@@ -180,7 +180,8 @@ class Claimer:
             try:
                 self._dispatch(job)
             except Exception:
-                logger.exception("grousset.worker_claim dispatch failed task_id=%s", job.req.id)
+                events.emit(logging.ERROR, "grousset.worker_claim", {"task_id": job.req.id},
+                            note="dispatch failed", exc_info=True)  # fmt: skip
 
     def _dispatch(self, job: Job) -> None:
         req = job.req

@@ -21,10 +21,6 @@ logger = logging.getLogger("celery_grousset")
 recorder: Any = None
 
 
-def _fields(**values: Any) -> str:
-    return " ".join(f"{k}={v}" for k, v in values.items() if v is not None)
-
-
 def _log(level: int, event: str, req: ClaimRequest, **extra: Any) -> None:
     """One structured line: ``event``, the call's identity, then ``extra``.
 
@@ -51,10 +47,14 @@ def _text(value: Any) -> str:
     return text if plain else json.dumps(text, ensure_ascii=False)
 
 
-def emit(level: int, event: str, values: dict[str, Any], note: str | None = None) -> None:
+def emit(
+    level: int, event: str, values: dict[str, Any], note: str | None = None, exc_info: bool = False
+) -> None:
     """The one shape of the package's log lines: ``event key=value … [note=…]`` (a value
-    quoted when it must be; ``note`` last, to the end of the line), the fields also on
-    the record (``record.grousset``, ``record.grousset_<field>``)."""
+    quoted when it must be; ``note`` last, to the end of the line: the package's own
+    text, never a caller's), the fields also on the record (``record.grousset``,
+    ``record.grousset_<field>``). Every line the package logs about a call goes through
+    here: a value with a newline cannot forge a line."""
     values = {k: v for k, v in values.items() if v is not None}
     fields = " ".join(f"{k}={_text(v)}" for k, v in values.items())
     if note is not None:
@@ -62,7 +62,13 @@ def emit(level: int, event: str, values: dict[str, Any], note: str | None = None
     record_extra = {f"grousset_{k}": v for k, v in values.items()}
     record_extra["grousset_event"] = event
     record_extra["grousset"] = {"event": event, **values}
-    logger.log(level, "%s %s", event, fields, extra=record_extra)
+    logger.log(level, "%s %s", event, fields, extra=record_extra, exc_info=exc_info)
+
+
+def error_text(exc: BaseException) -> str:
+    """An exception for a line's ``error`` field: its type and redacted text (a driver's
+    text may quote a DSN), cut to 300 characters."""
+    return redacted_text(f"{type(exc).__name__}: {exc}", 300)
 
 
 def claimed(req: ClaimRequest, res: ClaimResult, seconds: float) -> None:
@@ -209,14 +215,8 @@ def store_error(
 
 
 def bypassed(task_name: str, task_id: str) -> None:
-    logger.warning(
-        "grousset.BYPASS %s",
-        _fields(
-            task=task_name,
-            task_id=task_id,
-            note="GROUSSET BYPASS is on: this task ran UNGUARDED (no dedup, no journal)",
-        ),
-    )
+    emit(logging.WARNING, "grousset.BYPASS", {"task": task_name, "task_id": task_id},
+         note="GROUSSET BYPASS is on: this task ran UNGUARDED (no dedup, no journal)")  # fmt: skip
 
 
 def finished(req: ClaimRequest, outcome: str, seconds: float) -> None:

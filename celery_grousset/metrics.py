@@ -273,8 +273,8 @@ class JournalCollector:
     def _failed(self, alias: str, exc: BaseException) -> None:
         level = logging.DEBUG if alias in self._failing else logging.WARNING
         self._failing.add(alias)
-        logger.log(level, "grousset.gauges_unavailable database=%s error=%s: %s", alias,
-                   type(exc).__name__, exc)  # fmt: skip
+        events.emit(level, "grousset.gauges_unavailable",
+                    {"database": alias, "error": events.error_text(exc)})  # fmt: skip
 
 
 def register_gauges(

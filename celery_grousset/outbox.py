@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, transaction
 
+from celery_grousset import events
 from celery_grousset.exceptions import InvalidArgument
 from celery_grousset.memo import error_summary
 from celery_grousset.models import OutboxMessage, OutboxStatus
@@ -284,18 +285,17 @@ class Relay:
         if attempts >= self.max_attempts or _permanent(exc):
             rows.update(status=OutboxStatus.DEAD, attempts=attempts, last_error=error)
             stats.dead += 1
-            logger.error(
-                "grousset.outbox_dead id=%s task=%s attempts=%d error=%s",
-                row.id, row.task_name, attempts, error,
-            )  # fmt: skip
+            events.emit(logging.ERROR, "grousset.outbox_dead", {
+                "id": row.id, "task": row.task_name, "attempts": attempts, "error": error,
+            })  # fmt: skip
             return
         wait = self.delay(attempts)
         rows.update(attempts=attempts, last_error=error, available_at=clock(self.alias, wait))
         stats.failed += 1
-        logger.warning(
-            "grousset.outbox_publish_failed id=%s task=%s attempts=%d retry_in=%.1fs error=%s",
-            row.id, row.task_name, attempts, wait, error,
-        )  # fmt: skip
+        events.emit(logging.WARNING, "grousset.outbox_publish_failed", {
+            "id": row.id, "task": row.task_name, "attempts": attempts,
+            "retry_in": f"{wait:.1f}s", "error": error,
+        })  # fmt: skip
 
     def run(self, stop: threading.Event | None = None, *, once: bool = False) -> RelayStats:
         """Publish until ``stop`` is set (``once``: until nothing is due). A database or
@@ -307,8 +307,8 @@ class Relay:
                 stats = self.run_batch()
             except DatabaseError as exc:
                 errors += 1
-                logger.warning("grousset.outbox_database_error database=%s error=%s",
-                               self.alias, exc)  # fmt: skip
+                events.emit(logging.WARNING, "grousset.outbox_database_error",
+                            {"database": self.alias, "error": events.error_text(exc)})  # fmt: skip
                 connections[self.alias].close()
                 if once:
                     raise

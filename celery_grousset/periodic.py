@@ -26,6 +26,7 @@ from typing import Any
 from celery.signals import beat_init, before_task_publish
 from django.core.exceptions import ImproperlyConfigured
 
+from celery_grousset import events
 from celery_grousset.exceptions import FingerprintError
 
 #: the message header that carries a periodic run's slot
@@ -70,7 +71,8 @@ def entry_slot(entry: Any) -> str | None:
     try:
         when = slot_time(entry.schedule, entry.last_run_at)
     except Exception as exc:  # a schedule that fails here must not stop the publish
-        logger.warning("grousset.periodic_slot_failed entry=%s error=%r", entry.name, exc)
+        events.emit(logging.WARNING, "grousset.periodic_slot_failed",
+                    {"entry": entry.name, "error": events.error_text(exc)})  # fmt: skip
         return None
     if when is None:
         if entry.name not in _warned:

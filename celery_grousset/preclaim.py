@@ -18,6 +18,7 @@ claims as before.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -67,10 +68,10 @@ def adopt(caller: Any, store: Store, req: ClaimRequest) -> tuple[ClaimRequest, C
     if (processor_id, fingerprint) != (req.processor_id, req.fingerprint):
         # Not this call's key (options resolved differently in the two processes): the
         # main process's claim turns stale on its own; this call claims for itself.
-        events.logger.warning(
-            "grousset.claim_not_adopted fingerprint=%s carried=%s task=%s task_id=%s",
-            req.fingerprint, fingerprint, req.task_name, req.task_id,
-        )  # fmt: skip
+        events.emit(logging.WARNING, "grousset.claim_not_adopted", {
+            "fingerprint": req.fingerprint, "carried": fingerprint, "task": req.task_name,
+            "task_id": req.task_id,
+        })  # fmt: skip
         return req, None
     own = dataclasses.replace(req, token=str(token))
     left = float(at) + req.max_processing_time - time.time()  # until it turns stale

@@ -4,6 +4,7 @@ is imported."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery.signals import task_revoked
@@ -24,10 +25,7 @@ def release_revoked(
 
     opts = sender.grousset_options()
     for processor_id, fp in journal.release_held_by(opts.database, str(request.id)):
-        events.logger.warning(
-            "grousset.released_revoked fingerprint=%s task=%s task_id=%s processor=%s",
-            fp,
-            sender.name,
-            request.id,
-            processor_id,
-        )
+        events.emit(logging.WARNING, "grousset.released_revoked", {
+            "fingerprint": fp, "task": sender.name, "task_id": request.id,
+            "processor": processor_id,
+        })  # fmt: skip

@@ -37,7 +37,10 @@ def purge_expired(
         try:
             total += _purge(alias, batch_size, outbox)
         except Exception as exc:
-            logger.error("grousset.purge_failed database=%s error=%s", alias, exc)
+            from celery_grousset import events
+
+            events.emit(logging.ERROR, "grousset.purge_failed",
+                        {"database": alias, "error": events.error_text(exc)})  # fmt: skip
             failed = failed or exc
     if failed is not None:
         raise failed

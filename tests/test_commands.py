@@ -397,6 +397,28 @@ def test_inspect_by_task_id_tells_the_story(store: Store, alias: str, processor:
     assert '"provider_id": "re_123"' in out and "\n" in out.split("memo", 1)[1]
 
 
+def test_inspect_shows_control_characters_as_escapes(
+    store: Store, alias: str, processor: str
+) -> None:
+    # Given an entry whose task id and error text, both from whoever published the call,
+    # carry terminal escape sequences (recolour, retitle, move up and clear a line)
+    evil = "\x1b[31mred\x1b]0;TITLE\x07\x1b[1A\x1b[2Kstatus completed\r"
+    fp = new_fp()
+    for owner in (processor, processor + "-b"):
+        first = req(owner, fp, task_id="t-1\nstatus    completed")
+        assert store.claim(first).kind is Kind.NEW
+        assert store.finish(owner, fp, first.token,
+                            Completion("failed", None, "", f"boom {evil}"))  # fmt: skip
+    # When inspected (one entry, and the list of both)
+    out = run("grousset_inspect", fp, processor_id=processor, database=alias)
+    listed = run("grousset_inspect", fp, database=alias)
+    # Then no control character reaches the terminal: each shows as its escape
+    for text in (out, listed):
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", text), repr(text)
+    assert "boom \\x1b[31mred\\x1b]0;TITLE\\x07\\x1b[1A\\x1b[2Kstatus completed\\r" in out
+    assert re.search(r"task id +t-1\\nstatus    completed\n", out)
+
+
 def test_inspect_finds_a_delivery_answered_as_a_duplicate(
     store: Store, alias: str, processor: str
 ) -> None:

@@ -73,3 +73,33 @@ def test_a_journal_error_is_logged_redacted(caplog: pytest.LogCaptureFixture) ->
     shown = record.getMessage() + repr(record.grousset)  # type: ignore[attr-defined]
     assert "DsnHunter2" not in shown and "TokHunter2" not in shown, shown
     assert "could not connect to postgres://app:***@db" in shown
+
+
+def test_no_line_about_a_call_formats_its_fields_by_hand() -> None:
+    """A task id, a carried fingerprint or an outbox error comes from whoever published
+    the call: formatted with %s, a newline in it forged a whole log line (a fake
+    grousset.fenced_out). Every such line goes through events.emit, which quotes it."""
+    from pathlib import Path
+
+    import celery_grousset
+
+    root = Path(celery_grousset.__file__).parent
+    by_hand = re.compile(r"\b(task_id|task|fingerprint|carried|error|processor)=%[sr]")
+    found = [
+        f"{path.relative_to(root)}:{n}"
+        for path in sorted(root.rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if by_hand.search(line)
+    ]
+    assert found == []
+
+
+def test_the_bypass_line_quotes_a_forged_task_id(caplog: pytest.LogCaptureFixture) -> None:
+    # Given a task id that carries a line of its own
+    forged = "t-1\ngrousset.fenced_out fingerprint=forged task=evil"
+    # When the BYPASS line names it
+    with caplog.at_level(logging.WARNING, logger="celery_grousset"):
+        events.bypassed("shop.tasks.charge", forged)
+    [line] = [r.getMessage() for r in caplog.records if "grousset.BYPASS" in r.getMessage()]
+    # Then it is one line, the id quoted
+    assert "\n" not in line and f"task_id={json.dumps(forged)}" in line

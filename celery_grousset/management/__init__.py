@@ -253,7 +253,20 @@ def describe_matches(records: list[Outcome]) -> str:
     lines = [f"{len(records)} journal entries match:"]
     for rec in records:
         lines.append(
-            f"  {rec.fingerprint}  processor={rec.processor_id}  task={rec.task_name}  "
-            f"status={rec.status}  task_id={rec.task_id}"
+            f"  {rec.fingerprint}  processor={printable(rec.processor_id, False)}  "
+            f"task={printable(rec.task_name, False)}  status={rec.status}  "
+            f"task_id={printable(rec.task_id, False)}"
         )
     return "\n".join(lines)
+
+
+#: what a terminal acts on rather than shows: C0 and C1 controls, line separators
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def printable(text: str, lines: bool = True) -> str:
+    """``text`` for an operator's terminal: its control characters (an escape sequence
+    could recolour, retitle or rewrite what the command shows) as Python escapes; its
+    newlines kept when ``lines``. Journal text comes from whoever published the call."""
+    return _CONTROL.sub(lambda m: "\n" if lines and m.group() == "\n" else
+                        m.group().encode("unicode_escape").decode("ascii"), text)  # fmt: skip

@@ -24,6 +24,7 @@ from celery_grousset.management import (
     iso,
     journal_alias,
     other_journals,
+    printable,
     timestamp,
 )
 
@@ -187,8 +188,9 @@ class Command(BaseCommand):
         ]
         width = max(len(label) for label, _ in rows) + 2
         lines = [f"Journal entry {data['fingerprint']}"]
-        for label, text in rows:
-            first, *rest = str(text).splitlines() or [""]
+        for label, text in rows:  # (only these may run over several lines)
+            shown = printable(str(text), lines=label in ("arguments", "error", "memo"))
+            first, *rest = shown.split("\n")
             lines.append(f"  {label.ljust(width)}{first}")
             lines.extend(" " * (width + 2) + line for line in rest)
         return "\n".join(lines)
