@@ -4,7 +4,8 @@ One list with a status filter (pending / sent / dead), read-only, newest first.
 Arguments are shown redacted as the journal's ``args_repr`` is (a pending or dead row
 still holds them; a sent row no longer does): bound by name to the task's signature
 when the task is registered in Celery's current app, so a positional ``password`` is
-redacted too. The options are shown with the value under every sensitive name
+redacted too; a task no module of this process registers has its positional arguments
+hidden. The options are shown with the value under every sensitive name
 (``Authorization`` and other headers included) redacted. One action, behind the
 ``requeue_outboxmessage`` permission: *Requeue* puts dead rows back to pending with
 their attempts reset, for the next relay pass.
@@ -46,13 +47,22 @@ class OutboxStatusFilter(admin.SimpleListFilter):
         return queryset.filter(status=value) if value in OutboxStatus.values else queryset
 
 
+_discovered: list[bool] = []  # Celery's task modules imported once in this process
+
+
 def _bound(task_name: str, args: list[Any], kwargs: dict[str, Any]) -> dict[str, object] | None:
     """The arguments bound by name to the task's signature, or None when the task is not
-    registered in Celery's current app or the arguments do not fit it."""
+    registered in Celery's current app or the arguments do not fit it. A web process
+    has not imported the task modules (only a worker and beat run Celery's
+    autodiscovery): the first miss imports them."""
     from celery import current_app
 
     try:
         task = current_app.tasks.get(task_name)
+        if task is None and not _discovered:
+            _discovered.append(True)
+            current_app.loader.import_default_modules()  # autodiscover_tasks() too
+            task = current_app.tasks.get(task_name)
         if task is None:
             return None
         return bind_arguments(inspect.signature(task.run), args, kwargs)
@@ -61,11 +71,18 @@ def _bound(task_name: str, args: list[Any], kwargs: dict[str, Any]) -> dict[str,
 
 
 def arguments_text(obj: OutboxMessage) -> str:
-    """The row's arguments, redacted like the journal's ``args_repr`` (bound by name)."""
+    """The row's arguments, redacted like the journal's ``args_repr`` (bound by name).
+    Unbound, a positional argument has no name to judge it by: none is shown."""
     if obj.status == OutboxStatus.SENT:
         return "(dropped when the message was sent)"
     args, kwargs = list(obj.args or []), dict(obj.kwargs or {})
-    return redacted(args, kwargs, _bound(obj.task_name, args, kwargs))
+    bound = _bound(obj.task_name, args, kwargs)
+    if bound is None and args:
+        return redacted(["***"] * len(args), kwargs, None) + (
+            " (positional arguments not shown: the task is not registered in this "
+            "process, so their names are unknown)"
+        )
+    return redacted(args, kwargs, bound)
 
 
 def options_text(obj: OutboxMessage) -> str:

@@ -616,10 +616,49 @@ def test_outbox_detail_redacts_positional_secrets_and_option_headers(journal: st
         assert "Tr0ub4dor-pw-61" not in html[0] and "tk-9b1e77aa" not in html[0]
         assert "password=&#x27;***&#x27;" in html[0] and "alice-7f2c" in html[0]
         assert "req-5d0c" in html[0] and queue in html[0]
-        # ... and an unregistered task's arguments are redacted by keyword, unbound
-        assert "Hunter2-pw-88" not in html[1] and "bob-3e1a" in html[1]
+        # ... and an unregistered task's keyword arguments are redacted by name, its
+        # positional ones (no name to judge them by) not shown at all
+        assert "Hunter2-pw-88" not in html[1] and "bob-3e1a" not in html[1]
+        assert "positional arguments not shown" in html[1]
     finally:
         OutboxMessage.objects.using(journal).filter(pk__in=[known.pk, unknown.pk]).delete()
+
+
+WEB_PROCESS = """
+import os, sys
+import django
+django.setup()
+from celery import Celery
+app = Celery("web")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks(["tests"], related_name="tasks")  # lazy, as in a project's celery.py
+app.set_current()
+app.set_default()
+assert "tests.tasks" not in sys.modules
+from celery_grousset.models import OutboxMessage
+from celery_grousset.outbox_admin import arguments_text
+print(arguments_text(OutboxMessage(task_name="tests.tasks.login",
+      args=["alice-7f2c", "Tr0ub4dor-pw-61"], kwargs={}, status="pending")))
+"""
+
+
+def test_outbox_arguments_are_bound_in_a_web_process_that_never_imported_the_tasks() -> None:
+    """Celery autodiscovers task modules in a worker and in beat, not in a web process: a
+    positional password of a task the admin had not imported was shown in the clear."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    # Given a web process whose Celery app discovers its tasks lazily (none imported)
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(root)}
+    # When the outbox admin shows a pending row's arguments there
+    out = subprocess.run([sys.executable, "-c", WEB_PROCESS], env=env, cwd=root,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    # Then they are bound by name to the task's signature: the password is masked
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "user='alice-7f2c', password='***'"
 
 
 def test_outbox_list_refuses_lookups_that_would_probe_raw_arguments(journal: str) -> None:
