@@ -11,29 +11,47 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+from celery_grousset.quoted import secret_values, without_values
 from celery_grousset.redact import is_long_number, is_secret_pair, is_sensitive, redact_text
 from celery_grousset.textcut import clean_and_cut
 
 _MAX_DEPTH = 20
 
 
-def shown_json(value: Any, keys: Collection[str], depth: int = 0) -> Any:
+def shown_json(value: Any, keys: Collection[str]) -> Any:
     """A JSON value (a memo, an outbox row's options) as arguments are shown: the value
     under every sensitive name (a key, a ``[name, value]`` pair's name) replaced by
-    ``***``, secret values removed from every string and key, a number long enough to be
-    a card's masked if it is one."""
+    ``***``, and masked where another string quotes it; secret values removed from every
+    string and key, a number long enough to be a card's masked if it is one."""
+    secrets = secret_values([(None, value)], keys)
+    shown = _shown(value, keys)
+    return _without(shown, secrets) if secrets else shown
+
+
+def _without(value: Any, secrets: list[str], depth: int = 0) -> Any:
+    if depth >= _MAX_DEPTH:
+        return value
+    if isinstance(value, dict):
+        return {_without(k, secrets, depth + 1): _without(v, secrets, depth + 1)
+                for k, v in value.items()}  # fmt: skip
+    if isinstance(value, list):
+        return [_without(item, secrets, depth + 1) for item in value]
+    return without_values(value, secrets) if isinstance(value, str) else value
+
+
+def _shown(value: Any, keys: Collection[str], depth: int = 0) -> Any:
     if depth >= _MAX_DEPTH:
         return "…"
     if isinstance(value, dict):
         return {
             redact_text(str(name), keys): "***" if is_sensitive(str(name), keys)
-            else shown_json(item, keys, depth + 1)
+            else _shown(item, keys, depth + 1)
             for name, item in value.items()
         }  # fmt: skip
     if isinstance(value, list):
         if is_secret_pair(value, keys):
             return [redact_text(value[0], keys), "***"]
-        return [shown_json(item, keys, depth + 1) for item in value]
+        return [_shown(item, keys, depth + 1) for item in value]
     if isinstance(value, str):
         return redact_text(value, keys)
     if is_long_number(value) and redact_text(repr(value), keys) != repr(value):

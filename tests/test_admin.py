@@ -351,6 +351,21 @@ def test_memo_secrets_in_numbers_pairs_and_keys_are_not_shown(
     assert shown_json(["password=PairName2", "x"], DEFAULT_REDACT_KEYS) == ["password=***", "***"]
 
 
+def test_a_memo_value_under_a_sensitive_name_is_masked_where_another_string_quotes_it(
+    journal: str, processor: str
+) -> None:
+    # Given a memo that holds a password and a token and quotes both elsewhere
+    memo_json = (b'{"password": "hunter2secretPW2", "echo": "pw hunter2secretPW2 ok", '
+                 b'"auth": {"token": "tokSECRET67890"}, "log": ["sent with tokSECRET67890"]}')  # fmt: skip
+    row = put(journal, processor, result=memo_json)
+    # When the admin's detail page and grousset_inspect show it
+    # Then neither secret is shown anywhere; the text around them is
+    for shown in shown_by_admin_and_inspect(row, journal):
+        for secret in ("hunter2secretPW2", "tokSECRET67890"):
+            assert secret not in shown, (secret, shown)
+        assert "sent with ***" in shown and "echo" in shown
+
+
 @pytest.mark.parametrize(
     ("encoding", "result", "error", "shown"),
     [
