@@ -445,6 +445,48 @@ def test_a_journal_database_without_its_table_is_W009_until_migrate(tmp_path: Pa
     assert "celery_grousset.W009" not in {m.id for m in again}
 
 
+class ForgetfulRouter:
+    """Sends nothing anywhere, and lets ``migrate`` create tables on ``default`` only (a
+    project's router that forgot the journal's app)."""
+
+    def allow_migrate(self, db: str, app_label: str, **hints: Any) -> bool:
+        return db == "default"
+
+
+def test_a_router_that_refuses_the_journal_s_migrations_is_named_with_the_fix(
+    tmp_path: Path,
+) -> None:
+    from django.core.management import call_command
+
+    # Given a journal database on which a router refuses the journal's migrations: the
+    # very `migrate` that W009 names records them without creating the tables
+    path = tmp_path / "journal.sqlite3"
+    sqlite3.connect(path).execute("PRAGMA journal_mode=WAL").close()
+    with (
+        database("routed", ENGINE="django.db.backends.sqlite3", NAME=str(path)),
+        override_settings(GROUSSET={"DATABASE": "routed"},
+                          DATABASE_ROUTERS=[f"{__name__}.ForgetfulRouter"]),
+    ):  # fmt: skip
+        call_command("migrate", "celery_grousset", database="routed", verbosity=0)
+        # When its database checks run
+        found = checks.run_checks(databases=["routed"], tags=[checks.Tags.database])
+        # Then W009 names the router, and the steps that recover from what it recorded
+        [w009] = [m for m in found if m.id == "celery_grousset.W009"]
+        hint = w009.hint or ""
+        assert "allow_migrate() refuses app 'celery_grousset' on 'routed'" in hint
+        assert "migrate celery_grousset zero --fake --database routed" in hint
+    # And those steps, once the router allows it, create the tables: W009 goes
+    with (
+        database("routed", ENGINE="django.db.backends.sqlite3", NAME=str(path)),
+        override_settings(GROUSSET={"DATABASE": "routed"}, DATABASE_ROUTERS=[]),
+    ):
+        call_command("migrate", "celery_grousset", "zero", fake=True, database="routed",
+                     verbosity=0)  # fmt: skip
+        call_command("migrate", "celery_grousset", database="routed", verbosity=0)
+        again = checks.run_checks(databases=["routed"], tags=[checks.Tags.database])
+    assert "celery_grousset.W009" not in {m.id for m in again}
+
+
 def test_a_task_given_guard_options_without_the_guard_is_W011(
     make_app: Callable[..., Celery],
 ) -> None:

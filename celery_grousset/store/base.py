@@ -108,6 +108,8 @@ def missing_table(alias: str, exc: BaseException) -> StoreUnavailable:
     """A table of the journal is not in ``alias``'s database: the fix is ``migrate``, after
     adding the app to ``INSTALLED_APPS`` when it is not there (without it, ``migrate``
     knows no ``celery_grousset`` and ``manage.py check`` runs none of its checks)."""
+    from celery_grousset.journal_check import missing_table_fix
+
     return StoreUnavailable(
         f"the journal's tables are missing in database {alias!r} ({exc}): "
         + missing_table_fix(alias)
@@ -117,21 +119,12 @@ def missing_table(alias: str, exc: BaseException) -> StoreUnavailable:
 def schema_behind(alias: str, exc: BaseException) -> StoreUnavailable:
     """The journal's table lacks a column this version writes: the package was upgraded
     and ``migrate`` has not run on ``alias`` since."""
+    from celery_grousset.journal_check import missing_table_fix
+
     return StoreUnavailable(
         f"the journal's table in database {alias!r} is older than this celery-grousset "
         f"(its migrations are not all applied: {exc}): " + missing_table_fix(alias)
     )
-
-
-def missing_table_fix(alias: str | None = None) -> str:
-    """What creates the journal's tables (on ``alias``: migrate's default is "default")."""
-    from django.apps import apps
-
-    on = f" --database {alias}" if alias not in (None, "default") else ""
-    fix = f"run `manage.py migrate celery_grousset{on}`."
-    if not apps.is_installed("celery_grousset"):
-        return "add 'celery_grousset' to INSTALLED_APPS, then " + fix
-    return fix
 
 
 def distinct_keys(
