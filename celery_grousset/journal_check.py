@@ -127,6 +127,8 @@ def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
         ]
     found: list[checks.CheckMessage] = []
     if problem is not None:
+        from celery_grousset.store.refusals import missing_table_fix
+
         found.append(
             checks.Warning(
                 f"In the journal database {alias!r} ({OUTCOME_TABLE}), {problem}: every "
@@ -175,35 +177,6 @@ def schema_problem(alias: str) -> str | None:
     if behind := unapplied_migrations(alias):
         return f"the journal's migrations {', '.join(behind)} are not applied"
     return None
-
-
-def missing_table_fix(alias: str | None = None) -> str:
-    """What creates the journal's tables (on ``alias``: migrate's default is "default")."""
-    from django.apps import apps
-
-    on = f" --database {alias}" if alias not in (None, "default") else ""
-    fix = f"run `manage.py migrate celery_grousset{on}`."
-    if not apps.is_installed("celery_grousset"):
-        return "add 'celery_grousset' to INSTALLED_APPS, then " + fix
-    if alias is not None and not _router_allows(alias):
-        return (
-            f"a DATABASE_ROUTERS router's allow_migrate() refuses app 'celery_grousset' on "
-            f"{alias!r}, so `migrate` records its migrations there without creating its "
-            f"tables: make it return True for that app on {alias!r}; then run `manage.py "
-            f"migrate celery_grousset zero --fake{on}` (forget the recorded ones) and {fix[4:]}"
-        )
-    return fix
-
-
-def _router_allows(alias: str) -> bool:
-    from django.db import router
-
-    from celery_grousset.models import Outcome
-
-    try:
-        return bool(router.allow_migrate_model(alias, Outcome))
-    except Exception:  # a router that fails here: migrate would say so
-        return True
 
 
 def store_problem(alias: str) -> str | None:

@@ -356,7 +356,8 @@ def test_a_memo_value_under_a_sensitive_name_is_masked_where_another_string_quot
 ) -> None:
     # Given a memo that holds a password and a token and quotes both elsewhere
     memo_json = (b'{"password": "hunter2secretPW2", "echo": "pw hunter2secretPW2 ok", '
-                 b'"auth": {"token": "tokSECRET67890"}, "log": ["sent with tokSECRET67890"]}')  # fmt: skip
+                 b'"auth": {"token": "tokSECRET67890"}, '
+                 b'"log": ["sent with tokSECRET67890"]}')  # fmt: skip
     row = put(journal, processor, result=memo_json)
     # When the admin's detail page and grousset_inspect show it
     # Then neither secret is shown anywhere; the text around them is

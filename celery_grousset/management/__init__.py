@@ -160,7 +160,7 @@ def schema_problem(alias: str) -> str | None:
     from django.db import DatabaseError
 
     from celery_grousset import journal_check
-    from celery_grousset.journal_check import missing_table_fix
+    from celery_grousset.store.refusals import missing_table_fix
 
     try:
         problem = journal_check.schema_problem(alias)

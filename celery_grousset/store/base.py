@@ -108,7 +108,7 @@ def missing_table(alias: str, exc: BaseException) -> StoreUnavailable:
     """A table of the journal is not in ``alias``'s database: the fix is ``migrate``, after
     adding the app to ``INSTALLED_APPS`` when it is not there (without it, ``migrate``
     knows no ``celery_grousset`` and ``manage.py check`` runs none of its checks)."""
-    from celery_grousset.journal_check import missing_table_fix
+    from celery_grousset.store.refusals import missing_table_fix
 
     return StoreUnavailable(
         f"the journal's tables are missing in database {alias!r} ({exc}): "
@@ -119,7 +119,7 @@ def missing_table(alias: str, exc: BaseException) -> StoreUnavailable:
 def schema_behind(alias: str, exc: BaseException) -> StoreUnavailable:
     """The journal's table lacks a column this version writes: the package was upgraded
     and ``migrate`` has not run on ``alias`` since."""
-    from celery_grousset.journal_check import missing_table_fix
+    from celery_grousset.store.refusals import missing_table_fix
 
     return StoreUnavailable(
         f"the journal's table in database {alias!r} is older than this celery-grousset "

@@ -42,3 +42,31 @@ def rolled_back(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__
     return False
+
+
+def missing_table_fix(alias: str | None = None) -> str:
+    """What creates the journal's tables (on ``alias``: migrate's default is "default")."""
+    from django.apps import apps
+
+    on = f" --database {alias}" if alias not in (None, "default") else ""
+    fix = f"run `manage.py migrate celery_grousset{on}`."
+    if not apps.is_installed("celery_grousset"):
+        return "add 'celery_grousset' to INSTALLED_APPS, then " + fix
+    if alias is not None and not _router_allows(alias):
+        return (
+            f"a DATABASE_ROUTERS router's allow_migrate() refuses app 'celery_grousset' on "
+            f"{alias!r}, so `migrate` records its migrations there without creating its "
+            f"tables: make it return True for that app on {alias!r}; then run `manage.py "
+            f"migrate celery_grousset zero --fake{on}` (forget the recorded ones) and {fix[4:]}"
+        )
+    return fix
+
+
+def _router_allows(alias: str) -> bool:
+    from django.apps import apps
+    from django.db import router
+
+    try:
+        return bool(router.allow_migrate_model(alias, apps.get_model("celery_grousset", "Outcome")))
+    except Exception:  # a router that fails here: migrate would say so
+        return True
