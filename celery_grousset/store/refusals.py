@@ -1,7 +1,8 @@
 """What a journal database that refuses the store's writes for a reason of its own
-(permissions, read-only) is told, whichever backend: the problem and the fix. It stays
-:class:`StoreUnavailable`: nothing runs, the delivery is retried, and it goes through
-once the database is put right."""
+(permissions, read-only, tables missing) is told, whichever backend: the problem and the
+fix. It stays :class:`StoreUnavailable`: nothing runs, the delivery is retried, and it
+goes through once the database is put right. And which errors say the database rolled a
+transaction back for a conflict (:func:`rolled_back`)."""
 
 from __future__ import annotations
 
