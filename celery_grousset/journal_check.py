@@ -187,7 +187,11 @@ def store_problem(alias: str) -> str | None:
     from celery_grousset.store import get_store
 
     try:
-        get_store(alias).probe()
+        store = get_store(alias)
+    except Exception:  # a configuration problem (E003, E015…): its own check says it
+        return None
+    try:
+        store.probe()
     except StoreUnavailable as exc:
         return str(exc)
     return None

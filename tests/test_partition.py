@@ -117,6 +117,11 @@ def test_partitioned_on_another_vendor_is_a_check_error_and_refused() -> None:
         # And no store is made for it (fails closed)
         with pytest.raises(ConfigurationError, match="only PostgreSQL"):
             get_store("default")
+        # And `check --database` says no more than E015 (its store probe does not fail)
+        from django.core import checks
+
+        found = checks.run_checks(databases=["default"], tags=[checks.Tags.database])
+        assert "celery_grousset.E014" not in {m.id for m in found}
 
 
 def test_an_unconverted_journal_fails_closed_naming_the_command() -> None:
