@@ -31,6 +31,7 @@ from celery_grousset.settings_values import (
     _choice,
     _duration,
     _expires_after,
+    _fingerprint_key,
     _flush_delay,
     _integer,
     _optional_duration,
@@ -170,6 +171,14 @@ SETTINGS: dict[str, Setting] = {
             (),
             _redact_keys,
             "a list, tuple or set of non-empty str (not a str); read back as a tuple",
+        ),
+        # A secret that keys the fingerprints (BLAKE3's keyed mode): a fingerprint of a
+        # secret argument cannot be confirmed by guessing it. None: unkeyed.
+        Setting(
+            "FINGERPRINT_KEY",
+            None,
+            _fingerprint_key,
+            "None or a str or bytes of at least 32 bytes; read back as the derived 32-byte key",
         ),
         # Maximum length of the stored args_repr.
         Setting(

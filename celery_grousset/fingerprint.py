@@ -29,7 +29,9 @@ Encoding v1: a one-byte ASCII tag per value; ``LEN`` is a big-endian uint64::
 Values are self-delimiting, so the encoding is injective. A fingerprint hashes
 ``b"grousset-fp\\x00" VERSION(1 byte) name(s) causality(s|N)`` + ``K`` idempotency
 key(s) | ``A`` bound arguments or their ``key=`` selection (m, by parameter name)
-| ``C`` the ``key=`` callable's value.
+| ``C`` the ``key=`` callable's value; in BLAKE3's keyed mode when
+``GROUSSET["FINGERPRINT_KEY"]`` is set (then a fingerprint of a low-entropy secret
+argument, a PIN or a card number, cannot be confirmed by hashing guesses).
 """
 
 from __future__ import annotations
@@ -312,7 +314,7 @@ def fingerprint_bound(
             raise FingerprintError("idempotency_key must be a non-empty str")
         out += b"K"
         _encode(idempotency_key, out, 0)
-        return blake3(out).hexdigest()
+        return _digest(out)
     if bound is None:
         raise FingerprintError("no arguments were bound and no idempotency_key was given")
     if key is None:
@@ -330,7 +332,19 @@ def fingerprint_bound(
         out += b"A"
         names = (key,) if isinstance(key, str) else key
         _encode_arguments({item: bound[item] for item in names}, out)
-    return blake3(out).hexdigest()
+    return _digest(out)
+
+
+def _digest(out: bytearray) -> str:
+    """BLAKE3-256 of ``out`` in hex, keyed with ``GROUSSET["FINGERPRINT_KEY"]`` when set."""
+    from django.conf import settings
+
+    if not settings.configured:  # the encoding alone (tools, golden vectors)
+        return blake3(out).hexdigest()
+    from celery_grousset.conf import grousset_settings
+
+    key = grousset_settings.FINGERPRINT_KEY
+    return (blake3(out) if key is None else blake3(out, key=key)).hexdigest()
 
 
 def payload_hash(name: str, bound: Mapping[str, object]) -> str:

@@ -248,6 +248,31 @@ def _redact_keys(name: str, value: object) -> tuple[str, ...]:
     return tuple(sorted(value)) if isinstance(value, (set, frozenset)) else tuple(value)
 
 
+#: BLAKE3's key derivation context of FINGERPRINT_KEY (fixed: a new one re-keys every
+#: fingerprint)
+FINGERPRINT_KEY_CONTEXT = "celery-grousset 2026-12 fingerprint key"
+
+
+def _fingerprint_key(name: str, value: object) -> bytes | None:
+    """None, or a secret of at least 32 bytes (a str as UTF-8), read back as the 32-byte
+    key derived from it, never the secret itself (nor shown in an error)."""
+    if value is None:
+        return None
+    raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
+    if not isinstance(raw, bytes) or len(raw) < 32:
+        got = f"{len(raw)} bytes" if isinstance(raw, bytes) else f"a {type(value).__name__}"
+        raise _fail(
+            name,
+            f"{name} must be None or a secret str or bytes of at least 32 bytes, got {got} "
+            "(the value is not shown).",
+            "Generate one with `python -c \"import secrets; print(secrets.token_urlsafe(32))\"` "
+            "and keep it, like SECRET_KEY, out of version control.",
+        )
+    from blake3 import blake3
+
+    return bytes(blake3(raw, derive_key_context=FINGERPRINT_KEY_CONTEXT).digest())
+
+
 #: The options a ``GROUSSET["TASKS"]`` entry may set: the task options of
 #: docs/configuration.md (``celery_grousset.options.NAMES`` and ``grousset_key``).
 TASK_OPTIONS = (

@@ -526,3 +526,74 @@ def test_wrapping_a_value_in_a_list_changes_its_encoding(value: Any) -> None:
     # When both are encoded
     # Then the encodings differ (length prefixes keep nesting unambiguous)
     assert canonical_bytes(wrapped) != canonical_bytes(value)
+
+
+# -- FINGERPRINT_KEY: keyed fingerprints ----------------------------------------------------
+
+KEY_A, KEY_B = "a" * 16 + "-secret-key-one!", "b" * 16 + "-secret-key-two!"
+
+
+def test_a_fingerprint_key_keys_every_fingerprint_and_payload_hash() -> None:
+    from django.test import override_settings
+
+    from celery_grousset.fingerprint import payload_hash
+
+    sig = inspect.signature(charge)
+    bound = {"order_id": 7, "amount": 1250, "currency": "EUR"}
+
+    def three() -> tuple[str, str, str]:
+        return (
+            fingerprint("shop.charge", (7, 1250), signature=sig),
+            fingerprint("ns", idempotency_key="k"),
+            payload_hash("shop.charge", bound),
+        )
+
+    plain = three()
+    # Given a key / When the same calls are fingerprinted under it, and under another
+    with override_settings(GROUSSET={"FINGERPRINT_KEY": KEY_A}):
+        keyed = three()
+        again = fingerprint("shop.charge", (7, 1250), signature=sig)
+    with override_settings(GROUSSET={"FINGERPRINT_KEY": KEY_B.encode()}):
+        other = fingerprint("shop.charge", (7, 1250), signature=sig)
+    # Then each differs from the unkeyed one, is stable under its key, and differs by key
+    assert all(k != p and len(k) == 64 for k, p in zip(keyed, plain, strict=True))
+    assert again == keyed[0] and other not in (keyed[0], plain[0])
+    # ... and without the key set again, the fingerprints are the unkeyed ones
+    assert fingerprint("shop.charge", (7, 1250), signature=sig) == plain[0]
+
+
+@pytest.mark.parametrize("value", ["short-secret", b"x" * 31, 12345, ["k" * 40]])
+def test_a_fingerprint_key_too_short_or_not_text_is_refused_without_showing_it(
+    value: object,
+) -> None:
+    from celery_grousset.conf import GroussetSettingsError, validate_setting
+
+    with pytest.raises(GroussetSettingsError, match="at least 32 bytes") as refused:
+        validate_setting("FINGERPRINT_KEY", value)
+    assert "short-secret" not in str(refused.value) and "xxxx" not in str(refused.value)
+    assert "secrets.token_urlsafe(32)" in str(refused.value)
+
+
+def test_a_guarded_call_under_a_fingerprint_key_runs_once_and_is_found_under_it(
+    grousset_eager: object,
+) -> None:
+    import uuid
+
+    from django.test import override_settings
+
+    from celery_grousset.contrib.pytest import Journal
+    from tests import services
+    from tests.ledger.models import Effect
+    from tests.tasks import effect
+
+    services.require_database("default")
+    key = f"keyed-{uuid.uuid4().hex[:8]}"
+    with override_settings(GROUSSET={"DATABASE": "default", "FINGERPRINT_KEY": KEY_A}):
+        # Given a key / When a call is delivered twice
+        first, second = effect.apply((key,)).get(), effect.apply((key,)).get()
+        record = Journal().get(effect, key)
+        keyed = effect.grousset_fingerprint((key,), {})
+    # Then it ran once, the duplicate got the memo, and its record is under the keyed
+    # fingerprint, not the unkeyed one
+    assert Effect.objects.using("default").filter(key=key).count() == 1 and second == first
+    assert record.fingerprint == keyed != effect.grousset_fingerprint((key,), {})

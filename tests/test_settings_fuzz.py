@@ -93,12 +93,29 @@ def documented(name: str, value: object) -> object:
         return value if ok else _REFUSED
     if name == "TASKS":
         return documented_tasks(value)
+    if name == "FINGERPRINT_KEY":
+        return documented_key(value)
     assert name == "REDACT_KEYS", name
     if not isinstance(value, (list, tuple, set, frozenset)):
         return _REFUSED
     if not all(isinstance(key, str) and key.strip() for key in value):
         return _REFUSED
     return tuple(sorted(value)) if isinstance(value, (set, frozenset)) else tuple(value)
+
+
+def documented_key(value: object) -> object:
+    """``None``, or a str (UTF-8) or bytes of at least 32 bytes, read back as the 32-byte
+    key BLAKE3 derives from it."""
+    from blake3 import blake3
+
+    from celery_grousset.settings_values import FINGERPRINT_KEY_CONTEXT
+
+    if value is None:
+        return None
+    raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
+    if not isinstance(raw, bytes) or len(raw) < 32:
+        return _REFUSED
+    return blake3(raw, derive_key_context=FINGERPRINT_KEY_CONTEXT).digest()
 
 
 #: the task options a GROUSSET["TASKS"] entry may set ("Guard tasks from settings")
@@ -151,6 +168,8 @@ values = st.one_of(
     durations,
     st.integers(min_value=-(2**40), max_value=2**40),
     st.text(max_size=8),
+    st.binary(min_size=30, max_size=34),
+    st.text(min_size=30, max_size=34),
     st.sampled_from(CHOICE_WORDS),
     st.lists(st.one_of(names, st.integers(), st.none(), st.just("")), max_size=3),
     st.tuples(names),
@@ -194,6 +213,8 @@ def valid(name: str) -> st.SearchStrategy[Any]:
 
         entries = st.lists(st.sampled_from(TASK_OPTIONS).flatmap(option), max_size=3).map(dict)
         return st.dictionaries(patterns.filter(str.strip), entries, max_size=3)
+    if name == "FINGERPRINT_KEY":
+        return st.none() | st.text(min_size=32, max_size=40) | st.binary(min_size=32, max_size=40)
     return st.one_of(st.lists(names, max_size=3), st.tuples(names), st.frozensets(names))
 
 
