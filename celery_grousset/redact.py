@@ -311,9 +311,10 @@ _SECRETS = re.compile(
     # (after a URL-encoded separator too: %26 &, %3F ?)
     r"|(?P<kname>(?:(?<![A-Za-z0-9_.\-])|(?<=%26)|(?<=%3f))(?P<key>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]{0,63})"
     r"\s{0,8}(?:[=:]|%3d)\s{0,8})"
-    # (the value may start with an auth scheme: token=Bearer <token>; never with a name
-    # and its separator, which starts a pair of its own: "ValueError: password: x")
-    r"(?!(?:[A-Za-z_][A-Za-z0-9_.\-]{0,63}|['\"][A-Za-z0-9_.\- ]{1,64}['\"])\s{0,8}(?:[=:]|%3d))"
+    # (the value may start with an auth scheme: token=Bearer <token>; never with a name,
+    # a colon and a space, which start a pair of their own: "ValueError: password: x";
+    # "password=dGVzdA==", "key=v1:abc" are values)
+    r"(?!(?:[A-Za-z_][A-Za-z0-9_.\-]{0,63}:(?:\s|\Z)|['\"][A-Za-z0-9_.\- ]{1,64}['\"]\s{0,8}:))"
     rf"(?P<kvalue>{_PEM}|{_QUOTED}|{_LONG_QUOTED}|{_CARD}|(?:(?:{_SCHEMES})\s{{1,8}})?[^\s&,;)\]}}'\"]{{1,65536}})",
     re.IGNORECASE,
 )

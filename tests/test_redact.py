@@ -399,6 +399,14 @@ JWT = (
         ("Error: api_key: abc123456xyz", "Error: api_key: ***"),
         ("note='Login problem: password: pw9'", "note='Login problem: password: ***'"),
         ("note: a=b time=12:30", "note: a=b time=12:30"),
+        # ... while a value that holds '=' or ':' is still a value, masked whole
+        ("password=dGVzdA==", "password=***"),
+        ("api_key=abc123:xyz789 ok", "api_key=*** ok"),
+        ("token=abc-def_ghi= secret=sha256:9f86d08", "token=*** secret=***"),
+        ("session_id=v1:8f2a9c", "session_id=***"),
+        ("?token=abcdef%3D%3D", "?token=***"),
+        ("host=db password=pass=word", "host=db password=***"),
+        ("Error: password=hunter2", "Error: password=***"),
         # harmless text is untouched
         ("KeyError: 'token'", "KeyError: 'token'"),
         ("ValueError: order 42 is not open", "ValueError: order 42 is not open"),
