@@ -54,20 +54,35 @@ def _bound(task_name: str, args: list[Any], kwargs: dict[str, Any]) -> dict[str,
     """The arguments bound by name to the task's signature, or None when the task is not
     registered in Celery's current app or the arguments do not fit it. A web process
     has not imported the task modules (only a worker and beat run Celery's
-    autodiscovery): the first miss imports them."""
+    autodiscovery): the first miss imports them (:func:`_import_task_modules`)."""
     from celery import current_app
 
     try:
         task = current_app.tasks.get(task_name)
         if task is None and not _discovered:
             _discovered.append(True)
-            current_app.loader.import_default_modules()  # autodiscover_tasks() too
+            _import_task_modules(current_app)
             task = current_app.tasks.get(task_name)
         if task is None:
             return None
         return bind_arguments(inspect.signature(task.run), args, kwargs)
     except Exception:  # display only: fall back to the unbound rendering
         return None
+
+
+def _import_task_modules(app: Any) -> None:
+    """What a worker imports to register the tasks: each installed app's ``tasks`` module
+    (``app.autodiscover_tasks()``'s default) and the app's ``imports`` / ``include``.
+    Not Celery's ``import_default_modules()``: its Django fixup runs ``django.setup()``
+    again, which re-applies LOGGING (silencing the web process's loggers) and the
+    script prefix, and runs the system checks."""
+    import importlib
+
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules("tasks")
+    for name in [*(app.conf.imports or ()), *(app.conf.include or ())]:
+        importlib.import_module(name)
 
 
 def arguments_text(obj: OutboxMessage) -> str:
