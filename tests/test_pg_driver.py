@@ -93,6 +93,39 @@ def test_a_database_without_the_journal_table_says_run_migrate() -> None:
         store.close()
 
 
+def test_a_role_that_may_not_read_pg_settings_still_claims() -> None:
+    """The store reads its connection's statement_timeout once, to warn when a pooler
+    dropped it: through pg_settings, which some hardenings revoke, every connect failed
+    and every claim with it (fail closed, for a warning)."""
+    services.require_database("postgresql")
+    base = connections.settings["postgresql"]
+    admin = services.pg_connect(host=base["HOST"], port=int(base["PORT"]), user="postgres",
+                                dbname=base["NAME"])  # fmt: skip
+    role = "grousset_no_settings"
+    grants = [
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}",
+        f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}",
+        "REVOKE SELECT ON pg_catalog.pg_settings FROM PUBLIC",
+    ]
+    try:
+        # Given a role that may use the journal but not read pg_settings
+        driver().execute(admin, f"DROP ROLE IF EXISTS {role}")
+        driver().execute(admin, f"CREATE ROLE {role} LOGIN")
+        for sql in grants:
+            driver().execute(admin, sql)
+        store = PostgresStore("postgresql", {**base, "USER": role}, timeout=1.0)
+        try:
+            # When its store claims / Then the claim goes through
+            assert store.claim(make(f"role-{uuid.uuid4().hex[:8]}")).kind is Kind.NEW
+        finally:
+            store.close()
+    finally:
+        driver().execute(admin, "GRANT SELECT ON pg_catalog.pg_settings TO PUBLIC")
+        driver().execute(admin, f"DROP OWNED BY {role}")
+        driver().execute(admin, f"DROP ROLE IF EXISTS {role}")
+        admin.close()
+
+
 def _behind_the_drivers_back(conn: object, sql: str) -> None:
     """``sql`` on the store's server session, unseen by the driver's own bookkeeping of
     prepared statements (as another client's transaction on a pooled session is)."""

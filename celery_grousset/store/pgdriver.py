@@ -160,6 +160,10 @@ def driver() -> Driver:
 
 
 def statement_timeout_ms(conn: Any) -> int:
-    """The server's ``statement_timeout`` on ``conn``, in ms (0: none)."""
-    sql = "SELECT setting FROM pg_settings WHERE name = 'statement_timeout'"
+    """The server's ``statement_timeout`` on ``conn``, in ms (0: none). From
+    ``current_setting()``, which every role may read (``pg_settings`` may be revoked)."""
+    sql = (
+        "SELECT (extract(epoch FROM current_setting('statement_timeout')::interval)"
+        " * 1000)::bigint"
+    )
     return int(driver().execute(conn, sql).fetchone()[0])

@@ -152,25 +152,28 @@ class PostgresStore(PostgresOperations, Store):
 
     def _connect(self) -> Any:
         db = driver()
-        conn = None
         try:
             conn = db.connect(self._params())
-            self._check_bounded(conn)
         except db.Error as exc:
-            if conn is not None:
-                conn.close()
             pooler = _POOLER_FIX if "unsupported startup parameter" in str(exc) else ""
             raise StoreUnavailable(
                 f"celery-grousset cannot connect to the journal database "
                 f"{self.alias!r} (PostgreSQL): {str(exc).strip()}{pooler}"
             ) from exc
         self._conn = conn
+        if self.alias not in _unbounded:
+            self._check_bounded(conn)
         return conn
 
     def _check_bounded(self, conn: Any) -> None:
         """Log (once per alias) a connection that came up without the store's timeouts: a
-        pooler told to ignore its startup options (it cannot be told apart from here)."""
-        ms, server = self._ms, statement_timeout_ms(conn)
+        pooler told to ignore its startup options (it cannot be told apart from here).
+        Only a diagnosis: whatever fails here leaves the connection to the claims."""
+        try:
+            ms, server = self._ms, self._answer(statement_timeout_ms, conn)
+        except driver().Error:
+            logger.debug("celery-grousset: statement_timeout not read", exc_info=True)
+            return
         if server != ms and self.alias not in _unbounded:
             _unbounded.add(self.alias)
             logger.warning(
