@@ -66,6 +66,14 @@ class Driver:
         raise NotImplementedError
 
 
+#: why a pooler refuses the store's connection, and the fix
+POOLER_FIX = (
+    " (a connection pooler such as PgBouncer refuses the startup options that carry the "
+    "store's timeouts, in session and transaction mode alike: point the journal's alias at "
+    "PostgreSQL directly, or add options to the pooler's ignore_startup_parameters, which "
+    "drops the timeouts; docs/configuration.md, \"PgBouncer and other poolers\")"
+)
+
 _NEVER = 2**62  # psycopg 3's prepare_threshold: never prepared by itself
 
 

@@ -42,7 +42,7 @@ from celery_grousset.store.base import (
     schema_behind,
 )
 from celery_grousset.store.pgclaim import BATCH_SQL, CLAIM_SQL, GAVE_UP_ERROR, KEY, NOW, PER_ROW
-from celery_grousset.store.pgdriver import driver, sqlstate, statement_timeout_ms
+from celery_grousset.store.pgdriver import POOLER_FIX, driver, sqlstate, statement_timeout_ms
 from celery_grousset.store.pgops import PostgresOperations
 from celery_grousset.store.watchdog import Watchdog
 
@@ -88,13 +88,6 @@ _LIBPQ_DROP = ("cursor_factory", "context", "prepare_threshold", "server_side_bi
 #: a prepared statement the server session no longer has, or has already under its name:
 #: a pooler in transaction mode hands each transaction another server session
 _SESSION_LOST_PREPARED = ("26000", "42P05")
-#: why a pooler refuses the store's connection, and the fix
-_POOLER_FIX = (
-    " (a connection pooler such as PgBouncer refuses the startup options that carry the "
-    "store's timeouts, in session and transaction mode alike: point the journal's alias at "
-    "PostgreSQL directly, or add options to the pooler's ignore_startup_parameters, which "
-    "drops the timeouts; docs/configuration.md, \"PgBouncer and other poolers\")"
-)
 _unbounded: set[str] = set()  # aliases whose dropped timeouts were logged
 
 
@@ -155,26 +148,27 @@ class PostgresStore(PostgresOperations, Store):
         try:
             conn = db.connect(self._params())
         except db.Error as exc:
-            pooler = _POOLER_FIX if "unsupported startup parameter" in str(exc) else ""
+            pooler = POOLER_FIX if "unsupported startup parameter" in str(exc) else ""
             raise StoreUnavailable(
                 f"celery-grousset cannot connect to the journal database "
                 f"{self.alias!r} (PostgreSQL): {str(exc).strip()}{pooler}"
             ) from exc
         self._conn = conn
-        if self.alias not in _unbounded:
-            self._check_bounded(conn)
+        self._check_bounded(conn)
         return conn
 
     def _check_bounded(self, conn: Any) -> None:
         """Log (once per alias) a connection that came up without the store's timeouts: a
         pooler told to ignore its startup options (it cannot be told apart from here).
         Only a diagnosis: whatever fails here leaves the connection to the claims."""
+        if self.alias in _unbounded:
+            return
         try:
             ms, server = self._ms, self._answer(statement_timeout_ms, conn)
         except driver().Error:
             logger.debug("celery-grousset: statement_timeout not read", exc_info=True)
             return
-        if server != ms and self.alias not in _unbounded:
+        if server != ms:
             _unbounded.add(self.alias)
             logger.warning(
                 "celery-grousset: the journal database %r does not apply the store's "
