@@ -11,7 +11,6 @@ import random
 import time
 from typing import Any
 
-from celery_grousset import memo
 from celery_grousset.exceptions import PoisonDelivery, PoisonRejected
 
 logger = logging.getLogger("celery_grousset")
@@ -128,11 +127,13 @@ def republish_failed(
     _republish_failures[0] += 1
     wait = max(countdown, 0.5 * 2.0**n * random.uniform(0.5, 1.0))
     wait = min(wait, REPUBLISH_FAILED_WAIT_MAX, latest / 2 if latest else math.inf)
-    logger.warning(
-        "celery-grousset: %s: could not requeue the delivery (%s: %s); it goes back to "
-        "the broker in %.1f s (%d failed requeues in a row in this process)",
-        task_name, type(exc).__name__, memo.redacted_text(str(exc), 300), wait, n + 1,
-    )  # fmt: skip
+    from celery_grousset import events
+
+    events.emit(logging.WARNING, "grousset.requeue_failed", {
+        "task": task_name, "error": events.error_text(exc), "retry_in": f"{wait:.1f}s",
+        "failures": n + 1,
+    }, note="could not requeue the delivery: it goes back to the broker after retry_in "
+            "(failures: failed requeues in a row in this process)")  # fmt: skip
     with contextlib.suppress(SoftTimeLimitExceeded):
         time.sleep(wait)
     return wait

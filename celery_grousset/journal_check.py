@@ -14,6 +14,7 @@ command that fixes a missing table.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from django.core import checks
 
@@ -111,10 +112,11 @@ def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
 
     conn = connections[alias]
     try:
-        with conn.cursor() as cur:
-            mode = _sqlite_mode(cur) if conn.vendor == "sqlite" else "wal"
-            charsets = _mysql_charsets(cur) if conn.vendor == "mysql" else None
         problem = schema_problem(alias)
+        broken = store_problem(alias) if problem is None else None  # (SQLite: WAL on)
+        with conn.cursor() as cur:
+            mode = _sqlite_mode(conn, cur) if conn.vendor == "sqlite" else "wal"
+            charsets = _mysql_charsets(cur) if conn.vendor == "mysql" else None
         partitioned = None if problem == TABLES_MISSING else _partitioned(alias)
     except DatabaseError as exc:
         return [
@@ -138,7 +140,7 @@ def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
                 id="celery_grousset.W009",
             )
         )
-    if problem is None and (broken := store_problem(alias)) is not None:
+    if broken is not None:
         found.append(
             checks.Warning(
                 f"The journal database {alias!r} opens on Django's connection, but not on "
@@ -215,7 +217,10 @@ def unapplied_migrations(alias: str) -> list[str]:
     return [name for name in known if name not in applied]
 
 
-def _sqlite_mode(cur: object) -> str:
+def _sqlite_mode(conn: Any, cur: object) -> str:
+    # (a read first: a connection opened before another turned WAL on reports the old
+    # mode until its next read transaction)
+    conn.introspection.table_names(cur)
     cur.execute("PRAGMA journal_mode")  # type: ignore[attr-defined]
     return str(cur.fetchone()[0]).lower()  # type: ignore[attr-defined]
 

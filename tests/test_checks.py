@@ -621,6 +621,29 @@ def test_sqlite_without_wal_is_W005(tmp_path: Path) -> None:
     assert "celery_grousset.W005" not in clean
 
 
+def test_a_migrated_sqlite_journal_is_checked_in_the_mode_the_store_leaves_it(
+    tmp_path: Path,
+) -> None:
+    from django.core.management import call_command
+
+    # Given a migrated SQLite journal left in the rollback journal mode
+    path = tmp_path / "journal.sqlite3"
+    with database("rollback", ENGINE="django.db.backends.sqlite3", NAME=str(path)):
+        call_command("migrate", "celery_grousset", database="rollback", verbosity=0)
+    sqlite3.connect(path).execute("PRAGMA journal_mode=DELETE").close()
+    with (
+        database("rollback", ENGINE="django.db.backends.sqlite3", NAME=str(path)),
+        override_settings(GROUSSET={"DATABASE": "rollback"}),
+    ):
+        # When its database checks run: their probe of the store's own connection turns
+        # WAL on, as the store's first claim does
+        found = {m.id for m in checks.run_checks(databases=["rollback"],
+                                                 tags=[checks.Tags.database])}  # fmt: skip
+    mode = sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0]
+    # Then what they say is the state they leave: WAL, and no W005 (it said "not WAL")
+    assert mode == "wal" and "celery_grousset.W005" not in found
+
+
 def test_checks_do_not_re_enter_through_the_django_fixup(monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.celeryapp import app
 

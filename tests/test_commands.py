@@ -402,7 +402,7 @@ def test_inspect_shows_control_characters_as_escapes(
 ) -> None:
     # Given an entry whose task id and error text, both from whoever published the call,
     # carry terminal escape sequences (recolour, retitle, move up and clear a line)
-    evil = "\x1b[31mred\x1b]0;TITLE\x07\x1b[1A\x1b[2Kstatus completed\r"
+    evil = "\x1b[31mred\x1b]0;TITLE\x07\x1b[1A\x1b[2Kstatus completed\r\u202e"
     fp = new_fp()
     for owner in (processor, processor + "-b"):
         first = req(owner, fp, task_id="t-1\nstatus    completed")
@@ -414,8 +414,8 @@ def test_inspect_shows_control_characters_as_escapes(
     listed = run("grousset_inspect", fp, database=alias)
     # Then no control character reaches the terminal: each shows as its escape
     for text in (out, listed):
-        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", text), repr(text)
-    assert "boom \\x1b[31mred\\x1b]0;TITLE\\x07\\x1b[1A\\x1b[2Kstatus completed\\r" in out
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f\u202e]", text), repr(text)
+    assert "boom \\x1b[31mred\\x1b]0;TITLE\\x07\\x1b[1A\\x1b[2Kstatus completed\\r\\u202e" in out
     assert re.search(r"task id +t-1\\nstatus    completed\n", out)
 
 

@@ -260,8 +260,9 @@ def describe_matches(records: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
-#: what a terminal acts on rather than shows: C0 and C1 controls, line separators
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+#: what a terminal acts on rather than shows: C0 and C1 controls, line separators, and
+#: the bidirectional overrides and isolates (they reorder what follows on screen)
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def printable(text: str, lines: bool = True) -> str:
