@@ -57,5 +57,25 @@ def without_values(text: str, values: Iterable[str]) -> str:
     """``text`` with each of ``values`` (:func:`secret_values`) masked, as given or in
     another case (``CARD 4111…``)."""
     for value in values:
-        text = re.sub(re.escape(value), TEXT_REDACTED, text, flags=re.IGNORECASE)
+        if value and value.isascii() and text.isascii():  # the same, without a regex
+            text = _without_ascii(text, value)
+        else:
+            text = re.sub(re.escape(value), TEXT_REDACTED, text, flags=re.IGNORECASE)
     return text
+
+
+def _without_ascii(text: str, value: str) -> str:
+    """``re.sub`` of ``value``, case-insensitive, when both are ASCII: there, ``lower()``
+    agrees with ``re.IGNORECASE`` (a compiled pattern per call cost ~70 µs a task)."""
+    low, needle = text.lower(), value.lower()
+    at = low.find(needle)
+    if at < 0:
+        return text
+    parts: list[str] = []
+    start = 0
+    while at >= 0:
+        parts += (text[start:at], TEXT_REDACTED)
+        start = at + len(needle)
+        at = low.find(needle, start)
+    parts.append(text[start:])
+    return "".join(parts)

@@ -7,6 +7,8 @@ from collections import namedtuple
 from collections.abc import Iterator, Mapping
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from celery_grousset.redact import DEFAULT_REDACT_KEYS, REDACTED, is_sensitive, safe_repr
 
@@ -585,3 +587,25 @@ def test_a_secret_quoted_in_another_argument_is_masked_there_too() -> None:
         text = guard.redacted(args, kwargs, bound)
         # Then the value is masked wherever it appears, by name or quoted
         assert "ERR01pwvalue" not in text and "login failed with ***" in text, text
+
+
+@given(
+    text=st.text(alphabet=st.characters(max_codepoint=127), max_size=60),
+    value=st.text(alphabet=st.characters(max_codepoint=127), min_size=1, max_size=6),
+    cut=st.integers(min_value=0, max_value=60),
+)
+def test_masking_an_ascii_value_without_a_regex_matches_the_regex(
+    text: str, value: str, cut: int
+) -> None:
+    """The ASCII path of without_values (no regex compiled per call) masks exactly what
+    re.sub(..., re.IGNORECASE) does: the value anywhere, in any case, never overlapping."""
+    import re
+
+    from celery_grousset.quoted import without_values
+    from celery_grousset.redact import TEXT_REDACTED
+
+    text = text[:cut] + value.swapcase() + text[cut:]  # the value in it, in another case
+    expected = re.sub(re.escape(value), TEXT_REDACTED, text, flags=re.IGNORECASE)
+    assert without_values(text, [value]) == expected
+    # ... and a non-ASCII text still takes the regex (the Kelvin sign is a "k" to it)
+    assert without_values("\u212aey-123", ["key-123"]) == TEXT_REDACTED
