@@ -341,9 +341,14 @@ def _digest(out: bytearray) -> str:
 
     if not settings.configured:  # the encoding alone (tools, golden vectors)
         return blake3(out).hexdigest()
-    from celery_grousset.conf import grousset_settings
+    from celery_grousset.conf import GroussetSettingsError, grousset_settings, validate_setting
 
-    key = grousset_settings.FINGERPRINT_KEY
+    try:
+        key = grousset_settings.FINGERPRINT_KEY
+    except GroussetSettingsError:  # another setting's error (BYPASS still runs): this one
+        given = getattr(settings, "GROUSSET", None)
+        key = validate_setting("FINGERPRINT_KEY", (given or {}).get("FINGERPRINT_KEY")
+                               if isinstance(given, dict) else None)  # fmt: skip
     return (blake3(out) if key is None else blake3(out, key=key)).hexdigest()
 
 
