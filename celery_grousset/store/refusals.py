@@ -34,9 +34,11 @@ def rolled_back(exc: BaseException) -> bool:
     """``exc`` (Django's, or the driver's under it) says the database rolled the whole
     transaction back to resolve a conflict with another one: a serialization failure
     (REPEATABLE READ, SERIALIZABLE) or a deadlock. Nothing of it stands; it can run again."""
+    from celery_grousset.store.pgdriver import sqlstate
+
     seen: BaseException | None = exc
     while seen is not None:
-        code = getattr(seen, "sqlstate", None) or getattr(seen, "pgcode", None)
+        code: object = sqlstate(seen)
         if code is None and type(seen).__module__.startswith("MySQLdb") and seen.args:
             code = seen.args[0]
         if code in _ROLLED_BACK:
