@@ -13,10 +13,11 @@ class GroussetConfig(AppConfig):
 
     def ready(self) -> None:
         # checks: registers the system checks; periodic: beat sends each run's slot
-        from celery_grousset import checks, periodic  # noqa: F401
+        from celery_grousset import checks, periodic, testworker_check  # noqa: F401
         from celery_grousset.install import connect
 
         connect()  # GROUSSET["TASKS"]: guard the tasks it names, as Celery apps register them
+        testworker_check.connect()  # Celery's in-process test worker under manage.py test
         from django.db.models.signals import post_migrate
 
         post_migrate.connect(_refresh_claim_function, sender=self)

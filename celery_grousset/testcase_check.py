@@ -47,6 +47,21 @@ def refuse_leaks(alias: str, conn: Any = None) -> None:
         raise forbidden(ROLLED_BACK)
 
 
+def this_threads_connections() -> dict[str, Any]:
+    """This thread's Django connection objects, by alias (opened or not: a test's setup
+    marks them as it goes, forbidden or inside its transaction). A worker thread judges a
+    delivery by the connections of the test thread it runs for."""
+    from django.db import connections
+
+    held = {}
+    for alias in connections.settings:
+        try:
+            held[alias] = connections[alias]
+        except Exception:  # a misconfigured alias: the checks report it
+            continue
+    return held
+
+
 def forbidden(message: str) -> Any:
     from django.test.testcases import (  # type: ignore[attr-defined]
         DatabaseOperationForbidden,

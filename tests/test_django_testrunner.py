@@ -96,3 +96,111 @@ def test_manage_py_test_drops_its_postgresql_test_database(tmp_path: Path) -> No
             cursor.execute(f'DROP DATABASE "{test_name}" WITH (FORCE)')
     assert "OK" in out and run.returncode == 0, out[-3000:]
     assert exists == 0, out[-3000:]
+
+
+WORKER_SETTINGS = """
+SECRET_KEY = "x"
+USE_TZ = True
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "celery_grousset"]
+DATABASES = {{
+    "default": {{"ENGINE": "django.db.backends.sqlite3", "NAME": {default!r}}},
+    "journal": {{"ENGINE": "django.db.backends.sqlite3", "NAME": {real!r},
+                 "TEST": {{"NAME": {test!r}}}}},
+}}
+GROUSSET = {{"DATABASE": "journal", "MAX_PROCESSING_TIME": 30}}
+"""
+
+WORKER_APP = """
+from celery import Celery
+from celery_grousset import GroussetTask
+
+app = Celery("workerproj", broker="memory://", backend="cache+memory://", set_as_current=True)
+
+@app.task(base=GroussetTask, name="workerproj.send")
+def send(n):
+    return n
+"""
+
+WORKER_TESTS = """
+from celery.contrib.testing.worker import start_worker
+from django.test import TestCase, TransactionTestCase
+
+from workerproj.app import app, send
+
+
+class InProcessWorker:  # as Celery's documentation shows it for Django's test cases
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.celery_worker = start_worker(app, perform_ping_check=False)
+        cls.celery_worker.__enter__()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.celery_worker.__exit__(None, None, None)
+        super().tearDownClass()
+
+
+class NotListed(InProcessWorker, TransactionTestCase):
+    databases = {"default"}
+
+    def test_not_listed(self):
+        send.delay(1).get(timeout=20)
+
+
+class RolledBack(InProcessWorker, TestCase):
+    databases = {"default", "journal"}
+
+    def test_rolled_back(self):
+        send.delay(2).get(timeout=20)
+
+
+class Listed(InProcessWorker, TransactionTestCase):
+    databases = {"default", "journal"}
+
+    def test_listed(self):
+        self.assertEqual(send.delay(4).get(timeout=20), 4)
+        self.assertEqual(send.delay(4).get(timeout=20), 4)
+"""
+
+
+def test_manage_py_test_refuses_an_in_process_workers_leaking_delivery(tmp_path: Path) -> None:
+    """Celery's in-process worker (``start_worker`` in ``setUpClass``, as Celery's docs show
+    for Django) runs deliveries in a thread no test case marks: their claims went to the
+    database in the settings, or outlived a rolled-back TestCase."""
+    import sqlite3
+
+    # Given a project whose journal is a database of its own (migrated: the one in its
+    # settings, which a test must never write to), and test cases that publish to an
+    # in-process worker
+    pkg = tmp_path / "workerproj"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    real = tmp_path / "real-journal.sqlite3"
+    (pkg / "settings.py").write_text(WORKER_SETTINGS.format(
+        default=str(tmp_path / "default.sqlite3"), real=str(real),
+        test=str(tmp_path / "test-journal.sqlite3"),
+    ))  # fmt: skip
+    (pkg / "app.py").write_text(textwrap.dedent(WORKER_APP))
+    (pkg / "tests.py").write_text(textwrap.dedent(WORKER_TESTS))
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "workerproj.settings",
+           "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}  # fmt: skip
+    django = [sys.executable, "-m", "django"]
+    subprocess.run([*django, "migrate", "--database", "journal", "-v", "0"], cwd=tmp_path,
+                   env=env, check=True, timeout=120)  # fmt: skip
+    # When Django's test runner runs them
+    run = subprocess.run(
+        [*django, "test", "workerproj.tests", "--noinput", "-v", "2"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = run.stdout + run.stderr
+    # Then the two whose claims would leak fail with the reason; the listed one passes
+    assert "FAILED (failures=2)" in out, out[-4000:]
+    assert "test_listed (workerproj.tests.Listed" in out and "ok" in out, out[-4000:]
+    assert "'journal', which this test may not use" in out, out[-4000:]
+    assert "rolled-back test transaction" in out, out[-4000:]
+    for name in ("test_not_listed", "test_rolled_back"):
+        assert f"FAIL: {name}" in out, out[-4000:]
+    # And nothing was written to the database in the settings
+    with sqlite3.connect(real) as conn:
+        assert conn.execute("SELECT count(*) FROM celery_grousset_outcome").fetchone() == (0,)

@@ -191,9 +191,9 @@ def _grousset_test_database(request: pytest.FixtureRequest) -> Iterator[None]:
     )
 
     from celery_grousset import guard
-    from celery_grousset.testcase_check import forbidden, refuse_leaks
+    from celery_grousset.testcase_check import forbidden, refuse_leaks, this_threads_connections
 
-    test_thread, held = threading.current_thread(), _this_threads_connections()
+    test_thread, held = threading.current_thread(), this_threads_connections()
 
     def check(alias: str) -> None:
         here = threading.current_thread() is test_thread
@@ -211,20 +211,6 @@ def _grousset_test_database(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
     finally:
         guard.test_database_check = saved
-
-
-def _this_threads_connections() -> dict[str, Any]:
-    """This thread's Django connection objects, by alias (opened or not: the test's setup
-    marks them as it goes, forbidden or inside its transaction)."""
-    from django.db import connections
-
-    held = {}
-    for alias in connections.settings:
-        try:
-            held[alias] = connections[alias]
-        except Exception:  # a misconfigured alias: the checks report it
-            continue
-    return held
 
 
 def _access_blocked(alias: str | None = None) -> bool:
