@@ -347,8 +347,8 @@ def _digest(out: bytearray) -> str:
         key = grousset_settings.FINGERPRINT_KEY
     except GroussetSettingsError:  # another setting's error (BYPASS still runs): this one
         given = getattr(settings, "GROUSSET", None)
-        key = validate_setting("FINGERPRINT_KEY", (given or {}).get("FINGERPRINT_KEY")
-                               if isinstance(given, dict) else None)  # fmt: skip
+        raw = given.get("FINGERPRINT_KEY") if isinstance(given, dict) else None
+        key = validate_setting("FINGERPRINT_KEY", raw)
     return (blake3(out) if key is None else blake3(out, key=key)).hexdigest()
 
 
