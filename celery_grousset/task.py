@@ -119,6 +119,11 @@ class GroussetTaskMixin:
             raise TypeError(  # Celery's Task.__call__ would run every delivery unguarded
                 f"{cls.__qualname__}: list GroussetTaskMixin before the Celery task class "
                 f"in its bases (class {cls.__name__}(GroussetTaskMixin, YourTask)).")
+        # @app.task(grousset_key=fn) makes fn a class attribute, which would be a method:
+        # it is called with the bound arguments alone (a def taking self stays a method)
+        key = cls.__dict__.get("grousset_key")
+        if inspect.isfunction(key) and next(iter(inspect.signature(key).parameters), "") != "self":
+            cls.grousset_key = staticmethod(key)
         # @app.task(on_failure="memoize") would replace Celery's on_failure handler: move it
         value = cls.__dict__.get("on_failure")
         if isinstance(value, str):

@@ -216,6 +216,26 @@ def test_grousset_key_from_settings(
     assert effects(key) == 1 and first == second
 
 
+def the_key(key: str, **_: object) -> str:
+    return key
+
+
+def test_a_callable_grousset_key_from_settings_gets_the_bound_arguments(
+    make_app: Callable[[], Celery], prefix: str, journal: str
+) -> None:
+    app = make_app()
+    task = plain(app, f"{prefix}.keyfn")
+    # Given GROUSSET["TASKS"] keying a task by a function of its arguments
+    entry = {"max_processing_time": 60, "grousset_key": the_key, "validate_payload": False}
+    with grousset({f"{prefix}.keyfn": entry}):
+        key = f"keyfn-{uuid.uuid4().hex[:8]}"
+        # When it is called twice with varying notes
+        first = task.apply((key,), {"note": "a"}).get()
+        second = task.apply((key,), {"note": "b"}).get()
+    # Then the function saw the arguments alone, and the body ran once
+    assert effects(key) == 1 and first == second
+
+
 # -- when the guard is installed ----------------------------------------------------------
 
 
