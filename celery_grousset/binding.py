@@ -121,3 +121,12 @@ def signature_of(fn: object) -> inspect.Signature | None:
         return inspect.signature(fn)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
+
+
+def key_function(cls: type) -> None:
+    """A function given as ``grousset_key`` to the task decorator (or ``GROUSSET["TASKS"]``)
+    lands in the task's class, where it would become a method: keep it a plain function,
+    called with the bound arguments alone (a ``def`` taking ``self`` stays a method)."""
+    key = cls.__dict__.get("grousset_key")
+    if inspect.isfunction(key) and next(iter(inspect.signature(key).parameters), "") != "self":
+        setattr(cls, "grousset_key", staticmethod(key))  # noqa: B010

@@ -18,7 +18,7 @@ from celery import Task
 from celery.exceptions import Reject, Retry
 
 from celery_grousset import carry, events, exceptions, guard, memo, periodic, publish_check
-from celery_grousset.binding import check_call_arguments, signature_of
+from celery_grousset.binding import check_call_arguments, key_function, signature_of
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.conf import grousset_settings, on_reload
 from celery_grousset.delivery import (
@@ -119,11 +119,7 @@ class GroussetTaskMixin:
             raise TypeError(  # Celery's Task.__call__ would run every delivery unguarded
                 f"{cls.__qualname__}: list GroussetTaskMixin before the Celery task class "
                 f"in its bases (class {cls.__name__}(GroussetTaskMixin, YourTask)).")
-        # @app.task(grousset_key=fn) makes fn a class attribute, which would be a method:
-        # it is called with the bound arguments alone (a def taking self stays a method)
-        key = cls.__dict__.get("grousset_key")
-        if inspect.isfunction(key) and next(iter(inspect.signature(key).parameters), "") != "self":
-            cls.grousset_key = staticmethod(key)
+        key_function(cls)  # @app.task(grousset_key=fn): fn gets the bound arguments alone
         # @app.task(on_failure="memoize") would replace Celery's on_failure handler: move it
         value = cls.__dict__.get("on_failure")
         if isinstance(value, str):
