@@ -24,9 +24,10 @@ from typing import Any
 
 from celery_grousset import carry, events, guard, memo
 from celery_grousset.claim import ClaimRequest, Kind, payload_differs
+from celery_grousset.delivery import KEY_HEADER
 from celery_grousset.exceptions import StoreUnavailable
 from celery_grousset.store import ClaimResult, Store, check_claimable
-from celery_grousset.task import KEY_HEADER, GroussetTaskMixin, worker_caller
+from celery_grousset.task import GroussetTaskMixin, worker_caller
 
 #: what the event loop does with a request once the claimer is done with it
 OWNED, ANSWERED, PER_TASK = "owned", "answered", "per-task"

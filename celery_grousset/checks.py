@@ -12,6 +12,7 @@
 ``celery_grousset.E014``    a check could not run (an unexpected error; the message has it)
 ``celery_grousset.E015``    ``JOURNAL_LAYOUT = "partitioned"`` on a journal that is not PostgreSQL
 ``celery_grousset.E016``    a MySQL/SQLite journal database with a ``TIME_ZONE`` other than UTC
+``celery_grousset.E017``    a task attribute reads like a misspelt option (``max_procesing_time``)
 ``celery_grousset.W001``    Redis/SQS ``visibility_timeout`` < a task's ``max_processing_time``
 ``celery_grousset.W002``    ``acks_late`` is off on a guarded task
 ``celery_grousset.W003``    ``reject_on_worker_lost`` is off on a guarded task
@@ -249,7 +250,7 @@ def _task_conflicts(app: Any, task: Any, opts: Any) -> list[checks.CheckMessage]
 def _check_tasks() -> list[checks.CheckMessage]:
     from celery_grousset.conf import grousset_settings
     from celery_grousset.periodic_check import beat_schedule_messages
-    from celery_grousset.unguarded_check import unguarded_messages
+    from celery_grousset.unguarded_check import misspelt_messages, unguarded_messages
 
     grousset_settings.reload()
     errors = settings_messages()
@@ -262,6 +263,7 @@ def _check_tasks() -> list[checks.CheckMessage]:
     errors.extend(_check_database(resolved))  # once, not once per task
     errors.extend(beat_schedule_messages(resolved))
     errors.extend(unguarded_messages(_apps()))
+    errors.extend(misspelt_messages(_apps()))
     return errors
 
 

@@ -15,6 +15,8 @@ from celery_grousset.exceptions import PoisonDelivery, PoisonRejected
 
 logger = logging.getLogger("celery_grousset")
 
+#: the header that carries a call's idempotency key (``apply_async(idempotency_key=…)``)
+KEY_HEADER = "grousset_key"
 #: the header every requeue carries: how many times this delivery was requeued
 REQUEUES_HEADER = "grousset_requeues"
 #: the header an in-flight requeue adds: the journal counted this delivery (its claim

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,3 +84,10 @@ class Options:
             max_takeovers=int(pick("max_takeovers")),
             database=str(pick("database")),
         )
+
+
+def reads_like(name: str, meant: Iterable[str]) -> str | None:
+    """The name of ``meant`` that ``name`` reads like a misspelling of (None: none). A
+    name that is the start of one (a ``processor`` of your own) is not one."""
+    close = difflib.get_close_matches(name, list(meant), n=1, cutoff=0.85)
+    return close[0] if close and close[0] != name and not close[0].startswith(name) else None

@@ -36,7 +36,7 @@ from celery_grousset import events
 from celery_grousset.exceptions import InvalidArgument
 from celery_grousset.memo import error_summary
 from celery_grousset.models import OutboxMessage, OutboxStatus
-from celery_grousset.publish_check import deliberate, open_transactions
+from celery_grousset.publish_check import deliberate, open_transactions, refuse_misspelt_key
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -69,8 +69,7 @@ def _jsonable_options(options: dict[str, Any]) -> dict[str, Any]:
     """``apply_async`` options as JSON: a countdown becomes an absolute ``eta``."""
     from django.utils import timezone
 
-    refused = [name for name in _REFUSED if name in options]
-    if refused:
+    if refused := [name for name in _REFUSED if name in options]:
         raise InvalidArgument(f"outbox.enqueue: the option(s) {refused} cannot be stored")
     out = dict(options)
     countdown = out.pop("countdown", None)
@@ -124,6 +123,7 @@ def enqueue(
     if using is None:
         _refuse_outside_transaction(alias)
     name = task if isinstance(task, str) else task.name
+    refuse_misspelt_key(name, options)
     if not isinstance(task, str) and getattr(task, "typing", False):
         task.__header__(*(args or ()), **(kwargs or {}))  # Celery's own check (delay())
     task_id = str(options.pop("task_id", None) or uuid.uuid4())
@@ -145,7 +145,8 @@ def enqueue(
 def publish(app: Any, row: OutboxMessage) -> Any:
     """Publish one outbox row, with its ``task_id``: the call's identity is the one
     ``delay()`` gives it (the arguments, or the ``idempotency_key`` enqueued with it)."""
-    from celery_grousset.task import KEY_HEADER, REPR_HEADER, GroussetTaskMixin
+    from celery_grousset.delivery import KEY_HEADER
+    from celery_grousset.task import REPR_HEADER, GroussetTaskMixin
 
     options = dict(row.options or {})
     for name in ("eta", "expires"):
@@ -161,8 +162,7 @@ def publish(app: Any, row: OutboxMessage) -> Any:
     headers = {**(options.pop("headers", None) or {}), REPR_HEADER: 1}
     if key is not None:
         headers[KEY_HEADER] = key
-    options.setdefault("argsrepr", f"(outbox:{row.id})")
-    options.setdefault("kwargsrepr", "{}")
+    options = {"argsrepr": f"(outbox:{row.id})", "kwargsrepr": "{}", **options}
     return app.send_task(
         row.task_name, row.args, row.kwargs, task_id=row.task_id, headers=headers, **options
     )

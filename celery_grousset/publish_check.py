@@ -22,7 +22,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from celery_grousset.delivery import KEY_HEADER
 from celery_grousset.events import emit
+from celery_grousset.options import reads_like
 
 EVENT = "grousset.published_in_transaction"
 EFFECT_EVENT = "grousset.effect_in_transaction"
@@ -100,3 +102,25 @@ def in_transaction(task: Any, options: dict[str, Any]) -> None:
         "published inside an open transaction.atomic(): a worker may run it before the "
         f"commit, without the transaction's writes. Publish it after the commit: {fix}"
     ))  # fmt: skip
+
+
+def refuse_misspelt_key(task_name: str, options: dict[str, Any]) -> None:
+    """A call's identity under a name nothing reads (``idempotency_keys=…``, a
+    ``grousset-key`` header) would publish a call keyed by all its arguments, which runs
+    again for every other argument: refused, naming the name that works (``options``:
+    ``apply_async``'s)."""
+    header = KEY_HEADER
+    for name in options:
+        if "idempot" in name.lower() and name != "idempotency_key":
+            raise TypeError(
+                f"{task_name}.apply_async() got the option {name!r}, which nothing reads: "
+                "did you mean idempotency_key? (a non-empty str that names the call)"
+            )
+    for name in options.get("headers") or ():
+        norm = str(name).lower().replace("-", "_")
+        if name != header and ("idempot" in norm or norm == header or reads_like(norm, (header,))):
+            raise ValueError(
+                f"{task_name}: the header {name!r} is not read: the key of a call travels in "
+                f"the header {header!r}. Pass idempotency_key=… to apply_async(), or "
+                f"headers={{{header!r}: …}} to app.send_task()."
+            )

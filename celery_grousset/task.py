@@ -23,6 +23,7 @@ from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.conf import grousset_settings, on_reload
 from celery_grousset.delivery import (
     COUNTED_HEADER,
+    KEY_HEADER,
     REQUEUES_HEADER,
     broker_countdown,
     delivery_fields,
@@ -39,9 +40,8 @@ from celery_grousset.options import NAMES as _OPTION_NAMES
 from celery_grousset.options import Options
 from celery_grousset.store import ClaimResult
 
-#: message headers this package adds
-KEY_HEADER = "grousset_key"
-#: set when argsrepr/kwargsrepr were written by this package (redacted) or by the caller
+#: a header this package adds (KEY_HEADER is delivery's): set when argsrepr/kwargsrepr
+#: were written by this package (redacted) or by the caller
 REPR_HEADER = "grousset_repr"
 
 _instances: list[GroussetTaskMixin] = []
@@ -206,6 +206,7 @@ class GroussetTaskMixin:
 
     def _carry_key(self, options: dict[str, Any]) -> str | None:
         """Move ``idempotency_key`` from ``options`` into the headers the request carries."""
+        publish_check.refuse_misspelt_key(self.name, options)
         key = options.pop("idempotency_key", None)
         headers = dict(options.get("headers") or {})
         if key is not None:
@@ -219,8 +220,7 @@ class GroussetTaskMixin:
 
     def apply(self, args: Any = None, kwargs: Any = None, *a: Any, **options: Any) -> Any:
         """``apply(…, idempotency_key="order-42")``, as :meth:`apply_async` takes it."""
-        if "idempotency_key" in options:
-            self._carry_key(options)
+        self._carry_key(options)
         return super().apply(args, kwargs, *a, **options)  # type: ignore[misc]
 
     def apply_async(self, args: Any = None, kwargs: Any = None, *a: Any, **options: Any) -> Any:

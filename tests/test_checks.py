@@ -513,6 +513,28 @@ def test_a_task_given_guard_options_without_the_guard_is_W011(
         assert ids(forgot) == set()
 
 
+def test_a_misspelt_task_option_is_E017_naming_the_option(
+    make_app: Callable[..., Celery],
+) -> None:
+    app = make_app()
+    # Given guarded tasks whose decorators misspell an option: Celery keeps the keyword as
+    # a class attribute nobody reads (here GROUSSET's MAX_PROCESSING_TIME would apply)
+    with override_settings(GROUSSET={"MAX_PROCESSING_TIME": 2}):
+        slow = guarded(app, max_procesing_time=600)
+        keyed = guarded(app, max_processing_time=30, grousset_keys=("order_id",))
+        # ... and tasks with attributes of their own that read like no option
+        own = guarded(app, max_processing_time=30, processor="stripe", transaction=None,
+                      max_retries=5)  # fmt: skip
+        # When the checks run / Then each misspelling is an error naming what was meant
+        assert ids(slow) == {"celery_grousset.E017"}
+        assert ids(keyed) == {"celery_grousset.E017"}
+        messages = {m.obj: m for m in checks.run_checks(tags=[TAG]) if m.obj in (slow, keyed)}
+        assert "'max_procesing_time'" in messages[slow].msg
+        assert "did you mean 'max_processing_time'" in messages[slow].msg
+        assert "'grousset_key'" in (messages[keyed].hint or "")
+        assert ids(own) == set()
+
+
 def test_unknown_or_unsupported_journal_database_is_E003() -> None:
     # Given GROUSSET["DATABASE"] naming no alias
     with override_settings(GROUSSET={"DATABASE": "nope"}):

@@ -32,10 +32,10 @@ from django.db.models import Count, Max
 from django.test import Client
 
 from celery_grousset import outbox
+from celery_grousset.delivery import KEY_HEADER
 from celery_grousset.exceptions import InvalidArgument
 from celery_grousset.journal import now as _db_now
 from celery_grousset.models import OutboxMessage, Outcome
-from celery_grousset.task import KEY_HEADER
 from tests import services
 from tests.celeryapp import app
 from tests.ledger.models import Effect

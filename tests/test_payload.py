@@ -155,6 +155,39 @@ def test_grousset_key_other_argument_is_refused(journal: str, make_task: Any) ->
     assert pay.apply(kwargs={"order_id": 42, "amount": 10}).get() == "paid 10 for 42"
 
 
+@pytest.mark.parametrize("options", [
+    {"idempotency_keys": KEY}, {"idempotencyKey": KEY}, {"idempotent_key": KEY},
+    {"headers": {"grousset-key": KEY}}, {"headers": {"Grousset_Key": KEY}},
+    {"headers": {"grousset_keys": KEY}}, {"headers": {"idempotency_key": KEY}},
+])  # fmt: skip
+def test_a_misspelt_key_is_refused_before_the_call(
+    journal: str, make_task: Any, options: dict[str, Any]
+) -> None:
+    from django.db import transaction
+
+    from celery_grousset import outbox
+    from celery_grousset.models import OutboxMessage
+
+    pay = make_task()
+    # Given a call's key under a name nothing reads: it would be keyed by all arguments
+    call = {"kwargs": {"order_id": 42, "amount": 10}, **options}
+    # When it is applied, published or enqueued / Then it is refused, naming the option
+    with pytest.raises((TypeError, ValueError), match="idempotency_key"):
+        pay.apply(**call)
+    with pytest.raises((TypeError, ValueError), match="idempotency_key"):
+        pay.apply_async(**call)
+    with (
+        pytest.raises((TypeError, ValueError), match="idempotency_key"),
+        transaction.atomic(using=journal),
+    ):
+        outbox.enqueue(pay, using=journal, **call)
+    # And nothing ran, nothing was written
+    assert effects(journal, pay, 10) == 0
+    assert not OutboxMessage.objects.using(journal).filter(task_name=pay.name).exists()
+    # While the names that work are taken
+    assert keyed(pay, 10).get() == "paid 10 for 42"
+
+
 def order_of(order_id: int, **_: Any) -> int:
     """A key function: called with the bound arguments as keywords."""
     return order_id
