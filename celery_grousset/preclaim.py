@@ -51,6 +51,12 @@ def carried(request: Any) -> Sequence[Any] | None:
     return value if isinstance(value, (list, tuple)) and len(value) == 8 else None
 
 
+def without(headers: dict[str, Any] | None) -> dict[str, Any]:
+    """A delivery's headers for its requeue: without the claim the main process made for
+    this delivery, which a requeue has released or lost (the copy claims again)."""
+    return {name: value for name, value in (headers or {}).items() if name != FIELD}
+
+
 def renew_after(req: ClaimRequest) -> float:
     """Seconds after its claim from which a child renews a pre-made claim."""
     bound = grousset_settings.WORKER_CLAIM_RENEW_AFTER

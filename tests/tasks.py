@@ -165,3 +165,27 @@ def unrequeuable(self: Any, key: str, sleep: float = 0.0) -> dict[str, Any]:
     record(key, "unrequeuable")
     _pause(sleep)
     return {"key": key, "pid": os.getpid(), "fence": self.grousset.fence}
+
+
+#: a transaction the database rolls back for a conflict, raised by the database itself
+_CONFLICT_SQL = {
+    "postgresql": "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = 'serialization_failure'; END $$",
+    "mysql": "BEGIN NOT ATOMIC SIGNAL SQLSTATE '40001' SET MYSQL_ERRNO = 1213; END",
+}
+
+
+@shared_task(base=GroussetTask, bind=True, max_processing_time=30, transactional=True)
+def conflicted(self: Any, key: str) -> dict[str, Any]:
+    """Transactional: its first delivery's transaction is rolled back by the database for a
+    conflict (a serialization failure, a deadlock), after its ledger row was written; the
+    requeued delivery (``grousset_requeues``) commits."""
+    from django.db import connections
+
+    record(key, "conflicted")
+    if not (self.request.headers or {}).get("grousset_requeues") and not getattr(
+        self.request, "grousset_requeues", None
+    ):
+        conn = connections[_db()]
+        with conn.cursor() as cursor:
+            cursor.execute(_CONFLICT_SQL[conn.vendor])
+    return {"key": key, "pid": os.getpid(), "fence": self.grousset.fence}

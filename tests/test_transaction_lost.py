@@ -181,3 +181,40 @@ def test_a_transaction_the_database_rolls_back_is_run_again_never_memoized(level
                                                   args_repr__contains=key)  # fmt: skip
         assert record.status == "completed"
     reset_stores()
+
+
+@pytest.mark.parametrize("errno", [1213, 1020, 1205])
+def test_a_mariadb_conflict_inside_the_transaction_is_run_again_never_memoized(
+    errno: int,
+) -> None:
+    """MariaDB ends a transactional attempt for a conflict with another transaction: a
+    deadlock (1213), "record has changed since last read" (1020, REPEATABLE READ with
+    innodb_snapshot_isolation, MariaDB 11.6's default) or a lock wait timeout (1205; the
+    statement is rolled back, and the error leaving the body rolls back the rest). 1020
+    and 1205 were the task's failure: memoized, the effect never ran."""
+    from tests.ledger.models import Effect
+
+    services.require_database("mysql")
+    alias, key = "mysql", f"conflict-{errno}-{uuid.uuid4().hex[:8]}"
+    attempts: list[int] = []
+
+    def body() -> str:
+        attempts.append(1)
+        Effect.objects.using(alias).create(key=key, value="booked", pid=0)
+        if len(attempts) == 1:  # the database's own error, as the server raises it
+            with connections[alias].cursor() as cursor:
+                cursor.execute(f"BEGIN NOT ATOMIC SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO "
+                               f"= {errno}, MESSAGE_TEXT = 'conflict'; END")  # fmt: skip
+        return "booked"
+
+    with override_settings(GROUSSET={"DATABASE": alias, "MAX_PROCESSING_TIME": 30}):
+        reset_stores()
+        # When the first attempt's transaction ends with the conflict
+        with pytest.raises(TransactionLost, match="rolled the transaction back"):
+            protect(key, body, transactional=True, on_failure="memoize")
+        # Then its effect was rolled back and the claim released, not memoized: the
+        # next delivery runs the effect, once
+        assert Effect.objects.using(alias).filter(key=key).count() == 0
+        assert protect(key, body, transactional=True, on_failure="memoize") == "booked"
+        assert Effect.objects.using(alias).filter(key=key).count() == 1
+    reset_stores()

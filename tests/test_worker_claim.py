@@ -355,3 +355,24 @@ def test_a_broker_connection_cut_loses_and_doubles_nothing(
         record_of(alias, effect, (k,), {"sleep": 0.5}).worker.endswith(f":{worker.proc.pid}")
         for k in keys
     )
+
+
+def test_a_transaction_the_database_rolls_back_runs_again_once(
+    batch_worker: tuple[str, str, Worker],
+) -> None:
+    from tests.tasks import conflicted
+
+    alias, queue, _ = batch_worker
+    if alias == "default":
+        pytest.skip("SQLite has no conflict that rolls a transaction back")
+    key = f"conflict-{uuid.uuid4().hex[:8]}"
+    # Given a transactional task whose first delivery's transaction the database rolls
+    # back (TransactionLost: the claim is released and the delivery requeued), under a
+    # claim made by the worker's main process
+    result = conflicted.apply_async((key,), queue=queue)
+    # When the requeued delivery runs
+    value = result.get(timeout=60)
+    # Then it claimed again and committed its effect once; the record is completed
+    rec = records(alias, conflicted, key)
+    assert rec.status == "completed" and value["fence"] == rec.fence
+    assert Effect.objects.using(alias).filter(key=key).count() == 1
