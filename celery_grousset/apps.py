@@ -18,6 +18,11 @@ class GroussetConfig(AppConfig):
 
         connect()  # GROUSSET["TASKS"]: guard the tasks it names, as Celery apps register them
         testworker_check.connect()  # Celery's in-process test worker under manage.py test
+        from celery_grousset.worker import install_active_apps
+
+        # the worker's start-up step (it refuses a configuration error) even without
+        # install(app) in the project's celery.py, which the --grousset-* flags need
+        install_active_apps()
         from django.db.models.signals import post_migrate
 
         post_migrate.connect(_refresh_claim_function, sender=self)

@@ -469,3 +469,24 @@ def test_a_plain_task_listed_in_settings_runs_once_on_a_real_worker() -> None:
     assert counts["untouched"][:2] == (5, 5)
     guards = "GROUSSET['TASKS']: tests.plaintasks.bulk_receipt, tests.plaintasks.receipt\n"
     assert f"celery-grousset guards from {guards}" in log
+
+
+@pytest.mark.slow
+def test_a_worker_of_an_app_without_install_refuses_a_configuration_error_too() -> None:
+    """The worker's start-up step came only from ``install(app)`` in the project's
+    celery.py: a project that left it out started with a configuration error, and each
+    guarded delivery failed before its claim and was acknowledged, lost."""
+    services.require_database("postgresql")
+    redis = services.require_redis()
+    from tests.workers import start_worker
+
+    queue = f"q-{uuid.uuid4().hex[:10]}"
+    env = {"DJANGO_SETTINGS_MODULE": "tests.tasks_settings", "GROUSSET_TEST_LAYOUT": "bogus"}
+    # Given an app with no celery-grousset code (no install(app)) and GROUSSET in error
+    # When its worker starts
+    with pytest.raises(RuntimeError, match="worker exited with 1") as refused:
+        start_worker(queue, database="postgresql", broker=redis, app="tests.plainapp",
+                     env=env).kill()  # fmt: skip
+    # Then it does not start, and says why
+    text = str(refused.value)
+    assert "JOURNAL_LAYOUT" in text and "this worker does not start" in text, text
