@@ -24,6 +24,7 @@
 ``celery_grousset.W009``    a journal table or migration is missing (``check --database``)
 ``celery_grousset.W010``    the journal's layout is not ``JOURNAL_LAYOUT`` (``check --database``)
 ``celery_grousset.W011``    a task given celery-grousset options is not guarded
+``celery_grousset.W014``    a guarded task's ``expires_after`` ≤ its ``max_processing_time``
 ==========================  ===========================================================
 
 No check function raises: a configuration error becomes the message above, and any
@@ -208,6 +209,7 @@ def _task_conflicts(app: Any, task: Any, opts: Any) -> list[checks.CheckMessage]
                 id="celery_grousset.E002",
             )
         )
+    errors.extend(_short_window(task, opts))
     vt = _visibility_timeout(app)
     if vt is not None and vt < mpt:
         errors.append(
@@ -245,6 +247,21 @@ def _task_conflicts(app: Any, task: Any, opts: Any) -> list[checks.CheckMessage]
             )
         )
     return errors
+
+
+def _short_window(task: Any, opts: Any) -> list[checks.CheckMessage]:
+    """W014: a record's window (from its claim) no longer than an attempt may run."""
+    mpt = opts.max_processing_time
+    if opts.expires_after > mpt:
+        return []
+    return [checks.Warning(
+        f"Task {task.name!r}: expires_after ({opts.expires_after:g}s) is not above "
+        f"max_processing_time ({mpt:g}s): an attempt that runs longer than expires_after "
+        "completes into a record already expired, and a duplicate after it runs again.",
+        hint="Keep expires_after (in seconds, or a timedelta; default 7 days) above "
+        "max_processing_time, unless duplicates should wait only while a call runs.",
+        obj=task.name, id="celery_grousset.W014",
+    )]  # fmt: skip
 
 
 def _check_tasks() -> list[checks.CheckMessage]:

@@ -513,6 +513,23 @@ def test_a_task_given_guard_options_without_the_guard_is_W011(
         assert ids(forgot) == set()
 
 
+def test_expires_after_not_above_max_processing_time_is_W014(
+    make_app: Callable[..., Celery],
+) -> None:
+    app = make_app()
+    # Given a task whose record's window (from its claim) is shorter than an attempt may
+    # run, a unit slip in GROUSSET (7 meant as days), and a task with a sound window
+    short = guarded(app, max_processing_time=30, expires_after=2)
+    slip = guarded(app, max_processing_time=60)
+    sound = guarded(app, max_processing_time=30, expires_after=31)
+    with override_settings(GROUSSET={"EXPIRES_AFTER": 7}):
+        # When the checks run / Then the first two are warned about, naming both values
+        assert ids(short) == {"celery_grousset.W014"} and ids(slip) == {"celery_grousset.W014"}
+        [message] = [m for m in checks.run_checks(tags=[TAG]) if m.obj == short]
+        assert "expires_after (2s)" in message.msg and "max_processing_time (30s)" in message.msg
+        assert ids(sound) == set()
+
+
 def test_a_misspelt_task_option_is_E017_naming_the_option(
     make_app: Callable[..., Celery],
 ) -> None:
