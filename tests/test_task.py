@@ -43,7 +43,7 @@ def test_eager_calls_are_guarded(journal: str) -> None:
 def test_the_mixin_after_a_task_class_is_refused_not_silently_unguarded(journal: str) -> None:
     from celery import Task
 
-    from celery_grousset.task import GroussetTaskMixin
+    from celery_grousset import GroussetTaskMixin  # the import docs/configuration.md shows
 
     class Audited(Task):  # a project's own base task class
         abstract = True
