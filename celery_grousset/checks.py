@@ -49,9 +49,10 @@ def _apps() -> list[Any]:
     return list(_state._get_active_apps())  # type: ignore[attr-defined]
 
 
-def guarded_tasks() -> Iterator[tuple[Any, Any]]:
+def guarded_tasks(failed: list[checks.CheckMessage] | None = None) -> Iterator[tuple[Any, Any]]:
     """(app, task) for every guarded task registered in the active Celery apps: each
-    GroussetTask, and each task ``GROUSSET["TASKS"]`` names."""
+    GroussetTask, and each task ``GROUSSET["TASKS"]`` names. An app whose task modules
+    do not import is skipped, and said in ``failed`` (E014)."""
     from celery_grousset.install import install_app
     from celery_grousset.task import GroussetTaskMixin
 
@@ -59,7 +60,13 @@ def guarded_tasks() -> Iterator[tuple[Any, Any]]:
     for app in _apps():
         try:
             app.loader.import_default_modules()
-        except Exception:
+        except Exception as exc:
+            if failed is not None:  # its tasks go unchecked: say so
+                failed.append(_could_not_run(
+                    f"The task modules of Celery app {app.main!r} do not import (its tasks "
+                    "were not checked; its worker would not start)", exc,
+                    "Fix the import (importing the module in `manage.py shell` shows it).",
+                ))  # fmt: skip
             continue
         install_app(app)
         for task in list(app.tasks.values()):
@@ -72,8 +79,6 @@ _running = threading.local()
 
 _Check = Callable[..., list[checks.CheckMessage]]
 
-from celery_grousset.journal_check import UTC_NAMES  # noqa: E402
-
 
 def _never_raises(check: _Check) -> _Check:
     """A check that reports its own failure as ``E014`` instead of raising."""
@@ -83,17 +88,18 @@ def _never_raises(check: _Check) -> _Check:
         try:
             return check(*args, **kwargs)
         except Exception as exc:
-            return [
-                checks.Error(
-                    f"The celery-grousset check {check.__name__} could not run: "
-                    f"{type(exc).__qualname__}: {exc}",
-                    hint="Fix the cause above and run `manage.py check` again; if it is not "
-                    "a configuration problem, please report it.",
-                    id="celery_grousset.E014",
-                )
-            ]
+            return [_could_not_run(
+                f"The celery-grousset check {check.__name__} could not run", exc,
+                "Fix the cause above and run `manage.py check` again; if it is not a "
+                "configuration problem, please report it.",
+            )]  # fmt: skip
 
     return wrapper
+
+
+def _could_not_run(what: str, exc: BaseException, hint: str) -> checks.CheckMessage:
+    return checks.Error(f"{what}: {type(exc).__qualname__}: {exc}", hint=hint,
+                        id="celery_grousset.E014")  # fmt: skip
 
 
 def settings_messages() -> list[checks.CheckMessage]:
@@ -108,25 +114,6 @@ def settings_messages() -> list[checks.CheckMessage]:
                      obj=None if p.setting == "GROUSSET" else f"GROUSSET[{p.setting!r}]")
         for p in problems
     ]  # fmt: skip
-
-
-def time_zone_messages() -> list[checks.CheckMessage]:
-    """``USE_TZ = False`` with naive times that are not UTC (E012)."""
-    from django.conf import settings
-
-    if settings.USE_TZ or settings.TIME_ZONE in UTC_NAMES:
-        return []
-    return [
-        checks.Error(
-            f"USE_TZ is False and TIME_ZONE is {settings.TIME_ZONE!r}: the journal compares "
-            "times read from the database clock, which Django then handles as naive local "
-            "times, so records expire early or late by the UTC offset (an unexpired record "
-            "can be purged and its effect run twice).",
-            hint="Set USE_TZ = True (Django's default since 5.0); or, if you must keep naive "
-            "datetimes, TIME_ZONE = 'UTC'.",
-            id="celery_grousset.E012",
-        )
-    ]
 
 
 @checks.register("celery_grousset")
@@ -265,6 +252,7 @@ def _short_window(task: Any, opts: Any) -> list[checks.CheckMessage]:
 
 
 def _check_tasks() -> list[checks.CheckMessage]:
+    from celery_grousset import journal_check
     from celery_grousset.conf import grousset_settings
     from celery_grousset.periodic_check import beat_schedule_messages
     from celery_grousset.unguarded_check import misspelt_messages, unguarded_messages
@@ -273,7 +261,7 @@ def _check_tasks() -> list[checks.CheckMessage]:
     errors = settings_messages()
     if errors:  # every other check reads GROUSSET: report only this
         return errors
-    errors.extend(time_zone_messages())
+    errors.extend(journal_check.time_zone_messages())
     resolved = _resolved_tasks(errors)
     for app, task, opts in resolved:
         errors.extend(_task_conflicts(app, task, opts))
@@ -288,7 +276,7 @@ def _resolved_tasks(errors: list[checks.CheckMessage]) -> list[tuple[Any, Any, A
     """(app, task, options) of each guarded task whose options resolve; the errors of
     those that do not go to ``errors``."""
     resolved = []
-    for app, task in guarded_tasks():
+    for app, task in guarded_tasks(errors):
         opts, problems = _task_options(task)
         errors.extend(problems)
         if opts is not None:

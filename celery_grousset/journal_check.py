@@ -4,7 +4,8 @@ migrations all applied (``W009``),
 whether its layout is the one ``GROUSSET["JOURNAL_LAYOUT"]`` names (``W010``),
 whether a SQLite journal is in WAL mode (``W005``), whether a MySQL/MariaDB journal
 stores text as utf8mb4 (``W012``), and whether the claim store's own connection reads
-the journal (``W013``: a pooler can refuse it while Django's connection works).
+the journal (``W013``: a pooler can refuse it while Django's connection works). And the
+time zone the journal's times are read in (``E012``, :func:`time_zone_messages`).
 
 They are warnings, not errors, because ``manage.py migrate`` runs the database checks
 of the database it migrates before it migrates it: an error there would stop the very
@@ -277,3 +278,22 @@ def _utf8mb3(alias: str, connection: str, column: str | None) -> checks.CheckMes
         "CHARACTER SET utf8mb4 (and celery_grousset_delivery, celery_grousset_outboxmessage).",
         id="celery_grousset.W012",
     )
+
+
+def time_zone_messages() -> list[checks.CheckMessage]:
+    """``USE_TZ = False`` with naive times that are not UTC (E012)."""
+    from django.conf import settings
+
+    if settings.USE_TZ or settings.TIME_ZONE in UTC_NAMES:
+        return []
+    return [
+        checks.Error(
+            f"USE_TZ is False and TIME_ZONE is {settings.TIME_ZONE!r}: the journal compares "
+            "times read from the database clock, which Django then handles as naive local "
+            "times, so records expire early or late by the UTC offset (an unexpired record "
+            "can be purged and its effect run twice).",
+            hint="Set USE_TZ = True (Django's default since 5.0); or, if you must keep naive "
+            "datetimes, TIME_ZONE = 'UTC'.",
+            id="celery_grousset.E012",
+        )
+    ]

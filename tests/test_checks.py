@@ -766,3 +766,14 @@ def test_manage_py_check_reports_bad_settings_without_a_traceback(
         assert proc.returncode == 1, out
         assert "Traceback" not in out, out
         assert f"(celery_grousset.{check_id})" in out and needle in out, out
+
+
+def test_task_modules_that_do_not_import_are_E014_not_a_green_check(
+    make_app: Callable[..., Celery],
+) -> None:
+    # Given a Celery app whose task modules fail to import (its worker would not start)
+    app = make_app(imports=("tests.no_such_tasks_module",))
+    # When the checks run / Then they say so, naming the app and the error, instead of
+    # skipping its tasks in silence
+    found = [m for m in checks.run_checks(tags=[TAG]) if m.id == "celery_grousset.E014"]
+    assert any(app.main in m.msg and "no_such_tasks_module" in m.msg for m in found), found
