@@ -49,7 +49,7 @@ def run_owned(
         events.interrupted(req, exc)  # happened, so its claim is taken over once stale
         raise
     fault("after_effect")
-    if not complete(store, req, _completed(opts, value, serializer), res.fence, unwritten):
+    if not complete(store, req, _completed(req, opts, value, serializer), res.fence, unwritten):
         raise FencedOut(
             f"{req.task_name}: this attempt (fence {res.fence}) lost its claim on "
             f"{req.fingerprint[:16]}… before completing; its result was discarded."
@@ -81,10 +81,12 @@ def complete(
     return done
 
 
-def _completed(opts: Options, value: Any, serializer: str) -> Completion:
+def _completed(req: ClaimRequest, opts: Options, value: Any, serializer: str) -> Completion:
     result, enc, error = memo.encode(
         value, serializer=serializer, memoize=opts.memoize, max_bytes=opts.max_result_bytes
     )
+    if enc == ENC_NOT_STORED:  # said now, not only to a duplicate days later
+        events.result_not_stored(req, error)
     return Completion(Status.COMPLETED.value, result, enc, error)
 
 
@@ -107,7 +109,7 @@ def _run_transactional(
             value = fn()
             fault("after_effect")
             t0 = time.perf_counter()
-            if not store.finish_in_transaction(req, _completed(opts, value, serializer)):
+            if not store.finish_in_transaction(req, _completed(req, opts, value, serializer)):
                 events.finished(req, "fenced_out", time.perf_counter() - t0)
                 events.fenced(req, res.fence)
                 raise FencedOut(

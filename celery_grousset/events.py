@@ -226,6 +226,12 @@ def finished(req: ClaimRequest, outcome: str, seconds: float) -> None:
         recorder.finished(req.task_name, outcome, seconds)
 
 
+def result_not_stored(req: ClaimRequest, why: str) -> None:
+    """A completed attempt's return value is not memoized (it cannot be encoded, or is
+    over max_result_bytes): the effect ran once; a duplicate gets ``ResultNotStored``."""
+    _log(logging.WARNING, "grousset.result_not_stored", req, error=why)
+
+
 def payload_mismatch(req: ClaimRequest, res: ClaimResult) -> None:
     """A keyed call came with other arguments than the record's: refused, not run."""
     _log(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -198,7 +199,9 @@ def test_memoize_false_returns_none_to_duplicates(journal: str, temp_task: Any) 
     assert task.apply(("a",)).get() is None
 
 
-def test_unserializable_result_is_not_rerun(journal: str, temp_task: Any) -> None:
+def test_unserializable_result_is_not_rerun(
+    journal: str, temp_task: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     runs: list[int] = []
 
     def odd(self: Any) -> object:
@@ -206,8 +209,13 @@ def test_unserializable_result_is_not_rerun(journal: str, temp_task: Any) -> Non
         return object()
 
     task = temp_task(odd, max_processing_time=30)
-    # Given a result JSON cannot encode / When it runs, then a duplicate arrives
-    task.apply()
+    # Given a result JSON cannot encode / When it runs
+    with caplog.at_level(logging.WARNING, logger="celery_grousset"):
+        task.apply()
+    # Then it is said at once, not only to a duplicate later
+    [line] = [r for r in caplog.records if r.getMessage().startswith("grousset.result_not_stored")]
+    assert line.grousset_task == task.name and "cannot encode" in line.getMessage()
+    # When a duplicate arrives
     dup = task.apply()
     # Then the effect ran once; the duplicate is told the result was not stored, and why
     assert runs == [1]
