@@ -40,6 +40,7 @@ def run_owned(
     fault("after_claim")
     if opts.transactional:
         return _run_transactional(store, opts, req, res, fn, serializer)
+    started = time.monotonic()
     try:
         value = fn()
     except Exception as exc:
@@ -50,10 +51,8 @@ def run_owned(
         raise
     fault("after_effect")
     if not complete(store, req, _completed(req, opts, value, serializer), res.fence, unwritten):
-        raise FencedOut(
-            f"{req.task_name}: this attempt (fence {res.fence}) lost its claim on "
-            f"{req.fingerprint[:16]}… before completing; its result was discarded."
-        )
+        raise FencedOut(_fenced_text(req, res, started, "its result was discarded; the "
+                                     "attempt that took the claim over ran the effect too"))
     fault("after_complete")
     return value
 
@@ -81,6 +80,18 @@ def complete(
     return done
 
 
+def _fenced_text(req: ClaimRequest, res: ClaimResult, started: float, outcome: str) -> str:
+    """Why an attempt was fenced out, and the fix (one wording for both paths)."""
+    return (
+        f"{req.task_name}: this attempt (fence {res.fence}) lost its claim on "
+        f"{req.fingerprint[:16]}… {time.monotonic() - started:.1f}s after its body started "
+        f"(max_processing_time {req.max_processing_time:g}s): {outcome}. A claim older "
+        "than max_processing_time is taken over by the next delivery: raise "
+        "max_processing_time above the task's longest run, or set a hard time_limit "
+        "below it."
+    )
+
+
 def _completed(req: ClaimRequest, opts: Options, value: Any, serializer: str) -> Completion:
     result, enc, error = memo.encode(
         value, serializer=serializer, memoize=opts.memoize, max_bytes=opts.max_result_bytes
@@ -102,7 +113,7 @@ def _run_transactional(
     fenced-out attempt rolls its effect back."""
     from django.db import connections, transaction
 
-    conn, raw = connections[store.alias], None
+    conn, raw, started = connections[store.alias], None, time.monotonic()
     try:
         with transaction.atomic(using=store.alias):
             raw = conn.connection  # the connection this transaction runs on
@@ -112,10 +123,8 @@ def _run_transactional(
             if not store.finish_in_transaction(req, _completed(req, opts, value, serializer)):
                 events.finished(req, "fenced_out", time.perf_counter() - t0)
                 events.fenced(req, res.fence)
-                raise FencedOut(
-                    f"{req.task_name}: this attempt (fence {res.fence}) lost its claim on "
-                    f"{req.fingerprint[:16]}…; its transaction was rolled back."
-                )
+                raise FencedOut(_fenced_text(req, res, started, "its transaction, effect "
+                                             "included, was rolled back"))
     except FencedOut:
         raise
     except BaseException as exc:

@@ -146,6 +146,29 @@ def test_failure_releases_then_reruns(alias: str, processor: str) -> None:
     assert len(attempts) == 2
 
 
+@pytest.mark.parametrize("transactional", [False, True])
+def test_a_fenced_out_attempt_says_how_long_it_ran_and_the_fix(
+    alias: str, processor: str, transactional: bool
+) -> None:
+    from celery_grousset.exceptions import FencedOut
+
+    opts = {"processor_id": processor, "database": alias, "transactional": transactional}
+
+    def zombie() -> str:  # runs past max_processing_time: the next call takes it over
+        time.sleep(0.5)
+        assert protect("zombie", lambda: "taker", max_processing_time=0.2, **opts) == "taker"
+        return "zombie"
+
+    # When an attempt that overran its max_processing_time is fenced out
+    with pytest.raises(FencedOut) as fenced:
+        protect("zombie", zombie, max_processing_time=0.2, **opts)
+    # Then its error says how long it ran against the limit, and what to change
+    text = str(fenced.value)
+    assert "s after its body started (max_processing_time 0.2s)" in text, text
+    assert "raise max_processing_time above the task's longest run" in text, text
+    assert ("rolled back" if transactional else "ran the effect too") in text, text
+
+
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
 def test_a_stopped_process_keeps_its_claim_for_a_takeover(
     alias: str, processor: str, stop: type[BaseException], caplog: pytest.LogCaptureFixture
