@@ -13,6 +13,7 @@
 ``celery_grousset.E015``    ``JOURNAL_LAYOUT = "partitioned"`` on a journal that is not PostgreSQL
 ``celery_grousset.E016``    a MySQL/SQLite journal database with a ``TIME_ZONE`` other than UTC
 ``celery_grousset.E017``    a task attribute reads like a misspelt option (``max_procesing_time``)
+``celery_grousset.E018``    a setting reads like a misspelt ``GROUSSET`` (``GROUSET``)
 ``celery_grousset.W001``    Redis/SQS ``visibility_timeout`` < a task's ``max_processing_time``
 ``celery_grousset.W002``    ``acks_late`` is off on a guarded task
 ``celery_grousset.W003``    ``reject_on_worker_lost`` is off on a guarded task
@@ -103,16 +104,26 @@ def _could_not_run(what: str, exc: BaseException, hint: str) -> checks.CheckMess
 
 
 def settings_messages() -> list[checks.CheckMessage]:
-    """``settings.GROUSSET`` checked value by value (E004, E010, E011)."""
+    """``settings.GROUSSET`` checked value by value (E004, E010, E011), and a setting
+    whose name reads like a misspelt GROUSSET (E018)."""
     from django.conf import settings
 
     from celery_grousset.conf import validate
+    from celery_grousset.options import reads_like
 
     _, problems = validate(getattr(settings, "GROUSSET", None))
-    return [
+    found: list[checks.CheckMessage] = [
         checks.Error(p.message, hint=p.hint, id=p.id,
                      obj=None if p.setting == "GROUSSET" else f"GROUSSET[{p.setting!r}]")
         for p in problems
+    ]  # fmt: skip
+    return found + [
+        checks.Error(f"settings.{name} is not read: celery-grousset's settings are "
+                     "settings.GROUSSET, so its values are ignored.",
+                     hint="Rename it to GROUSSET.", obj=name, id="celery_grousset.E018")
+        for name in dir(settings)
+        if name.isupper() and not name.startswith("_")  # (_GROUSSET: a module's own alias)
+        and (reads_like(name, ("GROUSSET",)) or name.endswith("_GROUSSET"))
     ]  # fmt: skip
 
 

@@ -777,3 +777,15 @@ def test_task_modules_that_do_not_import_are_E014_not_a_green_check(
     # skipping its tasks in silence
     found = [m for m in checks.run_checks(tags=[TAG]) if m.id == "celery_grousset.E014"]
     assert any(app.main in m.msg and "no_such_tasks_module" in m.msg for m in found), found
+
+
+@pytest.mark.parametrize("name", ["GROUSET", "CELERY_GROUSSET", "GROUSSETT"])
+def test_a_misspelt_grousset_setting_is_E018(name: str) -> None:
+    # Given celery-grousset's settings under a name it does not read
+    with override_settings(**{name: {"DATABASE": "postgresql", "MAX_PROCESSING_TIME": 30}}):
+        # When the checks run / Then it is an error naming the setting and the fix
+        assert ids(name) == {"celery_grousset.E018"}
+        [message] = [m for m in checks.run_checks(tags=[TAG]) if m.obj == name]
+        assert "Rename it to GROUSSET" in (message.hint or "")
+    # And the project's own settings are not taken for one
+    assert not [m for m in checks.run_checks(tags=[TAG]) if m.id == "celery_grousset.E018"]
