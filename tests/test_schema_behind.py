@@ -70,6 +70,11 @@ def test_a_claim_on_a_journal_behind_its_migrations_fails_closed_naming_migrate(
     # Then it fails closed, saying why and naming the command that fixes it
     assert "migrations are not all applied" in str(error.value)
     assert f"migrate celery_grousset --database {behind}" in str(error.value)
+    # And the log line's error field keeps the fix: the driver's statement context (its
+    # LINE 1 and caret) is not quoted, the first line of its error is
+    from celery_grousset.events import error_text
+
+    assert "LINE 1" not in str(error.value) and "migrate celery_grousset" in error_text(error.value)
 
 
 def test_check_database_names_the_missing_migrations_until_migrate(behind: str) -> None:

@@ -111,7 +111,7 @@ def missing_table(alias: str, exc: BaseException) -> StoreUnavailable:
     from celery_grousset.store.refusals import missing_table_fix
 
     return StoreUnavailable(
-        f"the journal's tables are missing in database {alias!r} ({exc}): "
+        f"the journal's tables are missing in database {alias!r} ({first_line(exc)}): "
         + missing_table_fix(alias)
     )
 
@@ -123,8 +123,14 @@ def schema_behind(alias: str, exc: BaseException) -> StoreUnavailable:
 
     return StoreUnavailable(
         f"the journal's table in database {alias!r} is older than this celery-grousset "
-        f"(its migrations are not all applied: {exc}): " + missing_table_fix(alias)
+        f"(its migrations are not all applied: {first_line(exc)}): " + missing_table_fix(alias)
     )
+
+
+def first_line(exc: BaseException) -> str:
+    """A driver's error without the statement context PostgreSQL adds (``LINE 1: …`` and
+    its caret), which would push the fix after it out of a log line's error field."""
+    return next(iter(str(exc).splitlines()), "")
 
 
 def distinct_keys(
