@@ -70,8 +70,11 @@ def bind_arguments(
         bare = [p.replace(default=_EMPTY, annotation=_EMPTY) for p in params]
         names = str(signature.replace(parameters=bare, return_annotation=_EMPTY))
         who = f"{name}: " if name else ""
+        first = next(iter(signature.parameters), "")
+        hint = (" (a first parameter named self: a task gets itself as self only with "
+                "bind=True in its decorator)" if first == "self" else "")  # fmt: skip
         raise ArgumentsMismatch(
-            f"{who}the arguments do not match the parameters {names}: {exc}"
+            f"{who}the arguments do not match the parameters {names}: {exc}{hint}"
         ) from None
     arguments.apply_defaults()
     result: dict[str, object] = {}

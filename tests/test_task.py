@@ -176,6 +176,22 @@ def test_a_call_that_does_not_fit_the_task_is_a_type_error_naming_it(journal: st
         assert effect.name in str(err.value) and "(key, sleep)" in str(err.value)
 
 
+def test_a_self_parameter_without_bind_is_named_in_the_error(journal: str) -> None:
+    from celery_grousset import GroussetTask
+
+    def charge(self: Any, order_id: int) -> int:  # bind=True forgotten
+        return order_id
+
+    task = app.task(base=GroussetTask, name=f"tests.unbound.{uuid.uuid4().hex[:8]}",
+                    max_processing_time=30)(charge)  # fmt: skip
+    try:
+        # When it is called as its body reads / Then the error says what self needs
+        with pytest.raises(TypeError, match=r"named self: .* only with bind=True"):
+            task.apply_async((7,), queue="never-consumed")
+    finally:
+        app.tasks.pop(task.name, None)
+
+
 def test_missing_max_processing_time_refuses_to_run(journal: str, temp_task: Any) -> None:
     ran: list[int] = []
 
