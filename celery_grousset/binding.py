@@ -127,9 +127,15 @@ def signature_of(fn: object) -> inspect.Signature | None:
 
 
 def key_function(cls: type) -> None:
-    """A function given as ``grousset_key`` to the task decorator (or ``GROUSSET["TASKS"]``)
-    lands in the task's class, where it would become a method: keep it a plain function,
-    called with the bound arguments alone (a ``def`` taking ``self`` stays a method)."""
+    """A callable given as ``grousset_key`` to the task decorator (or ``GROUSSET["TASKS"]``)
+    lands in the task's class, where a function (or an ``lru_cache`` of one) would become
+    a method: keep it a plain callable, called with the bound arguments alone. A ``def
+    grousset_key(...)`` written in a class body stays the method it is written as."""
     key = cls.__dict__.get("grousset_key")
-    if inspect.isfunction(key) and next(iter(inspect.signature(key).parameters), "") != "self":
+    if not callable(key) or isinstance(key, (staticmethod, classmethod, type)):
+        return
+    if not hasattr(type(key), "__get__"):
+        return  # (not a descriptor: it never became a method)
+    written = getattr(inspect.unwrap(key), "__qualname__", "")
+    if written != f"{cls.__qualname__}.grousset_key":  # not a def in this class's body
         setattr(cls, "grousset_key", staticmethod(key))  # noqa: B010

@@ -12,7 +12,6 @@
 ``celery_grousset.E014``    a check could not run (an unexpected error; the message has it)
 ``celery_grousset.E015``    ``JOURNAL_LAYOUT = "partitioned"`` on a journal that is not PostgreSQL
 ``celery_grousset.E016``    a MySQL/SQLite journal database with a ``TIME_ZONE`` other than UTC
-``celery_grousset.E017``    a task attribute reads like a misspelt option (``max_procesing_time``)
 ``celery_grousset.E018``    a setting reads like a misspelt ``GROUSSET`` (``GROUSET``)
 ``celery_grousset.W001``    Redis/SQS ``visibility_timeout`` < a task's ``max_processing_time``
 ``celery_grousset.W002``    ``acks_late`` is off on a guarded task
@@ -26,6 +25,8 @@
 ``celery_grousset.W010``    the journal's layout is not ``JOURNAL_LAYOUT`` (``check --database``)
 ``celery_grousset.W011``    a task given celery-grousset options is not guarded
 ``celery_grousset.W014``    a guarded task's ``expires_after`` ≤ its ``max_processing_time``
+``celery_grousset.W015``    a guarded task's keyword reads like a misspelt option
+``celery_grousset.W016``    a Celery app's task modules do not import (its tasks go unchecked)
 ==========================  ===========================================================
 
 No check function raises: a configuration error becomes the message above, and any
@@ -53,7 +54,7 @@ def _apps() -> list[Any]:
 def guarded_tasks(failed: list[checks.CheckMessage] | None = None) -> Iterator[tuple[Any, Any]]:
     """(app, task) for every guarded task registered in the active Celery apps: each
     GroussetTask, and each task ``GROUSSET["TASKS"]`` names. An app whose task modules
-    do not import is skipped, and said in ``failed`` (E014)."""
+    do not import is skipped, and said in ``failed`` (W016)."""
     from celery_grousset.install import install_app
     from celery_grousset.task import GroussetTaskMixin
 
@@ -62,11 +63,12 @@ def guarded_tasks(failed: list[checks.CheckMessage] | None = None) -> Iterator[t
         try:
             app.loader.import_default_modules()
         except Exception as exc:
-            if failed is not None:  # its tasks go unchecked: say so
-                failed.append(_could_not_run(
-                    f"The task modules of Celery app {app.main!r} do not import (its tasks "
-                    "were not checked; its worker would not start)", exc,
-                    "Fix the import (importing the module in `manage.py shell` shows it).",
+            if failed is not None:  # its tasks go unchecked: say so (a warning: a web
+                failed.append(checks.Warning(  # process may lack a worker's dependencies)
+                    f"The task modules of Celery app {app.main!r} do not import "
+                    f"({type(exc).__qualname__}: {exc}): its tasks were not checked.",
+                    hint="Where its worker runs, fix the import (a worker would not start).",
+                    id="celery_grousset.W016",
                 ))  # fmt: skip
             continue
         install_app(app)

@@ -50,10 +50,12 @@ def run_owned(
         events.interrupted(req, exc)  # happened, so its claim is taken over once stale
         raise
     fault("after_effect")
-    if not complete(store, req, _completed(req, opts, value, serializer), res.fence, unwritten):
+    completion = _completed(opts, value, serializer)
+    if not complete(store, req, completion, res.fence, unwritten):
         raise FencedOut(_fenced_text(req, res, started, "its result was discarded; the "
                                      "attempt that took the claim over ran the effect too"))
     fault("after_complete")
+    _said(req, completion)
     return value
 
 
@@ -92,13 +94,18 @@ def _fenced_text(req: ClaimRequest, res: ClaimResult, started: float, outcome: s
     )
 
 
-def _completed(req: ClaimRequest, opts: Options, value: Any, serializer: str) -> Completion:
+def _completed(opts: Options, value: Any, serializer: str) -> Completion:
     result, enc, error = memo.encode(
         value, serializer=serializer, memoize=opts.memoize, max_bytes=opts.max_result_bytes
     )
-    if enc == ENC_NOT_STORED:  # said now, not only to a duplicate days later
-        events.result_not_stored(req, error)
     return Completion(Status.COMPLETED.value, result, enc, error)
+
+
+def _said(req: ClaimRequest, completion: Completion) -> None:
+    """A completion written without its memo is said now (not only to a duplicate days
+    later): ``grousset.result_not_stored``."""
+    if completion.result_encoding == ENC_NOT_STORED:
+        events.result_not_stored(req, completion.error)
 
 
 def _run_transactional(
@@ -120,7 +127,8 @@ def _run_transactional(
             value = fn()
             fault("after_effect")
             t0 = time.perf_counter()
-            if not store.finish_in_transaction(req, _completed(req, opts, value, serializer)):
+            completion = _completed(opts, value, serializer)
+            if not store.finish_in_transaction(req, completion):
                 events.finished(req, "fenced_out", time.perf_counter() - t0)
                 events.fenced(req, res.fence)
                 raise FencedOut(_fenced_text(req, res, started, "its transaction, effect "
@@ -146,6 +154,7 @@ def _run_transactional(
         ) from exc
     events.finished(req, "completed", time.perf_counter() - t0)  # the update and its commit
     fault("after_complete")
+    _said(req, completion)
     return value
 
 

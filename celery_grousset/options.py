@@ -88,6 +88,6 @@ class Options:
 
 def reads_like(name: str, meant: Iterable[str]) -> str | None:
     """The name of ``meant`` that ``name`` reads like a misspelling of (None: none). A
-    name that is the start of one (a ``processor`` of your own) is not one."""
+    name inside one (a ``processor`` or ``processing_time`` of your own) is not one."""
     close = difflib.get_close_matches(name, list(meant), n=1, cutoff=0.85)
-    return close[0] if close and close[0] != name and not close[0].startswith(name) else None
+    return close[0] if close and name not in close[0] else None

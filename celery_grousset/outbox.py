@@ -123,7 +123,7 @@ def enqueue(
     if using is None:
         _refuse_outside_transaction(alias)
     name = task if isinstance(task, str) else task.name
-    refuse_misspelt_key(name, options)
+    refuse_misspelt_key(name, options, headers=hasattr(type(task), "grousset_options"))
     if not isinstance(task, str) and getattr(task, "typing", False):
         task.__header__(*(args or ()), **(kwargs or {}))  # Celery's own check (delay())
     task_id = str(options.pop("task_id", None) or uuid.uuid4())

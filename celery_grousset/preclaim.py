@@ -38,17 +38,37 @@ RENEW_SHARE = 0.1
 
 def carry(request_dict: dict[str, Any], req: ClaimRequest, res: ClaimResult) -> None:
     """Put an owned claim in a request before the pool gets it (plain values only: the
-    request is pickled to the child)."""
+    request is pickled to the child), stamped with the delivery it is for."""
     request_dict[FIELD] = [
         req.token, res.fence, res.kind.value, res.deliveries, res.takeovers,
-        req.processor_id, req.fingerprint, time.time(),
+        req.processor_id, req.fingerprint, time.time(), _stamp(request_dict),
     ]  # fmt: skip
 
 
+def _stamp(request: Any) -> str:
+    """Which delivery of a message this is: its ``retries`` and requeues. A copy sent
+    again (``retry()``, a requeue) has other counts, so a claim it carries in its headers
+    from the delivery before (released, or lost) is never taken for its own."""
+    from celery_grousset.delivery import REQUEUES_HEADER, header
+
+    if isinstance(request, dict):  # the main process's request_dict
+
+        def get(name: str) -> Any:
+            value = request.get(name)
+            return value if value is not None else (request.get("headers") or {}).get(name)
+    else:
+        def get(name: str) -> Any:
+            return header(request, name)
+    return f"{get('retries') or 0}:{get(REQUEUES_HEADER) or 0}"
+
+
 def carried(request: Any) -> Sequence[Any] | None:
-    """The claim a request carries, or None."""
+    """The claim made for this delivery of ``request`` (None: none, or one that came in
+    the headers of a copy sent again)."""
     value = getattr(request, FIELD, None) if request is not None else None
-    return value if isinstance(value, (list, tuple)) and len(value) == 8 else None
+    if not (isinstance(value, (list, tuple)) and len(value) == 9):
+        return None
+    return value[:8] if value[8] == _stamp(request) else None
 
 
 def without(headers: dict[str, Any] | None) -> dict[str, Any]:

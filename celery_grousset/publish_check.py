@@ -104,11 +104,15 @@ def in_transaction(task: Any, options: dict[str, Any]) -> None:
     ))  # fmt: skip
 
 
-def refuse_misspelt_key(task_name: str, options: dict[str, Any]) -> None:
+def refuse_misspelt_key(task_name: str, options: dict[str, Any], headers: bool = True) -> None:
     """A call's identity under a name nothing reads (``idempotency_keys=…``, a
     ``grousset-key`` header) would publish a call keyed by all its arguments, which runs
     again for every other argument: refused, naming the name that works (``options``:
-    ``apply_async``'s)."""
+    ``apply_async``'s; ``headers``: check theirs too). A delivery sent again (Celery's
+    ``retry()``, the guard's requeue: they pass ``retries``) keeps the headers it came
+    with, whoever wrote them: never refused."""
+    if "retries" in options:
+        return
     header = KEY_HEADER
     for name in options:
         if "idempot" in name.lower() and name != "idempotency_key":
@@ -116,7 +120,7 @@ def refuse_misspelt_key(task_name: str, options: dict[str, Any]) -> None:
                 f"{task_name}.apply_async() got the option {name!r}, which nothing reads: "
                 "did you mean idempotency_key? (a non-empty str that names the call)"
             )
-    for name in options.get("headers") or ():
+    for name in (options.get("headers") or ()) if headers else ():
         norm = str(name).lower().replace("-", "_")
         if name != header and ("idempot" in norm or norm == header or reads_like(norm, (header,))):
             raise ValueError(

@@ -45,9 +45,10 @@ def worker_started(sender: Any = None, **kwargs: Any) -> None:
     _checks[id(sender)] = guard.test_database_check = check
 
 
-def worker_stopped(sender: Any = None, **kwargs: Any) -> None:
-    """``worker_shutdown``: the check of this worker ends with it."""
-    check = _checks.pop(id(sender), None)
+def worker_stopped(sender: Any = None, worker: Any = None, **kwargs: Any) -> None:
+    """``worker_shutdown``, or Celery's ``test_worker_stopped`` (``start_worker`` stops its
+    worker without the former; its sender is the app): the check ends with the worker."""
+    check = _checks.pop(id(worker if worker is not None else sender), None)
     if check is not None and guard.test_database_check is check:
         guard.test_database_check = None
 
@@ -57,3 +58,7 @@ def connect() -> None:
 
     signals.worker_init.connect(worker_started, weak=False, dispatch_uid="celery_grousset.tw")
     signals.worker_shutdown.connect(worker_stopped, weak=False, dispatch_uid="celery_grousset.tw")
+    from celery.contrib.testing import worker as testing
+
+    testing.test_worker_stopped.connect(worker_stopped, weak=False,
+                                        dispatch_uid="celery_grousset.tw")  # fmt: skip

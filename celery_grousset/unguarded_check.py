@@ -4,10 +4,13 @@ decorator keywords as class attributes, and nothing reads them:
 * ``celery_grousset.W011``: a task that is given celery-grousset options
   (``@shared_task(max_processing_time=30, transactional=True)``) but is not guarded — no
   ``base=GroussetTask`` and no ``GROUSSET["TASKS"]`` entry: every delivery runs the effect;
-* ``celery_grousset.E017``: a task attribute that is a misspelt option
-  (``max_procesing_time=60``, ``grousset_keys=…``): the task runs with the setting's value
-  or the default instead (a shorter ``max_processing_time`` lets a duplicate take over a
-  running attempt; a lost ``grousset_key`` keys every argument).
+* ``celery_grousset.W015``: a guarded task's decorator keyword that reads like a misspelt
+  option (``max_procesing_time=60``, ``grousset_keys=…``): the task runs with the
+  setting's value or the default instead (a shorter ``max_processing_time`` lets a
+  duplicate take over a running attempt; a lost ``grousset_key`` keys every argument).
+  Only the values the task's own class holds (where Celery puts decorator keywords) are
+  read, not methods or base classes; a warning, so a name of your own that looks like
+  one never stops a worker.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from celery_grousset.conf import TASK_OPTIONS
 from celery_grousset.options import reads_like
 
 ID = "celery_grousset.W011"
-MISSPELT_ID = "celery_grousset.E017"
+MISSPELT_ID = "celery_grousset.W015"
 
 #: options a plain Celery task never has (``on_failure`` is Celery's own handler)
 OWN_OPTIONS = tuple(name for name in (*TASK_OPTIONS, "grousset_key") if name != "on_failure")
@@ -61,39 +64,39 @@ KNOWN = frozenset((*OWN_OPTIONS, "on_failure", "grousset_on_failure"))
 
 
 def misspelt_messages(apps: Iterable[Any]) -> list[checks.CheckMessage]:
-    """E017 for each attribute of a task's own classes that is not an option but reads
-    like one (a typo nothing reads)."""
+    """W015 for each guarded task's decorator keyword that reads like a misspelt option."""
+    from celery_grousset.task import GroussetTaskMixin
+
     found: list[checks.CheckMessage] = []
     seen: set[int] = set()
     for app in apps:
         for name, task in list(app.tasks.items()):
-            if id(task) in seen or name.startswith("celery."):
+            if id(task) in seen or not isinstance(task, GroussetTaskMixin):
                 continue
             seen.add(id(task))
             for attr, meant in _misspelt(type(task)):
-                found.append(checks.Error(
-                    f"Task {name!r} has the attribute {attr!r}, which is no option: did you "
-                    f"mean {meant!r}? Nothing reads {attr!r}, so the task runs with "
-                    f"{meant!r} from GROUSSET or its default.",
-                    hint=f"Rename it to {meant!r} in the task's decorator or class.",
+                found.append(checks.Warning(
+                    f"Task {name!r} is given {attr!r}, which is no option: did you mean "
+                    f"{meant!r}? Nothing reads {attr!r}, so the task runs with {meant!r} "
+                    "from GROUSSET or its default.",
+                    hint=f"Rename it to {meant!r} in the task's decorator (a name of your "
+                    "own: silence celery_grousset.W015 in SILENCED_SYSTEM_CHECKS).",
                     obj=name, id=MISSPELT_ID,
                 ))  # fmt: skip
     return found
 
 
 def _misspelt(cls: type) -> Iterable[tuple[str, str]]:
-    """(attribute, the option it reads like) for the attributes of ``cls`` and its own
-    bases (not Celery's, not this package's) that no Celery task has and that read like
-    a misspelt option."""
+    """(attribute, the option it reads like) for the plain values of the task's own class
+    (where Celery puts the decorator's keywords) that no Celery task has."""
     from celery import Task
 
     celery_names = {name for klass in Task.__mro__ for name in vars(klass)}  # no descriptor run
-    for klass in cls.__mro__:
-        if klass.__module__.split(".")[0] in ("celery", "celery_grousset", "builtins"):
+    for attr, value in vars(cls).items():
+        if attr in KNOWN or attr.startswith("_") or attr in celery_names or callable(value):
             continue
-        for attr in vars(klass):
-            if attr in KNOWN or attr.startswith("__") or attr in celery_names:
-                continue
-            meant = reads_like(attr, KNOWN)
-            if meant is not None:
-                yield attr, meant
+        if isinstance(value, (property, staticmethod, classmethod)):
+            continue
+        meant = reads_like(attr, KNOWN)
+        if meant is not None:
+            yield attr, meant

@@ -166,7 +166,7 @@ class GroussetStep(bootsteps.StartStopStep):
             # keeps on the worker, not in app.conf, where check E002 reads it
             app.conf.task_time_limit = parent.time_limit
         if not (self.bypass or _settings_bypass()):  # unguarded: the options do not matter
-            refuse_configuration_errors()
+            refuse_configuration_errors(type(parent).__module__.startswith("celery.contrib"))
             _warn_unenforced_time_limits(parent)
             from celery.signals import worker_ready  # a thread: a slow database never
             # holds the worker's start up
@@ -265,13 +265,15 @@ def _warn_unenforced_time_limits(parent: Any) -> None:
         )
 
 
-def refuse_configuration_errors() -> None:
+def refuse_configuration_errors(in_process: bool = False) -> None:
     """The worker logs the system checks' warnings about ``GROUSSET`` and the tasks, and
     does not start while they find an error in ``GROUSSET``
     or in a guarded task's options (its flags applied): a delivery of such a task would
     fail before its claim and, acknowledged as failed, be lost (or, for ``E002``, run
     without its guarantee). Celery's Django fixup runs the checks too, but ignores what
-    they find. The messages wait in the broker for a worker started after the fix."""
+    they find. The messages wait in the broker for a worker started after the fix. An
+    in-process test worker (``start_worker``, ``in_process``) only logs them: its
+    messages are the test's own, and the process holds every test's tasks."""
     from celery_grousset.checks import check_tasks
 
     messages = check_tasks()
@@ -279,7 +281,9 @@ def refuse_configuration_errors() -> None:
         if not message.is_serious() and not message.is_silenced():
             logger.warning("%s", message)
     errors = [m for m in messages if m.is_serious() and not m.is_silenced()]
-    if not errors:
+    if not errors or in_process:
+        for message in errors:
+            logger.warning("%s", message)
         return
     for message in errors:
         logger.critical("%s", message)

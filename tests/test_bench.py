@@ -82,7 +82,11 @@ def test_every_scenario_runs_and_counts_what_it_claims() -> None:
     # claim and the completion; the claim thread's batches only with WORKER_CLAIM
     statements = float(throughput["GroussetTask (PostgreSQL)"][6])
     assert 1.9 <= statements <= 2.5, throughput
-    assert throughput["plain Celery"][6:] == ["n/a", "n/a"], throughput
+    # (plain Celery: none per task; the worker step's one schema read at start, which
+    # celery_grousset in INSTALLED_APPS gives every app's worker, is under 0.1 at n=200)
+    plain_statements = throughput["plain Celery"][6]
+    assert plain_statements == "n/a" or float(plain_statements) < 0.1, throughput
+    assert throughput["plain Celery"][7] == "n/a", throughput
     assert throughput["GroussetTask (PostgreSQL)"][7] == "n/a", throughput
     assert float(throughput["GroussetTask (PostgreSQL, WORKER_CLAIM)"][7]) >= 1.0, throughput
 

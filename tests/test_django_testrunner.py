@@ -161,6 +161,15 @@ class Listed(InProcessWorker, TransactionTestCase):
     def test_listed(self):
         self.assertEqual(send.delay(4).get(timeout=20), 4)
         self.assertEqual(send.delay(4).get(timeout=20), 4)
+
+
+class ZAfterTheWorkers(TransactionTestCase):  # (runs last: the classes run by name)
+    databases = {"default"}
+
+    def test_the_check_ended_with_the_workers(self):
+        from celery_grousset import guard
+
+        self.assertIsNone(guard.test_database_check)
 """
 
 
@@ -197,6 +206,7 @@ def test_manage_py_test_refuses_an_in_process_workers_leaking_delivery(tmp_path:
     # Then the two whose claims would leak fail with the reason; the listed one passes
     assert "FAILED (failures=2)" in out, out[-4000:]
     assert "test_listed (workerproj.tests.Listed" in out and "ok" in out, out[-4000:]
+    assert "test_the_check_ended_with_the_workers" in out and "Ran 4 tests" in out, out[-4000:]
     assert "'journal', which this test may not use" in out, out[-4000:]
     assert "rolled-back test transaction" in out, out[-4000:]
     for name in ("test_not_listed", "test_rolled_back"):

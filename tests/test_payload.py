@@ -5,6 +5,7 @@ returns the first call's memo and never runs — unless ``validate_payload`` is 
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Iterator
@@ -44,7 +45,8 @@ def make_task() -> Iterator[Any]:
             return f"paid {amount} for {order_id}"
 
         options.setdefault("max_processing_time", 30)
-        return app.task(base=GroussetTask, bind=True, name=name, **options)(pay)
+        options.setdefault("base", GroussetTask)
+        return app.task(bind=True, name=name, **options)(pay)
 
     yield make
     for name in made:
@@ -186,6 +188,44 @@ def test_a_misspelt_key_is_refused_before_the_call(
     assert not OutboxMessage.objects.using(journal).filter(task_name=pay.name).exists()
     # While the names that work are taken
     assert keyed(pay, 10).get() == "paid 10 for 42"
+
+
+def test_a_delivery_sent_again_keeps_the_headers_it_came_with() -> None:
+    from celery_grousset.publish_check import refuse_misspelt_key
+
+    # Given a delivery whose message came with a header of another producer's
+    headers = {"Idempotency-Key": "from-elsewhere"}
+    # When Celery's retry() or the guard's requeue sends it again (they pass retries)
+    # Then it is not refused: the message would be lost
+    refuse_misspelt_key("t", {"headers": headers, "retries": 1})
+    # And a plain task's own headers are its own (outbox.enqueue of a name)
+    refuse_misspelt_key("t", {"headers": headers}, headers=False)
+    # While a caller's own publish of it is refused
+    with pytest.raises(ValueError, match="idempotency_key"):
+        refuse_misspelt_key("t", {"headers": headers})
+
+
+@functools.cache
+def cached_order_of(order_id: int, amount: Any, note: str = "") -> int:
+    return order_id
+
+
+def test_a_key_method_or_a_cached_key_function_keeps_working(
+    journal: str, make_task: Any
+) -> None:
+    class Keyed(GroussetTask):  # a def in a class body is the method it is written as
+        abstract = True
+
+        def grousset_key(task, order_id: int, **_: Any) -> str:
+            return f"{task.name}:{order_id}"
+
+    for options in ({"base": Keyed}, {"grousset_key": cached_order_of}):
+        pay = make_task(validate_payload=False, **options)
+        # When the same order comes twice, with another note the second time
+        assert pay.apply((42, 10)).get() == "paid 10 for 42"
+        assert pay.apply((42, 10), {"note": "again"}).get() == "paid 10 for 42"
+        # Then the key saw the arguments, and the body ran once
+        assert effects(journal, pay, 10) == 1
 
 
 def order_of(order_id: int, **_: Any) -> int:

@@ -139,3 +139,30 @@ def test_an_adopted_claim_knows_when_it_turns_stale(
     # requeue carrying its outcome must beat), not 0
     _, res = preclaim.adopt(Caller(opts, carried), get_store(journal), req)
     assert res is not None and left[0] <= res.retry_in <= left[1]
+
+
+def test_a_claim_in_the_headers_of_a_copy_sent_again_is_not_taken_for_its_own() -> None:
+    """The main process puts its claim in the request; a copy of the delivery sent again
+    (Celery's retry(), the guard's requeue) can carry it in its headers, released or lost
+    by then. Adopted, the copy ran its body under it and was fenced out (an effect lost,
+    or run twice after a duplicate claimed the key)."""
+    from celery.app.task import Context
+
+    from celery_grousset import preclaim
+    from celery_grousset.claim import ClaimRequest, Kind
+
+    req = ClaimRequest(
+        processor_id="p", fingerprint="f" * 64, task_name="t", task_id="i", token="tok",
+        worker="w", args_repr="", max_processing_time=60.0, expires_after=3600.0,
+        max_takeovers=3,
+    )  # fmt: skip
+    request_dict: dict[str, object] = {"id": "i", "retries": 0}
+    # Given the main process's claim for the first delivery
+    preclaim.carry(request_dict, req, preclaim._result(req, Kind.NEW, 1, 1, 0, 60.0))
+    # Then that delivery's child adopts it
+    assert preclaim.carried(Context(dict(request_dict))) is not None
+    # But a copy sent again with it — by retry() (retries + 1) or by a requeue — does not
+    assert preclaim.carried(Context({**request_dict, "retries": 1})) is None
+    assert preclaim.carried(Context({**request_dict, "grousset_requeues": 1})) is None
+    again = {**request_dict, "headers": {"grousset_requeues": 2}}
+    assert preclaim.carried(Context(again)) is None

@@ -26,18 +26,18 @@ def refused(alias: str, exc: BaseException, why: str) -> StoreUnavailable:
     return StoreUnavailable(f"journal database {alias!r} refused the write: {exc} — {fix}.")
 
 
-#: PostgreSQL serialization_failure and deadlock_detected; MySQL/MariaDB deadlock (1213),
-#: MariaDB's "record has changed since last read" (1020: REPEATABLE READ with
-#: innodb_snapshot_isolation, the default from 11.6) and lock wait timeout (1205: the
-#: statement is rolled back; the error leaving the body rolls back the rest)
-_ROLLED_BACK = {"40001", "40P01", 1213, 1020, 1205}
+#: PostgreSQL serialization_failure and deadlock_detected; MySQL/MariaDB deadlock (1213)
+#: and MariaDB's "record has changed since last read" (1020: REPEATABLE READ with
+#: innodb_snapshot_isolation, the default from 11.6). Not a lock wait timeout (1205): it
+#: rolls back the statement only, and may come from another database the body writes to
+_ROLLED_BACK = {"40001", "40P01", 1213, 1020}
 
 
 def rolled_back(exc: BaseException) -> bool:
     """``exc`` (Django's, or the driver's under it) says the database rolled the whole
     transaction back to resolve a conflict with another one: a serialization failure
-    (REPEATABLE READ, SERIALIZABLE), a deadlock, or (MariaDB, MySQL) a lock wait timeout.
-    Nothing of it stands; it can run again."""
+    (REPEATABLE READ, SERIALIZABLE) or a deadlock. Nothing of it stands; it can run
+    again."""
     from celery_grousset.store.pgdriver import sqlstate
 
     seen: BaseException | None = exc
