@@ -91,18 +91,17 @@ def _never_raises(check: _Check) -> _Check:
         try:
             return check(*args, **kwargs)
         except Exception as exc:
-            return [_could_not_run(
-                f"The celery-grousset check {check.__name__} could not run", exc,
-                "Fix the cause above and run `manage.py check` again; if it is not a "
-                "configuration problem, please report it.",
-            )]  # fmt: skip
+            return [
+                checks.Error(
+                    f"The celery-grousset check {check.__name__} could not run: "
+                    f"{type(exc).__qualname__}: {exc}",
+                    hint="Fix the cause above and run `manage.py check` again; if it is not "
+                    "a configuration problem, please report it.",
+                    id="celery_grousset.E014",
+                )
+            ]
 
     return wrapper
-
-
-def _could_not_run(what: str, exc: BaseException, hint: str) -> checks.CheckMessage:
-    return checks.Error(f"{what}: {type(exc).__qualname__}: {exc}", hint=hint,
-                        id="celery_grousset.E014")  # fmt: skip
 
 
 def settings_messages() -> list[checks.CheckMessage]:

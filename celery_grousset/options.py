@@ -89,5 +89,7 @@ class Options:
 def reads_like(name: str, meant: Iterable[str]) -> str | None:
     """The name of ``meant`` that ``name`` reads like a misspelling of (None: none). A
     name inside one (a ``processor`` or ``processing_time`` of your own) is not one."""
-    close = difflib.get_close_matches(name, list(meant), n=1, cutoff=0.85)
+    # (a ratio of 0.85 needs 2·min(len) ≥ 0.85·(sum of len): the others are never close)
+    near = [m for m in meant if 2 * min(len(name), len(m)) >= 0.85 * (len(name) + len(m))]
+    close = difflib.get_close_matches(name, near, n=1, cutoff=0.85) if near else []
     return close[0] if close and name not in close[0] else None

@@ -49,17 +49,19 @@ def _stamp(request: Any) -> str:
     """Which delivery of a message this is: its ``retries`` and requeues. A copy sent
     again (``retry()``, a requeue) has other counts, so a claim it carries in its headers
     from the delivery before (released, or lost) is never taken for its own."""
-    from celery_grousset.delivery import REQUEUES_HEADER, header
+    from celery_grousset.delivery import REQUEUES_HEADER
 
-    if isinstance(request, dict):  # the main process's request_dict
+    return f"{_field(request, 'retries') or 0}:{_field(request, REQUEUES_HEADER) or 0}"
 
-        def get(name: str) -> Any:
-            value = request.get(name)
-            return value if value is not None else (request.get("headers") or {}).get(name)
-    else:
-        def get(name: str) -> Any:
-            return header(request, name)
-    return f"{get('retries') or 0}:{get(REQUEUES_HEADER) or 0}"
+
+def _field(request: Any, name: str) -> Any:
+    """A field of the main process's ``request_dict`` or of the child's request."""
+    from celery_grousset.delivery import header
+
+    if not isinstance(request, dict):
+        return header(request, name)
+    value = request.get(name)
+    return value if value is not None else (request.get("headers") or {}).get(name)
 
 
 def carried(request: Any) -> Sequence[Any] | None:
@@ -69,12 +71,6 @@ def carried(request: Any) -> Sequence[Any] | None:
     if not (isinstance(value, (list, tuple)) and len(value) == 9):
         return None
     return value[:8] if value[8] == _stamp(request) else None
-
-
-def without(headers: dict[str, Any] | None) -> dict[str, Any]:
-    """A delivery's headers for its requeue: without the claim the main process made for
-    this delivery, which a requeue has released or lost (the copy claims again)."""
-    return {name: value for name, value in (headers or {}).items() if name != FIELD}
 
 
 def renew_after(req: ClaimRequest) -> float:

@@ -113,7 +113,6 @@ def refuse_misspelt_key(task_name: str, options: dict[str, Any], headers: bool =
     with, whoever wrote them: never refused."""
     if "retries" in options:
         return
-    header = KEY_HEADER
     for name in options:
         if "idempot" in name.lower() and name != "idempotency_key":
             raise TypeError(
@@ -122,9 +121,10 @@ def refuse_misspelt_key(task_name: str, options: dict[str, Any], headers: bool =
             )
     for name in (options.get("headers") or ()) if headers else ():
         norm = str(name).lower().replace("-", "_")
-        if name != header and ("idempot" in norm or norm == header or reads_like(norm, (header,))):
+        close = "idempot" in norm or norm == KEY_HEADER or reads_like(norm, (KEY_HEADER,))
+        if name != KEY_HEADER and close:
             raise ValueError(
                 f"{task_name}: the header {name!r} is not read: the key of a call travels in "
-                f"the header {header!r}. Pass idempotency_key=… to apply_async(), or "
-                f"headers={{{header!r}: …}} to app.send_task()."
+                f"the header {KEY_HEADER!r}. Pass idempotency_key=… to apply_async(), or "
+                f"headers={{{KEY_HEADER!r}: …}} to app.send_task()."
             )

@@ -38,7 +38,6 @@ from celery_grousset.exceptions import FingerprintError, PoisonDelivery, StoreUn
 from celery_grousset.fingerprint import validate_key_names
 from celery_grousset.options import NAMES as _OPTION_NAMES
 from celery_grousset.options import Options
-from celery_grousset.preclaim import without as without_claim
 from celery_grousset.store import ClaimResult
 
 #: a header this package adds (KEY_HEADER is delivery's): set when argsrepr/kwargsrepr
@@ -297,7 +296,7 @@ class GroussetTaskMixin:
         request = self.request if request is None else request
         countdown = broker_countdown(self.app, countdown, latest)
         n = int(_header(request, REQUEUES_HEADER) or 0)
-        headers = {**without_claim(request.headers), REQUEUES_HEADER: n + 1, **(extra or {})}
+        headers = {**(request.headers or {}), REQUEUES_HEADER: n + 1, **(extra or {})}
         for name in (KEY_HEADER, periodic.SLOT_HEADER, COUNTED_HEADER):  # these travel on
             if (value := _header(request, name)) is not None:
                 headers[name] = value

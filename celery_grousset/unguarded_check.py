@@ -65,8 +65,11 @@ KNOWN = frozenset((*OWN_OPTIONS, "on_failure", "grousset_on_failure"))
 
 def misspelt_messages(apps: Iterable[Any]) -> list[checks.CheckMessage]:
     """W015 for each guarded task's decorator keyword that reads like a misspelt option."""
+    from celery import Task
+
     from celery_grousset.task import GroussetTaskMixin
 
+    celery_names = {name for klass in Task.__mro__ for name in vars(klass)}  # no descriptor run
     found: list[checks.CheckMessage] = []
     seen: set[int] = set()
     for app in apps:
@@ -74,7 +77,7 @@ def misspelt_messages(apps: Iterable[Any]) -> list[checks.CheckMessage]:
             if id(task) in seen or not isinstance(task, GroussetTaskMixin):
                 continue
             seen.add(id(task))
-            for attr, meant in _misspelt(type(task)):
+            for attr, meant in _misspelt(type(task), celery_names):
                 found.append(checks.Warning(
                     f"Task {name!r} is given {attr!r}, which is no option: did you mean "
                     f"{meant!r}? Nothing reads {attr!r}, so the task runs with {meant!r} "
@@ -86,12 +89,9 @@ def misspelt_messages(apps: Iterable[Any]) -> list[checks.CheckMessage]:
     return found
 
 
-def _misspelt(cls: type) -> Iterable[tuple[str, str]]:
+def _misspelt(cls: type, celery_names: set[str]) -> Iterable[tuple[str, str]]:
     """(attribute, the option it reads like) for the plain values of the task's own class
     (where Celery puts the decorator's keywords) that no Celery task has."""
-    from celery import Task
-
-    celery_names = {name for klass in Task.__mro__ for name in vars(klass)}  # no descriptor run
     for attr, value in vars(cls).items():
         if attr in KNOWN or attr.startswith("_") or attr in celery_names or callable(value):
             continue
