@@ -99,8 +99,9 @@ def test_the_budget_stops_a_statement_and_puts_the_session_back(db: str) -> None
     ):
         cur.execute(sleep, [3])
     assert time.monotonic() - started < 2.5
-    # And afterwards the session has no limit left
+    # And afterwards the session has no limit left: the sleep is not cut at the budget's
+    # 0.2 s (MariaDB's SLEEP(0.5) was seen returning after 0.498 s by the client's clock)
     started = time.monotonic()
     with connections[db].cursor() as cur:
         cur.execute(sleep, [0.5])
-    assert time.monotonic() - started >= 0.5
+    assert time.monotonic() - started >= 0.45
