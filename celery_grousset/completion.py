@@ -44,7 +44,8 @@ def run_owned(
     try:
         value = fn()
     except Exception as exc:
-        fail(store, opts, req, exc)
+        if fail(store, opts, req, exc):
+            overran(req, started)
         raise
     except BaseException as exc:  # the process is being stopped: the effect may have
         events.interrupted(req, exc)  # happened, so its claim is taken over once stale
@@ -55,6 +56,7 @@ def run_owned(
         raise FencedOut(_fenced_text(req, res, started, "its result was discarded; the "
                                      "attempt that took the claim over ran the effect too"))
     fault("after_complete")
+    overran(req, started)
     _said(req, completion)
     return value
 
@@ -101,6 +103,13 @@ def _completed(opts: Options, value: Any, serializer: str) -> Completion:
     return Completion(Status.COMPLETED.value, result, enc, error)
 
 
+def overran(req: ClaimRequest, started: float) -> None:
+    """An attempt whose outcome was written although its body ran longer than
+    ``max_processing_time`` (no duplicate came meanwhile) is said: ``grousset.overran``."""
+    if (seconds := time.monotonic() - started) > req.max_processing_time:
+        events.overran(req, seconds)
+
+
 def _said(req: ClaimRequest, completion: Completion) -> None:
     """A completion written without its memo is said now (not only to a duplicate days
     later): ``grousset.result_not_stored``."""
@@ -144,7 +153,8 @@ def _run_transactional(
                 f"transaction ({exc}); the claim is released and the delivery sent again."
             ) from exc
         if not connection_lost(conn, raw, exc):
-            fail(store, opts, req, exc)
+            if fail(store, opts, req, exc):
+                overran(req, started)
             raise
         release_lost(store, req, res.fence, exc)
         raise TransactionLost(
@@ -154,6 +164,7 @@ def _run_transactional(
         ) from exc
     events.finished(req, "completed", time.perf_counter() - t0)  # the update and its commit
     fault("after_complete")
+    overran(req, started)
     _said(req, completion)
     return value
 
@@ -205,9 +216,9 @@ def control_flow(exc: BaseException) -> bool:
     return isinstance(exc, (Retry, Ignore, Reject))
 
 
-def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> None:
-    """Record a failed attempt: release the claim, or memoize the error. Never raises
-    (the caller re-raises the task's own exception)."""
+def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> bool:
+    """Record a failed attempt: release the claim, or memoize the error. True when it was
+    written. Never raises (the caller re-raises the task's own exception)."""
     try:
         if opts.on_failure == "memoize" and not control_flow(exc):
             result, enc, error = memo.encode_exception(exc)
@@ -222,9 +233,11 @@ def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> 
         events.finished(req, "failed" if done else "fenced_out", time.perf_counter() - t0)
         if not done:
             events.fenced(req, 0)
+        return done
     except (StoreUnavailable, PoisonDelivery) as store_exc:
         # The claim stays in flight; it turns stale at its stale_at.
         events.store_error(req, "fail", store_exc)
+        return False
 
 
 def finish_retrying(store: Store, req: ClaimRequest, completion: Completion) -> bool:

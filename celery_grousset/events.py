@@ -127,6 +127,25 @@ def taken_over(req: ClaimRequest, res: ClaimResult) -> None:
     )
 
 
+def overran(req: ClaimRequest, seconds: float) -> None:
+    """An owned attempt's body ran longer than its ``max_processing_time`` and its outcome
+    was still written (no delivery came meanwhile to take the claim over): the effect ran
+    once, but a duplicate in that window would have run it a second time."""
+    if recorder is not None:
+        recorder.overran(req.task_name)
+    if logger.isEnabledFor(logging.WARNING):
+        emit(logging.WARNING, "grousset.overran", {
+            "fingerprint": req.fingerprint,
+            "task": req.task_name,
+            "task_id": req.task_id,
+            "processor": req.processor_id,
+            "seconds": round(seconds, 3),
+            "max_processing_time": req.max_processing_time,
+        }, note="a duplicate delivered after max_processing_time would have taken the claim "
+           "over and run the effect again: raise max_processing_time above the task's "
+           "longest run, or set a hard time_limit below it")  # fmt: skip
+
+
 def poison_delivery(req: ClaimRequest, reason: str) -> None:
     """A call the journal can never record (``req``'s text already bounded for the line):
     rejected, never re-queued — counted, so an alert can see what no retry will mend."""

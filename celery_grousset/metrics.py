@@ -11,6 +11,7 @@ metric                                     type       labels
 ``grousset_completions_total``             counter    ``task``, ``outcome``: completed,
                                                       failed, fenced_out
 ``grousset_completion_seconds``            histogram  ``task``
+``grousset_overruns_total``                counter    ``task``
 =========================================  =========  ====================================
 
 :data:`GAUGES` (in-flight and stale claims, oldest in-flight age, outbox pending / dead;
@@ -124,49 +125,46 @@ class Recorder:
         pc = client()
         kw: dict[str, Any] = {} if registry is None else {"registry": registry}
         self.registry = registry if registry is not None else pc.REGISTRY
-        self.claims = pc.Counter(
-            "grousset_claims",
-            "Deliveries of guarded tasks by what their claim found.",
-            ["task", "outcome"],
-            **kw,
+
+        def counter(name: str, doc: str, *labels: str) -> Any:
+            return pc.Counter(name, doc, ["task", *labels], **kw)
+
+        def histogram(name: str, doc: str, label: str) -> Any:
+            return pc.Histogram(name, doc, [label], buckets=BUCKETS, **kw)
+
+        self.claims = counter(
+            "grousset_claims", "Deliveries of guarded tasks by what their claim found.", "outcome"
         )
-        self.duplicates = pc.Counter(
+        self.duplicates = counter(
             "grousset_duplicate_detections",
             "Duplicate deliveries answered from the journal without running the task.",
-            ["task"],
-            **kw,
         )
-        self.commit_errors = pc.Counter(
+        self.commit_errors = counter(
             "grousset_outcome_commit_errors",
             "Outcomes that could not be written (store unavailable after the effect).",
-            ["task"],
-            **kw,
         )
-        self.store_seconds = pc.Histogram(
-            "grousset_store_seconds",
-            "Time spent in journal store operations.",
-            ["operation"],
-            buckets=BUCKETS,
-            **kw,
+        self.store_seconds = histogram(
+            "grousset_store_seconds", "Time spent in journal store operations.", "operation"
         )
-        self.completions = pc.Counter(
+        self.completions = counter(
             "grousset_completions",
-            "Owned attempts by how their completion write ended: completed, failed, "
-            "fenced_out.",
-            ["task", "outcome"],
-            **kw,
+            "Owned attempts by how their completion write ended: completed, failed, fenced_out.",
+            "outcome",
         )
-        self.completion_seconds = pc.Histogram(
+        self.overruns = counter(
+            "grousset_overruns",
+            "Owned attempts whose body ran longer than max_processing_time (their outcome "
+            "was written: no duplicate took the claim over meanwhile).",
+        )
+        self.completion_seconds = histogram(
             "grousset_completion_seconds",
             "Time spent writing an attempt's outcome to the journal.",
-            ["task"],
-            buckets=BUCKETS,
-            **kw,
+            "task",
         )
 
     def collectors(self) -> tuple[Any, ...]:
         return (self.claims, self.duplicates, self.commit_errors, self.store_seconds,
-                self.completions, self.completion_seconds)  # fmt: skip
+                self.completions, self.completion_seconds, self.overruns)  # fmt: skip
 
     def claim(self, task: str, outcome: str, seconds: float) -> None:
         try:
@@ -193,11 +191,17 @@ class Recorder:
         except Exception:
             logger.debug("celery-grousset: could not record a completion", exc_info=True)
 
+    def overran(self, task: str) -> None:
+        self._inc(self.overruns, task, "an overrun")
+
     def commit_error(self, task: str) -> None:
+        self._inc(self.commit_errors, task, "a commit error")
+
+    def _inc(self, counter: Any, task: str, what: str) -> None:
         try:
-            self.commit_errors.labels(task=task).inc()
+            counter.labels(task=task).inc()
         except Exception:
-            logger.debug("celery-grousset: could not record a commit error", exc_info=True)
+            logger.debug("celery-grousset: could not record %s", what, exc_info=True)
 
     def unregister(self) -> None:
         for collector in self.collectors():
@@ -341,8 +345,7 @@ class WorkerMetrics:
     """The metrics endpoint of one worker (``--grousset-metrics-port``)."""
 
     def __init__(self, port: int, addr: str = "0.0.0.0") -> None:
-        self.port = port
-        self.addr = addr
+        self.port, self.addr = port, addr
         self.path: str | None = None
         self._server: Any = None
 
@@ -380,12 +383,8 @@ class WorkerMetrics:
         register_gauges(registry)
         served = pc.start_http_server(self.port, addr=self.addr, registry=registry)
         self._server = served[0] if isinstance(served, tuple) else None
-        logger.info(
-            "celery-grousset metrics on http://%s:%d/metrics (multiprocess dir %s)",
-            self.addr,
-            self.port,
-            self.path,
-        )
+        logger.info("celery-grousset metrics on http://%s:%d/metrics (multiprocess dir %s)",
+                    self.addr, self.port, self.path)  # fmt: skip
 
     def stop(self) -> None:
         server, self._server = self._server, None

@@ -127,6 +127,8 @@ tests:
         values: '0x8 1x40'
       - series: 'grousset_claims_total{{task="shop.tasks.ship", outcome="store_unavailable"}}'
         values: '0x10 1+1x10 11x20'
+      - series: 'grousset_overruns_total{{task="shop.tasks.report"}}'
+        values: '0x10 1x100'
     alert_rule_test:
       - eval_time: 6m
         alertname: GroussetCommitErrors
@@ -158,6 +160,16 @@ tests:
         exp_alerts: []
       - eval_time: 30m
         alertname: GroussetGaveUp
+        exp_alerts: []
+      - eval_time: 5m
+        alertname: GroussetOverran
+        exp_alerts: []
+      - eval_time: 40m
+        alertname: GroussetOverran
+        exp_alerts:
+          - exp_labels: {{severity: warning, task: shop.tasks.report}}
+      - eval_time: 100m
+        alertname: GroussetOverran
         exp_alerts: []
       - eval_time: 5m
         alertname: GroussetPoisonDeliveries
