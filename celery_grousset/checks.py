@@ -27,6 +27,7 @@
 ``celery_grousset.W014``    a guarded task's ``expires_after`` ≤ its ``max_processing_time``
 ``celery_grousset.W015``    a guarded task's keyword reads like a misspelt option
 ``celery_grousset.W016``    a Celery app's task modules do not import (its tasks go unchecked)
+``celery_grousset.W017``    a ``GROUSSET["TASKS"]`` entry selects no registered task
 ==========================  ===========================================================
 
 No check function raises: a configuration error becomes the message above, and any
@@ -265,9 +266,9 @@ def _short_window(task: Any, opts: Any) -> list[checks.CheckMessage]:
 
 def _check_tasks() -> list[checks.CheckMessage]:
     from celery_grousset import journal_check
+    from celery_grousset import unguarded_check as unguarded
     from celery_grousset.conf import grousset_settings
     from celery_grousset.periodic_check import beat_schedule_messages
-    from celery_grousset.unguarded_check import misspelt_messages, unguarded_messages
 
     grousset_settings.reload()
     errors = settings_messages()
@@ -279,8 +280,10 @@ def _check_tasks() -> list[checks.CheckMessage]:
         errors.extend(_task_conflicts(app, task, opts))
     errors.extend(_check_database(resolved))  # once, not once per task
     errors.extend(beat_schedule_messages(resolved))
-    errors.extend(unguarded_messages(_apps()))
-    errors.extend(misspelt_messages(_apps()))
+    errors.extend(unguarded.unguarded_messages(_apps()))
+    errors.extend(unguarded.misspelt_messages(_apps()))
+    if not any(e.id == "celery_grousset.W016" for e in errors):  # every task imported
+        errors.extend(unguarded.unmatched_messages(_apps()))
     return errors
 
 

@@ -30,10 +30,11 @@ package's (``celery_grousset.*``): name them exactly to guard them.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import logging
 import weakref
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -222,13 +223,29 @@ def _report(sender: Any = None, instance: Any = None, **kwargs: Any) -> None:
     names = sorted(name for name, task in app.tasks.items() if from_settings(task))
     if names:
         logger.info("celery-grousset guards from GROUSSET['TASKS']: %s", ", ".join(names))
+    for entry, meant in unmatched(table, app.tasks):
+        logger.warning("%s", unmatched_text(entry, meant))
+
+
+def unmatched(table: Mapping[str, Any], names: Collection[str]) -> list[tuple[str, str | None]]:
+    """Each ``GROUSSET["TASKS"]`` entry of ``table`` that selects none of the task
+    ``names``, with the name it reads like (None: none; a pattern: never)."""
+    found = []
     for entry in table:
-        if not any(matches(entry, name) for name in app.tasks):
-            logger.warning(
-                "GROUSSET['TASKS'][%r] matches no task of this worker: it guards nothing "
-                "(a typo in the name?)",
-                entry,
-            )
+        if not any(matches(entry, name) for name in names):
+            plain = _WILDCARDS.isdisjoint(entry)
+            close = difflib.get_close_matches(entry, list(names), 1, 0.8) if plain else []
+            found.append((entry, close[0] if close else None))
+    return found
+
+
+def unmatched_text(entry: str, meant: str | None) -> str:
+    """What an entry that selects no task means, and the name it reads like."""
+    guess = f" Did you mean {meant!r}?" if meant else ""
+    return (
+        f"GROUSSET['TASKS'][{entry!r}] matches no registered task: it guards nothing, and "
+        f"the task it was meant for runs unguarded (a typo in the name?).{guess}"
+    )
 
 
 def from_settings(task: Any) -> bool:

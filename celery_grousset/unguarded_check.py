@@ -10,7 +10,9 @@ decorator keywords as class attributes, and nothing reads them:
   duplicate take over a running attempt; a lost ``grousset_key`` keys every argument).
   Only the values the task's own class holds (where Celery puts decorator keywords) are
   read, not methods or base classes; a warning, so a name of your own that looks like
-  one never stops a worker.
+  one never stops a worker;
+* ``celery_grousset.W017``: a ``GROUSSET["TASKS"]`` entry that selects no registered task
+  (a typo leaves the task it meant unguarded), with the task name it reads like.
 """
 
 from __future__ import annotations
@@ -100,3 +102,22 @@ def _misspelt(cls: type, celery_names: set[str]) -> Iterable[tuple[str, str]]:
         meant = reads_like(attr, KNOWN)
         if meant is not None:
             yield attr, meant
+
+
+def unmatched_messages(apps: Iterable[Any]) -> list[checks.CheckMessage]:
+    """W017 for each ``GROUSSET["TASKS"]`` entry that selects no task of ``apps``."""
+    from celery_grousset.install import _table, unmatched, unmatched_text
+
+    names = {name for app in apps for name in app.tasks}
+    if not names:  # no Celery app in this process: nothing to match
+        return []
+    return [
+        checks.Warning(
+            unmatched_text(entry, meant),
+            hint="Name the task as Celery registers it (its name= or module.function: "
+            "`celery -A proj inspect registered`), or write a pattern ('shop.tasks.*').",
+            obj=f"GROUSSET['TASKS'][{entry!r}]",
+            id="celery_grousset.W017",
+        )
+        for entry, meant in unmatched(_table(), names)
+    ]

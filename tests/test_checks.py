@@ -513,6 +513,34 @@ def test_a_task_given_guard_options_without_the_guard_is_W011(
         assert ids(forgot) == set()
 
 
+def test_a_tasks_entry_that_selects_no_task_is_W017_naming_the_task_meant(
+    make_app: Callable[..., Celery],
+) -> None:
+    app = make_app()
+    prefix = f"checks{uuid.uuid4().hex[:8]}"
+
+    def body() -> None:
+        """A task body that is never run."""
+
+    # Given registered tasks and GROUSSET["TASKS"] entries: one misspells a task's name
+    # (that task runs unguarded), one is a pattern that selects nothing, two select tasks
+    app.task(shared=False, name=f"{prefix}.send_receipt", acks_late=True)(body)
+    app.task(shared=False, name=f"{prefix}.refund", acks_late=True)(body)
+    tasks = {f"{prefix}.send_reciept": {}, f"{prefix}.mail.*": {}, f"{prefix}.refund": {},
+             f"{prefix}.ref*": {}}  # fmt: skip
+    with override_settings(GROUSSET={"MAX_PROCESSING_TIME": 30, "TASKS": tasks}):
+        # When the checks run
+        found = [m for m in checks.run_checks(tags=[TAG]) if m.id == "celery_grousset.W017"]
+    # Then each entry that selects nothing is a warning, the typo naming the task meant
+    by_entry = {m.obj: m for m in found}
+    assert set(by_entry) == {f"GROUSSET['TASKS'][{prefix + '.send_reciept'!r}]",
+                             f"GROUSSET['TASKS'][{prefix + '.mail.*'!r}]"}  # fmt: skip
+    typo = by_entry[f"GROUSSET['TASKS'][{prefix + '.send_reciept'!r}]"]
+    assert f"Did you mean {prefix + '.send_receipt'!r}?" in typo.msg
+    assert "runs unguarded" in typo.msg and "inspect registered" in (typo.hint or "")
+    assert "Did you mean" not in by_entry[f"GROUSSET['TASKS'][{prefix + '.mail.*'!r}]"].msg
+
+
 def test_expires_after_not_above_max_processing_time_is_W014(
     make_app: Callable[..., Celery],
 ) -> None:
