@@ -6,7 +6,12 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 
-from celery_grousset.exceptions import ArgumentsMismatch, FingerprintError, InvalidArgument
+from celery_grousset.exceptions import (
+    ArgumentsMismatch,
+    FingerprintError,
+    InvalidArgument,
+    NotAwaited,
+)
 
 _EMPTY = inspect.Parameter.empty
 _VAR_POSITIONAL = inspect.Parameter.VAR_POSITIONAL
@@ -126,6 +131,16 @@ def signature_of(fn: object) -> inspect.Signature | None:
         return None
 
 
+def task_class(cls: type) -> None:
+    """A task class as it is defined: an ``async def`` body refused (:func:`synchronous`;
+    one ``GROUSSET["TASKS"]`` guards is refused as it runs, not where a web process only
+    publishes it), a callable ``grousset_key`` kept a plain function (:func:`key_function`)."""
+    if "_grousset_original" not in cls.__dict__:  # (GROUSSET["TASKS"]: refused at run time)
+        name = cls.__dict__.get("name") or cls.__qualname__
+        synchronous(getattr(cls, "run", None), f"task {name!r}")
+    key_function(cls)
+
+
 def key_function(cls: type) -> None:
     """A callable given as ``grousset_key`` to the task decorator (or ``GROUSSET["TASKS"]``)
     lands in the task's class, where a function (or an ``lru_cache`` of one) would become
@@ -139,3 +154,52 @@ def key_function(cls: type) -> None:
     written = getattr(inspect.unwrap(key), "__qualname__", "")
     if written != f"{cls.__qualname__}.grousset_key":  # not a def in this class's body
         setattr(cls, "grousset_key", staticmethod(key))  # noqa: B010
+
+
+_SYNC_FIX = (
+    "The guard runs a body synchronously and records what it returns: write it as a def, "
+    "and run async code inside it with asgiref (`async_to_sync(fetch)(...)`)."
+)
+
+
+def off_the_loop(where: str, how: str) -> None:
+    """Refuse a guarded call made in an event loop's thread, as Django's ``async_unsafe``
+    does (``DJANGO_ALLOW_ASYNC_UNSAFE`` lifts it): the guard waits on the journal
+    database, which would block the loop, and the body's ORM calls would fail."""
+    import asyncio
+    import os
+
+    if os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
+        return
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    from django.core.exceptions import SynchronousOnlyOperation
+
+    raise SynchronousOnlyOperation(
+        f"celery-grousset: {where} waits on the journal database and cannot run in an event "
+        f"loop's thread (it would block the loop, and fail when it meets a claim in flight). "
+        f"Call it through asgiref: `{how}`."
+    )
+
+
+def synchronous(fn: object, where: str) -> None:
+    """Refuse an ``async def`` body where it is defined or called: it would never be
+    awaited, its effect never happen, and the journal record the call as completed."""
+    if inspect.iscoroutinefunction(inspect.unwrap(fn)) if callable(fn) else False:
+        raise NotAwaited(f"celery-grousset: {where} is an async def function. {_SYNC_FIX}")
+
+
+def not_awaitable(value: object, where: str) -> object:
+    """``value``, the body's return value, unless it is an awaitable (a coroutine it did
+    not await): then it is closed and refused (:class:`NotAwaited`)."""
+    if not inspect.isawaitable(value):
+        return value
+    close = getattr(value, "close", None)
+    if callable(close):
+        close()  # (no "coroutine was never awaited" warning: it is said here)
+    raise NotAwaited(
+        f"celery-grousset: {where} returned {type(value).__name__} {value!r:.80}, an "
+        f"awaitable it did not await: its effect did not happen. {_SYNC_FIX}"
+    )

@@ -9,9 +9,11 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from celery_grousset import events, memo
+from celery_grousset.binding import not_awaitable
 from celery_grousset.claim import ENC_NONE, ENC_NOT_STORED, ClaimRequest, Status
 from celery_grousset.exceptions import (
     FencedOut,
+    NotAwaited,
     PoisonDelivery,
     StoreUnavailable,
     TransactionLost,
@@ -42,7 +44,7 @@ def run_owned(
         return _run_transactional(store, opts, req, res, fn, serializer)
     started = time.monotonic()
     try:
-        value = fn()
+        value = not_awaitable(fn(), req.task_name)
     except Exception as exc:
         if fail(store, opts, req, exc):
             overran(req, started)
@@ -133,7 +135,7 @@ def _run_transactional(
     try:
         with transaction.atomic(using=store.alias):
             raw = conn.connection  # the connection this transaction runs on
-            value = fn()
+            value = not_awaitable(fn(), req.task_name)
             fault("after_effect")
             t0 = time.perf_counter()
             completion = _completed(opts, value, serializer)
@@ -208,12 +210,13 @@ def connection_lost(conn: Any, raw: Any, exc: BaseException) -> bool:
 
 
 def control_flow(exc: BaseException) -> bool:
-    """Celery's Retry / Ignore / Reject and non-Exception exits never memoize."""
+    """Celery's Retry / Ignore / Reject, non-Exception exits and a body that was never
+    awaited (:class:`NotAwaited`: the code's error, not the call's) never memoize."""
     if not isinstance(exc, Exception):
         return True
     from celery.exceptions import Ignore, Reject, Retry
 
-    return isinstance(exc, (Retry, Ignore, Reject))
+    return isinstance(exc, (Retry, Ignore, Reject, NotAwaited))
 
 
 def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> bool:

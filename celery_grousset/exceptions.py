@@ -61,6 +61,12 @@ class FencedOut(GroussetError):
     """This attempt lost its claim (it was taken over); its completion was refused."""
 
 
+class NotAwaited(GroussetError, TypeError):
+    """A guarded body is an ``async def`` function, or returned an awaitable it did not
+    await: the guard runs bodies synchronously, so the effect never happened. Refused where
+    it is defined, or at the call; at run time the claim is released, never memoized."""
+
+
 class FingerprintError(GroussetError, ValueError):
     """An argument cannot be encoded deterministically into a fingerprint."""
 

@@ -13,10 +13,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, NoReturn, TypeVar
 
-from django.utils.asyncio import async_unsafe
-
 from celery_grousset import guard
-from celery_grousset.binding import signature_of
+from celery_grousset.binding import off_the_loop, signature_of, synchronous
 from celery_grousset.claim import PROTECT_NAME, ClaimRequest
 from celery_grousset.conf import grousset_settings, redact_keys
 from celery_grousset.exceptions import (
@@ -64,7 +62,9 @@ class _ProtectCaller:
         return self.body()
 
 
-def _check(key: object, on_in_flight: str) -> None:
+def _check(key: object, fn: object, on_in_flight: str) -> None:
+    off_the_loop("protect()", "await sync_to_async(protect)(key, fn, ...)")
+    synchronous(fn, f"protect()'s function {getattr(fn, '__qualname__', fn)!r}")
     if not isinstance(key, str) or not key:
         raise FingerprintError(
             f"protect() needs a non-empty str key, got {key!r}: build one from what "
@@ -76,11 +76,6 @@ def _check(key: object, on_in_flight: str) -> None:
         )
 
 
-@async_unsafe(
-    "celery-grousset: protect() waits on the journal database and cannot run in an event "
-    "loop's thread (it would block the loop, and fail when it meets a claim in flight). "
-    "Call it through asgiref: `await sync_to_async(protect)(key, fn, ...)`."
-)
 def protect(
     key: str,
     fn: Callable[..., T],
@@ -110,7 +105,7 @@ def protect(
     It blocks: from async code, ``await sync_to_async(protect)(key, fn, ...)`` (asgiref);
     in an event loop's thread it raises Django's ``SynchronousOnlyOperation``.
     """
-    _check(key, on_in_flight)
+    _check(key, fn, on_in_flight)
     opts = Options.resolve(
         "protect()",
         {

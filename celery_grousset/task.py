@@ -18,7 +18,7 @@ from celery import Task
 from celery.exceptions import Reject, Retry
 
 from celery_grousset import carry, events, exceptions, guard, memo, periodic, publish_check
-from celery_grousset.binding import check_call_arguments, key_function, signature_of
+from celery_grousset.binding import check_call_arguments, off_the_loop, signature_of, task_class
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.conf import grousset_settings, on_reload
 from celery_grousset.delivery import (
@@ -119,7 +119,7 @@ class GroussetTaskMixin:
             raise TypeError(  # Celery's Task.__call__ would run every delivery unguarded
                 f"{cls.__qualname__}: list GroussetTaskMixin before the Celery task class "
                 f"in its bases (class {cls.__name__}(GroussetTaskMixin, YourTask)).")
-        key_function(cls)  # @app.task(grousset_key=fn): fn gets the bound arguments alone
+        task_class(cls)  # an async def body refused; a grousset_key=fn kept a plain function
         # @app.task(on_failure="memoize") would replace Celery's on_failure handler: move it
         value = cls.__dict__.get("on_failure")
         if isinstance(value, str):
@@ -306,8 +306,7 @@ class GroussetTaskMixin:
         try:
             sig.apply_async()
         except Exception as publish_exc:
-            # Could not re-publish: hand the message back to the broker instead, after a
-            # wait that grows while republishing keeps failing (no hot loop)
+            # Could not re-publish: hand the message back after a growing wait (no hot loop)
             republish_failed(self.name, countdown, publish_exc, latest)
             raise Reject(publish_exc, requeue=True) from publish_exc
         republished()
@@ -323,6 +322,8 @@ class _TaskCaller:
     def __init__(self, task: GroussetTaskMixin, request: Any, body: Callable[[], Any]) -> None:
         self.task, self.request, self.body = task, request, body
         self.local = bool(request.is_eager or request.called_directly)
+        if self.local:  # in the caller's process: never in its event loop's thread
+            off_the_loop(f"task {task.name!r}", "await sync_to_async(task.apply)(args)")
 
     def options(self) -> Options:
         return self.task.grousset_options()
