@@ -27,13 +27,16 @@ from typing import Any, NoReturn
 from celery_grousset import events, memo
 from celery_grousset.claim import ENC_NOT_STORED, ClaimRequest, Status
 from celery_grousset.completion import complete
-from celery_grousset.exceptions import FencedOut, StoreUnavailable
+from celery_grousset.exceptions import FencedOut, StoreUnavailable, TransactionLost
 from celery_grousset.store import Completion, Store
 
 #: the message header of a requeued delivery that carries its attempt's outcome
 HEADER = "grousset_outcome"
 #: the shortest countdown of a requeue that carries an outcome (no hot loop near stale)
 MIN_COUNTDOWN = 0.5
+#: transactions of one delivery whose connection broke before they committed, in a row,
+#: after which it fails instead of being sent again (docs/how-it-works.md, "Completion")
+MAX_DROPPED = 5
 #: the largest memo carried in a header (a header has to fit in one broker frame); a
 #: larger one is carried as "result not stored": the effect still never runs again
 MAX_CARRIED_BYTES = 64 * 1024
@@ -114,15 +117,42 @@ def hook(caller: Any, req: ClaimRequest, stale: float | None = None) -> Unwritte
     return unwritten
 
 
-def lost_claim(req: ClaimRequest) -> dict[str, Any]:
+def lost_claim(req: ClaimRequest, dropped: int = 0) -> dict[str, Any]:
     """The header value of a claim whose answer was lost (sent, then the connection
-    failed): it may or may not have committed, and the next delivery finds out."""
-    return {
+    failed): it may or may not have committed, and the next delivery finds out.
+    ``dropped``: this call's transactions dropped in a row so far (:func:`dropped`)."""
+    value = {
         "fingerprint": req.fingerprint,
         "processor_id": req.processor_id,
         "token": req.token,
         "status": Status.IN_FLIGHT.value,
     }
+    return {**value, "dropped": dropped} if dropped else value
+
+
+def dropped(caller: Any, req: ClaimRequest, exc: StoreUnavailable) -> int:
+    """How many transactions of this delivery, ``exc``'s included, broke before they
+    committed, in a row (0: ``exc`` is no such loss). At :data:`MAX_DROPPED` the
+    delivery is not sent again: a server's or proxy's idle timeout shorter than the
+    transaction would end every attempt the same way. Raises TransactionLost then."""
+    if not getattr(exc, "dropped", False):
+        return 0
+    value = getattr(caller, "carried", None)
+    mine = isinstance(value, dict) and (value.get("fingerprint"), value.get(
+        "processor_id")) == (req.fingerprint, req.processor_id)  # fmt: skip
+    before = value.get("dropped") if mine else 0  # type: ignore[union-attr]
+    n = (before if type(before) is int else 0) + 1
+    if n < MAX_DROPPED:
+        return n
+    raise TransactionLost(
+        f"{req.task_name}: the connection to the journal database broke inside this call's "
+        f"transaction {n} times in a row, before it committed ({exc.__cause__}): the "
+        "delivery fails instead of being sent again. The transaction likely outlives an "
+        "idle limit of the server or of a proxy in between (MySQL/MariaDB wait_timeout "
+        "or idle_transaction_timeout, a pooler's or load balancer's idle timeout): keep "
+        "slow work (HTTP calls, sleeps) out of the transaction, or raise that limit. "
+        "Nothing of it committed, and the claim is released."
+    ) from exc
 
 
 def pending(
@@ -171,7 +201,7 @@ def claim_unavailable(
     delivery settles it); other callers fail closed."""
     requeue = getattr(caller, "carry", None)
     if requeue is not None and unsettled is not None:
-        requeue(lost_claim(unsettled), exc)
+        requeue(lost_claim(unsettled, dropped(caller, unsettled, exc)), exc)
     caller.store_unavailable(exc)
     raise exc  # pragma: no cover - store_unavailable never returns
 

@@ -158,11 +158,11 @@ def _run_transactional(
             if fail(store, opts, req, exc):
                 overran(req, started)
             raise
-        release_lost(store, req, res.fence, exc)
+        dropped = release_lost(store, req, res.fence, exc)
         raise TransactionLost(
             f"{req.task_name}: the connection to the journal database {store.alias!r} was "
             f"lost before the transaction's commit was confirmed ({exc}); the delivery is "
-            "sent again and the journal says whether it committed."
+            "sent again and the journal says whether it committed.", dropped=dropped
         ) from exc
     events.finished(req, "completed", time.perf_counter() - t0)  # the update and its commit
     fault("after_complete")
@@ -171,25 +171,30 @@ def _run_transactional(
     return value
 
 
-def release_lost(store: Store, req: ClaimRequest, fence: int, exc: BaseException) -> None:
+def release_lost(store: Store, req: ClaimRequest, fence: int, exc: BaseException) -> bool:
     """A transaction's connection broke before its commit was confirmed: not the task's
-    failure. Release the claim (never memoize the outage) on the store's own connection.
-    When it is no longer ours to release, the commit reached the server (the record is
-    completed at this attempt's fence: logged, not fenced out) or the claim was taken
-    over meanwhile (fenced out). Never raises; the caller raises TransactionLost."""
+    failure. Release the claim (never memoize the outage) on the store's own connection:
+    True when released (the transaction did not commit). When it is no longer ours to
+    release, the commit reached the server (the record is completed at this attempt's
+    fence: logged, not fenced out) or the claim was taken over meanwhile (fenced out).
+    Never raises; the caller raises TransactionLost."""
     completion = Completion(Status.FAILED.value, None, ENC_NONE, memo.error_summary(exc))
     try:
         t0 = time.perf_counter()
         if store.finish(req.processor_id, req.fingerprint, req.token, completion):
             events.finished(req, "failed", time.perf_counter() - t0)
-            return events.transaction_lost(req, committed=False)
+            events.transaction_lost(req, committed=False)
+            return True
         holder = store.holder(req.processor_id, req.fingerprint)
     except Exception as store_exc:  # unreachable again: the next delivery settles it
-        return events.store_error(req, "fail", store_exc)
+        events.store_error(req, "fail", store_exc)
+        return False
     if holder == (Status.COMPLETED.value, fence):
-        return events.transaction_lost(req, committed=True)
+        events.transaction_lost(req, committed=True)
+        return False
     events.finished(req, "fenced_out", time.perf_counter() - t0)
     events.fenced(req, fence)
+    return False
 
 
 def connection_lost(conn: Any, raw: Any, exc: BaseException) -> bool:

@@ -54,7 +54,16 @@ class TransactionLost(StoreUnavailable):
     one finds out which, running the effect once or answering from the memo. Raised too
     when the database rolled the transaction back for a conflict with another one (a
     serialization failure, a deadlock): the claim is released, and the next delivery
-    runs the effect."""
+    runs the effect.
+
+    ``dropped``: the connection broke and the transaction did not commit (the claim was
+    released). A delivery whose transaction is dropped ``carry.MAX_DROPPED`` times in a
+    row fails with it instead of being sent again (a server or proxy idle timeout
+    shorter than the body ends every attempt the same way)."""
+
+    def __init__(self, message: str, *, dropped: bool = False) -> None:
+        super().__init__(message)
+        self.dropped = dropped
 
 
 class FencedOut(GroussetError):

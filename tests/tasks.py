@@ -189,3 +189,20 @@ def conflicted(self: Any, key: str) -> dict[str, Any]:
         with conn.cursor() as cursor:
             cursor.execute(_CONFLICT_SQL[conn.vendor])
     return {"key": key, "pid": os.getpid(), "fence": self.grousset.fence}
+
+
+@shared_task(base=GroussetTask, bind=True, max_processing_time=30, transactional=True)
+def idle_past_timeout(self: Any, order: str) -> str:
+    """Transactional, on MariaDB: its transaction sits idle longer than the session's
+    wait_timeout (1 s), so the server drops the connection under every attempt. Each
+    attempt is counted on the SQLite ledger, outside the transaction."""
+    from django.db import connections
+
+    from tests.ledger.models import Effect
+
+    Effect.objects.using("default").create(key=order, value="attempt", pid=os.getpid())
+    with connections[_db()].cursor() as cursor:
+        cursor.execute("SET SESSION wait_timeout = 1")
+    time.sleep(2.5)
+    record(order, "committed")  # on the dropped connection: never commits
+    return order

@@ -217,3 +217,31 @@ def test_a_mariadb_conflict_inside_the_transaction_is_run_again_never_memoized(
         assert protect(key, body, transactional=True, on_failure="memoize") == "booked"
         assert Effect.objects.using(alias).filter(key=key).count() == 1
     reset_stores()
+
+
+def test_a_transaction_dropped_every_time_fails_after_max_dropped_not_forever() -> None:
+    """A transactional body idle longer than the server's wait_timeout loses its
+    connection on every attempt: each was an outage (TransactionLost, requeued), so the
+    delivery was sent again forever, the body's non-database work repeated each time."""
+    from celery_grousset.carry import MAX_DROPPED
+    from tests.ledger.models import Effect
+    from tests.tasks import idle_past_timeout
+    from tests.workers import workers
+
+    services.require_database("mysql")
+    broker = services.require_redis()
+    queue, key = f"q-{uuid.uuid4().hex[:10]}", f"idle-{uuid.uuid4().hex[:8]}"
+    with workers(queue, 1, database="mysql", broker=broker, concurrency=1):
+        # When every attempt's connection is dropped by the server before it commits
+        result = idle_past_timeout.apply_async((key,), queue=queue)
+        # Then the delivery fails after MAX_DROPPED attempts, saying why and the fix
+        with pytest.raises(TransactionLost, match=rf"{MAX_DROPPED} times in a row") as lost:
+            result.get(timeout=120)
+    assert "wait_timeout" in str(lost.value) and "out of the transaction" in str(lost.value)
+    attempts = Effect.objects.using("default").filter(key=key, value="attempt").count()
+    assert attempts == MAX_DROPPED
+    # And nothing of it committed; the claim is released, not memoized
+    assert Effect.objects.using("mysql").filter(key=key).count() == 0
+    rec = Outcome.objects.using("mysql").get(task_name=idle_past_timeout.name,
+                                            args_repr__contains=key)  # fmt: skip
+    assert rec.status == "failed" and rec.result is None
