@@ -52,6 +52,17 @@ class Job:
     waits: int = 0  #: passes this request waited through (``on_in_flight="wait"``)
 
 
+class _Read:
+    """A worker's ``Request`` as the guard reads a task's request: its headers are the
+    keys of its ``request_dict`` (a pool child's request has them as attributes), so a
+    run's slot and a requeue's marks count here as they do in the child."""
+
+    __slots__ = ("delivery_info", "headers", "id")
+
+    def __init__(self, req: Any) -> None:
+        self.id, self.delivery_info, self.headers = req.id, req.delivery_info, req.request_dict
+
+
 def job_of(req: Any, handle: Callable[[Any], Any]) -> Job | None:
     """The claim of a request, computed on the event loop (no I/O); None: per-task path."""
     task = req.task
@@ -63,9 +74,10 @@ def job_of(req: Any, handle: Callable[[Any], Any]) -> Job | None:
         # would take the key over from that token and fence its carried outcome out.
         return None
     opts = task.grousset_options()
-    call = task.grousset_call(req.args, req.kwargs, req.request_dict.get(KEY_HEADER), req)
+    call = task.grousset_call(req.args, req.kwargs, req.request_dict.get(KEY_HEADER), _Read(req))
     fp, args_repr, payload = guard.identity(call, opts.validate_payload)
-    creq = guard.request(opts, fp, call.name, call.task_id, args_repr, payload_hash=payload)
+    creq = guard.request(opts, fp, call.name, call.task_id, args_repr, payload_hash=payload,
+                         bounce=call.bounce)  # fmt: skip
     check_claimable(creq)
     return Job(req, handle, creq, opts.database, call.delivery)
 
