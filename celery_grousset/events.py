@@ -62,7 +62,8 @@ def emit(
     record_extra = {f"grousset_{k}": v for k, v in values.items()}
     record_extra["grousset_event"] = event
     record_extra["grousset"] = {"event": event, **values}
-    logger.log(level, "%s %s", event, fields, extra=record_extra, exc_info=exc_info)
+    # the event in the template: tools that group by it (Sentry) keep events apart
+    logger.log(level, f"{event} %s", fields, extra=record_extra, exc_info=exc_info)
 
 
 def error_text(exc: BaseException) -> str:

@@ -103,3 +103,14 @@ def test_the_bypass_line_quotes_a_forged_task_id(caplog: pytest.LogCaptureFixtur
     [line] = [r.getMessage() for r in caplog.records if "grousset.BYPASS" in r.getMessage()]
     # Then it is one line, the id quoted
     assert "\n" not in line and f"task_id={json.dumps(forged)}" in line
+
+
+def test_each_event_has_its_own_message_template(caplog: pytest.LogCaptureFixture) -> None:
+    """Sentry (and other tools that group log records by their unformatted message)
+    filed every event of the package under one issue, "%s %s"."""
+    with caplog.at_level(logging.INFO, logger="celery_grousset"):
+        events.emit(logging.ERROR, "grousset.fenced_out", {"task": "a", "fence": 2})
+        events.emit(logging.ERROR, "grousset.gave_up", {"task": "a", "takeovers": 3})
+    templates = [r.msg for r in caplog.records if r.name == "celery_grousset"]
+    assert templates == ["grousset.fenced_out %s", "grousset.gave_up %s"]
+    assert caplog.records[-1].getMessage() == "grousset.gave_up task=a takeovers=3"
