@@ -110,8 +110,8 @@ def claim_pass(store_of: Callable[[str], Store], batch: list[Job]) -> None:
                 held = dataclasses.replace(
                     res, kind=Kind.IN_FLIGHT, retry_in=jobs[0].claim.max_processing_time
                 )
-                for job in jobs[1:]:
-                    in_flight(job, held)
+                for job in jobs[1:]:  # (sent no claim: not counted yet)
+                    in_flight(job, held, counted=False)
             elif res.kind is Kind.COMPLETED:
                 for job in jobs:
                     answer(job, res)
@@ -149,9 +149,11 @@ def answer(job: Job, res: ClaimResult) -> None:
     job.action, job.value = ANSWERED, value
 
 
-def in_flight(job: Job, res: ClaimResult) -> None:
+def in_flight(job: Job, res: ClaimResult, counted: bool = True) -> None:
     """A key held by another attempt: follow the task's ``on_in_flight`` here, as the
-    per-task path would in a child (else: per-task path)."""
+    per-task path would in a child (else: per-task path). A delivery whose claim was not
+    sent (``counted`` False: another of its pass claimed the key) is not requeued here:
+    the requeue would mark it counted, and it would never count as a duplicate."""
     from celery.exceptions import Retry
 
     creq = job.claim
@@ -159,6 +161,8 @@ def in_flight(job: Job, res: ClaimResult) -> None:
         return  # the per-task path raises PayloadMismatch
     caller = worker_caller(job.req.task, job.req._context)
     policy = caller.in_flight_policy(job.req.task.grousset_options())
+    if not counted and policy != "wait":  # the child claims it (counted), then requeues it
+        return
     if job.waits == 0:  # logged once per delivery, as the per-task path's wait does
         events.in_flight(creq, res, policy)
     if policy == "wait":

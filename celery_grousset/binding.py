@@ -131,16 +131,6 @@ def signature_of(fn: object) -> inspect.Signature | None:
         return None
 
 
-def task_class(cls: type) -> None:
-    """A task class as it is defined: an ``async def`` body refused (:func:`synchronous`;
-    one ``GROUSSET["TASKS"]`` guards is refused as it runs, not where a web process only
-    publishes it), a callable ``grousset_key`` kept a plain function (:func:`key_function`)."""
-    if "_grousset_original" not in cls.__dict__:  # (GROUSSET["TASKS"]: refused at run time)
-        name = cls.__dict__.get("name") or cls.__qualname__
-        synchronous(getattr(cls, "run", None), f"task {name!r}")
-    key_function(cls)
-
-
 def key_function(cls: type) -> None:
     """A callable given as ``grousset_key`` to the task decorator (or ``GROUSSET["TASKS"]``)
     lands in the task's class, where a function (or an ``lru_cache`` of one) would become
@@ -185,9 +175,10 @@ def off_the_loop(where: str, how: str) -> None:
 
 
 def synchronous(fn: object, where: str) -> None:
-    """Refuse an ``async def`` body where it is defined or called: it would never be
-    awaited, its effect never happen, and the journal record the call as completed."""
-    if inspect.iscoroutinefunction(inspect.unwrap(fn)) if callable(fn) else False:
+    """Refuse an ``async def`` body before it claims (a task: as its options resolve,
+    check ``E019``; ``protect()``: its function): it would never be awaited, its effect
+    never happen, and the journal record the call as completed."""
+    if callable(fn) and inspect.iscoroutinefunction(fn):  # (a sync wrapper of one is not)
         raise NotAwaited(f"celery-grousset: {where} is an async def function. {_SYNC_FIX}")
 
 

@@ -151,7 +151,7 @@ def dropped(caller: Any, req: ClaimRequest, exc: StoreUnavailable) -> int:
         "idle limit of the server or of a proxy in between (MySQL/MariaDB wait_timeout "
         "or idle_transaction_timeout, a pooler's or load balancer's idle timeout): keep "
         "slow work (HTTP calls, sleeps) out of the transaction, or raise that limit. "
-        "Nothing of it committed, and the claim is released."
+        "Nothing of it committed, and the claim is released.", dropped=True
     ) from exc
 
 

@@ -13,6 +13,7 @@
 ``celery_grousset.E015``    ``JOURNAL_LAYOUT = "partitioned"`` on a journal that is not PostgreSQL
 ``celery_grousset.E016``    a MySQL/SQLite journal database with a ``TIME_ZONE`` other than UTC
 ``celery_grousset.E018``    a setting reads like a misspelt ``GROUSSET`` (``GROUSET``)
+``celery_grousset.E019``    a guarded task's body is an ``async def`` function
 ``celery_grousset.W001``    Redis/SQS ``visibility_timeout`` < a task's ``max_processing_time``
 ``celery_grousset.W002``    ``acks_late`` is off on a guarded task
 ``celery_grousset.W003``    ``reject_on_worker_lost`` is off on a guarded task
@@ -146,10 +147,13 @@ def check_tasks(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
 def _task_options(task: Any) -> tuple[Any, list[checks.CheckMessage]]:
     """The task's resolved options, or the check errors that say why they cannot be."""
     from celery_grousset.conf import GroussetSettingsError
+    from celery_grousset.exceptions import NotAwaited
 
     errors: list[checks.CheckMessage] = []
     try:
         opts = task.grousset_options()
+    except NotAwaited as exc:  # an async def body: every call is refused
+        return None, [checks.Error(str(exc), obj=task.name, id="celery_grousset.E019")]
     except GroussetSettingsError as exc:  # a task option with a bad type or range
         errors.append(
             checks.Error(
@@ -163,11 +167,8 @@ def _task_options(task: Any) -> tuple[Any, list[checks.CheckMessage]]:
     except ImproperlyConfigured:
         from celery_grousset.install import from_settings
 
-        where = (
-            "its GROUSSET['TASKS'] entry ({'max_processing_time': <seconds>})"
-            if from_settings(task)
-            else "the task decorator (max_processing_time=<seconds>)"
-        )
+        where = ("its GROUSSET['TASKS'] entry ({'max_processing_time': <seconds>})" if
+                 from_settings(task) else "the task decorator (max_processing_time=<seconds>)")
         errors.append(
             checks.Error(
                 f"The task {task.name!r} has no max_processing_time: how long an attempt may "
@@ -181,15 +182,11 @@ def _task_options(task: Any) -> tuple[Any, list[checks.CheckMessage]]:
         )
         return None, errors
     except Exception as exc:  # e.g. int("abc") for an integer option
-        errors.append(
-            checks.Error(
-                f"Task {task.name!r}: its options cannot be resolved: "
-                f"{type(exc).__qualname__}: {exc}",
-                hint="Give each option the type docs/configuration.md lists.",
-                obj=task.name,
-                id="celery_grousset.E013",
-            )
-        )
+        errors.append(checks.Error(
+            f"Task {task.name!r}: its options cannot be resolved: {type(exc).__qualname__}: {exc}",
+            hint="Give each option the type docs/configuration.md lists.",
+            obj=task.name, id="celery_grousset.E013",
+        ))  # fmt: skip
         return None, errors
     return opts, errors
 

@@ -13,7 +13,6 @@ from celery_grousset.binding import not_awaitable
 from celery_grousset.claim import ENC_NONE, ENC_NOT_STORED, ClaimRequest, Status
 from celery_grousset.exceptions import (
     FencedOut,
-    NotAwaited,
     PoisonDelivery,
     StoreUnavailable,
     TransactionLost,
@@ -215,13 +214,12 @@ def connection_lost(conn: Any, raw: Any, exc: BaseException) -> bool:
 
 
 def control_flow(exc: BaseException) -> bool:
-    """Celery's Retry / Ignore / Reject, non-Exception exits and a body that was never
-    awaited (:class:`NotAwaited`: the code's error, not the call's) never memoize."""
+    """Celery's Retry / Ignore / Reject and non-Exception exits never memoize."""
     if not isinstance(exc, Exception):
         return True
     from celery.exceptions import Ignore, Reject, Retry
 
-    return isinstance(exc, (Retry, Ignore, Reject, NotAwaited))
+    return isinstance(exc, (Retry, Ignore, Reject))
 
 
 def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> bool:

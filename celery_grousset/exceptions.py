@@ -71,9 +71,11 @@ class FencedOut(GroussetError):
 
 
 class NotAwaited(GroussetError, TypeError):
-    """A guarded body is an ``async def`` function, or returned an awaitable it did not
-    await: the guard runs bodies synchronously, so the effect never happened. Refused where
-    it is defined, or at the call; at run time the claim is released, never memoized."""
+    """A guarded body is an ``async def`` function (refused before it claims; check
+    ``E019``), or returned an awaitable it did not await: the guard runs bodies
+    synchronously, so what that awaitable was to do never happened. The latter is the
+    attempt's failure (its claim released, or memoized under ``on_failure="memoize"``:
+    the body may have done part of its work before it returned)."""
 
 
 class FingerprintError(GroussetError, ValueError):

@@ -241,6 +241,11 @@ def unmatched(table: Mapping[str, Any], names: Collection[str]) -> list[tuple[st
 
 def unmatched_text(entry: str, meant: str | None) -> str:
     """What an entry that selects no task means, and the name it reads like."""
+    if entry.startswith(OWN_PREFIXES) and not _WILDCARDS.isdisjoint(entry):
+        return (
+            f"GROUSSET['TASKS'][{entry!r}] guards nothing: a pattern never selects Celery's "
+            "or celery-grousset's own tasks. Name such a task exactly to guard it."
+        )
     guess = f" Did you mean {meant!r}?" if meant else ""
     return (
         f"GROUSSET['TASKS'][{entry!r}] matches no registered task: it guards nothing, and "

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 from celery import Task
 from celery.exceptions import Reject, Retry
 
-from celery_grousset import carry, events, exceptions, guard, memo, periodic, publish_check
-from celery_grousset.binding import check_call_arguments, off_the_loop, signature_of, task_class
+from celery_grousset import binding, carry, events, exceptions, guard, memo, periodic, publish_check
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.conf import grousset_settings, on_reload
 from celery_grousset.delivery import (
@@ -119,7 +118,7 @@ class GroussetTaskMixin:
             raise TypeError(  # Celery's Task.__call__ would run every delivery unguarded
                 f"{cls.__qualname__}: list GroussetTaskMixin before the Celery task class "
                 f"in its bases (class {cls.__name__}(GroussetTaskMixin, YourTask)).")
-        task_class(cls)  # an async def body refused; a grousset_key=fn kept a plain function
+        binding.key_function(cls)  # @app.task(grousset_key=fn): fn gets the bound arguments alone
         # @app.task(on_failure="memoize") would replace Celery's on_failure handler: move it
         value = cls.__dict__.get("on_failure")
         if isinstance(value, str):
@@ -143,18 +142,15 @@ class GroussetTaskMixin:
             )
             if self.grousset_key is not None and not callable(self.grousset_key):
                 validate_key_names(self._signature(), self.grousset_key)
+            binding.synchronous(self.run, f"task {self.name!r}")  # type: ignore[attr-defined]
             self._grousset_opts = opts
             _instances.append(self)
         return opts
 
     def _signature(self) -> inspect.Signature | None:
-        sig = self._grousset_sig
-        if sig is None:
-            sig = signature_of(self.run)  # type: ignore[attr-defined]
-            if sig is None:
-                return None
-            self._grousset_sig = sig
-        return sig
+        if self._grousset_sig is None:
+            self._grousset_sig = binding.signature_of(self.run)  # type: ignore[attr-defined]
+        return self._grousset_sig
 
     def grousset_call(
         self,
@@ -185,7 +181,7 @@ class GroussetTaskMixin:
     ) -> str:
         """The fingerprint of one call of this task: ``grousset_fingerprint((42,),
         {"email": "a@b"})``, as ``apply_async`` takes ``args`` and ``kwargs``."""
-        check_call_arguments(f"{self.name}.grousset_fingerprint", args, kwargs)
+        binding.check_call_arguments(f"{self.name}.grousset_fingerprint", args, kwargs)
         return guard.fingerprint_of(self.grousset_call(args, kwargs or {}, idempotency_key))
 
     @property
@@ -323,7 +319,7 @@ class _TaskCaller:
         self.task, self.request, self.body = task, request, body
         self.local = bool(request.is_eager or request.called_directly)
         if self.local:  # in the caller's process: never in its event loop's thread
-            off_the_loop(f"task {task.name!r}", "await sync_to_async(task.apply)(args)")
+            binding.off_the_loop(f"task {task.name!r}", "await sync_to_async(task.apply)(args)")
 
     def options(self) -> Options:
         return self.task.grousset_options()

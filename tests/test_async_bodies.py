@@ -1,8 +1,7 @@
 """Guarded code and asyncio (docs/faq.md, "Async Django"): an ``async def`` body is
-refused where it is defined or called, a body that returns an awaitable it did not await
-is the code's error (the claim released, never memoized, never recorded as completed),
-and a guarded call in an event loop's thread is refused before it claims, naming
-``sync_to_async``."""
+refused before it claims (and by check E019), a body that returns an awaitable it did
+not await fails (never recorded as completed), and a guarded call in an event loop's
+thread is refused before it claims, naming ``sync_to_async``."""
 
 from __future__ import annotations
 
@@ -23,13 +22,39 @@ async def _book(key: str) -> str:
     return f"booked {key}"
 
 
-def test_an_async_def_task_is_refused_where_it_is_defined(temp_task: Any) -> None:
+def test_an_async_def_task_is_refused_before_it_claims_and_by_the_checks(
+    journal: str, temp_task: Any
+) -> None:
+    from django.core import checks
+
     async def charge(self: Any, order: str) -> str:
         return order
 
-    # When a guarded task is defined on an async def body
-    with pytest.raises(NotAwaited, match=r"async def function.*async_to_sync"):
-        temp_task(charge, max_processing_time=30)
+    # Given a guarded task defined on an async def body (defining it raises nothing: an
+    # error while Celery finalizes its app would leave the app's other tasks unbuilt)
+    task = temp_task(charge, max_processing_time=30)
+    # When it is called / Then it is refused before any claim, naming the fix
+    result = task.apply(("o-1",))
+    assert isinstance(result.result, NotAwaited), result.result
+    assert "async def function" in str(result.result)
+    assert "async_to_sync" in str(result.result)
+    assert not Outcome.objects.using(journal).filter(task_name=task.name).exists()
+    # And `manage.py check` says it, as an error of that task
+    found = [m for m in checks.run_checks(tags=["celery_grousset"]) if m.obj == task.name]
+    assert {m.id for m in found} == {"celery_grousset.E019"}, [m.msg for m in found]
+
+
+def test_a_sync_wrapper_of_an_async_function_is_a_body_like_any_other(journal: str) -> None:
+    import functools
+
+    from asgiref.sync import async_to_sync
+
+    @functools.wraps(_book)
+    def book(key: str) -> str:  # the FAQ's advice, written as a decorator
+        return async_to_sync(_book)(key)
+
+    key = f"wrapped-{uuid.uuid4().hex[:8]}"
+    assert protect(key, book, key, max_processing_time=30, database=journal) == f"booked {key}"
 
 
 def test_an_async_def_function_is_refused_by_protect_before_it_claims(journal: str) -> None:
@@ -55,14 +80,18 @@ def test_a_body_that_returns_an_unawaited_coroutine_is_never_recorded_completed(
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # (closed: no "coroutine was never awaited")
         first = task.apply((key,))
-    # Then it fails naming the fix, and the record is released, not completed nor memoized
+    # Then it fails naming the fix: a failure, never a completion
     assert isinstance(first.result, NotAwaited), first.result
     assert "did not await" in str(first.result) and "async_to_sync" in str(first.result)
     rec = Outcome.objects.using(journal).get(task_name=task.name)
-    assert rec.status == "failed" and rec.result is None and rec.result_encoding == ""
-    # And the next delivery runs the body again (once the code is fixed, it can complete)
-    assert isinstance(task.apply((key,)).result, NotAwaited)
-    assert runs == [1, 1]
+    assert rec.status == "failed"
+    again = task.apply((key,))
+    assert isinstance(again.result, NotAwaited)
+    if options.get("on_failure") == "memoize":
+        # And memoized as asked (the body may have done part of its work): not run again
+        assert rec.result is not None and runs == [1]
+    else:  # released: the next delivery runs the body again
+        assert rec.result is None and rec.result_encoding == "" and runs == [1, 1]
 
 
 def test_a_direct_or_eager_call_in_an_event_loop_thread_is_refused_before_it_claims(
@@ -97,3 +126,24 @@ def test_a_direct_or_eager_call_in_an_event_loop_thread_is_refused_before_it_cla
 
     assert asyncio.run(through_a_thread()) == asyncio.run(through_a_thread()) == f"booked {key}"
     assert runs == [1]
+
+
+def test_an_async_def_task_leaves_its_app_and_other_tasks_whole() -> None:
+    """Refused where it was defined, it raised while Celery finalized the app: the tasks
+    built after it were never registered, and a worker discarded their messages."""
+    from celery import Celery
+
+    from celery_grousset import GroussetTask
+
+    app = Celery(f"async-{uuid.uuid4().hex[:6]}", set_as_current=False, fixups=[])
+
+    @app.task(base=GroussetTask, bind=True, max_processing_time=30, name="a.fetch")
+    async def fetch(self: Any) -> None: ...
+
+    @app.task(base=GroussetTask, bind=True, max_processing_time=30, name="a.book")
+    def book(self: Any) -> None: ...
+
+    # When the app is finalized (as a worker does at start, a web process at its first
+    # publish) / Then both tasks are registered; only the async one is refused, when called
+    app.finalize()
+    assert {"a.fetch", "a.book"} <= set(app.tasks)

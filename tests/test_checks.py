@@ -527,14 +527,17 @@ def test_a_tasks_entry_that_selects_no_task_is_W017_naming_the_task_meant(
     app.task(shared=False, name=f"{prefix}.send_receipt", acks_late=True)(body)
     app.task(shared=False, name=f"{prefix}.refund", acks_late=True)(body)
     tasks = {f"{prefix}.send_reciept": {}, f"{prefix}.mail.*": {}, f"{prefix}.refund": {},
-             f"{prefix}.ref*": {}}  # fmt: skip
+             f"{prefix}.ref*": {}, "celery.*": {}}  # fmt: skip
     with override_settings(GROUSSET={"MAX_PROCESSING_TIME": 30, "TASKS": tasks}):
         # When the checks run
         found = [m for m in checks.run_checks(tags=[TAG]) if m.id == "celery_grousset.W017"]
     # Then each entry that selects nothing is a warning, the typo naming the task meant
     by_entry = {m.obj: m for m in found}
     assert set(by_entry) == {f"GROUSSET['TASKS'][{prefix + '.send_reciept'!r}]",
-                             f"GROUSSET['TASKS'][{prefix + '.mail.*'!r}]"}  # fmt: skip
+                             f"GROUSSET['TASKS'][{prefix + '.mail.*'!r}]",
+                             "GROUSSET['TASKS']['celery.*']"}  # fmt: skip
+    # ... a pattern over Celery's own tasks says that patterns never select them
+    assert "never selects Celery's" in by_entry["GROUSSET['TASKS']['celery.*']"].msg
     typo = by_entry[f"GROUSSET['TASKS'][{prefix + '.send_reciept'!r}]"]
     assert f"Did you mean {prefix + '.send_receipt'!r}?" in typo.msg
     assert "runs unguarded" in typo.msg and "inspect registered" in (typo.hint or "")

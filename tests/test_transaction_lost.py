@@ -245,3 +245,28 @@ def test_a_transaction_dropped_every_time_fails_after_max_dropped_not_forever() 
     rec = Outcome.objects.using("mysql").get(task_name=idle_past_timeout.name,
                                             args_repr__contains=key)  # fmt: skip
     assert rec.status == "failed" and rec.result is None
+
+
+def test_the_dropped_count_follows_the_delivery_and_ends_in_a_dropped_failure() -> None:
+    from types import SimpleNamespace
+
+    from celery_grousset import carry
+    from celery_grousset.claim import ClaimRequest
+
+    req = ClaimRequest(processor_id="p", fingerprint="f" * 64, task_name="t", task_id="i",
+                       token="tok", worker="w", args_repr="", max_processing_time=30,
+                       expires_after=60, max_takeovers=3)  # fmt: skip
+    drop = TransactionLost("lost", dropped=True)
+    # A first loss counts 1; a loss that was no drop (a conflict, an outage) counts 0
+    assert carry.dropped(SimpleNamespace(carried=None), req, drop) == 1
+    assert carry.dropped(SimpleNamespace(carried=None), req, TransactionLost("c")) == 0
+    # The count travels in the carried claim, for this key only
+    carried = carry.lost_claim(req, 3)
+    assert carry.dropped(SimpleNamespace(carried=carried), req, drop) == 4
+    other = {**carried, "fingerprint": "0" * 64}
+    assert carry.dropped(SimpleNamespace(carried=other), req, drop) == 1
+    # At MAX_DROPPED the delivery fails: a TransactionLost that says it was dropped
+    with pytest.raises(TransactionLost) as failed:
+        carry.dropped(SimpleNamespace(carried=carry.lost_claim(req, carry.MAX_DROPPED - 1)),
+                      req, drop)  # fmt: skip
+    assert failed.value.dropped is True and failed.value.__cause__ is drop

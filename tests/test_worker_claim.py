@@ -194,6 +194,24 @@ def test_the_flush_delay_gathers_a_burst_into_few_passes(redis_url: str) -> None
     assert Effect.objects.using("postgresql").filter(key__in=keys).count() == 40
 
 
+def test_copies_in_the_pass_that_claims_their_key_count_as_duplicates(redis_url: str) -> None:
+    from tests.tasks import effect
+
+    queue, key = f"q-{uuid.uuid4().hex[:10]}", f"pass-{uuid.uuid4().hex[:8]}"
+    extra = ["--grousset-batch", "--prefetch-multiplier", "50"]
+    env = {"GROUSSET_TEST_WORKER_CLAIM_FLUSH_DELAY": "0.5"}
+    with workers(queue, 1, database="postgresql", broker=redis_url, extra=extra, env=env):
+        # Given 10 copies of one call gathered into one claim pass (the first owns the key)
+        results = [effect.apply_async((key,), {"sleep": 0.5}, queue=queue) for _ in range(10)]
+        values = [r.get(timeout=60) for r in results]
+    # Then the effect ran once, and every other copy counted as one duplicate (the copies
+    # of the owning pass sent no claim: requeued as counted, they were never counted)
+    assert len({repr(v) for v in values}) == 1
+    assert Effect.objects.using("postgresql").filter(key=key).count() == 1
+    rec = record_of("postgresql", effect, (key,), {"sleep": 0.5})
+    assert rec.status == "completed" and rec.duplicates == 9
+
+
 def test_sigkill_of_a_child_mid_task_is_taken_over(batch_worker: tuple[str, str, Worker]) -> None:
     from tests.tasks import short_claim
 
@@ -235,9 +253,9 @@ def test_copies_of_one_new_key_published_together_run_once(
     rec = record_of(alias, effect, (key,), {"sleep": 0.3})
     assert rec.status == "completed" and rec.takeovers == 0
     assert rec.worker.endswith(f":{worker.proc.pid}")
-    # And each other delivery is at most one duplicate, however often it was requeued
-    # in flight (a copy in the pass that claimed the key is not counted at all)
-    assert rec.duplicates <= 19
+    # And each other delivery is one duplicate, however often it was requeued in flight
+    # (a copy in the pass that claimed the key included)
+    assert rec.duplicates == 19
 
 
 @pytest.mark.parametrize(
