@@ -34,6 +34,7 @@ has stopped.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
@@ -221,9 +222,12 @@ class Claimer:
         self.hub.call_later(delay, self._again, job)
 
     def _again(self, job: Job) -> None:
-        """A waiting request's next claim."""
+        """A waiting request's next claim: once its first one counted it, a redelivery
+        (``bounce``), as an in-flight requeue is, not one more duplicate."""
         job.waits += 1
         job.action, job.result = PER_TASK, None
+        if job.sent and not job.claim.bounce:
+            job.claim = dataclasses.replace(job.claim, bounce=True)
         if len(self.jobs) >= QUEUE_LIMIT or self.stopping or not self.thread.is_alive():
             self.consumer.qos.decrement_eventually()
             job.handle(job.req)

@@ -50,6 +50,7 @@ class Job:
     result: ClaimResult | None = None
     value: Any = None
     waits: int = 0  #: passes this request waited through (``on_in_flight="wait"``)
+    sent: bool = False  #: its own claim was sent (counted); else another of its pass's was
 
 
 class _Read:
@@ -72,6 +73,8 @@ def job_of(req: Any, handle: Callable[[Any], Any]) -> Job | None:
         # A requeued delivery carrying an outcome or a lost claim (celery_grousset.carry):
         # the child writes or settles it under its own token first. A claim made here
         # would take the key over from that token and fence its carried outcome out.
+        return None
+    if req.expires:  # the per-task path, where Celery expires it before anything else
         return None
     opts = task.grousset_options()
     call = task.grousset_call(req.args, req.kwargs, req.request_dict.get(KEY_HEADER), _Read(req))
@@ -105,6 +108,7 @@ def claim_pass(store_of: Callable[[str], Store], batch: list[Job]) -> None:
         except Exception:  # refused: the per-task path fails closed
             continue
         for jobs, res in zip(groups, results, strict=True):
+            jobs[0].sent = True
             if res.owned:  # the others of the pass are in flight under this claim
                 jobs[0].action, jobs[0].result = OWNED, res
                 held = dataclasses.replace(

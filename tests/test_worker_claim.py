@@ -212,6 +212,47 @@ def test_copies_in_the_pass_that_claims_their_key_count_as_duplicates(redis_url:
     assert rec.status == "completed" and rec.duplicates == 9
 
 
+def test_copies_that_wait_in_the_main_process_count_once_each(
+    batch_worker: tuple[str, str, Worker],
+) -> None:
+    from tests.tasks import effect_wait
+
+    alias, queue, _ = batch_worker
+    key = f"waits-{uuid.uuid4().hex[:8]}"
+    # Given a call in flight for 3 s, and 3 copies that wait for it (on_in_flight="wait":
+    # the main process claims each again from its timer, 50 ms doubling to 1 s)
+    first = effect_wait.apply_async((key,), {"sleep": 3.0}, queue=queue)
+    wait_for(lambda: Effect.objects.using(alias).filter(key=key).exists(), 30, "the body")
+    copies = [effect_wait.apply_async((key,), {"sleep": 3.0}, queue=queue) for _ in range(3)]
+    # When the holder completes / Then every copy gets its value, the effect ran once
+    values = [r.get(timeout=60) for r in [first, *copies]]
+    assert len({repr(v) for v in values}) == 1
+    assert Effect.objects.using(alias).filter(key=key).count() == 1
+    # And each copy is one duplicate, however many times it was claimed while it waited
+    rec = record_of(alias, effect_wait, (key,), {"sleep": 3.0})
+    assert rec.duplicates == 3, (rec.duplicates, rec.deliveries)
+
+
+def test_an_expired_copy_of_a_completed_call_is_revoked_not_answered(
+    batch_worker: tuple[str, str, Worker],
+) -> None:
+    from celery.exceptions import TaskRevokedError
+
+    from tests.tasks import effect
+
+    alias, queue, _ = batch_worker
+    key = f"expired-{uuid.uuid4().hex[:8]}"
+    effect.apply_async((key,), queue=queue).get(timeout=60)
+    assert Effect.objects.using(alias).filter(key=key).count() == 1
+    # Given a copy of the completed call due in 3 s that expires in 1 s
+    late = effect.apply_async((key,), queue=queue, countdown=3, expires=1)
+    # Then Celery expires it, as without the main process's claim: not a memo's SUCCESS
+    with pytest.raises(TaskRevokedError):
+        late.get(timeout=60)
+    assert late.state == "REVOKED"
+    assert Effect.objects.using(alias).filter(key=key).count() == 1
+
+
 def test_sigkill_of_a_child_mid_task_is_taken_over(batch_worker: tuple[str, str, Worker]) -> None:
     from tests.tasks import short_claim
 
