@@ -55,6 +55,7 @@ from celery_grousset.batch_pass import (
     claim_pass,
     job_of,
 )  # fmt: skip
+from celery_grousset.delivery import COUNTED_HEADER
 from celery_grousset.store import Store
 from celery_grousset.task import GroussetTaskMixin
 
@@ -226,8 +227,9 @@ class Claimer:
         (``bounce``), as an in-flight requeue is, not one more duplicate."""
         job.waits += 1
         job.action, job.result = PER_TASK, None
-        if job.sent and not job.claim.bounce:
+        if job.sent and not job.claim.bounce:  # (a child that takes it over: the header)
             job.claim = dataclasses.replace(job.claim, bounce=True)
+            job.req.request_dict.setdefault(COUNTED_HEADER, 1)
         if len(self.jobs) >= QUEUE_LIMIT or self.stopping or not self.thread.is_alive():
             self.consumer.qos.decrement_eventually()
             job.handle(job.req)

@@ -119,9 +119,9 @@ def claim_pass(store_of: Callable[[str], Store], batch: list[Job]) -> None:
             elif res.kind is Kind.COMPLETED:
                 for job in jobs:
                     answer(job, res)
-            elif res.kind is Kind.IN_FLIGHT:
-                for job in jobs:
-                    in_flight(job, res)
+            elif res.kind is Kind.IN_FLIGHT:  # only the first one's claim was sent
+                for i, job in enumerate(jobs):
+                    in_flight(job, res, counted=i == 0)
 
 
 def lost(job: Job) -> None:
@@ -156,7 +156,7 @@ def answer(job: Job, res: ClaimResult) -> None:
 def in_flight(job: Job, res: ClaimResult, counted: bool = True) -> None:
     """A key held by another attempt: follow the task's ``on_in_flight`` here, as the
     per-task path would in a child (else: per-task path). A delivery whose claim was not
-    sent (``counted`` False: another of its pass claimed the key) is not requeued here:
+    sent (``counted`` False: another of its pass sent the key's) is not requeued here:
     the requeue would mark it counted, and it would never count as a duplicate."""
     from celery.exceptions import Retry
 

@@ -253,6 +253,28 @@ def test_an_expired_copy_of_a_completed_call_is_revoked_not_answered(
     assert Effect.objects.using(alias).filter(key=key).count() == 1
 
 
+def test_copies_gathered_in_one_pass_while_their_key_runs_each_count(redis_url: str) -> None:
+    from tests.tasks import effect
+
+    queue, key = f"q-{uuid.uuid4().hex[:10]}", f"held-{uuid.uuid4().hex[:8]}"
+    extra = ["--grousset-batch", "--prefetch-multiplier", "50"]
+    env = {"GROUSSET_TEST_WORKER_CLAIM_FLUSH_DELAY": "0.5"}
+    with workers(queue, 1, database="postgresql", broker=redis_url, extra=extra, env=env):
+        # Given a call whose body runs for 3 s
+        first = effect.apply_async((key,), {"sleep": 3.0}, queue=queue)
+        wait_for(lambda: Effect.objects.using("postgresql").filter(key=key).exists(), 30,
+                 "the body")  # fmt: skip
+        # When 10 copies arrive together (one claim pass: one claim sent for the key)
+        copies = [effect.apply_async((key,), {"sleep": 3.0}, queue=queue) for _ in range(10)]
+        values = [r.get(timeout=60) for r in [first, *copies]]
+    # Then the effect ran once and each copy counted as one duplicate (the copies whose
+    # claim was not sent were requeued as already counted: never counted)
+    assert len({repr(v) for v in values}) == 1
+    assert Effect.objects.using("postgresql").filter(key=key).count() == 1
+    rec = record_of("postgresql", effect, (key,), {"sleep": 3.0})
+    assert rec.duplicates == 10, (rec.duplicates, rec.deliveries)
+
+
 def test_sigkill_of_a_child_mid_task_is_taken_over(batch_worker: tuple[str, str, Worker]) -> None:
     from tests.tasks import short_claim
 
