@@ -130,6 +130,12 @@ def lost_claim(req: ClaimRequest, dropped: int = 0) -> dict[str, Any]:
     return {**value, "dropped": dropped} if dropped else value
 
 
+def _for(value: object, req: ClaimRequest) -> bool:
+    """Whether a carried header value is for ``req``'s key."""
+    key = (req.fingerprint, req.processor_id)
+    return isinstance(value, dict) and (value.get("fingerprint"), value.get("processor_id")) == key
+
+
 def dropped(caller: Any, req: ClaimRequest, exc: StoreUnavailable) -> int:
     """How many transactions of this delivery, ``exc``'s included, broke before they
     committed, in a row (0: ``exc`` is no such loss). At :data:`MAX_DROPPED` the
@@ -138,9 +144,7 @@ def dropped(caller: Any, req: ClaimRequest, exc: StoreUnavailable) -> int:
     if not getattr(exc, "dropped", False):
         return 0
     value = getattr(caller, "carried", None)
-    mine = isinstance(value, dict) and (value.get("fingerprint"), value.get(
-        "processor_id")) == (req.fingerprint, req.processor_id)  # fmt: skip
-    before = value.get("dropped") if mine else 0  # type: ignore[union-attr]
+    before = value.get("dropped") if _for(value, req) else 0  # type: ignore[union-attr]
     n = (before if type(before) is int else 0) + 1
     if n < MAX_DROPPED:
         return n
@@ -166,9 +170,7 @@ def pending(
         return None
     try:
         token, status = str(value["token"]), str(value["status"])
-        mine = (value["fingerprint"], value["processor_id"]) == (req.fingerprint,
-                                                                 req.processor_id)  # fmt: skip
-        if not mine or not token:
+        if not _for(value, req) or not token:
             return None
         if status == Status.IN_FLIGHT.value:
             return dataclasses.replace(req, token=token), None
