@@ -8,6 +8,7 @@ import contextlib
 import logging
 import math
 import random
+import re
 import time
 from typing import Any
 
@@ -22,6 +23,10 @@ REQUEUES_HEADER = "grousset_requeues"
 #: the header an in-flight requeue adds: the journal counted this delivery (its claim
 #: committed); a requeue after a store outage does not add it (nothing was counted)
 COUNTED_HEADER = "grousset_counted"
+#: the header a retry with other arguments carries (``self.retry(kwargs=…)``): ``[task
+#: id, fingerprint]`` of the call it retries, which stays its identity
+RETRY_OF_HEADER = "grousset_retry_of"
+_FINGERPRINT = re.compile(r"[0-9a-f]{64}")
 
 
 def header(request: Any, name: str) -> Any:
@@ -32,8 +37,40 @@ def header(request: Any, name: str) -> Any:
     return value
 
 
+def retry_of(request: Any) -> str | None:
+    """The fingerprint of the call a Celery retry with other arguments retries, when
+    ``request`` is that retry (the same task id: the header copied onto another task's
+    message is ignored); None otherwise."""
+    value = header(request, RETRY_OF_HEADER)
+    if not (isinstance(value, (list, tuple)) and len(value) == 2):
+        return None
+    task_id, fingerprint = value
+    same = request is not None and str(task_id) == str(getattr(request, "id", None))
+    return fingerprint if same and _FINGERPRINT.fullmatch(str(fingerprint)) else None
+
+
+def carried_headers(request: Any, extra: dict[str, Any]) -> dict[str, Any]:
+    """The headers a delivery sent again carries: its own, the package's, then ``extra``."""
+    from celery_grousset.periodic import SLOT_HEADER
+
+    headers = dict(getattr(request, "headers", None) or {})
+    for name in (KEY_HEADER, SLOT_HEADER, COUNTED_HEADER, RETRY_OF_HEADER):
+        if (value := header(request, name)) is not None:
+            headers[name] = value
+    return {**headers, **extra}
+
+
+def retry_headers(request: Any, fingerprint: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The headers of a Celery retry with other arguments (``self.retry(kwargs=…)``) of
+    the call ``fingerprint``: they name it, so the retry stays that call, as a keyed
+    call's retry does (docs/guarantee.md, "Same key, other arguments")."""
+    mark = [str(request.id), fingerprint]
+    return carried_headers(request, {**(options.get("headers") or {}), RETRY_OF_HEADER: mark})
+
+
 def delivery_fields(request: Any) -> dict[str, Any]:
-    """``guard.Call``'s ``delivery`` and ``bounce`` for ``request`` (None: no request)."""
+    """``guard.Call``'s ``delivery``, ``bounce`` and ``retry_of`` for ``request`` (None:
+    no request)."""
     if request is None:
         return {}
     info = getattr(request, "delivery_info", None) or {}
@@ -41,7 +78,8 @@ def delivery_fields(request: Any) -> dict[str, Any]:
         f"{k}:{info[k]}" for k in ("exchange", "routing_key", "redelivered")
         if info.get(k) not in (None, "")
     )  # fmt: skip
-    return {"delivery": text, "bounce": bool(header(request, COUNTED_HEADER))}
+    return {"delivery": text, "bounce": bool(header(request, COUNTED_HEADER)),
+            "retry_of": retry_of(request)}
 
 
 def rejected(task: Any, request: Any, exc: PoisonDelivery) -> PoisonRejected:

@@ -25,11 +25,13 @@ from celery_grousset.delivery import (
     KEY_HEADER,
     REQUEUES_HEADER,
     broker_countdown,
+    carried_headers,
     delivery_fields,
     in_flight_countdown,
     rejected,
     republish_failed,
     republished,
+    retry_headers,
     store_countdown,
 )
 from celery_grousset.delivery import header as _header
@@ -46,9 +48,7 @@ REPR_HEADER = "grousset_repr"
 _instances: list[GroussetTaskMixin] = []
 
 #: (task name, attempt) of the guarded attempt running in this context
-_ATTEMPT: ContextVar[tuple[str, guard.Attempt] | None] = ContextVar(
-    "grousset_attempt", default=None
-)
+_ATTEMPT: ContextVar[tuple[str, guard.Attempt] | None] = ContextVar("grousset_attempt", default=None)  # noqa: E501
 
 _PLAIN_CALL: dict[type, bool] = {}
 
@@ -241,6 +241,13 @@ class GroussetTaskMixin:
 
         return publish_unique(self, calls, chunk_size=chunk_size, **options)
 
+    def retry(self, args: Any = None, kwargs: Any = None, *a: Any, **options: Any) -> Any:
+        """Celery's retry: one with other arguments stays the call it retries."""
+        current = _ATTEMPT.get()
+        if (args is not None or kwargs is not None) and current and current[0] == self.name:
+            options["headers"] = retry_headers(self.request, current[1].fingerprint, options)
+        return super().retry(args, kwargs, *a, **options)  # type: ignore[misc]
+
     # -- running ---------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -292,10 +299,7 @@ class GroussetTaskMixin:
         request = self.request if request is None else request
         countdown = broker_countdown(self.app, countdown, latest)
         n = int(_header(request, REQUEUES_HEADER) or 0)
-        headers = {**(request.headers or {}), REQUEUES_HEADER: n + 1, **(extra or {})}
-        for name in (KEY_HEADER, periodic.SLOT_HEADER, COUNTED_HEADER):  # these travel on
-            if (value := _header(request, name)) is not None:
-                headers[name] = value
+        headers = carried_headers(request, {REQUEUES_HEADER: n + 1, **(extra or {})})
         sig = self.signature_from_request(  # type: ignore[attr-defined]
             request, None, None, countdown=countdown, retries=request.retries, headers=headers
         )

@@ -611,3 +611,42 @@ def test_the_outbox_relay_publishing_in_its_batch_transaction_does_not_warn(
         assert "grousset.published_in_transaction" not in caplog.text
     finally:
         OutboxMessage.objects.using(default_journal).filter(pk=row.pk).delete()
+
+
+def test_a_retry_mark_names_the_call_of_its_own_task_id_alone() -> None:
+    """A retry with other arguments carries its call's fingerprint
+    (``grousset_retry_of``): the retry, with the same task id, is that call; the
+    header copied onto another task's message (a tracing hook forwarding headers) is
+    ignored, as is a value that is no fingerprint."""
+    from types import SimpleNamespace
+
+    from celery_grousset import guard
+    from celery_grousset.delivery import RETRY_OF_HEADER
+    from tests.tasks import capture_unkeyed
+
+    first = capture_unkeyed.grousset_fingerprint(("o-1", "3.00"))
+    args = ("o-1", "3.00", "backup")
+
+    def fingerprint(task_id: str, mark: object) -> str:
+        req = SimpleNamespace(id=task_id, headers={RETRY_OF_HEADER: mark}, delivery_info={})
+        return guard.fingerprint_of(capture_unkeyed.grousset_call(args, {}, None, req))
+
+    own = capture_unkeyed.grousset_fingerprint(args)
+    assert own != first
+    assert fingerprint("t-1", ["t-1", first]) == first
+    assert fingerprint("t-2", ["t-1", first]) == own
+    assert fingerprint("t-1", ["t-1", "X" * 64]) == own
+    assert fingerprint("t-1", first) == own
+
+
+def test_an_eager_retry_with_other_arguments_stays_its_call(journal: str) -> None:
+    from tests.tasks import capture_unkeyed
+
+    order = f"o-{uuid.uuid4().hex[:8]}"
+    # Given an eager call whose first attempt retries with other arguments
+    first = capture_unkeyed.apply((order, "3.00")).get()
+    # When the call is applied again
+    again = capture_unkeyed.apply((order, "3.00")).get()
+    # Then it is answered from the retry's outcome: one effect
+    assert first == again == f"captured {order} via backup"
+    assert ledger(journal, f"capture-{order}") == 2  # the "down" mark, then the backup

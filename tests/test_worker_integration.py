@@ -375,6 +375,29 @@ def test_a_retry_with_other_arguments_is_the_same_call(
     assert effects(pg, f"capture-{order}") == 1
 
 
+def test_an_unkeyed_retry_with_other_arguments_stays_its_call(
+    pg_workers: tuple[str, list[Worker]], pg: str
+) -> None:
+    """An unkeyed task retried with other arguments (the backup gateway) ran under a
+    fingerprint of its own and released the call's: a producer's retry of the call (its
+    first arguments, another task id) then claimed it and charged again."""
+    from tests.tasks import capture_unkeyed
+
+    queue, _ = pg_workers
+    order = f"o-{uuid.uuid4().hex[:8]}"
+    # Given a call whose first attempt retries on the backup gateway, other arguments
+    first = capture_unkeyed.apply_async((order, "3.00"), queue=queue).get(timeout=25)
+    assert first == f"captured {order} via backup"
+    # When the producer sends the call again (its first arguments, another task id)
+    again = capture_unkeyed.apply_async((order, "3.00"), queue=queue).get(timeout=25)
+    # Then it is the same call: answered with the retry's value, charged once
+    assert again == first
+    assert effects(pg, f"capture-{order}", "backup") == 1
+    assert effects(pg, f"capture-{order}", "primary") == 0
+    rec = record_of(pg, capture_unkeyed, (order, "3.00"))
+    assert rec.status == "completed" and rec.deliveries == 3
+
+
 def test_short_visibility_timeout_copies_run_once(redis_url: str, pg: str, queue: str) -> None:
     from tests.tasks import effect
 
