@@ -262,7 +262,7 @@ def _short_window(task: Any, opts: Any) -> list[checks.CheckMessage]:
 
 
 def _check_tasks() -> list[checks.CheckMessage]:
-    from celery_grousset import journal_check
+    from celery_grousset import coverage_check, journal_check
     from celery_grousset import unguarded_check as unguarded
     from celery_grousset.conf import grousset_settings
     from celery_grousset.periodic_check import beat_schedule_messages
@@ -276,6 +276,7 @@ def _check_tasks() -> list[checks.CheckMessage]:
     for app, task, opts in resolved:
         errors.extend(_task_conflicts(app, task, opts))
     errors.extend(_check_database(resolved))  # once, not once per task
+    errors.extend(coverage_check.messages(resolved))
     errors.extend(beat_schedule_messages(resolved))
     errors.extend(unguarded.unguarded_messages(_apps()))
     errors.extend(unguarded.misspelt_messages(_apps()))

@@ -544,6 +544,65 @@ def test_a_tasks_entry_that_selects_no_task_is_W017_naming_the_task_meant(
     assert "Did you mean" not in by_entry[f"GROUSSET['TASKS'][{prefix + '.mail.*'!r}]"].msg
 
 
+def test_a_task_whose_signature_a_decorator_hid_is_W018(make_app: Callable[..., Celery]) -> None:
+    import functools
+
+    app = make_app()
+
+    def logged(fn: Callable[..., Any], keep: bool) -> Callable[..., Any]:
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs)
+
+        return functools.wraps(fn)(inner) if keep else inner
+
+    def charge(order_id: int, amount: int = 10) -> None:
+        """Never run."""
+
+    def register(fn: Callable[..., Any], **options: Any) -> str:
+        name = f"checks.{uuid.uuid4().hex[:8]}"
+        app.task(base=GroussetTask, shared=False, name=name, max_processing_time=60,
+                 **options)(fn)  # fmt: skip
+        return name
+
+    # Given a task behind a decorator without functools.wraps, one with it, and one keyed
+    hidden, kept = register(logged(charge, False)), register(logged(charge, True))
+    keyed = register(logged(charge, False), grousset_key=lambda bound: str(bound))
+    # Then only the first is W018: f(1) and f(order_id=1) would be two calls
+    assert ids(hidden) == {"celery_grousset.W018"}
+    assert ids(kept) == set() and ids(keyed) == set()
+
+
+class _LedgerTo:
+    """A router that writes the test project's models to one database."""
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+
+    def db_for_write(self, model: Any, **hints: Any) -> str:
+        return self.alias
+
+
+def test_a_transactional_task_whose_journal_its_models_miss_is_W019(
+    make_app: Callable[..., Celery],
+) -> None:
+    app = make_app()
+    # Given transactional tasks journaled on "postgresql" and on "default", while the
+    # project's models are written to "default" (no router)
+    away = guarded(app, max_processing_time=60, transactional=True, database="postgresql")
+    guarded(app, max_processing_time=60, transactional=True, database="default")
+
+    def w019() -> list[checks.CheckMessage]:
+        return [m for m in checks.run_checks(tags=[TAG]) if m.id == "celery_grousset.W019"]
+
+    # Then W019 names the journal database their writes miss, and the task
+    [message] = w019()
+    assert message.obj == "postgresql" and away in message.msg and "'default'" in message.msg
+    # And none once a router writes the models where the journal is
+    with override_settings(DATABASE_ROUTERS=[_LedgerTo("postgresql")]):
+        found = w019()
+    assert [m.obj for m in found] == ["default"]
+
+
 def test_expires_after_not_above_max_processing_time_is_W014(
     make_app: Callable[..., Celery],
 ) -> None:
