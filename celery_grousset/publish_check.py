@@ -61,11 +61,6 @@ def open_transactions() -> list[str]:
     ]
 
 
-def open_transaction() -> str | None:
-    """The alias of a database with an open ``transaction.atomic()``, or None."""
-    return next(iter(open_transactions()), None)
-
-
 def effect_in_transaction(task_name: str, transactional_on: str | None) -> None:
     """Warn when a guarded effect runs in this process (``protect()``, an eager or direct
     call) inside an open transaction its completion does not join: the journal records
@@ -75,7 +70,7 @@ def effect_in_transaction(task_name: str, transactional_on: str | None) -> None:
     aliases = [a for a in open_transactions() if a != transactional_on]
     if not aliases:
         return
-    emit(logging.WARNING, EFFECT_EVENT, {"task": task_name, "database": aliases[0]}, note=(
+    emit(logging.WARNING, EFFECT_EVENT, {"task": task_name, "database": ",".join(aliases)}, note=(
         "the effect runs inside an open transaction.atomic(): the journal records its "
         "outcome now, but what it writes to that database commits or rolls back with the "
         "transaction; rolled back, the effect is undone while its key is answered from the "
@@ -88,8 +83,8 @@ def effect_in_transaction(task_name: str, transactional_on: str | None) -> None:
 def in_transaction(task: Any, options: dict[str, Any]) -> None:
     """Warn when ``task`` is published (``options`` of ``apply_async``) inside an open
     transaction; see the module's docstring."""
-    alias = open_transaction()
-    if alias is None or "retries" in options or _DELIBERATE.get():
+    aliases = open_transactions()  # every one (ATOMIC_REQUESTS opens one on each)
+    if not aliases or "retries" in options or _DELIBERATE.get():
         return
     if task.app.conf.task_always_eager:
         return
@@ -98,7 +93,7 @@ def in_transaction(task: Any, options: dict[str, Any]) -> None:
         if hasattr(task, "delay_on_commit")  # Celery 5.4+: GroussetTask is a DjangoTask
         else f"transaction.on_commit(lambda: {task.name}.delay(...))"
     )
-    emit(logging.WARNING, EVENT, {"task": task.name, "database": alias}, note=(
+    emit(logging.WARNING, EVENT, {"task": task.name, "database": ",".join(aliases)}, note=(
         "published inside an open transaction.atomic(): a worker may run it before the "
         f"commit, without the transaction's writes. Publish it after the commit: {fix}"
     ))  # fmt: skip

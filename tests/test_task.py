@@ -590,6 +590,32 @@ def test_publishing_inside_a_transaction_warns(
     assert warnings() == []
 
 
+def test_a_publish_inside_transactions_on_two_databases_names_both(
+    default_journal: str, temp_task: Any, captured: list[tuple[Any, ...]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """Under ATOMIC_REQUESTS every database has an open transaction: the warning named
+    one of them, not always the one the view wrote to."""
+    from django.db import transaction
+
+    from tests import services
+
+    services.require_database("postgresql")
+
+    def ship(self: Any, order: int) -> int:
+        return order
+
+    task = temp_task(ship, max_processing_time=60)
+    caplog.set_level("WARNING", logger="celery_grousset")
+    # Given transactions open on two databases
+    with transaction.atomic(using="postgresql"), transaction.atomic(using=default_journal):
+        task.delay(1)
+    # Then the warning names both
+    [found] = [r for r in caplog.records if getattr(r, "grousset_event", "") ==
+               "grousset.published_in_transaction"]  # fmt: skip
+    assert set(found.grousset["database"].split(",")) == {default_journal, "postgresql"}
+
+
 def test_the_outbox_relay_publishing_in_its_batch_transaction_does_not_warn(
     default_journal: str, captured: list[tuple[Any, ...]], caplog: pytest.LogCaptureFixture
 ) -> None:
