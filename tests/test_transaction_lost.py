@@ -68,6 +68,36 @@ def test_a_transaction_whose_connection_breaks_is_an_outage_not_a_failure(
     assert rec.status == "completed" and rec.takeovers == 0
 
 
+def test_a_connection_dead_before_the_transaction_is_no_drop_towards_the_limit(
+    proxied: tuple[str, TcpProxy],
+) -> None:
+    """A connection that breaks at the transaction's first statement was dead before it
+    (a database restarted under a pool child that kept its connection): it counted
+    towards carry.MAX_DROPPED as if an idle limit had cut the transaction, so a delivery
+    meeting several such children in a row failed for good, naming an idle timeout."""
+    import time
+
+    alias, proxy = proxied
+
+    def lost(pause: float) -> TransactionLost:
+        def body() -> str:
+            time.sleep(pause)
+            proxy.kill_connections()
+            with connections[alias].cursor() as cursor:
+                cursor.execute("SELECT 1")
+            return "booked"
+
+        with pytest.raises(TransactionLost) as caught:
+            protect(f"dead-{uuid.uuid4().hex[:8]}", body, transactional=True)
+        return caught.value
+
+    # When the connection breaks at once / after the transaction was open a while
+    at_once, after = lost(0.0), lost(1.2)
+    # Then the first is an outage, not a drop; the second is a drop
+    assert at_once.dropped is False and "CONN_HEALTH_CHECKS" in str(at_once)
+    assert after.dropped is True
+
+
 def test_an_operational_error_on_a_healthy_connection_is_the_tasks_failure(
     proxied: tuple[str, TcpProxy],
 ) -> None:
