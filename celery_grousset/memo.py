@@ -133,12 +133,38 @@ def encode_exception(exc: BaseException) -> tuple[bytes, str, str]:
     # a builtin's one message as given: str(KeyError("k")) is "'k'", rebuilt it would be
     # quoted twice
     one = cls.__module__ == "builtins" and len(args) == 1 and isinstance(args[0], str)
-    payload = {
+    payload: dict[str, Any] = {
         "exc_type": cls.__qualname__,
         "exc_module": cls.__module__,
         "exc_message": redacted_text(args[0] if one else str(exc)),
     }
+    made = _made_with(exc)
+    if cls.__module__ == "builtins" and not one and made and all(map(_scalar, made)):
+        payload["exc_args"] = [_arg(a) for a in made]  # KeyError(5), OSError(2, "…", "/x")
     return json.dumps(payload).encode(), ENC_EXCEPTION, error_summary(exc)
+
+
+def _made_with(exc: BaseException) -> tuple[Any, ...]:
+    """The arguments that re-create ``exc``: its ``args``, and an OSError's file names
+    (not in its ``args``: ``OSError(errno, strerror, filename, winerror, filename2)``)."""
+    if isinstance(exc, OSError) and len(exc.args) == 2 and exc.filename is not None:
+        return (*exc.args, exc.filename, None, exc.filename2)
+    return exc.args
+
+
+def _scalar(value: object) -> bool:
+    if isinstance(value, float):
+        return value == value and abs(value) != float("inf")  # (JSON has no NaN, inf)
+    return value is None or isinstance(value, (bool, int, str))
+
+
+def _arg(value: object) -> object:
+    """One argument of a builtin exception as stored: redacted as its message is (a
+    number whose text a redaction changes, a secret argument's value, is stored as
+    that redacted text)."""
+    text = value if isinstance(value, str) else str(value)
+    shown = redacted_text(text)
+    return value if shown == text and not isinstance(value, str) else shown
 
 
 @lru_cache(maxsize=64)
@@ -211,12 +237,14 @@ def rebuild_exception(result: bytes | None, error: str) -> BaseException:
     try:
         payload = json.loads(result or b"{}")
         module, qualname = str(payload["exc_module"]), str(payload["exc_type"])
-        message = str(payload.get("exc_message", ""))
+        message, args = str(payload.get("exc_message", "")), payload.get("exc_args")
     except Exception:
         return MemoizedFailure(f"memoized failure: {error}")
     cls = _known_exception(module, qualname)
     if cls is not None:
         try:
+            if isinstance(args, list):  # a builtin's arguments, as raised (redacted)
+                return cls(*args)
             return cls(message) if message else cls()
         except Exception:  # a constructor that needs more than a message
             pass

@@ -217,8 +217,11 @@ def test_rebuilt_exceptions_are_builtin_or_the_packages_own(
 
 
 @pytest.mark.parametrize(
-    "raised", [KeyError("sku-7"), ValueError("card declined"), LookupError("a", 2), KeyError()]
-)
+    "raised",
+    [KeyError("sku-7"), ValueError("card declined"), LookupError("a", 2), KeyError(),
+     KeyError(5), StopIteration(3), ValueError("bad", 2.5, None, True),
+     FileNotFoundError(2, "No such file or directory", "/x")],
+)  # fmt: skip
 def test_a_memoized_builtin_exception_comes_back_as_it_was_raised(raised: Exception) -> None:
     # Given a builtin failure memoized (KeyError's str() is the repr of its key)
     result, encoding, error = memo.encode_exception(raised)
@@ -227,8 +230,24 @@ def test_a_memoized_builtin_exception_comes_back_as_it_was_raised(raised: Except
         memo.decode(result, encoding, error, "f" * 64)
     # Then it has the message it was raised with: a KeyError's key not quoted twice
     assert str(err.value) == str(raised), (str(err.value), str(raised))
-    if len(raised.args) == 1:
-        assert err.value.args == raised.args
+    # And its arguments: KeyError(5).args[0] is 5 (not "5"), an OSError keeps its errno
+    assert err.value.args == raised.args
+    assert getattr(err.value, "errno", None) == getattr(raised, "errno", None)
+
+
+def test_a_memoized_exceptions_secret_argument_is_stored_redacted() -> None:
+    """A builtin's arguments are stored as its message is: redacted, a secret argument
+    value (a card number passed as an int) included."""
+    token = memo.SECRETS.set(lambda: ["4242424242424242"])
+    try:
+        result, encoding, error = memo.encode_exception(
+            ValueError("declined password=hunter2", 4242424242424242, 7))
+    finally:
+        memo.SECRETS.reset(token)
+    assert b"hunter2" not in result and b"4242424242424242" not in result
+    with pytest.raises(ValueError) as err:
+        memo.decode(result, encoding, error, "f" * 64)
+    assert err.value.args[1:] == ("***", 7) and "hunter2" not in err.value.args[0]
 
 
 def test_an_app_that_accepts_pickle_still_gets_its_pickled_memo(
