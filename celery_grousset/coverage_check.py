@@ -5,7 +5,9 @@
   given, so ``f(1)`` and ``f(order_id=1)`` are two calls;
 * ``W019``: a ``transactional=True`` task whose journal database is not one the
   project's models are written to: its effect's writes are outside the transaction
-  that commits its outcome (docs/guarantee.md, "Transactional tasks: exactly once").
+  that commits its outcome (docs/guarantee.md, "Transactional tasks: exactly once");
+* ``W020``: a task without a key whose parameter defaults to a value the fingerprint
+  cannot encode (a sentinel ``object()``): every call that leaves it out is refused.
 """
 
 from __future__ import annotations
@@ -23,7 +25,33 @@ _NOT_EFFECTS = ("django.", "celery_grousset", "django_celery_")
 def messages(resolved: list[tuple[Any, Any, Any]]) -> list[checks.CheckMessage]:
     """``resolved``: (app, task, options) of the guarded tasks whose options resolve."""
     found = [w for _, task, _ in resolved if (w := _variadic(task)) is not None]
+    found += [w for _, task, _ in resolved for w in _unencodable_defaults(task)]
     return found + _transactional_elsewhere(resolved)
+
+
+def _unencodable_defaults(task: Any) -> list[checks.CheckMessage]:
+    from celery_grousset.exceptions import FingerprintError
+    from celery_grousset.fingerprint import canonical_bytes
+
+    signature = task._signature()
+    if task.grousset_key is not None or signature is None:
+        return []
+    found: list[checks.CheckMessage] = []
+    for param in signature.parameters.values():
+        if param.default is inspect.Parameter.empty:
+            continue
+        try:
+            canonical_bytes(param.default, path=param.name)
+        except FingerprintError as exc:
+            found.append(checks.Warning(
+                f"The task {task.name!r}: its parameter {param.name!r} defaults to "
+                f"{param.default!r:.60}, which cannot be fingerprinted ({exc}): every call "
+                "that leaves it out is refused with FingerprintError.",
+                hint="Default it to None (or a value of a JSON type) and resolve it in the "
+                "body, or name the call with grousset_key.",
+                obj=task.name, id="celery_grousset.W020",
+            ))  # fmt: skip
+    return found
 
 
 def _variadic(task: Any) -> checks.CheckMessage | None:

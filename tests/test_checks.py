@@ -572,6 +572,26 @@ def test_a_task_whose_signature_a_decorator_hid_is_W018(make_app: Callable[..., 
     assert ids(kept) == set() and ids(keyed) == set()
 
 
+def test_a_default_the_fingerprint_cannot_encode_is_W020(make_app: Callable[..., Celery]) -> None:
+    app = make_app()
+    unset = object()
+
+    def charge(order_id: int, gateway: object = unset, note: str = "") -> None:
+        """Never run."""
+
+    def plain(order_id: int, note: str = "", cents: int | None = None) -> None:
+        """Never run."""
+
+    names = []
+    for fn in (charge, plain):
+        names.append(f"checks.{uuid.uuid4().hex[:8]}")
+        app.task(base=GroussetTask, shared=False, name=names[-1], max_processing_time=60)(fn)
+    # Then a sentinel default is W020 (every call that leaves it out would be refused)
+    [message] = [m for m in checks.run_checks(tags=[TAG]) if m.obj == names[0]]
+    assert message.id == "celery_grousset.W020" and "'gateway'" in message.msg
+    assert ids(names[1]) == set()
+
+
 class _LedgerTo:
     """A router that writes the test project's models to one database."""
 
