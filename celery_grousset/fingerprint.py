@@ -223,11 +223,19 @@ def _encode_other(value: object, out: bytearray) -> None:
         out += _TAG_LEN(_BYTES, len(raw)) + raw
     elif isinstance(value, (set, frozenset)):
         raise _Fail(f"a {type(value).__name__} has no order; pass a sorted list instead, {_FIX}")
+    elif _lazy_text(value):  # gettext_lazy(): kombu's JSON sends it as the str it is now
+        _encode(str(value), out, 0)
     else:
         raise _Fail(
             f"a {type(value).__module__}.{type(value).__qualname__} object has no deterministic "
             f"encoding; pass a JSON-compatible value ({_SUPPORTED}) instead, {_FIX}"
         )
+
+
+def _lazy_text(value: object) -> bool:
+    from django.utils.functional import Promise
+
+    return isinstance(value, Promise)
 
 
 def _encode_root(value: object, out: bytearray, path: str) -> None:

@@ -597,3 +597,17 @@ def test_a_guarded_call_under_a_fingerprint_key_runs_once_and_is_found_under_it(
     # fingerprint, not the unkeyed one
     assert Effect.objects.using("default").filter(key=key).count() == 1 and second == first
     assert record.fingerprint == keyed != effect.grousset_fingerprint((key,), {})
+
+
+def test_a_lazy_translation_is_the_text_it_reads_now() -> None:
+    """kombu's JSON sends a ``gettext_lazy`` string as the ``str`` it is at publish: the
+    fingerprint reads it so too (it was refused at publish as an unknown object)."""
+    from django.utils import translation
+    from django.utils.translation import gettext_lazy
+
+    from celery_grousset.fingerprint import canonical_bytes
+
+    label = gettext_lazy("Receipt")
+    with translation.override("en"):
+        assert canonical_bytes({"subject": label}) == canonical_bytes({"subject": "Receipt"})
+        assert fingerprint("t", ("Receipt",)) == fingerprint("t", (label,))
