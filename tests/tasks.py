@@ -131,14 +131,14 @@ def capture(self: Any, order_id: str, amount: str, gateway: str = "primary") -> 
 @shared_task(base=GroussetTask, bind=True, max_processing_time=30, max_retries=3)
 def capture_unkeyed(self: Any, order_id: str, amount: str, gateway: str = "primary") -> str:
     """Unkeyed; the primary gateway is down for the call's first attempt alone, which
-    retries on the backup: ``self.retry(kwargs=…)`` changes its arguments."""
+    retries on the backup: ``self.retry(args=…)`` changes its arguments (``kwargs=``
+    alone would repeat the request's positional ones on Celery 5.3)."""
     from tests.ledger.models import Effect
 
     down = Effect.objects.using(_db()).filter(key=f"capture-{order_id}", value="down")
     if gateway == "primary" and not down.exists():
         record(f"capture-{order_id}", "down")
-        raise self.retry(kwargs={"order_id": order_id, "amount": amount, "gateway": "backup"},
-                         countdown=0.1)  # fmt: skip
+        raise self.retry(args=(order_id, amount, "backup"), countdown=0.1)
     record(f"capture-{order_id}", gateway)
     return f"captured {order_id} via {gateway}"
 
