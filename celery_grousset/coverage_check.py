@@ -46,9 +46,10 @@ def _unencodable_defaults(task: Any) -> list[checks.CheckMessage]:
             found.append(checks.Warning(
                 f"The task {task.name!r}: its parameter {param.name!r} defaults to "
                 f"{param.default!r:.60}, which cannot be fingerprinted ({exc}): every call "
-                "that leaves it out is refused with FingerprintError.",
+                "that leaves it out (without an idempotency_key) is refused with "
+                "FingerprintError.",
                 hint="Default it to None (or a value of a JSON type) and resolve it in the "
-                "body, or name the call with grousset_key.",
+                "body, or name the call with grousset_key or idempotency_key=.",
                 obj=task.name, id="celery_grousset.W020",
             ))  # fmt: skip
     return found
@@ -73,16 +74,21 @@ def _variadic(task: Any) -> checks.CheckMessage | None:
 
 
 def _write_aliases() -> set[str]:
-    """The databases the project's own models are written to (its routers decide)."""
+    """The databases the project's own models are written to (its routers decide; one
+    that raises outside a request, a tenant router, says nothing)."""
     from django.apps import apps
     from django.db import router
 
-    return {
-        router.db_for_write(model) or "default"
-        for config in apps.get_app_configs()
-        if not config.name.startswith(_NOT_EFFECTS)
-        for model in config.get_models()
-    }
+    found = set()
+    for config in apps.get_app_configs():
+        if config.name.startswith(_NOT_EFFECTS):
+            continue
+        for model in config.get_models():
+            try:
+                found.add(router.db_for_write(model) or "default")
+            except Exception:
+                continue
+    return found
 
 
 def _transactional_elsewhere(resolved: list[tuple[Any, Any, Any]]) -> list[checks.CheckMessage]:

@@ -23,8 +23,9 @@ REQUEUES_HEADER = "grousset_requeues"
 #: the header an in-flight requeue adds: the journal counted this delivery (its claim
 #: committed); a requeue after a store outage does not add it (nothing was counted)
 COUNTED_HEADER = "grousset_counted"
-#: the header a retry with other arguments carries (``self.retry(kwargs=…)``): ``[task
-#: id, fingerprint]`` of the call it retries, which stays its identity
+#: the header a Celery retry's message carries (``self.retry(kwargs=…)``): ``[task id,
+#: the fingerprint of the call it retries, its own arguments' fingerprint]``: it stays
+#: that call (:func:`retry_of`)
 RETRY_OF_HEADER = "grousset_retry_of"
 _FINGERPRINT = re.compile(r"[0-9a-f]{64}")
 
@@ -37,16 +38,20 @@ def header(request: Any, name: str) -> Any:
     return value
 
 
-def retry_of(request: Any) -> str | None:
-    """The fingerprint of the call a Celery retry with other arguments retries, when
-    ``request`` is that retry (the same task id: the header copied onto another task's
-    message is ignored); None otherwise."""
+def retry_of(request: Any) -> tuple[str, str] | None:
+    """``(the fingerprint of the call a Celery retry retries, the fingerprint the retry's
+    own arguments give)`` when ``request`` carries a retry's mark for its own task id
+    (a header copied onto another task's message is ignored); None otherwise. The guard
+    takes the first only when its arguments give the second: a message of the same task
+    id with other arguments (user code re-sending through ``signature_from_request``) is
+    not that retry."""
     value = header(request, RETRY_OF_HEADER)
-    if not (isinstance(value, (list, tuple)) and len(value) == 2):
+    if not (isinstance(value, (list, tuple)) and len(value) == 3):
         return None
-    task_id, fingerprint = value
+    task_id, retried, own = value
     same = request is not None and str(task_id) == str(getattr(request, "id", None))
-    return fingerprint if same and _FINGERPRINT.fullmatch(str(fingerprint)) else None
+    ok = same and all(_FINGERPRINT.fullmatch(str(fp)) for fp in (retried, own))
+    return (str(retried), str(own)) if ok else None
 
 
 def carried_headers(request: Any, extra: dict[str, Any]) -> dict[str, Any]:
@@ -58,14 +63,6 @@ def carried_headers(request: Any, extra: dict[str, Any]) -> dict[str, Any]:
         if (value := header(request, name)) is not None:
             headers[name] = value
     return {**headers, **extra}
-
-
-def retry_headers(request: Any, fingerprint: str, options: dict[str, Any]) -> dict[str, Any]:
-    """The headers of a Celery retry with other arguments (``self.retry(kwargs=…)``) of
-    the call ``fingerprint``: they name it, so the retry stays that call, as a keyed
-    call's retry does (docs/guarantee.md, "Same key, other arguments")."""
-    mark = [str(request.id), fingerprint]
-    return carried_headers(request, {**(options.get("headers") or {}), RETRY_OF_HEADER: mark})
 
 
 def delivery_fields(request: Any) -> dict[str, Any]:

@@ -64,7 +64,7 @@ class Call:
     bounce: bool = False  #: an in-flight requeue of a delivery already counted
     args_repr: str | None = None  #: a repr of the caller's own (protect()'s key)
     slot: str | None = None  #: a periodic run's slot: keyed with it (celery_grousset.periodic)
-    retry_of: str | None = None  #: a retry with other arguments: its call's fingerprint
+    retry_of: tuple[str, str] | None = None  #: a retry's mark (delivery.retry_of)
 
 
 @dataclass(slots=True)
@@ -240,13 +240,15 @@ def _fingerprint(call: Call) -> tuple[str, dict[str, object] | None]:
     try:
         bound = bind_arguments(call.signature, call.args, call.kwargs, call.name)
     except FingerprintError:
-        if call.idempotency_key is None and call.retry_of is None:
+        if call.idempotency_key is None:
             raise
         bound = None  # the key names the call; the repr falls back to call-like
-    fp = call.retry_of or fingerprint_bound(  # (a Celery retry: the call it retries)
+    fp = fingerprint_bound(
         call.name, bound, signature=call.signature, key=call.key,
         idempotency_key=call.idempotency_key, causality=call.slot,
     )  # fmt: skip
+    if call.retry_of is not None and call.retry_of[1] == fp:  # a Celery retry's message:
+        return call.retry_of[0], bound  # the call it retries, whatever its arguments
     return fp, bound
 
 

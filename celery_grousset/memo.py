@@ -138,8 +138,9 @@ def encode_exception(exc: BaseException) -> tuple[bytes, str, str]:
         "exc_module": cls.__module__,
         "exc_message": redacted_text(args[0] if one else str(exc)),
     }
-    made = _made_with(exc)
-    if cls.__module__ == "builtins" and not one and made and all(map(_scalar, made)):
+    made = _made_with(exc)  # stored when nothing of its text is secret, whole or split
+    builtin = cls.__module__ == "builtins" and not one and made and all(map(_scalar, made))
+    if builtin and _unredacted(exc):
         payload["exc_args"] = [_arg(a) for a in made]  # KeyError(5), OSError(2, "…", "/x")
     return json.dumps(payload).encode(), ENC_EXCEPTION, error_summary(exc)
 
@@ -150,6 +151,15 @@ def _made_with(exc: BaseException) -> tuple[Any, ...]:
     if isinstance(exc, OSError) and len(exc.args) == 2 and exc.filename is not None:
         return (*exc.args, exc.filename, None, exc.filename2)
     return exc.args
+
+
+def _unredacted(exc: BaseException) -> bool:
+    """Whether nothing of ``exc``'s text is redacted (no secret in it, whole or split)."""
+    try:
+        text = str(exc)
+    except Exception:
+        return False
+    return redacted_text(text, len(text) + 1) == clean_text(text, len(text) + 1)
 
 
 def _scalar(value: object) -> bool:

@@ -21,13 +21,13 @@ sent, as a broker would; "sent" drops them and the message headers.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import random
 import threading
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, transaction
@@ -36,7 +36,8 @@ from celery_grousset import events
 from celery_grousset.exceptions import InvalidArgument
 from celery_grousset.memo import error_summary
 from celery_grousset.models import OutboxMessage, OutboxStatus
-from celery_grousset.publish_check import deliberate, open_transactions, refuse_misspelt_key
+from celery_grousset.publish_check import deliberate, open_transactions
+from celery_grousset.published import check_enqueued, stored_options
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -48,8 +49,6 @@ DEFAULT_MAX_ATTEMPTS = 10
 DEFAULT_BACKOFF = 2.0
 DEFAULT_BACKOFF_MAX = 600.0
 DEFAULT_INTERVAL = 1.0
-#: options that cannot outlive this process
-_REFUSED = ("producer", "connection", "publisher", "router")
 
 
 def _alias(using: str | None) -> str:
@@ -63,29 +62,6 @@ def clock(alias: str, plus: float = 0.0) -> Any:
     from celery_grousset.store import get_store
 
     return get_store(alias).now_expression(plus)
-
-
-def _jsonable_options(options: dict[str, Any]) -> dict[str, Any]:
-    """``apply_async`` options as JSON: a countdown becomes an absolute ``eta``."""
-    from django.utils import timezone
-
-    if refused := [name for name in _REFUSED if name in options]:
-        raise InvalidArgument(f"outbox.enqueue: the option(s) {refused} cannot be stored")
-    out = dict(options)
-    countdown = out.pop("countdown", None)
-    if countdown is not None:
-        out["eta"] = timezone.now() + timedelta(seconds=float(countdown))
-    expires = out.get("expires")
-    if isinstance(expires, (int, float)) and not isinstance(expires, bool):
-        out["expires"] = timezone.now() + timedelta(seconds=float(expires))
-    for name in ("eta", "expires"):
-        if isinstance(out.get(name), datetime):
-            out[name] = out[name].isoformat()
-    try:
-        json.dumps(out)
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgument(f"outbox.enqueue: options must be JSON-serializable ({exc})") from exc
-    return out
 
 
 def _refuse_outside_transaction(alias: str) -> None:
@@ -123,16 +99,14 @@ def enqueue(
     if using is None:
         _refuse_outside_transaction(alias)
     name = task if isinstance(task, str) else task.name
-    refuse_misspelt_key(name, options, headers=hasattr(type(task), "grousset_options"))
-    if not isinstance(task, str) and getattr(task, "typing", False):
-        task.__header__(*(args or ()), **(kwargs or {}))  # Celery's own check (delay())
+    check_enqueued(task, args, kwargs, options)  # as delay() checks the call, before the row
     task_id = str(options.pop("task_id", None) or uuid.uuid4())
     row = OutboxMessage(
         task_name=name,
         task_id=task_id,
         args=list(args or ()),
         kwargs=dict(kwargs or {}),
-        options=_jsonable_options(options),
+        options=stored_options(options),
         created_at=clock(alias),
         available_at=clock(alias),
     )
@@ -146,7 +120,8 @@ def publish(app: Any, row: OutboxMessage) -> Any:
     """Publish one outbox row, with its ``task_id``: the call's identity is the one
     ``delay()`` gives it (the arguments, or the ``idempotency_key`` enqueued with it)."""
     from celery_grousset.delivery import KEY_HEADER
-    from celery_grousset.task import REPR_HEADER, GroussetTaskMixin
+    from celery_grousset.published import REPR_HEADER
+    from celery_grousset.task import GroussetTaskMixin
 
     options = dict(row.options or {})
     for name in ("eta", "expires"):
@@ -168,19 +143,23 @@ def publish(app: Any, row: OutboxMessage) -> Any:
     )
 
 
-def _broker_down(exc: BaseException) -> bool:
-    """A connection-level error: the next rows would fail the same way."""
+def _broker_down(app: Any, exc: BaseException) -> bool:
+    """A connection-level error (also its transport's own: RabbitMQ's NOT_ALLOWED for a
+    vhost without permissions): the next rows would fail the same way."""
     from kombu.exceptions import OperationalError
 
-    return isinstance(exc, (OperationalError, ConnectionError, TimeoutError, OSError))
+    errors: tuple[type[BaseException], ...] = (OperationalError, ConnectionError, OSError)
+    with contextlib.suppress(Exception):  # (the transport class only: no connection)
+        errors += tuple(app.connection_for_write().connection_errors)
+    return isinstance(exc, errors)
 
 
-def _permanent(exc: BaseException) -> bool:
+def _permanent(app: Any, exc: BaseException) -> bool:
     """The call itself is wrong (its arguments, a value that cannot be encoded):
     publishing it again cannot help, so the row goes dead at once."""
     from kombu.exceptions import EncodeError
 
-    return isinstance(exc, (TypeError, ValueError, EncodeError)) and not _broker_down(exc)
+    return isinstance(exc, (TypeError, ValueError, EncodeError)) and not _broker_down(app, exc)
 
 
 @dataclass
@@ -255,7 +234,7 @@ class Relay:
                     publish(self.app, row)
                 except Exception as exc:
                     self._failed(row, exc, stats)
-                    if _broker_down(exc):
+                    if _broker_down(self.app, exc):
                         stats.broker_down = True
                         break
                 else:
@@ -282,7 +261,7 @@ class Relay:
         attempts = row.attempts + 1
         error = error_summary(exc)  # redacted (a DSN's password, a token), never raises
         rows = OutboxMessage.objects.using(self.alias).filter(pk=row.pk)
-        if attempts >= self.max_attempts or _permanent(exc):
+        if attempts >= self.max_attempts or _permanent(self.app, exc):
             rows.update(status=OutboxStatus.DEAD, attempts=attempts, last_error=error)
             stats.dead += 1
             events.emit(logging.ERROR, "grousset.outbox_dead", {

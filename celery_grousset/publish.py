@@ -37,6 +37,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from celery_grousset.claim import ClaimRequest, Kind, Prev, decide, payload_differs
+from celery_grousset.delivery import KEY_HEADER
 from celery_grousset.events import publish_payload_mismatch
 from celery_grousset.exceptions import InvalidArgument
 from celery_grousset.guard import fingerprint_and_payload
@@ -126,13 +127,15 @@ def as_call(task: GroussetTaskMixin, item: Any, validate_payload: bool = True) -
         args: tuple[Any, ...] = (item,)
         kwargs: dict[str, Any] = {}
         key: str | None = item
-    elif isinstance(item, (tuple, list)) and len(item) in (2, 3):
+    elif (isinstance(item, (tuple, list)) and len(item) in (2, 3)
+          and isinstance(item[0] or (), (tuple, list)) and isinstance(item[1] or {}, dict)):
         args, kwargs = tuple(item[0] or ()), dict(item[1] or {})
         key = item[2] if len(item) == 3 else None
     else:
         raise InvalidArgument(
             f"{task.name}.publish_unique: each call is (args, kwargs), (args, kwargs, "
-            f"idempotency_key) or an idempotency key (str), got {type(item).__name__}"
+            f"idempotency_key) or an idempotency key (str) — args a list or tuple, kwargs "
+            f"a dict — got {type(item).__name__}"
         )
     check = getattr(task, "__header__", None) if getattr(task, "typing", False) else None
     if check is not None:  # Celery's own check, before the chunk is published
@@ -251,6 +254,18 @@ def _mismatch(name: str, processor_id: str, call: Call, stored: str, report: Pub
     publish_payload_mismatch(name, processor_id, call.fingerprint, stored, call.payload)
 
 
+def _one_key_for_all(task: GroussetTaskMixin, options: dict[str, Any]) -> None:
+    """A key in the options that go to every call would name them all one call: the
+    batch deduplicates by each call's own key, the worker by that one."""
+    headers = options.get("headers") or {}
+    if "idempotency_key" in options or (isinstance(headers, dict) and KEY_HEADER in headers):
+        raise InvalidArgument(
+            f"{task.name}.publish_unique: an idempotency_key (or {KEY_HEADER!r} header) in "
+            "the options would give every call one key. Give each call its own: an "
+            "(args, kwargs, idempotency_key) triple, or the key alone as a str call."
+        )
+
+
 def publish_unique(
     task: GroussetTaskMixin,
     calls: Iterable[Any],
@@ -268,6 +283,7 @@ def publish_unique(
     ``countdown``…). ``keep_results=False`` keeps no AsyncResult (for generators of
     millions of calls: memory then stays bounded by ``chunk_size`` and ``window``).
     """
+    _one_key_for_all(task, options)
     report = PublishReport()
     app = task.app
     try:

@@ -90,8 +90,8 @@ def in_transaction(task: Any, options: dict[str, Any]) -> None:
         return
     fix = (
         f"{task.name}.delay_on_commit(...) (or apply_async_on_commit, transaction.on_commit)"
-        if hasattr(task, "delay_on_commit")  # Celery 5.4+: GroussetTask is a DjangoTask
-        else f"transaction.on_commit(lambda: {task.name}.delay(...))"
+        if hasattr(task, "delay_on_commit") and "default" in aliases  # (on_commit of default)
+        else f"transaction.on_commit(lambda: {task.name}.delay(...), using={aliases[0]!r})"
     )
     emit(logging.WARNING, EVENT, {"task": task.name, "database": ",".join(aliases)}, note=(
         "published inside an open transaction.atomic(): a worker may run it before the "

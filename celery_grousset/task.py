@@ -31,24 +31,22 @@ from celery_grousset.delivery import (
     rejected,
     republish_failed,
     republished,
-    retry_headers,
     store_countdown,
 )
 from celery_grousset.delivery import header as _header
-from celery_grousset.exceptions import FingerprintError, PoisonDelivery, StoreUnavailable
+from celery_grousset.exceptions import PoisonDelivery, StoreUnavailable
 from celery_grousset.fingerprint import validate_key_names
 from celery_grousset.options import NAMES as _OPTION_NAMES
 from celery_grousset.options import Options
+from celery_grousset.published import carry_key, mark_retry, prepare
 from celery_grousset.store import ClaimResult
-
-#: a header this package adds (KEY_HEADER is delivery's): set when argsrepr/kwargsrepr
-#: were written by this package (redacted) or by the caller
-REPR_HEADER = "grousset_repr"
 
 _instances: list[GroussetTaskMixin] = []
 
 #: (task name, attempt) of the guarded attempt running in this context
 _ATTEMPT: ContextVar[tuple[str, guard.Attempt] | None] = ContextVar("grousset_attempt", default=None)  # noqa: E501
+#: inside retry(): the fingerprint its message keeps (taken by signature_from_request)
+_RETRYING: ContextVar[list[str] | None] = ContextVar("grousset_retrying", default=None)
 
 _PLAIN_CALL: dict[type, bool] = {}
 
@@ -200,37 +198,14 @@ class GroussetTaskMixin:
 
     # -- publishing ------------------------------------------------------------------------
 
-    def _carry_key(self, options: dict[str, Any]) -> str | None:
-        """Move ``idempotency_key`` from ``options`` into the headers the request carries."""
-        publish_check.refuse_misspelt_key(self.name, options)
-        key = options.pop("idempotency_key", None)
-        headers = dict(options.get("headers") or {})
-        if key is not None:
-            if not isinstance(key, str) or not key:
-                raise FingerprintError(
-                    f"{self.name}: idempotency_key must be a non-empty str, got {key!r}"
-                )
-            headers[KEY_HEADER] = key
-        options["headers"] = headers
-        return None if key is None else str(key)
-
     def apply(self, args: Any = None, kwargs: Any = None, *a: Any, **options: Any) -> Any:
         """``apply(…, idempotency_key="order-42")``, as :meth:`apply_async` takes it."""
-        self._carry_key(options)
+        carry_key(self.name, options)
         return super().apply(args, kwargs, *a, **options)  # type: ignore[misc]
 
     def apply_async(self, args: Any = None, kwargs: Any = None, *a: Any, **options: Any) -> Any:
         """``apply_async(…, idempotency_key="order-42")`` names the call's identity."""
-        key = self._carry_key(options)
-        options["headers"][REPR_HEADER] = 1
-        call = self.grousset_call(tuple(args or ()), dict(kwargs or {}), key)
-        if key is None and not grousset_settings.BYPASS:
-            # Fail at publish time for arguments that cannot be fingerprinted; Celery
-            # would show saferepr(args) in logs, events and monitors: redact it.
-            text = guard.identify(call)[1]
-        else:  # a key names the call (or BYPASS): bound by name for the repr alone
-            text = guard.redacted(call.args, call.kwargs, guard.named(call))
-        options["argsrepr"], options["kwargsrepr"] = f"({text})", "{}"
+        prepare(self, args, kwargs, options)
         publish_check.in_transaction(self, options)
         return super().apply_async(args, kwargs, *a, **options)  # type: ignore[misc]
 
@@ -241,12 +216,23 @@ class GroussetTaskMixin:
 
         return publish_unique(self, calls, chunk_size=chunk_size, **options)
 
-    def retry(self, args: Any = None, kwargs: Any = None, *a: Any, **options: Any) -> Any:
-        """Celery's retry: one with other arguments stays the call it retries."""
+    def retry(self, args: Any = None, kwargs: Any = None, exc: Any = None, throw: bool = True,
+              *a: Any, **options: Any) -> Any:  # fmt: skip
+        """Celery's retry; its message stays the call it retries, whatever its arguments
+        (``throw=False``: the attempt goes on and completes; its retry is a call of its own)."""
         current = _ATTEMPT.get()
-        if (args is not None or kwargs is not None) and current and current[0] == self.name:
-            options["headers"] = retry_headers(self.request, current[1].fingerprint, options)
-        return super().retry(args, kwargs, *a, **options)  # type: ignore[misc]
+        held = [current[1].fingerprint] if throw and current and current[0] == self.name else []
+        token = _RETRYING.set(held)
+        try:
+            return super().retry(args, kwargs, exc, throw, *a, **options)  # type: ignore[misc]
+        finally:
+            _RETRYING.reset(token)
+
+    def signature_from_request(self, request: Any = None, *a: Any, **options: Any) -> Any:
+        sig = super().signature_from_request(request, *a, **options)  # type: ignore[misc]
+        if held := _RETRYING.get():  # the message of retry(), built once
+            mark_retry(self, self.request if request is None else request, sig, held.pop())
+        return sig
 
     # -- running ---------------------------------------------------------------------------
 
@@ -300,7 +286,7 @@ class GroussetTaskMixin:
         countdown = broker_countdown(self.app, countdown, latest)
         n = int(_header(request, REQUEUES_HEADER) or 0)
         headers = carried_headers(request, {REQUEUES_HEADER: n + 1, **(extra or {})})
-        sig = self.signature_from_request(  # type: ignore[attr-defined]
+        sig = self.signature_from_request(
             request, None, None, countdown=countdown, retries=request.retries, headers=headers
         )
         try:
@@ -382,6 +368,16 @@ class GroussetTask(GroussetTaskMixin, _Task):
     bind=True, max_processing_time=60)``."""
 
     abstract = True
+
+    if _Task is not Task:  # its *_on_commit publish in on_commit: check the call now
+
+        def delay_on_commit(self, *args: Any, **kwargs: Any) -> Any:
+            prepare(self, args, kwargs, {})
+            return super().delay_on_commit(*args, **kwargs)
+
+        def apply_async_on_commit(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:  # type: ignore[override]  # noqa: E501
+            prepare(self, args, kwargs, dict(options))
+            return super().apply_async_on_commit(args, kwargs, **options)
 
 
 GroussetDjangoTask = GroussetTask  #: the same class (GroussetTask is a DjangoTask now)

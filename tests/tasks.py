@@ -144,6 +144,17 @@ def capture_unkeyed(self: Any, order_id: str, amount: str, gateway: str = "prima
 
 
 @shared_task(base=GroussetTask, bind=True, max_processing_time=30)
+def notify_fallback(self: Any, order_id: str, channel: str = "sms") -> str:
+    """Retries on email with ``throw=False`` and goes on: this attempt completes, and
+    its retry, with other arguments, is a call of its own."""
+    if channel == "sms":
+        self.retry(args=(order_id, "email"), countdown=0.1, throw=False)
+        return "sms down"
+    record(f"notify-{order_id}", channel)
+    return f"sent via {channel}"
+
+
+@shared_task(base=GroussetTask, bind=True, max_processing_time=30)
 def periodic_effect(self: Any, key: str, sleep: float = 0.0) -> dict[str, Any]:
     """Run by celery beat (tests/beatapp.py): the ledger row records the run's slot."""
     from celery_grousset.periodic import SLOT_HEADER

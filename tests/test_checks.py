@@ -621,6 +621,17 @@ def test_a_transactional_task_whose_journal_its_models_miss_is_W019(
     with override_settings(DATABASE_ROUTERS=[_LedgerTo("postgresql")]):
         found = w019()
     assert [m.obj for m in found] == ["default"]
+    # And a router that raises outside a request (a tenant router) is no check error
+    with override_settings(DATABASE_ROUTERS=[_Tenant()]):
+        messages = checks.run_checks(tags=[TAG])
+    assert not [m for m in messages if m.id in ("celery_grousset.E014", "celery_grousset.W019")]
+
+
+class _Tenant:
+    """A router that needs a request's tenant."""
+
+    def db_for_write(self, model: Any, **hints: Any) -> str:
+        raise RuntimeError("no tenant selected")
 
 
 def test_expires_after_not_above_max_processing_time_is_W014(

@@ -113,17 +113,24 @@ def test_only_committed_messages_are_published_once_each(alias: str, queue: str)
                for r in rows.values())  # fmt: skip
 
 
-def test_broker_outage_backs_off_then_dead_after_max_attempts(alias: str, queue: str) -> None:
+def two_rows_for(alias: str, queue: str, broker: str) -> tuple[Celery, Any, Any]:
+    """An app on ``broker`` that never retries a publish, and two pending rows."""
     from tests.tasks import effect
 
-    # Given two pending messages and a broker nobody listens on
-    down = Celery("down", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    down = Celery("down", broker=broker, set_as_current=False)
     down.conf.broker_connection_retry = False
     down.conf.broker_connection_max_retries = 0
     down.conf.task_publish_retry = False
     with transaction.atomic(using=alias):
         a = outbox.enqueue(effect, ("x",), using=alias, queue=queue)
         b = outbox.enqueue(effect, ("y",), using=alias, queue=queue)
+    return down, a, b
+
+
+def test_broker_outage_backs_off_then_dead_after_max_attempts(alias: str, queue: str) -> None:
+
+    # Given two pending messages and a broker nobody listens on
+    down, a, b = two_rows_for(alias, queue, "redis://127.0.0.1:1/0")
     rows = OutboxMessage.objects.using(alias)
     # When the relay runs with max_attempts=2
     relay(alias, down, max_attempts=2, backoff=60)
@@ -257,6 +264,49 @@ def test_enqueue_checks_the_arguments_and_the_relay_never_retries_a_wrong_call(
     row.refresh_from_db(using=alias)
     assert (stats.dead, row.status, row.attempts) == (1, "dead", 1)
     assert "colour" in row.last_error and messages(queue) == []
+
+
+def test_enqueue_refuses_now_what_the_relay_could_never_publish(alias: str, queue: str) -> None:
+    """A call delay() refuses was written by enqueue() (the caller's transaction committed
+    as if it were queued) and went dead at the relay; a misspelt key header passed for a
+    @shared_task (a proxy), and args given as a bare value failed with a TypeError from
+    inside the package."""
+    from celery_grousset.exceptions import FingerprintError
+    from tests.tasks import effect  # a @shared_task: a proxy of the task
+
+    bad: list[tuple[type[Exception], str, tuple[Any, ...], dict[str, Any]]] = [
+        (ValueError, "header", (("x",),), {"headers": {"grousset-key": "k"}}),
+        (FingerprintError, "non-empty str", (("x",),), {"idempotency_key": ""}),
+        (FingerprintError, "set", (({1, 2},),), {}),
+        (FingerprintError, "__type__", (({"__type__": "x", "__value__": 1},),), {}),
+        (InvalidArgument, "list or tuple", ("x",), {}),
+    ]
+    with transaction.atomic(using=alias):
+        for error, needle, args, options in bad:
+            with pytest.raises(error, match=needle):
+                outbox.enqueue(effect, *args, using=alias, queue=queue, **options)
+        with pytest.raises(FingerprintError, match="non-empty str"):  # a task by its name
+            outbox.enqueue("tests.tasks.effect", ("x",), using=alias, queue=queue,
+                           idempotency_key=5)  # fmt: skip
+    # Then no row was written
+    assert not OutboxMessage.objects.using(alias).filter(options__queue=queue).exists()
+
+
+def test_a_broker_refusing_the_vhost_stops_the_batch_at_its_first_row(
+    alias: str, queue: str
+) -> None:
+    """RabbitMQ's NOT_ALLOWED (a vhost without permissions) is its transport's connection
+    error, but not OSError or kombu's: every row of the batch was tried and charged an
+    attempt, the whole backlog on its way to dead within minutes."""
+
+    services.require_rabbitmq()
+    down, a, b = two_rows_for(alias, queue, f"amqp://guest:guest@127.0.0.1:5672/no-vhost-{queue}")
+    stats = relay(alias, down, backoff=60)
+    a.refresh_from_db(using=alias)
+    b.refresh_from_db(using=alias)
+    assert stats.failed == 1 and (a.attempts, b.attempts) == (1, 0), a.last_error
+    assert "NOT_ALLOWED" in a.last_error or "NotAllowed" in a.last_error
+    OutboxMessage.objects.using(alias).filter(pk__in=[a.pk, b.pk]).delete()
 
 
 def _testcase_block() -> Any:

@@ -141,6 +141,24 @@ def test_idempotency_keys_and_key_triples(alias: str, processor: str, queue: str
     assert (report.published, report.skipped_in_batch) == (2, 2)
 
 
+def test_a_key_for_every_call_and_malformed_calls_are_refused_before_any_publish(
+    alias: str, processor: str, queue: str
+) -> None:
+    """idempotency_key in the options went to every call: deduplicated by arguments in
+    the batch, then refused by the worker as one key with other arguments (5 published,
+    1 ran); a str as a call's args was split into characters; an int as its kwargs
+    failed with a bare TypeError."""
+    task = make_task(alias, processor)
+    with pytest.raises(InvalidArgument, match="every call one key"):
+        task.publish_unique([(("a",), {}), (("b",), {})], queue=queue, idempotency_key="same")
+    with pytest.raises(InvalidArgument, match="every call one key"):
+        task.publish_unique([(("a",), {})], queue=queue, headers={"grousset_key": "same"})
+    for call in [("abc", {}), (("a",), 1)]:
+        with pytest.raises(InvalidArgument, match="args a list or tuple, kwargs a dict"):
+            task.publish_unique([call], queue=queue)
+    assert published_keys(queue) == []
+
+
 def test_a_call_that_does_not_fit_the_task_fails_before_its_chunk_and_says_what_went_out(
     alias: str, processor: str, queue: str
 ) -> None:

@@ -534,6 +534,37 @@ def test_delay_on_commit_runs_the_guarded_task_after_the_commit_in_eager_mode(
     assert row.status == "completed" and row.deliveries == 2
 
 
+@needs_django_task
+def test_an_on_commit_call_is_checked_before_the_commit(
+    default_journal: str, temp_task: Any, captured: list[tuple[Any, ...]]
+) -> None:
+    """delay_on_commit / apply_async_on_commit checked a call in the on-commit callback,
+    after the commit: a call that cannot be fingerprinted failed there (the view's rows
+    committed, the call lost), and Django skipped every later on-commit callback."""
+    from django.db import transaction
+
+    from celery_grousset.exceptions import FingerprintError
+
+    def ship(self: Any, order: Any) -> Any:
+        return order
+
+    task = temp_task(ship, max_processing_time=60)
+    # When calls that cannot be published are made on commit inside a transaction
+    with transaction.atomic(using=default_journal):
+        with pytest.raises(FingerprintError, match="set"):
+            task.delay_on_commit({1, 2})
+        with pytest.raises(FingerprintError, match="idempotency_key"):
+            task.apply_async_on_commit((1,), idempotency_key="")
+        with pytest.raises(TypeError, match="did you mean idempotency_key"):
+            task.apply_async_on_commit((1,), idempotency_keys="k")
+        # Then each is refused at once, before the commit; a good one still goes on commit
+        task.delay_on_commit(3)
+        task.apply_async_on_commit((4,), idempotency_key="order-4")
+        assert captured == []
+    assert [args for _, args, _ in captured] == [(3,), (4,)]
+    assert captured[1][2]["headers"]["grousset_key"] == "order-4"
+
+
 def test_publishing_inside_a_transaction_warns(
     default_journal: str, temp_task: Any, captured: list[tuple[Any, ...]],
     caplog: pytest.LogCaptureFixture,
@@ -614,6 +645,15 @@ def test_a_publish_inside_transactions_on_two_databases_names_both(
     [found] = [r for r in caplog.records if getattr(r, "grousset_event", "") ==
                "grousset.published_in_transaction"]  # fmt: skip
     assert set(found.grousset["database"].split(",")) == {default_journal, "postgresql"}
+    caplog.clear()
+    # And inside a transaction on another database than default alone, the fix it names
+    # is on_commit on that database (delay_on_commit waits for default's commit)
+    with transaction.atomic(using="postgresql"):
+        task.delay(2)
+    [found] = [r for r in caplog.records if getattr(r, "grousset_event", "") ==
+               "grousset.published_in_transaction"]  # fmt: skip
+    assert "using='postgresql'" in found.getMessage()
+    assert "delay_on_commit" not in found.getMessage()
 
 
 def test_the_outbox_relay_publishing_in_its_batch_transaction_does_not_warn(
@@ -640,10 +680,11 @@ def test_the_outbox_relay_publishing_in_its_batch_transaction_does_not_warn(
 
 
 def test_a_retry_mark_names_the_call_of_its_own_task_id_alone() -> None:
-    """A retry with other arguments carries its call's fingerprint
-    (``grousset_retry_of``): the retry, with the same task id, is that call; the
-    header copied onto another task's message (a tracing hook forwarding headers) is
-    ignored, as is a value that is no fingerprint."""
+    """A Celery retry's message carries ``grousset_retry_of`` = [task id, the retried
+    call's fingerprint, its own arguments' fingerprint]: with that task id and those
+    arguments it is the retried call. The header copied onto another task's message (a
+    tracing hook forwarding headers), or onto a message of the same task id with other
+    arguments (user code re-sending through signature_from_request), is ignored."""
     from types import SimpleNamespace
 
     from celery_grousset import guard
@@ -652,17 +693,19 @@ def test_a_retry_mark_names_the_call_of_its_own_task_id_alone() -> None:
 
     first = capture_unkeyed.grousset_fingerprint(("o-1", "3.00"))
     args = ("o-1", "3.00", "backup")
+    own = capture_unkeyed.grousset_fingerprint(args)
+    other = capture_unkeyed.grousset_fingerprint(("o-2", "3.00", "backup"))
 
     def fingerprint(task_id: str, mark: object) -> str:
         req = SimpleNamespace(id=task_id, headers={RETRY_OF_HEADER: mark}, delivery_info={})
         return guard.fingerprint_of(capture_unkeyed.grousset_call(args, {}, None, req))
 
-    own = capture_unkeyed.grousset_fingerprint(args)
     assert own != first
-    assert fingerprint("t-1", ["t-1", first]) == first
-    assert fingerprint("t-2", ["t-1", first]) == own
-    assert fingerprint("t-1", ["t-1", "X" * 64]) == own
-    assert fingerprint("t-1", first) == own
+    assert fingerprint("t-1", ["t-1", first, own]) == first
+    assert fingerprint("t-2", ["t-1", first, own]) == own
+    assert fingerprint("t-1", ["t-1", first, other]) == own
+    assert fingerprint("t-1", ["t-1", "X" * 64, own]) == own
+    assert fingerprint("t-1", ["t-1", first]) == own
 
 
 def test_an_eager_retry_with_other_arguments_stays_its_call(journal: str) -> None:

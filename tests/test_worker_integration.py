@@ -398,6 +398,25 @@ def test_an_unkeyed_retry_with_other_arguments_stays_its_call(
     assert rec.status == "completed" and rec.deliveries == 3
 
 
+def test_a_retry_sent_with_throw_false_is_a_call_of_its_own(
+    pg_workers: tuple[str, list[Worker]], pg: str
+) -> None:
+    """retry(throw=False) lets the attempt go on and complete: its retry, marked as the
+    same call, was answered from that attempt's memo and never ran (0 effects)."""
+    from tests.tasks import notify_fallback
+
+    queue, _ = pg_workers
+    order = f"o-{uuid.uuid4().hex[:8]}"
+    # When the attempt sends its retry with other arguments, throw=False, and returns
+    assert notify_fallback.apply_async((order,), queue=queue).get(timeout=25) == "sms down"
+    # Then the retry runs too, once
+    deadline = time.monotonic() + 20
+    while effects(pg, f"notify-{order}", "email") == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1)
+    assert effects(pg, f"notify-{order}", "email") == 1
+
+
 def test_short_visibility_timeout_copies_run_once(redis_url: str, pg: str, queue: str) -> None:
     from tests.tasks import effect
 
@@ -528,7 +547,7 @@ def test_a_worker_on_a_journal_of_the_other_layout_says_so_when_it_starts(
                           env={"GROUSSET_TEST_LAYOUT": "table"})  # fmt: skip
     try:
         deadline = time.monotonic() + 30
-        while f"journal database {part!r}" not in (text := worker.text()):
+        while "JOURNAL_LAYOUT'] is 'table'" not in (text := worker.text()):
             assert time.monotonic() < deadline, text
             time.sleep(0.1)
     finally:

@@ -1,0 +1,114 @@
+"""What a guarded call is checked for, and given, before it is published: by
+``apply_async()``/``delay()``; before the commit by ``delay_on_commit()`` and
+``apply_async_on_commit()`` (their publish runs in a ``transaction.on_commit`` callback,
+after the commit: a call refused there would be lost, and Django skips the callbacks
+after a failing one); and by ``outbox.enqueue()``, whose row would otherwise be written
+and only go dead at the relay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+from celery_grousset import guard
+from celery_grousset.conf import grousset_settings
+from celery_grousset.delivery import KEY_HEADER, RETRY_OF_HEADER, header
+from celery_grousset.exceptions import FingerprintError, InvalidArgument
+from celery_grousset.publish_check import refuse_misspelt_key
+
+#: a header this package adds: set when argsrepr/kwargsrepr were written by this package
+#: (redacted) or by the caller
+REPR_HEADER = "grousset_repr"
+#: options that cannot outlive this process (the outbox stores the others)
+_REFUSED = ("producer", "connection", "publisher", "router")
+
+
+def carry_key(name: str, options: dict[str, Any]) -> str | None:
+    """Move ``idempotency_key`` from ``options`` into the headers the request carries."""
+    refuse_misspelt_key(name, options)
+    key = options.pop("idempotency_key", None)
+    headers = dict(options.get("headers") or {})
+    if key is not None:
+        if not isinstance(key, str) or not key:
+            raise FingerprintError(f"{name}: idempotency_key must be a non-empty str, got {key!r}")
+        headers[KEY_HEADER] = key
+    options["headers"] = headers
+    return None if key is None else str(key)
+
+
+def prepare(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -> None:
+    """Check a call of the guarded ``task`` now (``FingerprintError``: arguments that
+    cannot be fingerprinted, a bad key) and give ``options`` what ``apply_async``
+    publishes it with: the key as a header, a redacted ``argsrepr``."""
+    key = carry_key(task.name, options)
+    options["headers"][REPR_HEADER] = 1
+    call = task.grousset_call(tuple(args or ()), dict(kwargs or {}), key)
+    if key is None and not grousset_settings.BYPASS:
+        # Fail at publish time for arguments that cannot be fingerprinted; Celery
+        # would show saferepr(args) in logs, events and monitors: redact it.
+        text = guard.identify(call)[1]
+    else:  # a key names the call (or BYPASS): bound by name for the repr alone
+        text = guard.redacted(call.args, call.kwargs, guard.named(call))
+    options["argsrepr"], options["kwargsrepr"] = f"({text})", "{}"
+
+
+def mark_retry(task: Any, request: Any, sig: Any, retried: str) -> None:
+    """Mark ``sig``, the message of a Celery retry of the call ``retried`` (a
+    fingerprint), so that it stays that call: ``[its task id, retried, the fingerprint
+    its own arguments give]`` (:func:`celery_grousset.delivery.retry_of`)."""
+    try:
+        call = task.grousset_call(sig.args, sig.kwargs, header(request, KEY_HEADER), request)
+        own = guard.fingerprint_of(dataclasses.replace(call, retry_of=None))
+    except Exception:  # arguments that cannot be fingerprinted: the retry fails on its own
+        return
+    headers = dict(sig.options.get("headers") or {})
+    headers[RETRY_OF_HEADER] = [str(request.id), retried, own]
+    sig.options["headers"] = headers
+
+
+def check_enqueued(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -> None:
+    """``outbox.enqueue()``'s checks, before its row is written: as ``delay()`` checks
+    a call (Celery's own signature check; :func:`prepare` for a guarded task)."""
+    name = task if isinstance(task, str) else task.name
+    for value, kind, shape in ((args, (list, tuple), "a list or tuple"), (kwargs, dict, "a dict")):
+        if value is not None and not isinstance(value, kind):
+            raise InvalidArgument(
+                f"outbox.enqueue({name!r}, args, kwargs): {'kwargs' if kind is dict else 'args'} "
+                f"must be {shape}, got {type(value).__name__}: enqueue(task, [order.pk]), "
+                "not enqueue(task, order.pk)"
+            )
+    guarded = not isinstance(task, str) and hasattr(task, "grousset_options")
+    refuse_misspelt_key(name, options, headers=guarded)
+    if not isinstance(task, str) and getattr(task, "typing", False):
+        task.__header__(*(args or ()), **(kwargs or {}))  # Celery's own check (delay())
+    if guarded:
+        prepare(task, args, kwargs, dict(options))
+    elif (key := options.get("idempotency_key")) is not None and not (isinstance(key, str) and key):
+        raise FingerprintError(f"{name}: idempotency_key must be a non-empty str, got {key!r}")
+
+
+def stored_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``apply_async`` options as ``outbox.enqueue()`` stores them, in JSON: a countdown
+    becomes an absolute ``eta``."""
+    from django.utils import timezone
+
+    if refused := [name for name in _REFUSED if name in options]:
+        raise InvalidArgument(f"outbox.enqueue: the option(s) {refused} cannot be stored")
+    out = dict(options)
+    countdown = out.pop("countdown", None)
+    if countdown is not None:
+        out["eta"] = timezone.now() + timedelta(seconds=float(countdown))
+    expires = out.get("expires")
+    if isinstance(expires, (int, float)) and not isinstance(expires, bool):
+        out["expires"] = timezone.now() + timedelta(seconds=float(expires))
+    for name in ("eta", "expires"):
+        if isinstance(out.get(name), datetime):
+            out[name] = out[name].isoformat()
+    try:
+        json.dumps(out)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"outbox.enqueue: options must be JSON-serializable ({exc})") from exc
+    return out
