@@ -29,14 +29,18 @@ _REFUSED = ("producer", "connection", "publisher", "router")
 def carry_key(name: str, options: dict[str, Any]) -> str | None:
     """Move ``idempotency_key`` from ``options`` into the headers the request carries."""
     refuse_misspelt_key(name, options)
-    key = options.pop("idempotency_key", None)
+    key = _checked_key(name, options.pop("idempotency_key", None))
     headers = dict(options.get("headers") or {})
     if key is not None:
-        if not isinstance(key, str) or not key:
-            raise FingerprintError(f"{name}: idempotency_key must be a non-empty str, got {key!r}")
         headers[KEY_HEADER] = key
     options["headers"] = headers
-    return None if key is None else str(key)
+    return key
+
+
+def _checked_key(name: str, key: object) -> str | None:
+    if key is not None and not (isinstance(key, str) and key):
+        raise FingerprintError(f"{name}: idempotency_key must be a non-empty str, got {key!r}")
+    return key
 
 
 def prepare(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -> None:
@@ -86,8 +90,8 @@ def check_enqueued(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -
         task.__header__(*(args or ()), **(kwargs or {}))  # Celery's own check (delay())
     if guarded:
         prepare(task, args, kwargs, dict(options))
-    elif (key := options.get("idempotency_key")) is not None and not (isinstance(key, str) and key):
-        raise FingerprintError(f"{name}: idempotency_key must be a non-empty str, got {key!r}")
+    else:
+        _checked_key(name, options.get("idempotency_key"))
 
 
 def stored_options(options: dict[str, Any]) -> dict[str, Any]:
