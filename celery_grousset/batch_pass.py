@@ -24,7 +24,7 @@ from typing import Any
 
 from celery_grousset import carry, events, guard, memo
 from celery_grousset.claim import ClaimRequest, Kind, payload_differs
-from celery_grousset.delivery import KEY_HEADER
+from celery_grousset.delivery import key_of
 from celery_grousset.exceptions import StoreUnavailable
 from celery_grousset.store import ClaimResult, Store, check_claimable
 from celery_grousset.task import GroussetTaskMixin, worker_caller
@@ -77,7 +77,8 @@ def job_of(req: Any, handle: Callable[[Any], Any]) -> Job | None:
     if req.expires:  # the per-task path, where Celery expires it before anything else
         return None
     opts = task.grousset_options()
-    call = task.grousset_call(req.args, req.kwargs, req.request_dict.get(KEY_HEADER), _Read(req))
+    read = _Read(req)
+    call = task.grousset_call(req.args, req.kwargs, key_of(read), read)
     fp, args_repr, payload = guard.identity(call, opts.validate_payload)
     creq = guard.request(opts, fp, call.name, call.task_id, args_repr, payload_hash=payload,
                          bounce=call.bounce)  # fmt: skip

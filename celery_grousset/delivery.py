@@ -38,6 +38,50 @@ def header(request: Any, name: str) -> Any:
     return value
 
 
+#: a delivery field's name -> whether it reads like :data:`KEY_HEADER` without being it
+_JUDGED: dict[str, bool] = {}
+
+
+def misspelt_key(name: object) -> bool:
+    """Whether a header ``name`` reads like the key's (``idempotency_key``, a
+    ``grousset-key``) without being :data:`KEY_HEADER`: nothing reads it."""
+    judged = _JUDGED.get(name) if isinstance(name, str) else None
+    if judged is None:
+        from celery_grousset.options import reads_like
+
+        norm = str(name).lower().replace("-", "_")
+        close = "idempot" in norm or norm == KEY_HEADER or reads_like(norm, (KEY_HEADER,))
+        judged = name != KEY_HEADER and bool(close)
+        if isinstance(name, str) and len(_JUDGED) < 4096:  # a bound: names are few
+            _JUDGED[name] = judged
+    return judged
+
+
+def key_of(request: Any) -> Any:
+    """The idempotency key a delivery carries (its :data:`KEY_HEADER`); None: none. A
+    delivery without one whose headers hold a name that reads like it (a producer's
+    ``app.send_task(headers={"idempotency_key": …})``) is refused with a
+    ``FingerprintError``: keyed by all its arguments instead, it would run again for
+    every other argument. Its body does not run; the task fails, naming the header."""
+    value = header(request, KEY_HEADER)
+    if value is not None or request is None:
+        return value
+    fields = getattr(request, "headers", None)
+    if not isinstance(fields, dict):
+        fields = getattr(request, "__dict__", None) or {}
+    for name in fields:
+        if misspelt_key(name):
+            from celery_grousset.exceptions import FingerprintError
+
+            raise FingerprintError(
+                f"the delivery's header {str(name)[:100]!r} is not read: the key of a call "
+                f"travels in the header {KEY_HEADER!r} (app.send_task(headers={{"
+                f"{KEY_HEADER!r}: …}}), or idempotency_key=… to apply_async()). Refused "
+                "rather than keyed by its arguments: it did not run."
+            )
+    return None
+
+
 def retry_of(request: Any) -> tuple[str, str] | None:
     """``(the fingerprint of the call a Celery retry retries, the fingerprint the retry's
     own arguments give)`` when ``request`` carries a retry's mark for its own task id

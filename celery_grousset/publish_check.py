@@ -22,9 +22,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from celery_grousset.delivery import KEY_HEADER
+from celery_grousset.delivery import KEY_HEADER, misspelt_key
 from celery_grousset.events import emit
-from celery_grousset.options import reads_like
 
 EVENT = "grousset.published_in_transaction"
 EFFECT_EVENT = "grousset.effect_in_transaction"
@@ -115,9 +114,7 @@ def refuse_misspelt_key(task_name: str, options: dict[str, Any], headers: bool =
                 "did you mean idempotency_key? (a non-empty str that names the call)"
             )
     for name in (options.get("headers") or ()) if headers else ():
-        norm = str(name).lower().replace("-", "_")
-        close = "idempot" in norm or norm == KEY_HEADER or reads_like(norm, (KEY_HEADER,))
-        if name != KEY_HEADER and close:
+        if misspelt_key(name):
             raise ValueError(
                 f"{task_name}: the header {name!r} is not read: the key of a call travels in "
                 f"the header {KEY_HEADER!r}. Pass idempotency_key=… to apply_async(), or "

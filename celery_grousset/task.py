@@ -22,12 +22,12 @@ from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.conf import grousset_settings, on_reload
 from celery_grousset.delivery import (
     COUNTED_HEADER,
-    KEY_HEADER,
     REQUEUES_HEADER,
     broker_countdown,
     carried_headers,
     delivery_fields,
     in_flight_countdown,
+    key_of,
     rejected,
     republish_failed,
     republished,
@@ -253,7 +253,7 @@ class GroussetTaskMixin:
             conf_bypass = getattr(self.app.conf, "grousset_bypass", False)
             bypass = self._grousset_bypass = bool(conf_bypass or grousset_settings.BYPASS)
             _instances.append(self)
-        call = self.grousset_call(args, kwargs, _header(request, KEY_HEADER), request)
+        call = self.grousset_call(args, kwargs, key_of(request), request)
         if bypass:
             return self._bypassed(call, lambda: run(*args, **kwargs))
         return guard.guarded(_TaskCaller(self, request, lambda: run(*args, **kwargs)), call)

@@ -604,6 +604,41 @@ def test_a_plain_producers_reprs_never_reach_the_journal(
         assert rec.args_repr == f"user='{user}', password='***'"
 
 
+@pytest.mark.parametrize("batch", [False, True], ids=["per-task", "worker-claim"])
+def test_a_misspelt_key_header_from_send_task_is_refused_not_keyed_by_arguments(
+    redis_url: str, pg: str, queue: str, batch: bool
+) -> None:
+    from celery import current_app
+
+    from celery_grousset.exceptions import FingerprintError
+    from tests.tasks import effect
+
+    key = f"misspelt-{uuid.uuid4().hex[:8]}"
+    extra = ["--grousset-batch"] if batch else []
+    with workers(queue, 1, database=pg, broker=redis_url, extra=extra):
+        # Given a producer that is not GroussetTask naming the call's key under a header
+        # nothing reads (two spellings), and one under the header that is read
+        wrong = [
+            current_app.send_task(effect.name, (f"{key}-{i}",), headers={name: key},
+                                  queue=queue)
+            for i, name in enumerate(("idempotency_key", "grousset-key"))
+        ]  # fmt: skip
+        right = [
+            current_app.send_task(effect.name, (f"{key}-r",),
+                                  headers={"grousset_key": f"{key}-k"}, queue=queue)
+            for _ in range(2)
+        ]  # fmt: skip
+        # Then the misspelt ones fail, naming the header and the one that works
+        for result, name in zip(wrong, ("idempotency_key", "grousset-key"), strict=True):
+            with pytest.raises(FingerprintError, match=f"'{name}' is not read.*'grousset_key'"):
+                result.get(timeout=30)
+        # and the keyed call runs once for its key
+        assert [r.get(timeout=30)["key"] for r in right] == [f"{key}-r", f"{key}-r"]
+    # Nothing ran for a misspelt key; one effect for the key that is read
+    assert [effects(pg, f"{key}-{i}") for i in range(2)] == [0, 0]
+    assert effects(pg, f"{key}-r") == 1
+
+
 def test_password_never_stored_or_logged(redis_url: str, pg: str, queue: str) -> None:
     import redis
 
