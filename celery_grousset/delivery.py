@@ -66,9 +66,11 @@ def key_of(request: Any) -> Any:
     value = header(request, KEY_HEADER)
     if value is not None or request is None:
         return value
-    fields = getattr(request, "headers", None)
+    fields = getattr(request, "headers", None)  # Celery's Context: the custom ones only
+    if fields is None and not hasattr(type(request), "_get_custom_headers"):
+        fields = getattr(request, "__dict__", None)  # a Celery without that split
     if not isinstance(fields, dict):
-        fields = getattr(request, "__dict__", None) or {}
+        return None
     for name in fields:
         if misspelt_key(name):
             from celery_grousset.exceptions import FingerprintError
