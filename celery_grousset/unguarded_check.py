@@ -80,15 +80,35 @@ def misspelt_messages(apps: Iterable[Any]) -> list[checks.CheckMessage]:
                 continue
             seen.add(id(task))
             for attr, meant in _misspelt(type(task), celery_names):
-                found.append(checks.Warning(
-                    f"Task {name!r} is given {attr!r}, which is no option: did you mean "
-                    f"{meant!r}? Nothing reads {attr!r}, so the task runs with {meant!r} "
-                    "from GROUSSET or its default.",
-                    hint=f"Rename it to {meant!r} in the task's decorator (a name of your "
-                    "own: silence celery_grousset.W015 in SILENCED_SYSTEM_CHECKS).",
-                    obj=name, id=MISSPELT_ID,
-                ))  # fmt: skip
+                found.append(_misspelt_warning(name, type(task), attr, meant))
     return found
+
+
+#: the task options of the libraries a project moves from (docs/migrating.md) -> ours
+FOREIGN = {
+    "once": "grousset_key (its keys) and max_processing_time (its timeout)",  # celery-once
+    "unique_on": "grousset_key",  # celery-singleton
+    "lock_expiry": "max_processing_time",
+    "raise_on_duplicate": "on_in_flight (what a duplicate of a running call does)",
+}
+
+
+def _misspelt_warning(name: str, cls: type, attr: str, meant: str) -> checks.CheckMessage:
+    if attr in FOREIGN:
+        text = (f"Task {name!r} is given {attr!r}, an option of celery-once / "
+                f"celery-singleton that nothing reads here: its guard is {meant}. Until "
+                "then a call is keyed by all its arguments, with the default "
+                "max_processing_time.")  # fmt: skip
+        fix = f"Replace {attr!r} with {meant.split(' (')[0]} (docs/migrating.md)."
+    else:
+        runs = (f"the task's own {meant!r}" if meant in vars(cls)
+                else f"{meant!r} from GROUSSET or its default")  # fmt: skip
+        text = (f"Task {name!r} is given {attr!r}, which is no option: did you mean "
+                f"{meant!r}? Nothing reads {attr!r}, so the task runs with {runs}.")
+        fix = f"Rename it to {meant!r} in the task's decorator"
+        fix += " (or remove it)." if meant in vars(cls) else "."
+    return checks.Warning(text, obj=name, id=MISSPELT_ID, hint=(
+        f"{fix} A name of your own: silence celery_grousset.W015 in SILENCED_SYSTEM_CHECKS."))
 
 
 def _misspelt(cls: type, celery_names: set[str]) -> Iterable[tuple[str, str]]:
@@ -99,7 +119,7 @@ def _misspelt(cls: type, celery_names: set[str]) -> Iterable[tuple[str, str]]:
             continue
         if isinstance(value, (property, staticmethod, classmethod)):
             continue
-        meant = reads_like(attr, KNOWN)
+        meant = FOREIGN.get(attr) or reads_like(attr, KNOWN)
         if meant is not None:
             yield attr, meant
 

@@ -672,6 +672,22 @@ def test_a_misspelt_task_option_is_W015_naming_the_option(
         assert "did you mean 'max_processing_time'" in messages[slow].msg
         assert "'grousset_key'" in (messages[keyed].hint or "")
         assert ids(own) == set()
+        # Given the options of the libraries a project moves from, left on a guarded task
+        once = guarded(app, once={"keys": ["order_id"], "timeout": 600})
+        single = guarded(app, unique_on=["order_id"], lock_expiry=600, raise_on_duplicate=True)
+        # Then each is a warning naming what replaces it
+        msgs = [m for m in checks.run_checks(tags=[TAG]) if m.obj in (once, single)]
+        assert {m.id for m in msgs} == {"celery_grousset.W015"} and len(msgs) == 4
+        text = " | ".join(m.msg + " " + (m.hint or "") for m in msgs)
+        for attr, ours in (("once", "grousset_key"), ("unique_on", "grousset_key"),
+                           ("lock_expiry", "max_processing_time"),
+                           ("raise_on_duplicate", "on_in_flight")):  # fmt: skip
+            assert f"given {attr!r}, an option of celery-once / celery-singleton" in text
+            assert f"Replace {attr!r} with {ours}" in text
+        # Given a misspelling beside the option it meant: the task's own value is said
+        both = guarded(app, max_procesing_time=60, max_processing_time=30)
+        [message] = [m for m in checks.run_checks(tags=[TAG]) if m.obj == both]
+        assert "runs with the task's own 'max_processing_time'" in message.msg
 
 
 def test_unknown_or_unsupported_journal_database_is_E003() -> None:

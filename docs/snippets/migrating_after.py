@@ -1,12 +1,20 @@
 """Migrating page, after: the same task on celery-grousset."""
 
-from __future__ import annotations
-
+# --8<-- [start:after]
 from typing import Any
 
 from celery import shared_task
 
 from celery_grousset import GroussetTask
+
+
+@shared_task(base=GroussetTask, bind=True, max_processing_time=600, time_limit=540,
+             grousset_key=("order_id",))
+def send_receipt(self: Any, order_id: int, email: str) -> str:
+    # send_mail: your mailer, returning the provider's message id (below, a stand-in)
+    return send_mail(order_id, email)  # memoized: duplicates get the same message id
+# --8<-- [end:after]
+
 
 SENT: list[tuple[int, str]] = []
 
@@ -15,11 +23,3 @@ def send_mail(order_id: int, email: str) -> str:
     """Stands in for the mailer; returns the provider's message id."""
     SENT.append((order_id, email))
     return f"msg-{order_id}-{len(SENT)}"
-
-
-# --8<-- [start:after]
-@shared_task(base=GroussetTask, bind=True, max_processing_time=600, time_limit=540,
-             grousset_key=("order_id",))
-def send_receipt(self: Any, order_id: int, email: str) -> str:
-    return send_mail(order_id, email)  # memoized: duplicates get the same message id
-# --8<-- [end:after]
