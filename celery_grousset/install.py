@@ -284,3 +284,29 @@ def connect() -> None:
 
 
 on_reload(_refresh)
+
+
+def app_missing() -> list[Any]:
+    """``celery_grousset.E020`` when a worker finds ``settings.GROUSSET`` set, or a guarded
+    task registered in its Celery apps, and ``celery_grousset`` not in
+    ``INSTALLED_APPS``: without the app, ``GROUSSET["TASKS"]`` guards nothing and no
+    system check runs (none says so); its guarded tasks cannot claim."""
+    from django.apps import apps
+    from django.conf import settings
+    from django.core import checks
+
+    from celery_grousset.task import GroussetTaskMixin
+
+    if not apps.ready or apps.is_installed("celery_grousset"):
+        return []
+    guarded = any(isinstance(t, GroussetTaskMixin) for a in _active_apps()
+                  for t in list(a.tasks.values()))  # fmt: skip
+    if getattr(settings, "GROUSSET", None) is None and not guarded:
+        return []
+    return [checks.Error(
+        "celery-grousset is used (settings.GROUSSET, or a GroussetTask) but 'celery_grousset' "
+        "is not in INSTALLED_APPS: GROUSSET['TASKS'] guards nothing (every delivery runs "
+        "its effect), and a GroussetTask's claims fail.",
+        hint="Add 'celery_grousset' to INSTALLED_APPS, then run "
+        "`manage.py migrate celery_grousset`.", id="celery_grousset.E020",
+    )]  # fmt: skip

@@ -275,8 +275,9 @@ def refuse_configuration_errors(in_process: bool = False) -> None:
     in-process test worker (``start_worker``, ``in_process``) only logs them: its
     messages are the test's own, and the process holds every test's tasks."""
     from celery_grousset.checks import check_tasks
+    from celery_grousset.install import app_missing
 
-    messages = check_tasks()
+    messages = [*app_missing(), *check_tasks()]
     for message in messages:
         if not message.is_serious() and not message.is_silenced():
             logger.warning("%s", message)

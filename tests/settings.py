@@ -33,6 +33,8 @@ INSTALLED_APPS = [
     "celery_grousset",
     "tests.ledger",
 ]
+if os.environ.get("GROUSSET_TEST_WITHOUT_APP"):  # a project that forgot the app
+    INSTALLED_APPS.remove("celery_grousset")
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

@@ -497,6 +497,31 @@ def test_a_worker_with_a_configuration_error_refuses_to_start_and_loses_nothing(
     assert effects(pg, key) == 1
 
 
+def test_a_worker_of_a_project_without_the_app_in_installed_apps_refuses_to_start(
+    redis_url: str, pg: str, queue: str
+) -> None:
+    from tests.tasks import effect
+    from tests.workers import start_worker
+
+    key = f"no-app-{uuid.uuid4().hex[:8]}"
+    # Given a guarded task's message waiting in the broker
+    result = effect.apply_async((key,), queue=queue)
+    # When a worker of a project that forgot 'celery_grousset' in INSTALLED_APPS starts
+    # (its celery.py calls install(app); GROUSSET is set)
+    env = {"GROUSSET_TEST_WITHOUT_APP": "1"}
+    with pytest.raises(RuntimeError, match="worker exited with 1") as refused:
+        start_worker(queue, database=pg, broker=redis_url, env=env).kill()
+    # Then it does not start: it says what is missing and the fix, and ran nothing
+    text = str(refused.value)
+    assert "celery_grousset.E020" in text and "not in INSTALLED_APPS" in text, text
+    assert "Add 'celery_grousset' to INSTALLED_APPS" in text, text
+    assert effects(pg, key) == 0
+    # And the message waited: a worker of the fixed project runs it, once
+    with workers(queue, 1, database=pg, broker=redis_url):
+        assert result.get(timeout=60)["key"] == key
+    assert effects(pg, key) == 1
+
+
 def test_a_worker_whose_time_limit_is_not_below_max_processing_time_refuses_to_start(
     redis_url: str, pg: str, queue: str
 ) -> None:
