@@ -474,8 +474,16 @@ def test_postgresql_down_fails_closed_then_runs_once(redis_url: str, pg: str, qu
     assert [effects(pg, k) for k in keys] == [1] * 5
 
 
+@pytest.mark.parametrize("env, said", [
+    # GROUSSET has an error
+    ({"GROUSSET_TEST_LAYOUT": "bogus"}, ("JOURNAL_LAYOUT", "this worker does not start")),
+    # the project forgot 'celery_grousset' in INSTALLED_APPS (its celery.py calls
+    # install(app); GROUSSET is set): GROUSSET["TASKS"] would guard nothing
+    ({"GROUSSET_TEST_WITHOUT_APP": "1"},
+     ("celery_grousset.E020", "not in INSTALLED_APPS", "Add 'celery_grousset' to INSTALLED_APPS")),
+], ids=["grousset-error", "app-not-installed"])  # fmt: skip
 def test_a_worker_with_a_configuration_error_refuses_to_start_and_loses_nothing(
-    redis_url: str, pg: str, queue: str
+    redis_url: str, pg: str, queue: str, env: dict[str, str], said: tuple[str, ...]
 ) -> None:
     from tests.tasks import effect
     from tests.workers import start_worker
@@ -483,40 +491,14 @@ def test_a_worker_with_a_configuration_error_refuses_to_start_and_loses_nothing(
     key = f"refused-{uuid.uuid4().hex[:8]}"
     # Given a guarded task's message waiting in the broker
     result = effect.apply_async((key,), queue=queue)
-    # When a worker whose GROUSSET has an error starts on its queue
-    env = {"GROUSSET_TEST_LAYOUT": "bogus"}
+    # When a worker with the configuration error starts on its queue
     with pytest.raises(RuntimeError, match="worker exited with 1") as refused:
         start_worker(queue, database=pg, broker=redis_url, env=env).kill()
-    # Then it does not start: it names the setting and the fix, and ran nothing
+    # Then it does not start: it names the problem and the fix, and ran nothing
     text = str(refused.value)
-    assert "JOURNAL_LAYOUT" in text and "this worker does not start" in text, text
+    assert all(part in text for part in said), text
     assert effects(pg, key) == 0
     # And the message waited: a worker started after the fix runs it, once
-    with workers(queue, 1, database=pg, broker=redis_url):
-        assert result.get(timeout=60)["key"] == key
-    assert effects(pg, key) == 1
-
-
-def test_a_worker_of_a_project_without_the_app_in_installed_apps_refuses_to_start(
-    redis_url: str, pg: str, queue: str
-) -> None:
-    from tests.tasks import effect
-    from tests.workers import start_worker
-
-    key = f"no-app-{uuid.uuid4().hex[:8]}"
-    # Given a guarded task's message waiting in the broker
-    result = effect.apply_async((key,), queue=queue)
-    # When a worker of a project that forgot 'celery_grousset' in INSTALLED_APPS starts
-    # (its celery.py calls install(app); GROUSSET is set)
-    env = {"GROUSSET_TEST_WITHOUT_APP": "1"}
-    with pytest.raises(RuntimeError, match="worker exited with 1") as refused:
-        start_worker(queue, database=pg, broker=redis_url, env=env).kill()
-    # Then it does not start: it says what is missing and the fix, and ran nothing
-    text = str(refused.value)
-    assert "celery_grousset.E020" in text and "not in INSTALLED_APPS" in text, text
-    assert "Add 'celery_grousset' to INSTALLED_APPS" in text, text
-    assert effects(pg, key) == 0
-    # And the message waited: a worker of the fixed project runs it, once
     with workers(queue, 1, database=pg, broker=redis_url):
         assert result.get(timeout=60)["key"] == key
     assert effects(pg, key) == 1
