@@ -28,7 +28,10 @@ NOT_THIS_TESTS = (
 ROLLED_BACK = (
     "guarded tasks claim on the journal's own connection and commit at once, which a "
     "rolled-back test transaction cannot contain (a later test would meet this test's "
-    "memos). Use @pytest.mark.django_db(transaction=True), or TransactionTestCase."
+    "memos). Use TransactionTestCase (Django's runner) or "
+    "@pytest.mark.django_db(transaction=True) (pytest). A test of something else can keep "
+    "its TestCase with the guard off: @override_settings(GROUSSET={**settings.GROUSSET, "
+    "'BYPASS': True}) (no journal; the body runs on every call)."
 )
 
 

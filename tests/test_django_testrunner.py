@@ -47,16 +47,26 @@ def charge(order_id):
 """
 
 TESTS = """
-from django.test import TransactionTestCase
+from django.conf import settings
+from django.test import TestCase, TransactionTestCase, override_settings
 
 from runnerproj.app import CALLS, charge
 
 
 class Committed(TransactionTestCase):
     def test_a_duplicate_gets_the_memo(self):
+        del CALLS[:]
         first, second = charge.apply((7,)).get(), charge.apply((7,)).get()
         self.assertEqual(first, second)
         self.assertEqual(CALLS, [7])
+
+
+@override_settings(GROUSSET={**settings.GROUSSET, "BYPASS": True})
+class KeptTestCase(TestCase):  # a test of something else: the guard off, no journal
+    def test_a_guarded_call_runs_on_every_call(self):
+        del CALLS[:]
+        self.assertEqual(charge.apply((8,)).get(), charge.apply((8,)).get())
+        self.assertEqual(CALLS, [8, 8])
 """
 
 
@@ -69,8 +79,8 @@ def test_manage_py_test_drops_its_postgresql_test_database(tmp_path: Path) -> No
     host = os.environ.get("GROUSSET_TEST_PG_HOST", "127.0.0.1")
     port = os.environ.get("GROUSSET_TEST_PG_PORT", "5432")
     test_name = f"grousset_runner_{uuid.uuid4().hex[:10]}"
-    # Given a project whose journal is its PostgreSQL database, and a
-    # TransactionTestCase that makes guarded calls
+    # Given a project whose journal is its PostgreSQL database, a TransactionTestCase that
+    # makes guarded calls, and a TestCase that turns the guard off for its own tests
     pkg = tmp_path / "runnerproj"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
@@ -94,7 +104,7 @@ def test_manage_py_test_drops_its_postgresql_test_database(tmp_path: Path) -> No
         exists = cursor.fetchone()[0]
         if exists:
             cursor.execute(f'DROP DATABASE "{test_name}" WITH (FORCE)')
-    assert "OK" in out and run.returncode == 0, out[-3000:]
+    assert "Ran 2 tests" in out and "OK" in out and run.returncode == 0, out[-3000:]
     assert exists == 0, out[-3000:]
 
 
