@@ -120,6 +120,28 @@ def test_memo_of_a_released_failure_says_a_duplicate_runs_again(
         grousset_journal.memo(task, 3)
 
 
+def test_journal_finds_a_call_by_its_idempotency_key(
+    grousset_eager: object, grousset_journal: Journal
+) -> None:
+    from celery_grousset import GroussetTask
+    from tests.celeryapp import app
+
+    name = f"tests.contrib.keyed_{uuid.uuid4().hex[:8]}"
+
+    def charge(order_id: int) -> int:
+        return order_id * 2
+
+    task = app.task(base=GroussetTask, shared=False, name=name, max_processing_time=30)(charge)
+    # Given a call made with an idempotency key
+    assert task.apply_async((4,), idempotency_key="k-4").get() == 8
+    # When the test looks it up by its key / Then it finds its record, and none for another
+    record = grousset_journal.keyed(task, "k-4")
+    assert record.status == "completed" and record.task_name == name
+    assert record.fingerprint != grousset_journal.fingerprint(task, 4)
+    with pytest.raises(pytest.fail.Exception, match=r"no journal entry.*idempotency_key='k-5'"):
+        grousset_journal.keyed(task, "k-5")
+
+
 def test_journal_count_clear_and_protect(grousset_journal: Journal) -> None:
     from celery_grousset import protect
 

@@ -100,6 +100,22 @@ class Journal:
             )
         return record
 
+    def keyed(self, task: Any, key: str) -> Outcome:
+        """The record of a call of ``task`` made with ``idempotency_key=key`` (its
+        arguments do not count: the key names it); fails the test if there is none."""
+        from celery_grousset.models import Outcome
+
+        opts = task.grousset_options()
+        alias = self._database or opts.database
+        fp = task.grousset_fingerprint((), {}, key)
+        found = Outcome.objects.using(alias).filter(processor_id=opts.processor_id,
+                                                    fingerprint=fp).first()  # fmt: skip
+        if found is None:
+            pytest.fail(f"no journal entry for {task.name}(…, idempotency_key={key!r}) in "
+                        f"database {alias!r}", pytrace=False)  # fmt: skip
+        assert isinstance(found, Outcome)
+        return found
+
     def protected(self, key: str, *, processor_id: str | None = None) -> Outcome:
         """The record of ``protect(key, …)`` (processor id default as in protect())."""
         from celery_grousset.claim import PROTECT_NAME
