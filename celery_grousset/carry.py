@@ -68,6 +68,12 @@ def outcome(
     }
 
 
+def ran(value: object) -> bool:
+    """Whether a carried header value is an outcome (the effect ran), not a lost claim."""
+    return isinstance(value, dict) and value.get("status") in (
+        Status.COMPLETED.value, Status.FAILED.value)  # fmt: skip
+
+
 def stale_by(caller: Any) -> float | None:
     """When the claim whose outcome this delivery carries turns stale (Unix time)."""
     value = getattr(caller, "carried", None)

@@ -278,17 +278,19 @@ class GroussetTaskMixin:
 
     def _requeue(
         self, countdown: float, exc: BaseException | None, extra: Any = None, request: Any = None,
-        latest: float | None = None,
+        latest: float | None = None, started: bool = False,
     ) -> NoReturn:
         """Send this delivery (``request``, default: the one running) again after
-        ``countdown`` (to arrive within ``latest`` s, if given) without using up max_retries."""
+        ``countdown`` (to arrive within ``latest`` s, if given) without using up max_retries.
+        ``started``: the call started within its ``expires``: the copy (carrying its
+        outcome, or waiting to take its own crashed attempt over) has no ``expires``."""
         request = self.request if request is None else request
         countdown = broker_countdown(self.app, countdown, latest)
         n = int(_header(request, REQUEUES_HEADER) or 0)
         headers = carried_headers(request, {REQUEUES_HEADER: n + 1, **(extra or {})})
-        sig = self.signature_from_request(
-            request, None, None, countdown=countdown, retries=request.retries, headers=headers
-        )
+        sig = self.signature_from_request(request, None, None, countdown=countdown,
+                                          retries=request.retries, headers=headers,
+                                          **({"expires": None} if started else {}))  # fmt: skip
         try:
             sig.apply_async()
         except Exception as publish_exc:
@@ -321,14 +323,16 @@ class _TaskCaller:
         countdown = in_flight_countdown(self.request, res.retry_in)
         why = exceptions.ClaimInFlight.requeued(req.task_name, req.fingerprint, res.retry_in,
                                                 countdown)  # Celery logs it as a retry's
-        self.task._requeue(countdown, why, {COUNTED_HEADER: 1}, self.request)
+        own = res.task_id == str(self.request.id)  # the holder: this message's crashed attempt
+        self.task._requeue(countdown, why, {COUNTED_HEADER: 1}, self.request, started=own)
 
     def store_unavailable(self, exc: StoreUnavailable, outcome: Any = None) -> NoReturn:
         if self.local:
             raise exc
         wait = carry.countdown(outcome or {}, store_countdown(self.request))
         extra = {carry.HEADER: outcome} if outcome is not None else None
-        self.task._requeue(wait, exc, extra, self.request, carry.time_left(outcome))
+        self.task._requeue(wait, exc, extra, self.request, carry.time_left(outcome),
+                           started=carry.ran(outcome))
 
     def carry(self, outcome: dict[str, Any], exc: StoreUnavailable) -> NoReturn:
         self.store_unavailable(exc, outcome)  # celery_grousset.carry

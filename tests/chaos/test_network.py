@@ -62,14 +62,15 @@ class Paused:
 
 @contextmanager
 def paused_after_effect(queue: str, backend: str, proxy: TcpProxy, task: Any, prefix: str,
-                        extra: list[str] | None = None) -> Iterator[Paused]:  # fmt: skip
+                        extra: list[str] | None = None,
+                        **publish: Any) -> Iterator[Paused]:  # fmt: skip
     alias = ALIASES[backend]
     env, armfile = fault_env("after_effect:stop")
     key = new_key(prefix)
     with workers(queue, 1, database=alias, concurrency=1,
                  env=_env(backend, proxy, **env), extra=extra) as ws:  # fmt: skip
         arm(armfile)
-        result = task.apply_async((key,), queue=queue)
+        result = task.apply_async((key,), queue=queue, **publish)
         pid = holder_pid(alias, task, (key,))
         wait_for(lambda: stopped(pid), 20, "the attempt to pause after its effect")
         yield Paused(alias, key, ws, result, pid)
@@ -113,6 +114,42 @@ def test_27_completion_unwritable_is_carried(broker: str, queue: str, tally: Any
     t.add_logs(ws)
     assert value["key"] == key and value["fence"] == rec.fence  # the one claim's fence
     assert rec.status == "completed" and rec.takeovers == 0
+    assert memo_of(rec) == value and dup == value
+    assert effects(alias, key) == 1
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("db_proxy", ["postgresql"], indirect=True)
+def test_27c_a_carried_outcome_outlives_the_messages_expires(
+    broker: str, queue: str, tally: Any, db_proxy: tuple[str, TcpProxy]
+) -> None:
+    backend, proxy = db_proxy
+    t = tally("27c completion unwritable until past the message's expires", backend)
+    expires = 4.0
+    # Given an attempt of a call published with expires=, paused after its effect
+    published = time.time()
+    with paused_after_effect(queue, backend, proxy, ct.effect, "s27c",
+                             expires=expires) as p:  # fmt: skip
+        alias, key, ws, result, pid = p.alias, p.key, p.ws, p.result, p.pid
+        # When the database is unreachable from before its completion until the
+        # message's expires has passed
+        proxy.stop()
+        try:
+            cont(pid)
+            wait_for(lambda: log_count(ws, "grousset.outcome_carried") or result.ready(), 60,
+                     "the attempt to give up on its completion")  # fmt: skip
+            wait_for(lambda: time.time() > published + expires + 1.0, 30, "expires to pass")
+        finally:
+            proxy.start()
+        # Then the requeued delivery that carries the outcome is not dropped as expired:
+        # it writes the memo and the caller gets the value
+        value = result.get(timeout=60)
+        rec = record_of(alias, ct.effect, (key,))
+        # And a later duplicate is answered from it, not run
+        dup = ct.effect.apply_async((key,), queue=queue).get(timeout=60)
+    t.add_key(alias, key, rec)
+    t.add_logs(ws)
+    assert value["key"] == key and rec.status == "completed" and rec.takeovers == 0
     assert memo_of(rec) == value and dup == value
     assert effects(alias, key) == 1
 
