@@ -55,7 +55,7 @@ def run_owned(
     completion = _completed(opts, value, serializer)
     if not complete(store, req, completion, res.fence, unwritten):
         raise FencedOut(_fenced_text(req, res, started, "its result was discarded; the "
-                                     "attempt that took the claim over ran the effect too"))
+                                     "attempt that holds the claim now runs the effect too"))
     fault("after_complete")
     overran(req, started)
     _said(req, completion)
@@ -87,13 +87,18 @@ def complete(
 
 def _fenced_text(req: ClaimRequest, res: ClaimResult, started: float, outcome: str) -> str:
     """Why an attempt was fenced out, and the fix (one wording for both paths)."""
+    elapsed = time.monotonic() - started
+    why = (
+        "A claim older than max_processing_time is taken over by the next delivery: raise "
+        "max_processing_time above the task's longest run, or set a hard time_limit below it."
+        if elapsed >= req.max_processing_time else
+        "It was not stale: it was released (grousset_release --force, a revoke with "
+        "terminate=True) and another delivery claimed the call since, which runs its effect."
+    )  # fmt: skip
     return (
         f"{req.task_name}: this attempt (fence {res.fence}) lost its claim on "
-        f"{req.fingerprint[:16]}… {time.monotonic() - started:.1f}s after its body started "
-        f"(max_processing_time {req.max_processing_time:g}s): {outcome}. A claim older "
-        "than max_processing_time is taken over by the next delivery: raise "
-        "max_processing_time above the task's longest run, or set a hard time_limit "
-        "below it."
+        f"{req.fingerprint[:16]}… {elapsed:.1f}s after its body started "
+        f"(max_processing_time {req.max_processing_time:g}s): {outcome}. {why}"
     )
 
 

@@ -20,7 +20,7 @@ from celery_grousset.claim import ENC_NONE, Kind, Status, unwritten_deadline
 from celery_grousset.conf import redact_keys
 from celery_grousset.shown import shown_json
 from celery_grousset.store import get_store
-from celery_grousset.store.base import purgeable
+from celery_grousset.store.rows import purgeable
 
 if TYPE_CHECKING:
     from celery_grousset.models import Outcome
@@ -200,7 +200,7 @@ def purge_expired(
     progress: Callable[[int], None] | None = None,
 ) -> int:
     """Delete expired, settled rows and abandoned claims in batches
-    (:func:`~celery_grousset.store.base.purgeable`; never a live claim or an unexpired
+    (:func:`~celery_grousset.store.rows.purgeable`; never a live claim or an unexpired
     row), then the deliveries recorded for keys whose row is gone
     (:func:`purge_deliveries`)."""
     count = get_store(alias).purge_expired(batch_size=batch_size, before=before, progress=progress)

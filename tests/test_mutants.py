@@ -29,7 +29,8 @@ from celery_grousset.exceptions import FencedOut, StoreUnavailable
 from celery_grousset.fingerprint import fingerprint
 from celery_grousset.models import Outcome
 from celery_grousset.store import Store, store_class
-from celery_grousset.store.base import RELEASED, Completion
+from celery_grousset.store.base import Completion
+from celery_grousset.store.rows import RELEASED
 from tests import services
 from tests.celeryapp import app
 from tests.ledger.models import Effect

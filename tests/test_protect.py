@@ -166,7 +166,35 @@ def test_a_fenced_out_attempt_says_how_long_it_ran_and_the_fix(
     text = str(fenced.value)
     assert "s after its body started (max_processing_time 0.2s)" in text, text
     assert "raise max_processing_time above the task's longest run" in text, text
-    assert ("rolled back" if transactional else "ran the effect too") in text, text
+    assert ("rolled back" if transactional else "runs the effect too") in text, text
+
+
+@pytest.mark.parametrize("transactional", [False, True])
+def test_an_attempt_released_and_claimed_again_says_it_was_released(
+    alias: str, processor: str, transactional: bool
+) -> None:
+    from django.db import connections
+
+    from celery_grousset import journal
+    from celery_grousset.exceptions import FencedOut
+
+    if transactional and connections[alias].vendor == "sqlite":
+        pytest.skip("SQLite: the attempt's transaction holds the write lock a release needs")
+    opts = {"processor_id": processor, "database": alias, "transactional": transactional}
+
+    def released() -> str:  # an operator releases it mid-run; another call claims it
+        [rec] = Outcome.objects.using(alias).filter(processor_id=processor)
+        assert journal.release(rec, alias)
+        assert protect("released", lambda: "taker", max_processing_time=60, **opts) == "taker"
+        return "first"
+
+    # When an attempt whose fresh claim was released and claimed again completes
+    with pytest.raises(FencedOut) as fenced:
+        protect("released", released, max_processing_time=60, **opts)
+    # Then its error says so, not that it overran its max_processing_time
+    text = str(fenced.value)
+    assert "It was not stale: it was released" in text, text
+    assert "raise max_processing_time" not in text, text
 
 
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])

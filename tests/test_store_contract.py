@@ -301,6 +301,38 @@ def test_release_frees_an_in_flight_claim(store: Store, processor: str, fp: str)
     assert not store.finish(processor, fp, holder.token, completed())
 
 
+def test_a_released_claims_late_completion_is_written_unless_claimed_since(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    # Given a claim released (an operator, a revoke) while its attempt still ran
+    holder = req(processor, fp)
+    store.claim(holder)
+    assert store.release(processor, fp, token=holder.token)
+    # When that attempt completes before anyone claims the key again
+    assert store.finish(processor, fp, holder.token, completed())
+    # Then its outcome is recorded (the effect ran), and a duplicate gets it
+    assert row(alias, processor, fp).status == "completed"
+    assert not store.claim(req(processor, fp)).owned
+    # And so is a transactional attempt's, in its transaction
+    third = req(processor, uuid.uuid4().hex * 2)
+    store.claim(third)
+    assert store.release(processor, third.fingerprint, token=third.token)
+    with transaction.atomic(using=alias):
+        assert store.finish_in_transaction(third, completed())
+    assert row(alias, processor, third.fingerprint).status == "completed"
+    # Given another key released, then claimed again by another delivery
+    other = uuid.uuid4().hex * 2
+    first = req(processor, other)
+    store.claim(first)
+    assert store.release(processor, other, token=first.token)
+    assert store.claim(req(processor, other)).kind is Kind.RECLAIM
+    # Then the first attempt's late completion is fenced out, on both paths
+    assert not store.finish(processor, other, first.token, completed())
+    with transaction.atomic(using=alias):
+        assert not store.finish_in_transaction(first, completed())
+    assert row(alias, processor, other).status == "in_flight"
+
+
 def test_completion_resend_is_idempotent(store: Store, processor: str, fp: str) -> None:
     # Given a completion whose answer was lost / When it is sent again
     r = req(processor, fp)

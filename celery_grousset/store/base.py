@@ -32,46 +32,11 @@ from typing import Any
 
 from celery_grousset.claim import ENC_NONE, ClaimRequest, Kind, Status
 from celery_grousset.exceptions import InvalidArgument, PoisonDelivery, StoreUnavailable
+from celery_grousset.store.rows import purgeable, purgeable_sql
 
-#: the error text of a released claim
-RELEASED = "released: the claim was given up (revoked, retried or by an operator)"
 #: the longest value each identifying column of a claim holds (the model's max_length)
 ID_LIMITS = {"task_id": 255, "task_name": 255, "processor_id": 128}
 _ORPHANS: list[Any] = []  # discarded after a fork: freed, mysqlclient's closes the parent's
-
-
-def purgeable(cutoff: datetime) -> Any:
-    """The rows a purge at ``cutoff`` deletes (a ``Q``; docs/operations.md):
-
-    * settled rows (completed or failed) past their ``expires_on``;
-    * abandoned claims: in flight, stale (past their own ``stale_at``) and past
-      ``expires_on`` plus their own ``max_processing_time`` (``stale_at -
-      started_at``, as the claim wrote it). Nothing holds such a row any more: its
-      attempt died and no delivery came to take it over within the whole retention
-      window. A live claim is never purgeable (it is not stale).
-    """
-    from django.db.models import DateTimeField, ExpressionWrapper, F, Q
-    from django.db.models.lookups import LessThanOrEqual
-
-    in_flight = Status.IN_FLIGHT.value
-    settled = Q(expires_on__lte=cutoff) & ~Q(status=in_flight)
-    overdue = ExpressionWrapper(
-        F("expires_on") + (F("stale_at") - F("started_at")), output_field=DateTimeField()
-    )
-    abandoned = Q(status=in_flight, stale_at__lte=cutoff, expires_on__lte=cutoff) & Q(
-        LessThanOrEqual(overdue, cutoff)
-    )
-    return settled | abandoned
-
-
-def purgeable_sql(alias: str, cutoff: datetime) -> tuple[str, tuple[Any, ...]]:
-    """:func:`purgeable` as a SQL condition on the journal table's columns, and its
-    parameters."""
-    from celery_grousset.models import Outcome
-
-    rows = Outcome.objects.using(alias).filter(purgeable(cutoff))
-    sql, params = rows.query.get_compiler(using=alias).compile(rows.query.where)
-    return sql, tuple(params)
 
 
 def check_claimable(req: ClaimRequest) -> None:
@@ -280,15 +245,18 @@ class Store(abc.ABC):
     def finish_in_transaction(self, req: ClaimRequest, completion: Completion) -> bool:
         """The fenced completion on Django's connection, inside the caller's open
         transaction (``transactional=True``): it commits or rolls back with the effect."""
+        from django.db.models import Q
+
         from celery_grousset.models import Outcome
 
         done = (
             Outcome.objects.using(self.alias)
-            .filter(
+            .filter(  # FINISHABLE's first two rows (no re-send in a transaction)
+                Q(status=Status.IN_FLIGHT.value)
+                | Q(status=Status.FAILED.value, result_encoding=""),
                 processor_id=req.processor_id,
                 fingerprint=req.fingerprint,
                 claim_token=req.token,
-                status=Status.IN_FLIGHT.value,
             )
             .update(
                 status=completion.status, result=completion.result,

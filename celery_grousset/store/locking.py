@@ -32,7 +32,8 @@ from celery_grousset.claim import (
     next_fence,
     recorded,
 )
-from celery_grousset.store.base import RELEASED, ClaimResult, Completion, Store, distinct_keys
+from celery_grousset.store.base import ClaimResult, Completion, Store, distinct_keys
+from celery_grousset.store.rows import FINISHABLE, RELEASED
 
 TABLE = "celery_grousset_outcome"
 DELIVERIES = "celery_grousset_delivery"
@@ -297,8 +298,7 @@ class LockingStore(Store):
         return self._update_one(
             f"UPDATE {TABLE} SET status = {p}, result = {p}, result_encoding = {p}, "
             f"error = {p}, completed_at = {p} WHERE processor_id = {p} AND "
-            f"fingerprint = {p} AND claim_token = {p} AND (status = 'in_flight' OR "
-            f"(status = {p} AND result_encoding = {p}))",
+            f"fingerprint = {p} AND claim_token = {p} AND {FINISHABLE.format(st=p, enc=p)}",
             lambda now: (
                 completion.status,
                 completion.result,

@@ -13,7 +13,7 @@ waits for every claim that may write there (the claim's ``UPDATE`` locks every
 partition); a claim that waited reads the generation again after its ``UPDATE``
 (:mod:`celery_grousset.store.pgpartition`), so it writes to a newer one. Past the
 barrier rows only leave a past generation, so the check that every row of it is
-:func:`~celery_grousset.store.base.purgeable` runs without a lock that claims wait for:
+:func:`~celery_grousset.store.rows.purgeable` runs without a lock that claims wait for:
 one probe of the index on each row's "abandoned after" instant (:data:`ABANDON`), or one
 scan when a journal lacks that index. A generation holding a live in-flight row (or an
 unexpired one) stays. Only generations older than the current one are considered.
@@ -31,8 +31,8 @@ from datetime import datetime
 from typing import Any
 
 from celery_grousset.claim import Status
-from celery_grousset.store.base import purgeable_sql
 from celery_grousset.store.pgpartsql import TABLE
+from celery_grousset.store.rows import purgeable_sql
 
 #: generations created ahead of the current one (convert, create-ahead, every purge)
 AHEAD = 3
@@ -106,7 +106,7 @@ def current_generation(alias: str) -> int:
 #: purgeable whatever its status — settled rows once past ``expires_on``; in-flight rows
 #: once stale, past ``expires_on`` and past ``expires_on`` + their own
 #: ``max_processing_time`` (``stale_at - started_at``): the rule of
-#: :func:`~celery_grousset.store.base.purgeable`, as one number. Completions, releases and
+#: :func:`~celery_grousset.store.rows.purgeable`, as one number. Completions, releases and
 #: duplicates never change these three columns, so completions stay HOT updates; the
 #: partitioned layout indexes it (``convert``) so retention proves a generation clear
 #: with one index probe instead of a scan.

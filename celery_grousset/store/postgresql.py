@@ -32,7 +32,6 @@ from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.exceptions import StoreUnavailable
 from celery_grousset.store import refusals
 from celery_grousset.store.base import (
-    RELEASED,
     ClaimResult,
     Completion,
     Store,
@@ -44,6 +43,7 @@ from celery_grousset.store.base import (
 from celery_grousset.store.pgclaim import BATCH_SQL, CLAIM_SQL, GAVE_UP_ERROR, KEY, NOW, PER_ROW
 from celery_grousset.store.pgdriver import POOLER_FIX, driver, sqlstate, statement_timeout_ms
 from celery_grousset.store.pgops import PostgresOperations
+from celery_grousset.store.rows import FINISHABLE, RELEASED
 from celery_grousset.store.watchdog import Watchdog
 
 T = TypeVar("T")
@@ -53,7 +53,7 @@ FINISH_SQL = f"""
 UPDATE celery_grousset_outcome SET status = %(st)s, result = %(res)s,
     result_encoding = %(enc)s, error = %(err)s, completed_at = {NOW}
 WHERE {KEY.format(t='')} AND claim_token = %(tok)s
-    AND (status = 'in_flight' OR (status = %(st)s AND result_encoding = %(enc)s))
+    AND {FINISHABLE.format(st="%(st)s", enc="%(enc)s")}
 """
 
 RELEASE_SQL = f"""
