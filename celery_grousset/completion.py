@@ -143,20 +143,25 @@ def _run_transactional(
             fault("after_effect")
             t0 = time.perf_counter()
             completion = _completed(opts, value, serializer)
-            if not store.finish_in_transaction(req, completion):
+            if not _finish_in_transaction(store, req, completion):
                 events.finished(req, "fenced_out", time.perf_counter() - t0)
                 events.fenced(req, res.fence)
                 raise FencedOut(_fenced_text(req, res, started, "its transaction, effect "
                                              "included, was rolled back"))
     except FencedOut:
         raise
-    except BaseException as exc:
-        if refusals.rolled_back(exc):  # its completion too: never the task's failure
-            release_lost(store, req, res.fence, exc)
+    except BaseException as caught:
+        refused = isinstance(caught, _NotTaken)
+        exc = caught.__cause__ or caught if refused else caught
+        if refusals.rolled_back(exc) or (refused and not connection_lost(conn, raw, exc)):
+            release_lost(store, req, res.fence, exc)  # never the task's failure
+            why = ("did not take the transaction's completion (a lock wait timeout, a "
+                   "refusal)" if not refusals.rolled_back(exc) else "rolled the transaction "
+                   "back for a conflict with another transaction")  # fmt: skip
             raise TransactionLost(
-                f"{req.task_name}: the journal database {store.alias!r} rolled the "
-                f"transaction back, effect and completion, for a conflict with another "
-                f"transaction ({exc}); the claim is released and the delivery sent again."
+                f"{req.task_name}: the journal database {store.alias!r} {why}: {exc}. "
+                "The effect was rolled back with it; the claim is released and the "
+                "delivery sent again."
             ) from exc
         if not connection_lost(conn, raw, exc):
             if fail(store, opts, req, exc):
@@ -175,6 +180,22 @@ def _run_transactional(
     overran(req, started)
     _said(req, completion)
     return value
+
+
+class _NotTaken(Exception):
+    """The transactional completion's own statement raised (the journal's trouble: a
+    lock wait timeout, a permission refused), as the cause: not the body's failure."""
+
+
+def _finish_in_transaction(store: Store, req: ClaimRequest, completion: Completion) -> bool:
+    from django.db import DatabaseError, DataError, IntegrityError
+
+    try:
+        return store.finish_in_transaction(req, completion)
+    except DatabaseError as exc:
+        if isinstance(exc, (DataError, IntegrityError)):  # its data: the same every time
+            raise
+        raise _NotTaken(str(exc)) from exc
 
 
 #: a transaction whose connection broke sooner than this was not cut by an idle limit

@@ -6,11 +6,12 @@ process, through a proxy that drops the connections: ``protect(transactional=Tru
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 
 import pytest
-from django.db import OperationalError, connections
+from django.db import OperationalError, connections, transaction
 from django.test import override_settings
 
 from celery_grousset import protect, signals
@@ -246,6 +247,60 @@ def test_a_mariadb_conflict_inside_the_transaction_is_run_again_never_memoized(
         assert Effect.objects.using(alias).filter(key=key).count() == 0
         assert protect(key, body, transactional=True, on_failure="memoize") == "booked"
         assert Effect.objects.using(alias).filter(key=key).count() == 1
+    reset_stores()
+
+
+@pytest.mark.parametrize("alias", ["postgresql", "mysql"])
+def test_a_completion_the_journal_does_not_take_is_an_outage_not_the_tasks_failure(
+    alias: str,
+) -> None:
+    """The transactional completion's own statement fails while the journal's row is
+    locked by another session past the server's lock wait timeout: it was the task's
+    failure (the row released with that error, the message consumed), the call lost."""
+    import threading
+
+    from tests.ledger.models import Effect
+
+    services.require_database("postgresql" if alias == "postgresql" else "mysql")
+    key, attempts, locked = f"locked-{uuid.uuid4().hex[:8]}", [], threading.Event()
+
+    def locker(pk: int) -> None:  # another session holds the row past the lock timeout
+        with transaction.atomic(using=alias):
+            list(Outcome.objects.using(alias).select_for_update().filter(pk=pk))
+            locked.set()
+            time.sleep(1.6)  # past the completion's timeout (1 s), not the release's
+        connections[alias].close()
+
+    def body() -> str:
+        attempts.append(1)
+        Effect.objects.using(alias).create(key=key, value="booked", pid=0)
+        if len(attempts) == 1:
+            if alias == "mysql":  # the server's lock wait timeout (PostgreSQL: STORE_TIMEOUT)
+                with connections[alias].cursor() as cursor:
+                    cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
+            pk = Outcome.objects.using(alias).get(args_repr__contains=key).pk
+            threading.Thread(target=locker, args=(pk,), daemon=True).start()
+            assert locked.wait(10)
+        return "booked"
+
+    grousset = {"DATABASE": alias, "MAX_PROCESSING_TIME": 30, "STORE_TIMEOUT": 1}
+    with override_settings(GROUSSET=grousset):
+        reset_stores()
+        try:
+            # When the first attempt's completion times out on the lock
+            with pytest.raises(TransactionLost, match="did not take the transaction's"):
+                protect(key, body, transactional=True, on_failure="memoize")
+        finally:
+            if alias == "mysql":
+                with connections[alias].cursor() as cursor:
+                    cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+        # Then its effect was rolled back with it and the claim released, never the
+        # task's failure: the next delivery runs the effect, once, and completes
+        assert Effect.objects.using(alias).filter(key=key).count() == 0
+        assert protect(key, body, transactional=True, on_failure="memoize") == "booked"
+        assert Effect.objects.using(alias).filter(key=key).count() == 1
+        record = Outcome.objects.using(alias).get(args_repr__contains=key)
+        assert record.status == "completed" and len(attempts) == 2
     reset_stores()
 
 
