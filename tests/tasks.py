@@ -42,6 +42,21 @@ def effect(self: Any, key: str, sleep: float = 0.0) -> dict[str, Any]:
     return {"key": key, "pid": os.getpid(), "fence": self.grousset.fence}
 
 
+@shared_task(base=GroussetTask, bind=True, max_processing_time=30)
+def graceful(self: Any, key: str, sleep: float = 20.0) -> dict[str, Any]:
+    """``effect`` that ends gracefully on a soft time limit (SIGUSR1: a revoke with
+    terminate=True, signal="SIGUSR1", too), after a short clean-up: its effect stands."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    record(key, "graceful")
+    try:
+        time.sleep(sleep)
+    except SoftTimeLimitExceeded:
+        time.sleep(2.0)  # the clean-up, still holding the claim
+        return {"key": key, "partial": True, "fence": self.grousset.fence}
+    return {"key": key, "partial": False, "fence": self.grousset.fence}
+
+
 @shared_task(base=GroussetTask, bind=True, max_processing_time=30, rate_limit="20/s")
 def limited(self: Any, key: str) -> dict[str, Any]:
     """``effect`` under a rate limit: its requests reach the pool through Celery's

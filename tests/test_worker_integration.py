@@ -702,6 +702,30 @@ def test_a_pool_child_stopped_by_sigterm_mid_effect_keeps_its_claim(
     assert effects(pg, key) == 1
 
 
+def test_revoke_terminate_with_a_signal_that_does_not_end_the_process_keeps_the_claim(
+    pg_workers: tuple[str, list[Worker]], pg: str
+) -> None:
+    from tests.celeryapp import app
+    from tests.tasks import graceful
+
+    queue, _ = pg_workers
+    key = f"usr1-{uuid.uuid4().hex[:8]}"
+    # Given a running task that ends gracefully on SIGUSR1 (a soft time limit)
+    first = graceful.apply_async((key,), queue=queue)
+    holder_pid(pg, graceful, (key,))
+    # When it is revoked with terminate=True and SIGUSR1, and a duplicate arrives
+    app.control.revoke(first.id, terminate=True, signal="SIGUSR1")
+    time.sleep(0.5)  # (the revoke reaches the worker before the duplicate)
+    dup = graceful.apply_async((key,), queue=queue)
+    # Then the attempt went on under its claim and completed (Celery marks the revoked
+    # task's own result REVOKED); the duplicate got its memo, not a second run
+    value = dup.get(timeout=30)
+    assert value["key"] == key and value["partial"] is True, value
+    rec = record_of(pg, graceful, (key,))
+    assert rec.status == "completed" and rec.takeovers == 0 and rec.fence == value["fence"]
+    assert effects(pg, key) == 1
+
+
 def test_revoke_terminate_releases_the_claim(pg_workers: tuple[str, list[Worker]], pg: str) -> None:
     from tests.celeryapp import app
     from tests.tasks import effect
