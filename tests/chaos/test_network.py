@@ -155,6 +155,39 @@ def test_27c_a_carried_outcome_outlives_the_messages_expires(
 
 
 @pytest.mark.quick
+@pytest.mark.parametrize("db_proxy", ["postgresql"], indirect=True)
+def test_27d_the_carried_outcome_of_a_revoked_task_is_written(
+    broker: str, queue: str, tally: Any, db_proxy: tuple[str, TcpProxy]
+) -> None:
+    from tests.celeryapp import app
+
+    backend, proxy = db_proxy
+    t = tally("27d completion unwritable, the task revoked meanwhile", backend)
+    # Given an attempt paused after its effect, revoked meanwhile (without terminate: it
+    # goes on; Celery drops every later delivery of its task id)
+    with paused_after_effect(queue, backend, proxy, ct.effect, "s27d") as p:
+        alias, key, ws, result, pid = p.alias, p.key, p.ws, p.result, p.pid
+        app.control.revoke(result.id)
+        # When the database is unreachable at its completion
+        proxy.stop()
+        try:
+            cont(pid)
+            wait_for(lambda: log_count(ws, "grousset.outcome_carried"), 60,
+                     "the attempt to requeue its delivery with the outcome")  # fmt: skip
+        finally:
+            proxy.start()
+        # Then the requeued delivery, dropped as revoked, still has its outcome written
+        rec = wait_for(lambda: (r := record_of(alias, ct.effect, (key,))).status
+                       == "completed" and r, 30, "the carried outcome to be written")  # fmt: skip
+        # And a later duplicate is answered from it, not run
+        dup = ct.effect.apply_async((key,), queue=queue).get(timeout=60)
+    t.add_key(alias, key, rec)
+    t.add_logs(ws)
+    assert rec.takeovers == 0 and memo_of(rec) == dup and dup["key"] == key
+    assert effects(alias, key) == 1
+
+
+@pytest.mark.quick
 @pytest.mark.parametrize("db_proxy", BACKENDS, indirect=True)
 def test_27b_transactional_completion_is_never_carried(broker: str, queue: str, tally: Any,
                                                        db_proxy: tuple[str, TcpProxy]
