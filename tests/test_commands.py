@@ -640,6 +640,28 @@ def test_stats_numbers(store: Store, alias: str, processor: str) -> None:
     assert "stale claims 1 in the counted entries" in text
 
 
+def test_every_command_accepts_skip_checks(alias: str) -> None:
+    # Given a deploy script that passes --skip-checks to every management command
+    for name in ("grousset_stats", "grousset_purge"):
+        out = io.StringIO()
+        # When it runs the package's commands / Then each accepts it
+        call_command(name, "--skip-checks", "--database", alias, stdout=out)
+        assert out.getvalue(), name
+
+
+def test_an_unknown_journal_database_names_where_it_came_from(alias: str) -> None:
+    from celery_grousset.exceptions import ConfigurationError
+    from celery_grousset.store import get_store
+
+    # Given a database argument naming no alias, GROUSSET['DATABASE'] a good one
+    with pytest.raises(ConfigurationError) as refused:
+        get_store("nope")
+    # Then the error names the alias and where it came from, not the setting
+    text = str(refused.value)
+    assert "the journal database 'nope' (a task's database option" in text, text
+    assert "GROUSSET['DATABASE'] is" not in text, text
+
+
 def test_stats_count_the_last_day_unless_asked_for_more(
     store: Store, alias: str, processor: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -42,3 +42,27 @@ def test_a_read_only_journal_is_named_with_its_fix(alias: str) -> None:
             store.claim(claim_request())
     finally:
         store.close()
+
+
+def test_a_read_only_journal_met_on_a_fresh_connection_is_named_with_its_fix() -> None:
+    """The store's connection broke (a failover), and the one it opened again reached a
+    read-only server: the first such error lacked the fix the next ones carried."""
+    services.require_database("postgresql")
+    settings = connections.settings["postgresql"]
+    store = store_class(settings["ENGINE"])("postgresql", dict(settings), 5.0)
+    try:
+        store.claim(claim_request())  # connected
+        # Given the server terminates the connection, and the next one is read-only
+        pid = store._conn.info.backend_pid if hasattr(store._conn, "info") else None
+        if pid is None:
+            pytest.skip("psycopg2: no backend pid on the connection object")
+        with connections["postgresql"].cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        options = dict(store.settings_dict.get("OPTIONS") or {})
+        options["options"] = "-c default_transaction_read_only=on"
+        store.settings_dict = {**store.settings_dict, "OPTIONS": options}
+        # When a call claims / Then it fails closed, naming the problem and the fix
+        with pytest.raises(StoreUnavailable, match=r"refused the write.*read-only.*primary"):
+            store.claim(claim_request())
+    finally:
+        store.close()

@@ -131,9 +131,12 @@ def _new_store(alias: str) -> Store:
     try:
         settings_dict = connections.settings[alias]
     except Exception as exc:
+        named = (f"GROUSSET['DATABASE'] is {alias!r}" if alias == grousset_settings.DATABASE
+                 else f"the journal database {alias!r} (a task's database option, or the "
+                 "database argument given)")  # fmt: skip
         raise ConfigurationError(
-            f"celery-grousset: GROUSSET['DATABASE'] is {alias!r}, which is not "
-            f"in settings.DATABASES ({sorted(connections.settings)})."
+            f"celery-grousset: {named}, which is not in settings.DATABASES "
+            f"({sorted(connections.settings)})."
         ) from exc
     cls = store_class(settings_dict["ENGINE"])
     if grousset_settings.JOURNAL_LAYOUT == "partitioned":

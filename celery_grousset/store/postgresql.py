@@ -214,9 +214,7 @@ class PostgresStore(PostgresOperations, Store):
                     f"{self.alias!r} is partitioned: set JOURNAL_LAYOUT to 'partitioned', "
                     f"or run `manage.py grousset_partition revert --database {self.alias}`."
                 ) from exc
-            if (why := _REFUSALS.get(sqlstate(exc) or "")) is not None:
-                raise refusals.refused(self.alias, exc, why) from exc
-            raise StoreUnavailable(f"journal database {self.alias!r}: {exc}") from exc
+            raise self._unavailable(exc) from exc
         # The connection had gone stale (server restart, idle timeout): once more, fresh.
         conn = self._connect()
         try:
@@ -226,7 +224,12 @@ class PostgresStore(PostgresOperations, Store):
         except db.Error as exc:
             if db.broken(conn):
                 self.discard()
-            raise StoreUnavailable(f"journal database {self.alias!r}: {exc}") from exc
+            raise self._unavailable(exc) from exc
+
+    def _unavailable(self, exc: BaseException) -> StoreUnavailable:  # refusals: their fix
+        if (why := _REFUSALS.get(sqlstate(exc) or "")) is not None:
+            return refusals.refused(self.alias, exc, why)
+        return StoreUnavailable(f"journal database {self.alias!r}: {exc}")
 
     def _watched(self, op: Callable[[Any], T], conn: Any) -> T:
         """``op(conn)``, sent once more if it met a unique index that is not the claim's

@@ -304,6 +304,7 @@ class Command(BaseCommand):
     requires_system_checks: list[str] = []  # a read-only report: no checks on its start
 
     def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--skip-checks", action="store_true", help="(none run anyway)")
         add_duration_argument(
             parser,
             "--stale-after",
