@@ -143,7 +143,6 @@ ENC_NOT_MEMOIZED = "grousset/not-memoized"  #: ``memoize=False``: duplicates get
 ENC_NOT_STORED = "grousset/not-stored"  #: could not be stored: duplicates raise
 ENC_EXCEPTION = "grousset/exception"  #: ``on_failure="memoize"``: replay the error
 ENC_GAVE_UP = "grousset/gave-up"  #: ``max_takeovers`` reached
-ENC_IGNORED = "grousset/ignored"  #: the body raised Celery's Ignore (``self.replace()``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 
 from celery_grousset import events, memo
 from celery_grousset.binding import not_awaitable
-from celery_grousset.claim import ENC_IGNORED, ENC_NONE, ENC_NOT_STORED, ClaimRequest, Status
+from celery_grousset.claim import ENC_NONE, ENC_NOT_STORED, ClaimRequest, Status
 from celery_grousset.exceptions import (
     FencedOut,
     PoisonDelivery,
@@ -45,10 +45,7 @@ def run_owned(
     try:
         value = not_awaitable(fn(), req.task_name)
     except Exception as exc:
-        if _ignored(exc):  # self.replace(), raise Ignore(): the call is done, not failed
-            complete(store, req, Completion(Status.COMPLETED.value, None, ENC_IGNORED,
-                                            memo.error_summary(exc)), res.fence, unwritten)
-        elif fail(store, opts, req, exc):
+        if fail(store, opts, req, exc):
             overran(req, started)
         raise
     except BaseException as exc:  # the process is being stopped: the effect may have
@@ -248,16 +245,6 @@ def connection_lost(conn: Any, raw: Any, exc: BaseException) -> bool:
         return not conn.is_usable()
     except Exception:  # the connection is in no state to say
         return True
-
-
-def _ignored(exc: BaseException) -> bool:
-    """Celery's ``Ignore`` (``self.replace()`` raises it after publishing the replacement,
-    which keeps the task id): the body is done, and it asked for no state. Its record is
-    completed with :data:`ENC_IGNORED`: a duplicate is ignored too, never run again (in a
-    transaction, the rollback undid the effect: released as a failure)."""
-    from celery.exceptions import Ignore
-
-    return isinstance(exc, Ignore)
 
 
 def control_flow(exc: BaseException) -> bool:

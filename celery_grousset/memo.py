@@ -30,7 +30,6 @@ from celery_grousset import exceptions
 from celery_grousset.claim import (
     ENC_EXCEPTION,
     ENC_GAVE_UP,
-    ENC_IGNORED,
     ENC_NONE,
     ENC_NOT_MEMOIZED,
     ENC_NOT_STORED,
@@ -226,10 +225,6 @@ def decode(
         raise GaveUp(error.replace("<fingerprint>", fingerprint))
     if encoding == ENC_EXCEPTION:
         raise rebuild_exception(result, error)
-    if encoding == ENC_IGNORED:  # done; a duplicate is ignored too (no state, no chain)
-        from celery.exceptions import Ignore
-
-        raise Ignore(f"a duplicate of {fingerprint[:16]}…, which ended with {error}")
     if encoding == ENC_NONE or result is None:
         raise ResultNotStored(f"no memo stored for {fingerprint[:16]}…")
     content_type, _, content_encoding = encoding.partition(";")

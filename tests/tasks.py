@@ -57,22 +57,6 @@ def graceful(self: Any, key: str, sleep: float = 20.0) -> dict[str, Any]:
     return {"key": key, "partial": False, "fence": self.grousset.fence}
 
 
-@shared_task(base=GroussetTask, bind=True, max_processing_time=30)
-def replacer(self: Any, key: str) -> Any:
-    """An effect, then the rest of the work handed to another task (``self.replace``)."""
-    record(key, "replacer")
-    raise self.replace(effect.s(f"{key}-next"))
-
-
-@shared_task(base=GroussetTask, bind=True, max_processing_time=30)
-def ignorer(self: Any, key: str) -> None:
-    """An effect, then Celery's ``Ignore`` (no state recorded)."""
-    from celery.exceptions import Ignore
-
-    record(key, "ignorer")
-    raise Ignore()
-
-
 @shared_task(base=GroussetTask, bind=True, max_processing_time=30, rate_limit="20/s")
 def limited(self: Any, key: str) -> dict[str, Any]:
     """``effect`` under a rate limit: its requests reach the pool through Celery's

@@ -726,33 +726,6 @@ def test_revoke_terminate_with_a_signal_that_does_not_end_the_process_keeps_the_
     assert effects(pg, key) == 1
 
 
-@pytest.mark.parametrize("name", ["replacer", "ignorer"])
-def test_a_call_that_ended_with_ignore_or_replace_is_done_not_run_again(
-    pg_workers: tuple[str, list[Worker]], pg: str, name: str
-) -> None:
-    import tests.tasks
-
-    task = getattr(tests.tasks, name)
-    queue, _ = pg_workers
-    key = f"{name}-{uuid.uuid4().hex[:8]}"
-    # Given a call whose body did its effect, then handed over (self.replace()) or
-    # raised Ignore
-    first = task.apply_async((key,), queue=queue)
-    if name == "replacer":  # the replacement keeps the task id: its result is the call's
-        assert first.get(timeout=30)["key"] == f"{key}-next"
-    # When a duplicate of the call arrives after it
-    wait_for(lambda: effects(pg, key) == 1, 30, "the effect")
-    rec = wait_for(lambda: (r := record_of(pg, task, (key,))).status == "completed" and r,
-                   30, "the call to complete")  # fmt: skip
-    task.apply_async((key,), queue=queue)
-    wait_for(lambda: record_of(pg, task, (key,)).deliveries >= 2, 30, "the duplicate")
-    # Then the duplicate is ignored (as the call was): the effect ran once, and so did
-    # the replacement
-    assert effects(pg, key) == 1
-    assert effects(pg, f"{key}-next") == (1 if name == "replacer" else 0)
-    assert rec.result_encoding == "grousset/ignored" and "Ignore" in rec.error
-
-
 def test_revoke_terminate_releases_the_claim(pg_workers: tuple[str, list[Worker]], pg: str) -> None:
     from tests.celeryapp import app
     from tests.tasks import effect
