@@ -282,8 +282,8 @@ class GroussetTaskMixin:
     ) -> NoReturn:
         """Send this delivery (``request``, default: the one running) again after
         ``countdown`` (to arrive within ``latest`` s, if given) without using up max_retries.
-        ``started``: the call started within its ``expires``: the copy (carrying its
-        outcome, or waiting to take its own crashed attempt over) has no ``expires``."""
+        ``started``: the copy carries its attempt's outcome (the effect ran): it has no
+        ``expires``, so that the outcome is written whenever it arrives."""
         request = self.request if request is None else request
         countdown = broker_countdown(self.app, countdown, latest)
         n = int(_header(request, REQUEUES_HEADER) or 0)
@@ -323,8 +323,7 @@ class _TaskCaller:
         countdown = in_flight_countdown(self.request, res.retry_in)
         why = exceptions.ClaimInFlight.requeued(req.task_name, req.fingerprint, res.retry_in,
                                                 countdown)  # Celery logs it as a retry's
-        own = res.task_id == str(self.request.id)  # the holder: this message's crashed attempt
-        self.task._requeue(countdown, why, {COUNTED_HEADER: 1}, self.request, started=own)
+        self.task._requeue(countdown, why, {COUNTED_HEADER: 1}, self.request)
 
     def store_unavailable(self, exc: StoreUnavailable, outcome: Any = None) -> NoReturn:
         if self.local:

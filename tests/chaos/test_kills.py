@@ -42,13 +42,13 @@ def arm(path: str) -> None:
 
 
 def _killed_once(alias: str, queue: str, point: str, task: Any, t: Any,
-                 action: str = "kill", **publish: Any) -> tuple[Any, Any]:  # fmt: skip
+                 action: str = "kill") -> tuple[Any, Any]:  # fmt: skip
     env, armfile = fault_env(f"{point}:{action}")
     key = new_key(f"kill-{point}")
     with workers(queue, 1, database=alias, concurrency=1, env=env) as ws:
         arm(armfile)
         # Given an attempt SIGKILLed at `point` (acks_late + reject_on_worker_lost)
-        result = task.apply_async((key,), queue=queue, **publish)
+        result = task.apply_async((key,), queue=queue)
         # When the message is redelivered
         value = result.get(timeout=90)
     rec = record_of(alias, task, (key,))
@@ -79,21 +79,6 @@ def test_05_sigkill_after_claim(broker: str, pg: str, queue: str, tally: Any) ->
     t = tally("05 SIGKILL after claim", "postgresql")
     value, rec = _killed_once(pg, queue, "after_claim", ct.effect, t)
     # Then the stale claim was taken over after max_processing_time and ran once
-    assert rec.status == "completed" and rec.takeovers == 1
-    assert value["fence"] == rec.fence and effects(pg, value["key"]) == 1
-
-
-@pytest.mark.quick
-def test_05b_sigkill_after_claim_of_a_message_with_expires(
-    broker: str, pg: str, queue: str, tally: Any
-) -> None:
-    t = tally("05b SIGKILL after claim, expires shorter than max_processing_time", "postgresql")
-    # Given a call published with expires= shorter than its max_processing_time (3 s),
-    # whose attempt is killed after its claim: the redelivery waits for the claim to turn
-    # stale, past expires
-    value, rec = _killed_once(pg, queue, "after_claim", ct.effect, t, expires=2)
-    # Then the redelivery of the attempt's own message did not expire while it waited:
-    # it took the claim over and ran once (the call had started within its expires)
     assert rec.status == "completed" and rec.takeovers == 1
     assert value["fence"] == rec.fence and effects(pg, value["key"]) == 1
 
