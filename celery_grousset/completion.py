@@ -159,7 +159,8 @@ def _run_transactional(
                    "refusal)" if not refusals.rolled_back(exc) else "rolled the transaction "
                    "back for a conflict with another transaction")  # fmt: skip
             raise TransactionLost(
-                f"{req.task_name}: the journal database {store.alias!r} {why}: {exc}. "
+                f"{req.task_name}: the journal database {store.alias!r} {why}: "
+                f"{str(exc).rstrip('. ')}. "
                 "The effect was rolled back with it; the claim is released and the "
                 "delivery sent again."
             ) from exc
@@ -188,14 +189,12 @@ class _NotTaken(Exception):
 
 
 def _finish_in_transaction(store: Store, req: ClaimRequest, completion: Completion) -> bool:
-    from django.db import DatabaseError, DataError, IntegrityError
-
     try:
         return store.finish_in_transaction(req, completion)
-    except DatabaseError as exc:
-        if isinstance(exc, (DataError, IntegrityError)):  # its data: the same every time
-            raise
-        raise _NotTaken(str(exc)) from exc
+    except Exception as exc:
+        if not refusals.not_taken(exc):  # e.g. a transaction the body's caught error
+            raise  # aborted: the body's failure, surfaced here
+        raise _NotTaken(str(exc).rstrip(". \n")) from exc
 
 
 #: a transaction whose connection broke sooner than this was not cut by an idle limit

@@ -304,6 +304,39 @@ def test_a_completion_the_journal_does_not_take_is_an_outage_not_the_tasks_failu
     reset_stores()
 
 
+def test_a_transaction_the_body_aborted_is_the_tasks_failure_not_an_outage() -> None:
+    """A body that catches a database error without a savepoint leaves PostgreSQL's
+    transaction aborted: the completion statement surfaces it, but it is the body's
+    failure — sent again as an outage, it would be sent again forever."""
+    from django.db import DatabaseError
+
+    from tests.ledger.models import Effect
+
+    services.require_database("postgresql")
+    alias, key = "postgresql", f"aborted-{uuid.uuid4().hex[:8]}"
+
+    def body() -> str:
+        Effect.objects.using(alias).create(key=key, value="booked", pid=0)
+        try:
+            with connections[alias].cursor() as cursor:
+                cursor.execute("SELECT 1 / 0")  # caught without a savepoint: a bug
+        except DatabaseError:
+            pass
+        return "booked"
+
+    with override_settings(GROUSSET={"DATABASE": alias, "MAX_PROCESSING_TIME": 30}):
+        reset_stores()
+        # When the attempt's completion meets the aborted transaction
+        with pytest.raises(DatabaseError) as failed:
+            protect(key, body, transactional=True)
+        # Then it is the task's failure (its own error), not TransactionLost
+        assert not isinstance(failed.value, TransactionLost), failed.value
+        assert Effect.objects.using(alias).filter(key=key).count() == 0
+        record = Outcome.objects.using(alias).get(args_repr__contains=key)
+        assert record.status == "failed" and "aborted" in record.error, record.error
+    reset_stores()
+
+
 def test_a_transaction_dropped_every_time_fails_after_max_dropped_not_forever() -> None:
     """A transactional body idle longer than the server's wait_timeout loses its
     connection on every attempt: each was an outage (TransactionLost, requeued), so the

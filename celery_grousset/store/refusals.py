@@ -6,6 +6,8 @@ transaction back for a conflict (:func:`rolled_back`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from celery_grousset.exceptions import StoreUnavailable
 
 DENIED = "denied"
@@ -33,11 +35,15 @@ def refused(alias: str, exc: BaseException, why: str) -> StoreUnavailable:
 _ROLLED_BACK = {"40001", "40P01", 1213, 1020}
 
 
-def rolled_back(exc: BaseException) -> bool:
-    """``exc`` (Django's, or the driver's under it) says the database rolled the whole
-    transaction back to resolve a conflict with another one: a serialization failure
-    (REPEATABLE READ, SERIALIZABLE) or a deadlock. Nothing of it stands; it can run
-    again."""
+#: the journal refusing a statement of its own, whoever's transaction it runs in: a lock
+#: wait or statement timeout (PostgreSQL 55P03, 57014; MySQL/MariaDB 1205), a permission
+#: refused (42501; 1142), a read-only server (25006; 1290, 1792)
+_NOT_TAKEN = {"55P03", "57014", "42501", "25006", 1205, 1142, 1290, 1792}
+
+
+def _codes(exc: BaseException) -> Iterator[object]:
+    """The SQLSTATE (PostgreSQL) or error number (MySQL/MariaDB) of ``exc`` and of each
+    exception it was raised from (Django's, then the driver's under it)."""
     from celery_grousset.store.pgdriver import sqlstate
 
     seen: BaseException | None = exc
@@ -45,10 +51,24 @@ def rolled_back(exc: BaseException) -> bool:
         code: object = sqlstate(seen)
         if code is None and type(seen).__module__.startswith("MySQLdb") and seen.args:
             code = seen.args[0]
-        if code in _ROLLED_BACK:
-            return True
+        yield code
         seen = seen.__cause__
-    return False
+
+
+def rolled_back(exc: BaseException) -> bool:
+    """``exc`` (Django's, or the driver's under it) says the database rolled the whole
+    transaction back to resolve a conflict with another one: a serialization failure
+    (REPEATABLE READ, SERIALIZABLE) or a deadlock. Nothing of it stands; it can run
+    again."""
+    return any(code in _ROLLED_BACK for code in _codes(exc))
+
+
+def not_taken(exc: BaseException) -> bool:
+    """``exc``, raised by a statement of the journal's, says the database would not take
+    that statement (a lock wait timeout, a refusal): its trouble, not the caller's. An
+    error the statement only surfaced — a transaction a body's caught error aborted, a
+    data error — is not one."""
+    return any(code in _NOT_TAKEN for code in _codes(exc))
 
 
 def missing_table_fix(alias: str | None = None) -> str:
