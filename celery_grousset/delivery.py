@@ -50,7 +50,8 @@ def misspelt_key(name: object) -> bool:
         from celery_grousset.options import reads_like
 
         norm = str(name).lower().replace("-", "_")
-        close = "idempot" in norm or norm == KEY_HEADER or reads_like(norm, (KEY_HEADER,))
+        close = norm.replace("_", "") in ("idempotencykey", "groussetkey") or reads_like(
+            norm, (KEY_HEADER, "idempotency_key"))  # not an `idempotent` flag  # fmt: skip
         judged = name != KEY_HEADER and bool(close)
         if isinstance(name, str) and len(_JUDGED) < 4096:  # a bound: names are few
             _JUDGED[name] = judged
@@ -71,8 +72,8 @@ def key_of(request: Any) -> Any:
         fields = getattr(request, "__dict__", None)  # a Celery without that split
     if not isinstance(fields, dict):
         return None
-    for name in fields:
-        if misspelt_key(name):
+    for name, value in fields.items():
+        if misspelt_key(name) and isinstance(value, str):
             from celery_grousset.exceptions import FingerprintError
 
             raise FingerprintError(

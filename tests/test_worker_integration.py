@@ -611,6 +611,19 @@ def test_a_plain_producers_reprs_never_reach_the_journal(
         assert rec.args_repr == f"user='{user}', password='***'"
 
 
+def test_which_header_names_read_like_the_key() -> None:
+    from celery_grousset.delivery import misspelt_key
+
+    # A key under another spelling is refused; a flag or a header of another meaning is not
+    for name in ("idempotency_key", "Idempotency-Key", "idempotencyKey", "x-idempotency-key",
+                 "idempotency_keys", "grousset-key", "Grousset_Key", "grousset_keys"):
+        assert misspelt_key(name), name
+    for name in ("grousset_key", "idempotent", "is_idempotent", "idempotency",
+                 "x-idempotency-checked", "grousset_slot", "grousset_outcome", "key",
+                 "routing_key", "grousset_retry_of", "grousset_requeues"):  # fmt: skip
+        assert not misspelt_key(name), name
+
+
 @pytest.mark.parametrize("batch", [False, True], ids=["per-task", "worker-claim"])
 def test_a_misspelt_key_header_from_send_task_is_refused_not_keyed_by_arguments(
     redis_url: str, pg: str, queue: str, batch: bool
