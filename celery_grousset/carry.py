@@ -196,7 +196,11 @@ def settle_lost_claim(store: Store, lost: ClaimRequest) -> None:
     this token's in-flight claim can match, so a claim made since is never touched.
     The delivery then claims as usual, at once, instead of waiting until the lost
     claim turns stale."""
-    released = store.release(lost.processor_id, lost.fingerprint, lost.token)
+    try:
+        released = store.release(lost.processor_id, lost.fingerprint, lost.token)
+    except StoreUnavailable as exc:  # the journal still away: said and counted as a
+        events.store_error(lost, "claim", exc)  # claim's, which this delivery's would be
+        raise
     events.lost_claim(lost, released)
 
 

@@ -358,6 +358,7 @@ def gave_up_message(takeovers: int | str) -> str:
     return (
         f"GaveUp: the claim was taken over {takeovers} times (max_takeovers) and every "
         "attempt died before completing; the task probably kills its worker (memory "
-        "limit, segfault, hard time limit). Fix the task, then run "
-        "`manage.py grousset_release <fingerprint> --force` to allow another attempt."
+        "limit, segfault, hard time limit). Fix the task, run "
+        "`manage.py grousset_release <fingerprint> --force`, then publish the call again: "
+        "the deliveries that gave up were acknowledged."
     )

@@ -189,6 +189,33 @@ def test_a_lost_claim_is_settled_by_the_next_delivery(short: str, processor: str
     assert guard.guarded(copy, _call(key)) == {"receipt": key} and copy.runs == 0
 
 
+def test_a_lost_claim_that_cannot_be_settled_is_said_and_counted_as_a_claim_error(
+    short: str, processor: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    alias, key = short, f"order-{uuid.uuid4().hex}"
+    opts = _opts(processor, alias)
+    lost = guard.request(opts, guard.fingerprint_of(_call(key)), "tests.carry", "t-1", "")
+    get_store(alias).claim(lost)
+    # Given a requeued delivery carrying a lost claim, and the journal still away (its row
+    # locked past STORE_TIMEOUT)
+    nxt = TaskLikeCaller(opts, lambda: {"receipt": key}, carry.lost_claim(lost))
+    # When it comes back / Then it is requeued again (SQLite, a local file: as an outage,
+    # nothing to carry), its body not run
+    with (
+        caplog.at_level(logging.WARNING, "celery_grousset"),
+        _row_locked(alias, processor),
+        pytest.raises((Requeued, StoreUnavailable)),
+    ):
+        guard.guarded(nxt, _call(key))
+    # And the journal's trouble is said as a claim's (the outage alert counts it)
+    said = [r for r in caplog.records if getattr(r, "grousset_event", "") ==
+            "grousset.store_unavailable"]  # fmt: skip
+    assert said and said[0].levelno == logging.ERROR, caplog.text
+    assert "operation=claim" in said[0].getMessage() and nxt.runs == 0
+
+
 def test_a_carried_requeue_beats_stale_at_and_never_spins() -> None:
     import time
 

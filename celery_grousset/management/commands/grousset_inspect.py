@@ -113,7 +113,8 @@ def summary(rec: Outcome, now: datetime) -> str:
         )
     if rec.result_encoding == ENC_EXCEPTION:
         return "the failure is memoized and replayed to duplicates"
-    return "released: the next delivery runs the task again"
+    return ("released: the next delivery of this call runs the task again (a failed "
+            "delivery was acknowledged: publish the call again if none is coming)")
 
 
 class Command(BaseCommand):

@@ -134,6 +134,7 @@ class Command(BaseCommand):
             )
         self.stdout.write(
             f"forgot the {rec.status} outcome of {rec.fingerprint} (processor "
-            f"{rec.processor_id}, task {rec.task_name}): the next delivery runs the task again "
-            "with a higher fence."
+            f"{rec.processor_id}, task {rec.task_name}): the next delivery of the call runs the "
+            "task again with a higher fence (a failed delivery was acknowledged: publish the "
+            "call again if none is coming)."
         )
