@@ -134,13 +134,13 @@ def release_plan(rec: Outcome, at: datetime) -> tuple[bool, str]:
     if rec.status != Status.IN_FLIGHT:
         return False, f"not in flight ({rec.status})"
     if unwritten_deadline(rec.fence, rec.started_at):
-        return False, (f"claimed by a 0.1.0 worker at {rec.started_at:%Y-%m-%d %H:%M:%S}, "
+        return False, (f"claimed by a 0.1.0 worker at {rec.started_at:%Y-%m-%d %H:%M:%S %Z}, "
                        "which writes no deadline: the next delivery takes it over after its "
                        "own max_processing_time; `manage.py grousset_release --force` it once "
                        "its worker is gone")  # fmt: skip
     if not is_stale(rec, at):
-        return False, f"fresh: its claim turns stale at {rec.stale_at:%Y-%m-%d %H:%M:%S}"
-    return True, f"stale since {rec.stale_at:%Y-%m-%d %H:%M:%S}"
+        return False, f"fresh: its claim turns stale at {rec.stale_at:%Y-%m-%d %H:%M:%S %Z}"
+    return True, f"stale since {rec.stale_at:%Y-%m-%d %H:%M:%S %Z}"
 
 
 def release(rec: Outcome, alias: str, *, token: str | None = None) -> bool:

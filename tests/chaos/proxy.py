@@ -140,7 +140,9 @@ class TcpProxy:
                     pair.cut_pending = True
                 elif self.marker in data:
                     pair.tagged = True  # the startup packet names the application
-                elif pair.tagged and self._cut_armed:
+                elif pair.tagged and self._cut_armed and not data.startswith(b"X"):
+                    # (a Terminate, 'X', has no answer: another thread of the worker
+                    # closing its connection must not take the cut meant for a query)
                     with self._lock:
                         if self._cut_armed:
                             self._cut_armed = False
