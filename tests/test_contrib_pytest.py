@@ -133,7 +133,7 @@ def test_journal_finds_a_call_by_its_idempotency_key(
 
     task = app.task(base=GroussetTask, shared=False, name=name, max_processing_time=30)(charge)
     # Given a call made with an idempotency key
-    assert task.apply_async((4,), idempotency_key="k-4").get() == 8
+    assert task.apply((4,), idempotency_key="k-4").get() == 8
     # When the test looks it up by its key / Then it finds its record, and none for another
     record = grousset_journal.keyed(task, "k-4")
     assert record.status == "completed" and record.task_name == name
