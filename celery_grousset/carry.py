@@ -185,7 +185,7 @@ def pending(
         enc, error = str(value["encoding"]), str(value["error"])
     except (KeyError, TypeError, ValueError, binascii.Error):
         return None
-    if status not in (Status.COMPLETED.value, Status.FAILED.value):
+    if not ran(value):
         return None
     return dataclasses.replace(req, token=token), Completion(status, result, enc, error)
 

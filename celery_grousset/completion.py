@@ -153,11 +153,12 @@ def _run_transactional(
     except BaseException as caught:
         refused = isinstance(caught, _NotTaken)
         exc = caught.__cause__ or caught if refused else caught
-        if refusals.rolled_back(exc) or (refused and not connection_lost(conn, raw, exc)):
+        conflict = refusals.rolled_back(exc)
+        if conflict or (refused and not connection_lost(conn, raw, exc)):
             release_lost(store, req, res.fence, exc)  # never the task's failure
-            why = ("did not take the transaction's completion (a lock wait timeout, a "
-                   "refusal)" if not refusals.rolled_back(exc) else "rolled the transaction "
-                   "back for a conflict with another transaction")  # fmt: skip
+            why = ("rolled the transaction back for a conflict with another transaction"
+                   if conflict else "did not take the transaction's completion (a lock "
+                   "wait timeout, a refusal)")  # fmt: skip
             raise TransactionLost(
                 f"{req.task_name}: the journal database {store.alias!r} {why}: "
                 f"{str(exc).rstrip('. ')}. "
