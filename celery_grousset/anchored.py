@@ -1,5 +1,5 @@
 """Find-and-replace with redaction's pattern, scanning only near the characters a match
-needs: every alternative of ``redact._SECRETS`` contains, at most :data:`BACK` characters
+needs: every alternative of ``secret_patterns.SECRETS`` contains, at most :data:`BACK` characters
 after its start, an *anchor* — ``=``, ``:``, ``<`` or ``%`` (a ``name=value`` pair, a
 URL, a header, an XML element, ``%3d``), the start of a run of digits (a card number),
 or ``bearer``, ``eyj`` (a JWT), ``-----beg`` (a PEM block), in any case, or the prefix
@@ -23,7 +23,7 @@ BACK = 80
 _CHARS = re.compile(r"[=:<%]")
 _DIGIT = re.compile(r"[0-9]")
 _DIGITS = re.compile(r"[0-9]+")  # a run's start
-#: the start of an API key whose form is known (redact._KNOWN_KEYS), lower-cased; those
+#: the start of an API key whose form is known (secret_patterns._KNOWN_KEYS), lower-cased; those
 #: patterns match in exact case only, so a long s or a Kelvin sign never makes them match
 KEY_PREFIXES = ("sk_", "rk_", "whsec_", "akia", "asia", "ghp_", "gho_", "ghu_", "ghs_",
                 "ghr_", "github_pat_", "xox", "aiza", "glpat-", "sg.", "sk-")  # fmt: skip

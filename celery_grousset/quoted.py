@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterable, Mapping
 
-from celery_grousset.redact import DEFAULT_REDACT_KEYS, TEXT_REDACTED, is_sensitive
+from celery_grousset.redact import DEFAULT_REDACT_KEYS, TEXT_REDACTED, is_secret_flag, is_sensitive
 
 __all__ = ["call_secrets", "secret_values", "without_values"]
 
@@ -45,8 +45,10 @@ def secret_values(
             for key, item in value.items():
                 walk(key, item, depth + 1, secret)
         elif isinstance(value, (list, tuple, set, frozenset)) and depth < 8:
+            after_flag = False  # ["--password", "hunter2"]: an argv list
             for item in value:  # {"cards": [...]}, [{"password": ...}]
-                walk(None, item, depth + 1, secret)
+                walk(None, item, depth + 1, secret or after_flag)
+                after_flag = is_secret_flag(item, redact_keys)
 
     for name, value in named:
         walk(name, value, 0)

@@ -23,10 +23,12 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from functools import lru_cache
 
 from celery_grousset import anchored
+from celery_grousset.secret_patterns import SECRETS as _SECRETS
+from celery_grousset.secret_patterns import luhn
 from celery_grousset.textcut import clean_and_cut
 
-__all__ = ["DEFAULT_REDACT_KEYS", "REDACTED", "is_long_number", "is_secret_pair", "is_sensitive",
-           "redact_text", "safe_repr"]
+__all__ = ["DEFAULT_REDACT_KEYS", "REDACTED", "is_long_number", "is_secret_flag",
+           "is_secret_pair", "is_sensitive", "redact_text", "safe_repr"]
 
 DEFAULT_REDACT_KEYS: frozenset[str] = frozenset({  # key: a whole part (stripe_key, not keyboard)
     "password", "passwd", "secret", "token", "api_key", "apikey", "authorization", "auth",
@@ -119,6 +121,18 @@ def _secret_pair(value: object, rules: _Rules) -> bool:
             and isinstance(value[0], str) and _matches(value[0], rules))  # fmt: skip
 
 
+def is_secret_flag(value: object, redact_keys: Collection[str] = DEFAULT_REDACT_KEYS) -> bool:
+    """A command-line flag naming a secret (``--password``, ``-api-key``): the next item
+    of its argv list is the secret. ``--password=…`` is text, redacted as such."""
+    return _secret_flag(value, _rules_for(redact_keys))
+
+
+def _secret_flag(value: object, rules: _Rules) -> bool:
+    return (isinstance(value, str) and value[:1] == "-" and len(value) <= 64
+            and "=" not in value and not any(c.isspace() for c in value)
+            and _matches(value.lstrip("-"), rules))  # fmt: skip
+
+
 def is_long_number(value: object) -> bool:
     """A number long enough to be a card's: scanned as text (:func:`redact_text`)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) >= 1e12
@@ -198,7 +212,7 @@ class _Renderer:
             if _secret_pair(value, self.rules):  # a (name, value) pair
                 pair = f"{self.render(value[0], depth)}, {REDACTED}"
                 return f"({pair})" if isinstance(value, tuple) else f"[{pair}]"
-            items = ", ".join(self.render(item, depth) for item in value)
+            items = ", ".join(self.sequence(value, depth))
             if isinstance(value, list):
                 return f"[{items}]"
             return f"({items},)" if len(value) == 1 else f"({items})"
@@ -206,6 +220,15 @@ class _Renderer:
             fields = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value) if f.repr)
             return self._call_like(value, fields, depth)
         return self.scanned(_plain_repr(value))  # sets, other objects' reprs
+
+    def sequence(self, values: Iterable[object], depth: int) -> list[str]:
+        """Render the items of a sequence; the item after a sensitive command-line flag
+        (``'--password', 'hunter2'``: an argv list) is ``'***'``."""
+        shown, after_flag = [], False
+        for item in values:
+            shown.append(REDACTED if after_flag else self.render(item, depth))
+            after_flag = _secret_flag(item, self.rules)
+        return shown
 
     def _call_like(self, value: object, fields: Iterable[tuple[str, object]], depth: int) -> str:
         inner = ", ".join(f"{name}={self.named(name, item, depth)}" for name, item in fields)
@@ -252,7 +275,7 @@ def safe_repr(
         elif bound is not None:
             text = ", ".join(f"{name}={renderer.named(name, v, 0)}" for name, v in bound.items())
         else:
-            parts = [renderer.render(value) for value in args]
+            parts = renderer.sequence(args, 0)
             parts += [f"{name}={renderer.named(name, v, 0)}" for name, v in kwargs.items()]
             text = ", ".join(parts)
         return clean_and_cut(text, max_length, renderer.dropped)
@@ -266,58 +289,6 @@ def _as_text(value: object) -> str:
 
 
 TEXT_REDACTED = "***"  # what a secret in text becomes
-_TOKEN = r"[A-Za-z0-9\-._~+/]+=*"  # RFC 6750 b64token
-_SCHEMES = r"basic|bearer|digest|negotiate|ntlm|token|aws4-hmac-sha256"
-_QUOTED = r"'(?:[^'\\\n]|\\.){0,4096}'|\"(?:[^\"\\\n]|\\.){0,4096}\""
-_CARD = r"[0-9](?:[ -]?[0-9]){12,18}(?![0-9])"  # 13-19 digits, maybe in groups
-# a PEM block (a private key): the whole block, its body included
-_PEM = r"-----BEGIN [A-Z0-9 ]{1,40}-----[A-Za-z0-9+/=\s]{0,16384}(?:-----END [A-Z0-9 ]{1,40}-----|\Z)"  # noqa: E501
-_KNOWN_KEYS = (
-    r"(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,247}|whsec_[0-9A-Za-z+/=]{24,256}"
-    r"|(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])|gh[pousr]_[0-9A-Za-z]{36,251}"
-    r"|github_pat_[0-9A-Za-z_]{22,255}|xox[abpsr]-[0-9A-Za-z-]{10,250}"
-    r"|AIza[0-9A-Za-z_-]{35}|glpat-[0-9A-Za-z_-]{20,255}"
-    r"|SG\.[0-9A-Za-z_-]{16,64}\.[0-9A-Za-z_-]{16,64}"
-    r"|sk-(?=[A-Za-z_-]{0,255}[0-9])[0-9A-Za-z_-]{20,255}"  # (a digit: not sk-learn-…)
-)  # their anchors: anchored.KEY_PREFIXES
-# a quoted value too long (or not closed) for _QUOTED: masked to the end of its line
-_LONG_QUOTED = r"['\"][^\n]*"
-
-# Leftmost match first; each repetition bounded, so the scan stays linear on any input.
-# Tried only near an anchor (anchored.py): a new alternative must contain one of them.
-_SECRETS = re.compile(
-    # an Authorization header (its scheme kept)
-    rf"(?P<header>(?<![A-Za-z0-9_-])(?:proxy-)?authorization[\"']?\s{{0,8}}[:=]\s{{0,8}}[\"']?)"
-    rf"(?:(?P<scheme>(?:{_SCHEMES}))(?P<gap>\s{{1,8}}))?(?P<credentials>[^\s\"',;&]+)"
-    # a bearer token anywhere
-    rf"|(?P<bearer>(?<![A-Za-z0-9_-])bearer\s{{1,8}})(?P<bearer_token>{_TOKEN})"
-    # the password of a URL: scheme://user:password@host
-    r"|(?P<url>[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s:/?#@]{0,256}:)(?P<password>[^\s/?#]{0,512})(?=@)"
-    # a JWT: header.payload.signature, base64url, the header a JSON object
-    r"|(?<![A-Za-z0-9_-])(?P<jwt>eyJ[A-Za-z0-9_-]{2,8192}(?:\.[A-Za-z0-9_-]{2,65536}(?:\.[A-Za-z0-9_-]{0,8192}|\Z)|\Z))"
-    rf"|(?P<pem>{_PEM})"
-    # an API key whose form says what it is (Stripe, AWS, GitHub, Slack, Google, GitLab,
-    # SendGrid, OpenAI): in exactly this case, whatever its name; whole, and not a name
-    rf"|(?<![A-Za-z0-9_-])(?P<known>(?-i:{_KNOWN_KEYS}))(?![A-Za-z0-9_-]|\s{{0,8}}(?:[=:]|%3d))"
-    # <password>value</password> (XML, SOAP)
-    r"|(?P<xname><(?P<xkey>[A-Za-z_][A-Za-z0-9_.:\-]{0,63})>)"
-    r"(?P<xvalue><!\[CDATA\[[^\]]{0,4096}\]\]>|[^<\n]{1,4096})(?=</(?P=xkey)>)"
-    # a card number: 13-19 digits, spaced or dashed in groups (the Luhn check decides)
-    rf"|(?<![0-9])(?P<pan>{_CARD})"
-    # 'name': value / "name": value (reprs, JSON)
-    rf"|(?P<qname>(?P<q>['\"])(?P<qkey>[A-Za-z0-9_.\- ]{{1,64}})(?P=q)\s{{0,8}}:\s{{0,8}})"
-    rf"(?P<qvalue>{_QUOTED}|{_LONG_QUOTED}|{_CARD}|[^\s,}}\]]{{1,65536}})"
-    # name=value, name: value (libpq DSNs, query strings, keyword reprs, --flags, headers)
-    # (after a URL-encoded separator too: %26 &, %3F ?)
-    r"|(?P<kname>(?:(?<![A-Za-z0-9_.\-])|(?<=%26)|(?<=%3f))(?P<key>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]{0,63})"
-    r"\s{0,8}(?:[=:]|%3d)\s{0,8})"
-    # (the value may start with an auth scheme: token=Bearer <token>; never with a name,
-    # a colon and a space, which start a pair of their own: "ValueError: password: x";
-    # "password=dGVzdA==", "key=v1:abc" are values)
-    r"(?!(?:[A-Za-z_][A-Za-z0-9_.\-]{0,63}:(?:\s|\Z)|['\"][A-Za-z0-9_.\- ]{1,64}['\"]\s{0,8}:))"
-    rf"(?P<kvalue>{_PEM}|{_QUOTED}|{_LONG_QUOTED}|{_CARD}|(?:(?:{_SCHEMES})\s{{1,8}})?[^\s&,;)\]}}'\"]{{1,65536}})",
-    re.IGNORECASE,
-)
 
 
 def _redact_text(text: str, rules: _Rules, depth: int = 0) -> str:
@@ -332,11 +303,6 @@ def _redact_text(text: str, rules: _Rules, depth: int = 0) -> str:
 #: "KeyError: 'user_id'" is an exception's summary, not a key's value
 _EXCEPTION_NAME = re.compile(r"[A-Z][A-Za-z0-9]*(?:Error|Exception|Warning)")
 
-
-def _luhn(number: str) -> bool:
-    digits = [int(c) for c in reversed(number) if c.isdigit()]
-    total = sum(d if i % 2 == 0 else (d * 2 - 9 if d > 4 else d * 2) for i, d in enumerate(digits))
-    return total % 10 == 0
 
 
 def _masked(value: str) -> str:
@@ -365,7 +331,7 @@ def _replacer(rules: _Rules, depth: int) -> Callable[[re.Match[str]], str]:
             secret = _matches(match.group("xkey"), rules)
             return match.group("xname") + (TEXT_REDACTED if secret else match.group("xvalue"))
         if match.group("pan") is not None:
-            return TEXT_REDACTED if _luhn(match.group("pan")) else match.group(0)
+            return TEXT_REDACTED if luhn(match.group("pan")) else match.group(0)
         if match.group("qname") is not None:
             if _matches(match.group("qkey"), rules):
                 return match.group("qname") + _masked(match.group("qvalue"))

@@ -609,3 +609,20 @@ def test_masking_an_ascii_value_without_a_regex_matches_the_regex(
     assert without_values(text, [value]) == expected
     # ... and a non-ASCII text still takes the regex (the Kelvin sign is a "k" to it)
     assert without_values("\u212aey-123", ["key-123"]) == TEXT_REDACTED
+
+
+def test_the_value_after_a_secret_flag_in_an_argv_list_is_redacted() -> None:
+    from celery_grousset.quoted import secret_values, without_values
+
+    # Given a task called with a command line (a list, or spread as positional arguments)
+    argv = ["mysqldump", "--password", "ArgvPw_31", "--user", "bob", "-k", "short"]
+    shown = [safe_repr((argv,), {}), safe_repr(tuple(argv), {}),
+             safe_repr((), {}, bound={"argv": tuple(argv)})]  # fmt: skip
+    # Then the value after --password is not shown; the rest is, "-k" is not a secret
+    for text in shown:
+        assert "ArgvPw_31" not in text and "'--password', '***'" in text, text
+        assert "'bob'" in text and "'short'" in text, text
+    # And an error quoting the command (subprocess.CalledProcessError) is masked too
+    error = f"Command {argv!r} returned non-zero exit status 2."
+    masked = without_values(error, secret_values([("argv", argv)]))
+    assert "ArgvPw_31" not in masked and "mysqldump" in masked, masked

@@ -1,0 +1,70 @@
+"""The patterns of secrets in free-form text: what :func:`celery_grousset.redact.redact_text`
+looks for, whatever the value's name (a header's credentials, a bearer token, a URL's
+password, a JWT, a PEM block, an API key of a known form, a card number) and the
+``name=value`` / ``'name': value`` / XML pairs whose name it then judges.
+Each repetition is bounded, so a scan stays linear on any input."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["SECRETS", "luhn"]
+
+_TOKEN = r"[A-Za-z0-9\-._~+/]+=*"  # RFC 6750 b64token
+_SCHEMES = r"basic|bearer|digest|negotiate|ntlm|token|aws4-hmac-sha256"
+_QUOTED = r"'(?:[^'\\\n]|\\.){0,4096}'|\"(?:[^\"\\\n]|\\.){0,4096}\""
+_CARD = r"[0-9](?:[ -]?[0-9]){12,18}(?![0-9])"  # 13-19 digits, maybe in groups
+# a PEM block (a private key): the whole block, its body included
+_PEM = r"-----BEGIN [A-Z0-9 ]{1,40}-----[A-Za-z0-9+/=\s]{0,16384}(?:-----END [A-Z0-9 ]{1,40}-----|\Z)"  # noqa: E501
+_KNOWN_KEYS = (
+    r"(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,247}|whsec_[0-9A-Za-z+/=]{24,256}"
+    r"|(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])|gh[pousr]_[0-9A-Za-z]{36,251}"
+    r"|github_pat_[0-9A-Za-z_]{22,255}|xox[abpsr]-[0-9A-Za-z-]{10,250}"
+    r"|AIza[0-9A-Za-z_-]{35}|glpat-[0-9A-Za-z_-]{20,255}"
+    r"|SG\.[0-9A-Za-z_-]{16,64}\.[0-9A-Za-z_-]{16,64}"
+    r"|sk-(?=[A-Za-z_-]{0,255}[0-9])[0-9A-Za-z_-]{20,255}"  # (a digit: not sk-learn-…)
+)  # their anchors: anchored.KEY_PREFIXES
+# a quoted value too long (or not closed) for _QUOTED: masked to the end of its line
+_LONG_QUOTED = r"['\"][^\n]*"
+
+# Leftmost match first; each repetition bounded, so the scan stays linear on any input.
+# Tried only near an anchor (anchored.py): a new alternative must contain one of them.
+SECRETS = re.compile(
+    # an Authorization header (its scheme kept)
+    rf"(?P<header>(?<![A-Za-z0-9_-])(?:proxy-)?authorization[\"']?\s{{0,8}}[:=]\s{{0,8}}[\"']?)"
+    rf"(?:(?P<scheme>(?:{_SCHEMES}))(?P<gap>\s{{1,8}}))?(?P<credentials>[^\s\"',;&]+)"
+    # a bearer token anywhere
+    rf"|(?P<bearer>(?<![A-Za-z0-9_-])bearer\s{{1,8}})(?P<bearer_token>{_TOKEN})"
+    # the password of a URL: scheme://user:password@host
+    r"|(?P<url>[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s:/?#@]{0,256}:)(?P<password>[^\s/?#]{0,512})(?=@)"
+    # a JWT: header.payload.signature, base64url, the header a JSON object
+    r"|(?<![A-Za-z0-9_-])(?P<jwt>eyJ[A-Za-z0-9_-]{2,8192}(?:\.[A-Za-z0-9_-]{2,65536}(?:\.[A-Za-z0-9_-]{0,8192}|\Z)|\Z))"
+    rf"|(?P<pem>{_PEM})"
+    # an API key whose form says what it is (Stripe, AWS, GitHub, Slack, Google, GitLab,
+    # SendGrid, OpenAI): in exactly this case, whatever its name; whole, and not a name
+    rf"|(?<![A-Za-z0-9_-])(?P<known>(?-i:{_KNOWN_KEYS}))(?![A-Za-z0-9_-]|\s{{0,8}}(?:[=:]|%3d))"
+    # <password>value</password> (XML, SOAP)
+    r"|(?P<xname><(?P<xkey>[A-Za-z_][A-Za-z0-9_.:\-]{0,63})>)"
+    r"(?P<xvalue><!\[CDATA\[[^\]]{0,4096}\]\]>|[^<\n]{1,4096})(?=</(?P=xkey)>)"
+    # a card number: 13-19 digits, spaced or dashed in groups (the Luhn check decides)
+    rf"|(?<![0-9])(?P<pan>{_CARD})"
+    # 'name': value / "name": value (reprs, JSON)
+    rf"|(?P<qname>(?P<q>['\"])(?P<qkey>[A-Za-z0-9_.\- ]{{1,64}})(?P=q)\s{{0,8}}:\s{{0,8}})"
+    rf"(?P<qvalue>{_QUOTED}|{_LONG_QUOTED}|{_CARD}|[^\s,}}\]]{{1,65536}})"
+    # name=value, name: value (libpq DSNs, query strings, keyword reprs, --flags, headers)
+    # (after a URL-encoded separator too: %26 &, %3F ?)
+    r"|(?P<kname>(?:(?<![A-Za-z0-9_.\-])|(?<=%26)|(?<=%3f))(?P<key>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]{0,63})"
+    r"\s{0,8}(?:[=:]|%3d)\s{0,8})"
+    # (the value may start with an auth scheme: token=Bearer <token>; never with a name,
+    # a colon and a space, which start a pair of their own: "ValueError: password: x";
+    # "password=dGVzdA==", "key=v1:abc" are values)
+    r"(?!(?:[A-Za-z_][A-Za-z0-9_.\-]{0,63}:(?:\s|\Z)|['\"][A-Za-z0-9_.\- ]{1,64}['\"]\s{0,8}:))"
+    rf"(?P<kvalue>{_PEM}|{_QUOTED}|{_LONG_QUOTED}|{_CARD}|(?:(?:{_SCHEMES})\s{{1,8}})?[^\s&,;)\]}}'\"]{{1,65536}})",
+    re.IGNORECASE,
+)
+
+
+def luhn(number: str) -> bool:
+    digits = [int(c) for c in reversed(number) if c.isdigit()]
+    total = sum(d if i % 2 == 0 else (d * 2 - 9 if d > 4 else d * 2) for i, d in enumerate(digits))
+    return total % 10 == 0
