@@ -222,7 +222,7 @@ def decode(
             f"({error}); it will not run again."
         )
     if encoding == ENC_GAVE_UP:  # its release command, with this record's fingerprint
-        raise GaveUp(error.replace("<fingerprint>", fingerprint))
+        raise GaveUp(error.removeprefix("GaveUp: ").replace("<fingerprint>", fingerprint))
     if encoding == ENC_EXCEPTION:
         raise rebuild_exception(result, error)
     if encoding == ENC_NONE or result is None:

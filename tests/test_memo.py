@@ -457,3 +457,6 @@ def test_a_given_up_record_names_the_command_that_releases_it() -> None:
         memo.decode(None, ENC_GAVE_UP, gave_up_message(3), fp)
     # Then the error names the command with this record's fingerprint, ready to run
     assert f"`manage.py grousset_release {fp} --force`" in str(gave_up.value)
+    # And the exception's text does not name its own type again ("GaveUp: GaveUp: …" in
+    # a traceback); the record's error keeps it, as every memoized failure's does
+    assert str(gave_up.value).startswith("the claim was taken over 3 times"), gave_up.value
