@@ -26,6 +26,13 @@ _KNOWN_KEYS = (
 )  # their anchors: anchored.KEY_PREFIXES
 # a quoted value too long (or not closed) for _QUOTED: masked to the end of its line
 _LONG_QUOTED = r"['\"][^\n]*"
+# a value in brackets with none inside (a list, an object, a tuple: {"password": "x"}), and
+# a call or a bytes literal (Secret('x'), b'x'): judged whole by the name before it, and
+# scanned again for the pairs inside when that name is not sensitive. A value opening a
+# bracket nested deeper is not taken for a plain value: the scan goes on inside it.
+_FLAT = r"[\[{(][^\[\]{}()\n]{0,4096}[\]})]"
+_CALL = r"[A-Za-z_][A-Za-z0-9_.]{0,63}\([^()\n]{0,4096}\)"
+_BYTES = rf"[bBrRuU]{{1,2}}(?:{_QUOTED})"
 
 # Leftmost match first; each repetition bounded, so the scan stays linear on any input.
 # Tried only near an anchor (anchored.py): a new alternative must contain one of them.
@@ -43,14 +50,15 @@ SECRETS = re.compile(
     # an API key whose form says what it is (Stripe, AWS, GitHub, Slack, Google, GitLab,
     # SendGrid, OpenAI): in exactly this case, whatever its name; whole, and not a name
     rf"|(?<![A-Za-z0-9_-])(?P<known>(?-i:{_KNOWN_KEYS}))(?![A-Za-z0-9_-]|\s{{0,8}}(?:[=:]|%3d))"
-    # <password>value</password> (XML, SOAP)
-    r"|(?P<xname><(?P<xkey>[A-Za-z_][A-Za-z0-9_.:\-]{0,63})>)"
+    # <password>value</password> (XML, SOAP; with attributes too)
+    r"|(?P<xname><(?P<xkey>[A-Za-z_][A-Za-z0-9_.:\-]{0,63})(?:\s[^<>\n]{0,256})?>)"
     r"(?P<xvalue><!\[CDATA\[[^\]]{0,4096}\]\]>|[^<\n]{1,4096})(?=</(?P=xkey)>)"
     # a card number: 13-19 digits, spaced or dashed in groups (the Luhn check decides)
     rf"|(?<![0-9])(?P<pan>{_CARD})"
     # 'name': value / "name": value (reprs, JSON)
     rf"|(?P<qname>(?P<q>['\"])(?P<qkey>[A-Za-z0-9_.\- ]{{1,64}})(?P=q)\s{{0,8}}:\s{{0,8}})"
-    rf"(?P<qvalue>{_QUOTED}|{_LONG_QUOTED}|{_CARD}|[^\s,}}\]]{{1,65536}})"
+    rf"(?P<qvalue>{_QUOTED}|{_LONG_QUOTED}|{_CARD}|{_FLAT}|{_CALL}|{_BYTES}"
+    r"|(?![\[{(])[^\s,}\]]{1,65536})"
     # name=value, name: value (libpq DSNs, query strings, keyword reprs, --flags, headers)
     # (after a URL-encoded separator too: %26 &, %3F ?)
     r"|(?P<kname>(?:(?<![A-Za-z0-9_.\-])|(?<=%26)|(?<=%3f))(?P<key>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]{0,63})"
@@ -59,7 +67,8 @@ SECRETS = re.compile(
     # a colon and a space, which start a pair of their own: "ValueError: password: x";
     # "password=dGVzdA==", "key=v1:abc" are values)
     r"(?!(?:[A-Za-z_][A-Za-z0-9_.\-]{0,63}:(?:\s|\Z)|['\"][A-Za-z0-9_.\- ]{1,64}['\"]\s{0,8}:))"
-    rf"(?P<kvalue>{_PEM}|{_QUOTED}|{_LONG_QUOTED}|{_CARD}|(?:(?:{_SCHEMES})\s{{1,8}})?[^\s&,;)\]}}'\"]{{1,65536}})",
+    rf"(?P<kvalue>{_PEM}|{_QUOTED}|{_LONG_QUOTED}|{_CARD}|{_FLAT}|{_CALL}|{_BYTES}"
+    rf"|(?:(?:{_SCHEMES})\s{{1,8}})?(?![\[{{(])[^\s&,;)\]}}'\"]{{1,65536}})",
     re.IGNORECASE,
 )
 

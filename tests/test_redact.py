@@ -626,3 +626,37 @@ def test_the_value_after_a_secret_flag_in_an_argv_list_is_redacted() -> None:
     error = f"Command {argv!r} returned non-zero exit status 2."
     masked = without_values(error, secret_values([("argv", argv)]))
     assert "ArgvPw_31" not in masked and "mysqldump" in masked, masked
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        # json.dumps / str(dict) of a nested object: its first key is judged too
+        ('{"data": {"password": "NestJson_1"}}', "NestJson_1"),
+        ("{'d': {'password': 'NestRepr_2'}}", "NestRepr_2"),
+        ('{"headers": {"Authorization": "Basic NestAuth_3"}}', "NestAuth_3"),
+        ('{"a": {"b": {"token": "Deeper_4"}}}', "Deeper_4"),
+        ("data: {password: Yamlish_5}", "Yamlish_5"),
+        # a sensitive name's value that is a list, a call, bytes: masked whole
+        ('{"password": ["ListPw_6"]}', "ListPw_6"),
+        ("Conn(password=Secret('CallPw_7'))", "CallPw_7"),
+        ("Conn(password=b'BytesPw_8')", "BytesPw_8"),
+        ("password=['ListPw_9']", "ListPw_9"),
+        # an XML element with attributes
+        ('<password type="plain">XmlAttr_10</password>', "XmlAttr_10"),
+    ],
+)
+def test_a_secret_inside_a_nested_value_in_text_is_redacted(text: str, secret: str) -> None:
+    from celery_grousset.redact import redact_text
+
+    # (the text of an argument or an error: a provider's JSON, a custom __repr__)
+    shown = redact_text(text)
+    assert secret not in shown and "***" in shown, shown
+
+
+def test_nested_values_without_secrets_are_kept() -> None:
+    from celery_grousset.redact import redact_text
+
+    for text in ('{"data": {"user": "bob", "n": [1, 2]}}', "Point(x=1, y=(2, 3))",
+                 "items=[1, 2] mode=(fast)", "call(a={'b': 'c'})"):  # fmt: skip
+        assert redact_text(text) == text
