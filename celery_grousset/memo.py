@@ -188,12 +188,20 @@ def _content_types(accept: frozenset[str]) -> frozenset[str]:
     return frozenset(types)
 
 
+PICKLE_TYPE = "application/x-python-serialize"
+
+
 def app_accept(app: Any) -> Collection[str]:
-    """What a Celery app accepts for stored results, as its result backend decides:
-    ``result_accept_content``, else ``accept_content`` (Celery's default: JSON only)."""
+    """What a Celery app's tasks decode memos with: what it accepts for stored results,
+    as its result backend decides (``result_accept_content``, else ``accept_content``;
+    Celery's default: JSON only) — but a pickle only when its ``result_serializer``, the
+    one that writes its memos, is pickle: an app accepting pickle for its messages alone
+    never unpickles a row someone who can only write the journal planted."""
     conf = app.conf
-    accept: Collection[str] = conf.result_accept_content or conf.accept_content
-    return accept or DEFAULT_ACCEPT
+    accept = accepted(conf.result_accept_content or conf.accept_content or DEFAULT_ACCEPT)
+    if PICKLE_TYPE in accept and (conf.result_serializer or "json") != "pickle":
+        return accept - {PICKLE_TYPE}
+    return accept
 
 
 def accepted(accept: Collection[str]) -> frozenset[str]:
@@ -234,7 +242,8 @@ def decode(
             f"the memo of {fingerprint[:16]}… is {content_type!r} ({len(result)} bytes), which "
             f"this caller does not accept ({', '.join(sorted(allowed)) or 'nothing'}): it was "
             "not decoded, and the effect will not run again. A task accepts its Celery app's "
-            "result_accept_content (else accept_content); protect() its own serializer.",
+            "result_accept_content (else accept_content), a pickle only if its "
+            "result_serializer is pickle; protect() its own serializer.",
             content_type=content_type,
         )
     return loads(result, content_type, content_encoding or "utf-8", accept=allowed)

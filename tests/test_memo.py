@@ -124,6 +124,48 @@ def test_json_task_never_unpickles_a_planted_memo(
     assert not marker.exists() and ran == []
 
 
+def test_an_app_accepting_pickle_for_messages_never_unpickles_a_json_tasks_memo(
+    journal: str, temp_task: Any, marker: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran: list[str] = []
+
+    def send(self: Any, order: str) -> str:
+        ran.append(order)
+        return f"sent {order}"
+
+    task = temp_task(send, max_processing_time=30)
+    # Given an app that accepts pickle (for its task messages: result_accept_content
+    # unset, so Celery takes accept_content) while its memos are written as JSON
+    monkeypatch.setitem(task.app.conf, "accept_content", ["json", "pickle"])
+    monkeypatch.setitem(task.app.conf, "result_accept_content", None)
+    monkeypatch.setitem(task.app.conf, "result_serializer", "json")
+    # and a pickle memo planted on the row of send("o-2") by someone who can write rows
+    fp, processor = task.grousset_fingerprint(("o-2",), {}), task.grousset_options().processor_id
+    plant(journal, processor, fp, pickle.dumps(_Plant(str(marker))), PICKLE)
+    # When the task is called
+    result = task.apply(("o-2",))
+    # Then the pickle is not decoded (no memo of this task is one), and the body did not run
+    assert isinstance(result.result, MemoNotAccepted), result.result
+    assert not marker.exists() and ran == []
+    assert "result_serializer" in str(result.result)
+
+
+def test_a_pickle_task_decodes_its_own_pickled_memo(
+    journal: str, temp_task: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def make(self: Any, order: str) -> tuple[str, int]:
+        return (order, 1)
+
+    task = temp_task(make, max_processing_time=30)
+    monkeypatch.setitem(task.app.conf, "accept_content", ["json", "pickle"])
+    monkeypatch.setitem(task.app.conf, "result_accept_content", None)
+    monkeypatch.setitem(task.app.conf, "result_serializer", "pickle")
+    # Given a completed call whose memo is a pickle (the app's result serializer)
+    assert task.apply(("o-3",)).result == ("o-3", 1)
+    # Then its duplicate decodes it: a tuple, as the first call returned
+    assert task.apply(("o-3",)).result == ("o-3", 1)
+
+
 def test_grousset_inspect_only_displays(alias: str, processor: str, marker: Path) -> None:
     # Given a pickle memo planted in the journal
     fp = uuid.uuid4().hex + uuid.uuid4().hex
