@@ -470,6 +470,10 @@ def test_inspect_in_flight_and_unknown(store: Store, alias: str, processor: str)
     assert "'mysql'" in str(missing.value) or alias == "mysql"
     with pytest.raises(CommandError, match="at least 8 hex"):
         run("grousset_inspect", running.fingerprint[:6], database=alias)
+    # (a pasted log line, however long, is quoted cut, not echoed whole)
+    with pytest.raises(CommandError, match="no journal entry matches") as pasted:
+        run("grousset_inspect", "x" * 100_000, database=alias)
+    assert len(str(pasted.value)) < 1_000 and "chars)" in str(pasted.value)
 
 
 def test_inspect_lists_several_matches(store: Store, alias: str, processor: str) -> None:

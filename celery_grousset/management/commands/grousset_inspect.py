@@ -27,6 +27,7 @@ from celery_grousset.management import (
     printable,
     timestamp,
 )
+from celery_grousset.textcut import clean_and_cut
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -147,7 +148,8 @@ class Command(BaseCommand):
                 else (f" (fingerprint prefixes need at least {MIN_PREFIX} hex characters)")
             )
             raise CommandError(
-                f"no journal entry matches {needle!r} in {alias!r}{hint}{other_journals(alias)}"
+                f"no journal entry matches {clean_and_cut(repr(needle), 200)} in {alias!r}"
+                f"{hint}{other_journals(alias)}"
             )
         now = journal.now(alias)
         asked = journal.deliveries_of(alias, needle)
