@@ -208,19 +208,29 @@ def test_a_transactional_completion_waits_no_longer_than_store_timeout_for_a_loc
 ) -> None:
     import time
 
-    if connections[journal_db].vendor != "postgresql":
-        pytest.skip("bounded on PostgreSQL (SET LOCAL lock_timeout); see docs/configuration.md")
+    vendor = connections[journal_db].vendor
+    if vendor == "sqlite":
+        pytest.skip("SQLite locks the whole database: its busy timeout is STORE_TIMEOUT")
     alias, key = journal_db, f"locked-{uuid.uuid4().hex[:8]}"
     held = threading.Event()
     release = threading.Event()
+    before = lock_wait_timeout(alias)
 
     def lock_row(processor: str, fp: str) -> None:
         # another session holds the journal row's lock for 30 s (or until released)
-        conn = services.pg_connect(**connections[alias].get_connection_params())
-        try:
+        params = connections[alias].get_connection_params()
+        if vendor == "postgresql":
+            conn = services.pg_connect(**params)
             conn.execute("BEGIN")
-            conn.execute("SELECT 1 FROM celery_grousset_outcome WHERE processor_id = %s AND "
-                         "fingerprint = %s FOR UPDATE", (processor, fp))  # fmt: skip
+        else:
+            import MySQLdb
+
+            conn = MySQLdb.connect(**params)
+            conn.autocommit(False)
+        try:
+            conn.cursor().execute(
+                "SELECT 1 FROM celery_grousset_outcome WHERE processor_id = %s AND "
+                "fingerprint = %s FOR UPDATE", (processor, fp))  # fmt: skip
             held.set()
             release.wait(30)
         finally:
@@ -246,28 +256,47 @@ def test_a_transactional_completion_waits_no_longer_than_store_timeout_for_a_loc
     assert time.monotonic() - started < 15
     assert isinstance(result.result, Exception), result.result
     assert ledger(alias, key) == 0
+    # And the connection's own lock wait is what it was (MySQL/MariaDB: a session value)
+    assert lock_wait_timeout(alias) == before
+
+
+def lock_wait_timeout(alias: str) -> str:
+    with connections[alias].cursor() as cur:
+        if connections[alias].vendor == "postgresql":
+            cur.execute("SHOW lock_timeout")
+        else:
+            cur.execute("SELECT @@SESSION.innodb_lock_wait_timeout")
+        return str(cur.fetchone()[0])
 
 
 def test_a_transactional_protect_in_the_callers_transaction_leaves_its_settings_alone(
     journal_db: str, processor: str
 ) -> None:
-    if connections[journal_db].vendor != "postgresql":
-        pytest.skip("the bound is set on PostgreSQL only")
+    if connections[journal_db].vendor == "sqlite":
+        pytest.skip("the bound is set on PostgreSQL and MySQL/MariaDB")
     alias = journal_db
+    names = (("lock_timeout", "idle_in_transaction_session_timeout")
+             if connections[alias].vendor == "postgresql" else ("innodb_lock_wait_timeout",))
 
-    def show(name: str) -> str:
+    def show() -> list[str]:
         with connections[alias].cursor() as cur:
-            cur.execute(f"SHOW {name}")
-            return str(cur.fetchone()[0])
+            if connections[alias].vendor != "postgresql":
+                cur.execute("SELECT @@SESSION.innodb_lock_wait_timeout")
+                return [str(cur.fetchone()[0])]
+            shown = []
+            for name in names:
+                cur.execute(f"SHOW {name}")
+                shown.append(str(cur.fetchone()[0]))
+            return shown
 
     # Given a caller's own open transaction (a view under ATOMIC_REQUESTS, say)
     with transaction.atomic(using=alias):
-        before = (show("lock_timeout"), show("idle_in_transaction_session_timeout"))
+        before = show()
         # When a transactional protect() completes inside it
         assert protect(f"in-caller-{uuid.uuid4().hex[:8]}", lambda: 1, max_processing_time=30,
                        processor_id=processor, database=alias, transactional=True) == 1  # fmt: skip
         # Then the caller's later statements keep the session's own settings
-        after = (show("lock_timeout"), show("idle_in_transaction_session_timeout"))
+        after = show()
     assert after == before
 
 

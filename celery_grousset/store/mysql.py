@@ -8,6 +8,7 @@ transaction (bounded); a lock wait over ``GROUSSET["STORE_TIMEOUT"]`` is
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
@@ -213,7 +214,26 @@ class MySQLStore(LockingStore):
         return super().finish(processor_id, fingerprint, token, self.fitted(completion))
 
     def finish_in_transaction(self, req: ClaimRequest, completion: Completion) -> bool:
-        return super().finish_in_transaction(req, self.fitted(completion))
+        """As on PostgreSQL, the completion waits for a lock at most ``STORE_TIMEOUT``
+        (``innodb_lock_wait_timeout``, 50 s by default, else), put back after it; inside
+        the caller's own transaction its session's settings are its own."""
+        from django.db import connections
+
+        conn, fitted = connections[self.alias], self.fitted(completion)
+        if len(conn.atomic_blocks) > 1:
+            return super().finish_in_transaction(req, fitted)
+        with conn.cursor() as cur:
+            cur.execute("SELECT @@SESSION.innodb_lock_wait_timeout")
+            before = int(cur.fetchone()[0])
+            cur.execute(f"SET SESSION innodb_lock_wait_timeout = {max(1, math.ceil(self.timeout))}")
+        try:
+            return super().finish_in_transaction(req, fitted)
+        finally:  # on the driver's cursor: Django refuses its own after a failed statement
+            try:
+                with contextlib.closing(conn.connection.cursor()) as raw:
+                    raw.execute(f"SET SESSION innodb_lock_wait_timeout = {before}")
+            except Exception:  # a broken connection: closed, nothing to put back
+                pass
 
     def fitted(self, completion: Completion) -> Completion:
         """``completion``, or — when its memo would make the statement larger than the
