@@ -107,6 +107,22 @@ def repeatable_read(alias: str) -> list[checks.CheckMessage]:
     ]
 
 
+def _schema_warning(alias: str, problem: str) -> checks.CheckMessage:
+    """W009: the journal's tables are missing or behind on ``alias``, and what fixes it."""
+    from celery_grousset.store.refusals import missing_table_fix
+
+    fix = missing_table_fix(alias)
+    if fix.startswith("run "):  # plain `migrate` (not a router's or INSTALLED_APPS' fix)
+        fix += (" (`migrate` itself shows this warning before it applies them: then it "
+                "is about to fix it).")  # fmt: skip
+    return checks.Warning(
+        f"In the journal database {alias!r} ({OUTCOME_TABLE}), {problem}: every "
+        "guarded task journaled there fails before its claim.",
+        hint=f"To fix it, {fix}",
+        id="celery_grousset.W009",
+    )
+
+
 def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
     """The database checks of the journal database ``alias`` (see the module doc)."""
     from django.db import DatabaseError, connections
@@ -130,17 +146,7 @@ def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
         ]
     found: list[checks.CheckMessage] = []
     if problem is not None:
-        from celery_grousset.store.refusals import missing_table_fix
-
-        found.append(
-            checks.Warning(
-                f"In the journal database {alias!r} ({OUTCOME_TABLE}), {problem}: every "
-                "guarded task journaled there fails before its claim.",
-                hint=f"To fix it, {missing_table_fix(alias)} (`migrate` itself shows this "
-                "warning before it applies them: then it is about to fix it).",
-                id="celery_grousset.W009",
-            )
-        )
+        found.append(_schema_warning(alias, problem))
     if broken is not None:
         found.append(
             checks.Warning(
