@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from celery_grousset import events, memo
+from celery_grousset import elsewhere, events, memo
 from celery_grousset.binding import not_awaitable
 from celery_grousset.claim import ENC_NONE, ENC_NOT_STORED, ClaimRequest, Status
 from celery_grousset.exceptions import (
@@ -139,7 +139,8 @@ def _run_transactional(
     try:
         with transaction.atomic(using=store.alias):
             raw = conn.connection  # the connection this transaction runs on
-            value = not_awaitable(fn(), req.task_name)
+            with elsewhere.watched(store.alias, req.processor_id, req.task_name):
+                value = not_awaitable(fn(), req.task_name)
             fault("after_effect")
             t0 = time.perf_counter()
             completion = _completed(opts, value, serializer)

@@ -838,3 +838,37 @@ def test_task_args_repr_honours_redact_keys(alias: str, temp_task: Any, scratch_
     assert "crimson" not in keyword and "43" in keyword and "***" in keyword
     assert "ochre" not in argsrepr and "44" in argsrepr
     assert "umber" not in keyed and "45" in keyed and "***" in keyed
+
+
+def test_a_transactional_body_writing_to_another_database_is_said_once(
+    journal_db: str, processor: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    other = "postgresql" if journal_db != "postgresql" else "default"
+    services.require_database(other)
+    alias = journal_db
+
+    def book(where: str, key: str) -> Callable[[], str]:
+        def body() -> str:
+            Effect.objects.using(where).create(key=key, value="booked")
+            return "booked"
+
+        return body
+
+    name = f"elsewhere-{uuid.uuid4().hex[:8]}"
+    with caplog.at_level(logging.WARNING, logger="celery_grousset"):
+        # Given transactional calls whose bodies write to the journal's own database
+        for n in range(2):
+            protect(f"{name}-own-{n}", book(alias, f"{name}-own-{n}"), processor_id=name,
+                    max_processing_time=30, database=alias, transactional=True)  # fmt: skip
+        # Then nothing is said: those writes commit with the outcome
+        assert not [r for r in caplog.records if "transactional_elsewhere" in r.getMessage()]
+        # When two calls write to another database instead
+        for n in range(2):
+            protect(f"{name}-other-{n}", book(other, f"{name}-other-{n}"), processor_id=name,
+                    max_processing_time=30, database=alias, transactional=True)  # fmt: skip
+    # Then it is said once, naming that database and the journal's
+    record = one_line(caplog, "grousset.transactional_elsewhere")
+    assert record.levelno == logging.WARNING
+    assert (record.grousset_database, record.grousset_journal) == (other, alias)  # type: ignore[attr-defined]
+    # And the writes themselves stood (nothing is refused)
+    assert ledger(other, f"{name}-other-1") == 1 and ledger(alias, f"{name}-own-1") == 1
