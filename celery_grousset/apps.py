@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from django.apps import AppConfig
@@ -26,6 +27,7 @@ class GroussetConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         post_migrate.connect(_refresh_claim_function, sender=self)
+        post_migrate.connect(_journals_left_behind, sender=self)
         from django.db.backends.signals import connection_created
 
         connection_created.connect(_close_stores_before_server_ddl,
@@ -54,3 +56,28 @@ def _refresh_claim_function(sender: object, using: str = "default", **kwargs: ob
         from celery_grousset.store.pgpartops import refresh_claim_function
 
         refresh_claim_function(using)
+
+
+def _journals_left_behind(
+    sender: object, using: str = "default", verbosity: int = 1, **kwargs: Any
+) -> None:
+    """After ``migrate`` on one database: a journal database elsewhere (``GROUSSET
+    ["DATABASE"]``, a task's ``database``) whose tables are missing or behind is named,
+    with its command — plain ``migrate`` migrates ``default`` only, and otherwise only
+    the worker would say so. Never fails the migration."""
+    if verbosity < 1:
+        return
+    try:
+        from django.db import connections
+
+        from celery_grousset.checks import journal_databases
+        from celery_grousset.management import schema_problem
+
+        behind = [(alias, schema_problem(alias)) for alias in journal_databases()
+                  if alias != using and alias in connections.settings]  # fmt: skip
+    except Exception:  # a settings or task error: the system checks say it
+        return
+    out = kwargs.get("stdout") or sys.stdout
+    for alias, problem in behind:
+        if problem is not None:
+            out.write(f"celery_grousset: in the journal database {alias!r}, {problem}\n")

@@ -445,6 +445,32 @@ def test_a_journal_database_without_its_table_is_W009_until_migrate(tmp_path: Pa
     assert "celery_grousset.W009" not in {m.id for m in again}
 
 
+def test_migrate_on_another_database_names_the_journal_left_unmigrated(
+    tmp_path: Path,
+) -> None:
+    import io
+
+    from django.core.management import call_command
+
+    # Given a journal on its own database, and `migrate` run without --database
+    path = tmp_path / "journal.sqlite3"
+    sqlite3.connect(path).execute("PRAGMA journal_mode=WAL").close()
+    with (
+        database("left", ENGINE="django.db.backends.sqlite3", NAME=str(path)),
+        override_settings(GROUSSET={"DATABASE": "left"}),
+    ):
+        out = io.StringIO()
+        call_command("migrate", "celery_grousset", verbosity=1, stdout=out)
+        # Then it names the journal database and the command that creates its tables
+        assert "the journal database 'left'" in out.getvalue(), out.getvalue()
+        assert "migrate celery_grousset --database left" in out.getvalue()
+        # And once that ran, it says nothing more (nor with --verbosity 0)
+        call_command("migrate", "celery_grousset", database="left", verbosity=0)
+        again = io.StringIO()
+        call_command("migrate", "celery_grousset", verbosity=1, stdout=again)
+    assert "journal database" not in again.getvalue(), again.getvalue()
+
+
 class ForgetfulRouter:
     """Sends nothing anywhere, and lets ``migrate`` create tables on ``default`` only (a
     project's router that forgot the journal's app)."""
