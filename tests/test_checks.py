@@ -423,12 +423,18 @@ def test_unreadable_sqlite_journal_is_W007_not_a_crash(tmp_path: Path) -> None:
     assert "unreadable" in found[0].msg
 
 
+def wal_file(tmp_path: Path) -> Path:
+    """A new SQLite database file in WAL mode, for a journal alias of a test's own."""
+    path = tmp_path / "journal.sqlite3"
+    sqlite3.connect(path).execute("PRAGMA journal_mode=WAL").close()
+    return path
+
+
 def test_a_journal_database_without_its_table_is_W009_until_migrate(tmp_path: Path) -> None:
     from django.core.management import call_command
 
     # Given a journal database where `migrate` has not run
-    path = tmp_path / "journal.sqlite3"
-    sqlite3.connect(path).execute("PRAGMA journal_mode=WAL").close()
+    path = wal_file(tmp_path)
     with (
         database("unmigrated", ENGINE="django.db.backends.sqlite3", NAME=str(path)),
         override_settings(GROUSSET={"DATABASE": "unmigrated"}),
@@ -453,8 +459,7 @@ def test_migrate_on_another_database_names_the_journal_left_unmigrated(
     from django.core.management import call_command
 
     # Given a journal on its own database, and `migrate` run without --database
-    path = tmp_path / "journal.sqlite3"
-    sqlite3.connect(path).execute("PRAGMA journal_mode=WAL").close()
+    path = wal_file(tmp_path)
     with (
         database("left", ENGINE="django.db.backends.sqlite3", NAME=str(path)),
         override_settings(GROUSSET={"DATABASE": "left"}),
@@ -486,8 +491,7 @@ def test_a_router_that_refuses_the_journal_s_migrations_is_named_with_the_fix(
 
     # Given a journal database on which a router refuses the journal's migrations: the
     # very `migrate` that W009 names records them without creating the tables
-    path = tmp_path / "journal.sqlite3"
-    sqlite3.connect(path).execute("PRAGMA journal_mode=WAL").close()
+    path = wal_file(tmp_path)
     with (
         database("routed", ENGINE="django.db.backends.sqlite3", NAME=str(path)),
         override_settings(GROUSSET={"DATABASE": "routed"},
