@@ -11,7 +11,13 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterable, Mapping
 
-from celery_grousset.redact import DEFAULT_REDACT_KEYS, TEXT_REDACTED, is_secret_flag, is_sensitive
+from celery_grousset.redact import (
+    DEFAULT_REDACT_KEYS,
+    TEXT_REDACTED,
+    is_secret_flag,
+    is_secret_pair,
+    is_sensitive,
+)
 
 __all__ = ["call_secrets", "secret_values", "without_values"]
 
@@ -44,6 +50,8 @@ def secret_values(
         elif isinstance(value, Mapping) and depth < 8:
             for key, item in value.items():
                 walk(key, item, depth + 1, secret)
+        elif is_secret_pair(value, redact_keys) and depth < 8:  # [("X-Api-Key", …)]
+            walk(value[0], value[1], depth + 1)  # type: ignore[index]
         elif isinstance(value, (list, tuple, set, frozenset)) and depth < 8:
             after_flag = False  # ["--password", "hunter2"]: an argv list
             for item in value:  # {"cards": [...]}, [{"password": ...}]

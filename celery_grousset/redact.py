@@ -24,7 +24,7 @@ from functools import lru_cache
 
 from celery_grousset import anchored
 from celery_grousset.secret_patterns import SECRETS as _SECRETS
-from celery_grousset.secret_patterns import luhn
+from celery_grousset.secret_patterns import luhn, nested_values
 from celery_grousset.textcut import clean_and_cut
 
 __all__ = ["DEFAULT_REDACT_KEYS", "REDACTED", "is_long_number", "is_secret_flag",
@@ -118,7 +118,7 @@ def is_secret_pair(value: object, redact_keys: Collection[str] = DEFAULT_REDACT_
 
 def _secret_pair(value: object, rules: _Rules) -> bool:
     return (isinstance(value, (list, tuple)) and len(value) == 2
-            and isinstance(value[0], str) and _matches(value[0], rules))  # fmt: skip
+            and isinstance(value[0], (str, bytes)) and _matches(value[0], rules))  # fmt: skip
 
 
 def is_secret_flag(value: object, redact_keys: Collection[str] = DEFAULT_REDACT_KEYS) -> bool:
@@ -293,11 +293,25 @@ TEXT_REDACTED = "***"  # what a secret in text becomes
 
 def _redact_text(text: str, rules: _Rules, depth: int = 0) -> str:
     try:
+        if not depth:
+            text = _without_nested(text, rules)
         if depth:  # the value of a pair, re-scanned: short, and scanned whole
             return _SECRETS.sub(_replacer(rules, depth), text)
         return anchored.sub(_SECRETS, _replacer(rules, depth), text)
     except Exception:  # never fail the caller; when in doubt, show nothing
         return TEXT_REDACTED if text else text
+
+
+def _without_nested(text: str, rules: _Rules) -> str:
+    """``text`` with the value a sensitive name holds masked whole where it is nested
+    (``"password": {"a": {"b": …}}``, ``password=Secret(Str(…))``): the pattern of
+    :data:`_SECRETS` sees values one level deep."""
+    pieces: list[str] = []
+    last = 0
+    for start, end in nested_values(text, lambda name: _matches(name, rules)):
+        pieces += (text[last:start], TEXT_REDACTED)
+        last = end
+    return "".join(pieces) + text[last:] if pieces else text
 
 
 #: "KeyError: 'user_id'" is an exception's summary, not a key's value
@@ -332,6 +346,10 @@ def _replacer(rules: _Rules, depth: int) -> Callable[[re.Match[str]], str]:
             return match.group("xname") + (TEXT_REDACTED if secret else match.group("xvalue"))
         if match.group("pan") is not None:
             return TEXT_REDACTED if luhn(match.group("pan")) else match.group(0)
+        if match.group("fname") is not None:
+            if _matches(match.group("fkey"), rules):
+                return match.group("fname") + _masked(match.group("fvalue"))
+            return match.group("fname") + inner(match.group("fvalue"))
         if match.group("qname") is not None:
             if _matches(match.group("qkey"), rules):
                 return match.group("qname") + _masked(match.group("qvalue"))

@@ -7,8 +7,9 @@ Each repetition is bounded, so a scan stays linear on any input."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
 
-__all__ = ["SECRETS", "luhn"]
+__all__ = ["SECRETS", "luhn", "nested_values"]
 
 _TOKEN = r"[A-Za-z0-9\-._~+/]+=*"  # RFC 6750 b64token
 _SCHEMES = r"basic|bearer|digest|negotiate|ntlm|token|aws4-hmac-sha256"
@@ -30,8 +31,8 @@ _LONG_QUOTED = r"['\"][^\n]*"
 # a call or a bytes literal (Secret('x'), b'x'): judged whole by the name before it, and
 # scanned again for the pairs inside when that name is not sensitive. A value opening a
 # bracket nested deeper is not taken for a plain value: the scan goes on inside it.
-_FLAT = r"[\[{(][^\[\]{}()\n]{0,4096}[\]})]"
-_CALL = r"[A-Za-z_][A-Za-z0-9_.]{0,63}\([^()\n]{0,4096}\)"
+_FLAT = r"[\[{(][^\[\]{}()]{0,4096}[\]})]"
+_CALL = r"[A-Za-z_][A-Za-z0-9_.]{0,63}\([^()]{0,4096}\)"
 _BYTES = rf"[bBrRuU]{{1,2}}(?:{_QUOTED})"
 
 # Leftmost match first; each repetition bounded, so the scan stays linear on any input.
@@ -41,7 +42,8 @@ SECRETS = re.compile(
     rf"(?P<header>(?<![A-Za-z0-9_-])(?:proxy-)?authorization[\"']?\s{{0,8}}[:=]\s{{0,8}}[\"']?)"
     rf"(?:(?P<scheme>(?:{_SCHEMES}))(?P<gap>\s{{1,8}}))?(?P<credentials>[^\s\"',;&]+)"
     # a bearer token anywhere
-    rf"|(?P<bearer>(?<![A-Za-z0-9_-])bearer\s{{1,8}})(?P<bearer_token>{_TOKEN})"
+    rf"|(?P<bearer>(?<![A-Za-z0-9_-])bearer\s{{1,8}})(?![A-Za-z_][A-Za-z0-9_-]{{0,63}}=\")"
+    rf"(?P<bearer_token>{_TOKEN})"
     # the password of a URL: scheme://user:password@host
     r"|(?P<url>[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s:/?#@]{0,256}:)(?P<password>[^\s/?#]{0,512})(?=@)"
     # a JWT: header.payload.signature, base64url, the header a JSON object
@@ -52,23 +54,26 @@ SECRETS = re.compile(
     rf"|(?<![A-Za-z0-9_-])(?P<known>(?-i:{_KNOWN_KEYS}))(?![A-Za-z0-9_-]|\s{{0,8}}(?:[=:]|%3d))"
     # <password>value</password> (XML, SOAP; with attributes too)
     r"|(?P<xname><(?P<xkey>[A-Za-z_][A-Za-z0-9_.:\-]{0,63})(?:\s[^<>\n]{0,256})?>)"
-    r"(?P<xvalue><!\[CDATA\[[^\]]{0,4096}\]\]>|[^<\n]{1,4096})(?=</(?P=xkey)>)"
+    r"(?P<xvalue><!\[CDATA\[(?:[^\]]|\](?!\]>)){0,4096}\]\]>|[^<\n]{1,4096})(?=</(?P=xkey)>)"
     # a card number: 13-19 digits, spaced or dashed in groups (the Luhn check decides)
     rf"|(?<![0-9])(?P<pan>{_CARD})"
+    # '--name', 'value': a command line quoted in text (subprocess.CalledProcessError)
+    rf"|(?P<fname>(?P<fq>['\"])-{{1,2}}(?P<fkey>[A-Za-z_][A-Za-z0-9_.\-]{{0,63}})(?P=fq),\s{{0,8}})"
+    rf"(?P<fvalue>{_QUOTED})"
     # 'name': value / "name": value (reprs, JSON)
     rf"|(?P<qname>(?P<q>['\"])(?P<qkey>[A-Za-z0-9_.\- ]{{1,64}})(?P=q)\s{{0,8}}:\s{{0,8}})"
     rf"(?P<qvalue>{_QUOTED}|{_LONG_QUOTED}|{_CARD}|{_FLAT}|{_CALL}|{_BYTES}"
     r"|(?![\[{(])[^\s,}\]]{1,65536})"
     # name=value, name: value (libpq DSNs, query strings, keyword reprs, --flags, headers)
     # (after a URL-encoded separator too: %26 &, %3F ?)
-    r"|(?P<kname>(?:(?<![A-Za-z0-9_.\-])|(?<=%26)|(?<=%3f))(?P<key>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]{0,63})"
+    r"|(?P<kname>(?:(?<![A-Za-z0-9_.\-<])(?<!</)|(?<=%26)|(?<=%3f))(?P<key>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]{0,63})"
     r"\s{0,8}(?:[=:]|%3d)\s{0,8})"
     # (the value may start with an auth scheme: token=Bearer <token>; never with a name,
     # a colon and a space, which start a pair of their own: "ValueError: password: x";
     # "password=dGVzdA==", "key=v1:abc" are values)
     r"(?!(?:[A-Za-z_][A-Za-z0-9_.\-]{0,63}:(?:\s|\Z)|['\"][A-Za-z0-9_.\- ]{1,64}['\"]\s{0,8}:))"
     rf"(?P<kvalue>{_PEM}|{_QUOTED}|{_LONG_QUOTED}|{_CARD}|{_FLAT}|{_CALL}|{_BYTES}"
-    rf"|(?:(?:{_SCHEMES})\s{{1,8}})?(?![\[{{(])[^\s&,;)\]}}'\"]{{1,65536}})",
+    rf"|(?:(?:{_SCHEMES})\s{{1,8}}(?![A-Za-z_][A-Za-z0-9_.\-]{{0,63}}[=:]))?(?![\[{{(])[^\s&,;)\]}}'\"]{{1,65536}})",
     re.IGNORECASE,
 )
 
@@ -77,3 +82,74 @@ def luhn(number: str) -> bool:
     digits = [int(c) for c in reversed(number) if c.isdigit()]
     total = sum(d if i % 2 == 0 else (d * 2 - 9 if d > 4 else d * 2) for i, d in enumerate(digits))
     return total % 10 == 0
+
+
+#: a value opening a bracket after a pair's ``:`` or ``=`` (a call's name first, maybe)
+_OPENS = re.compile(r"[:=][ \t]{0,8}(?:[A-Za-z_][A-Za-z0-9_.]{0,63})?[\[{(]")
+_QUOTED_NAME = re.compile(r"[A-Za-z0-9_.\- ]{1,64}")
+_BARE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+_SPECIAL = re.compile(r"[()\[\]{}'\"\\\n]")
+_CLOSES = {")": "(", "]": "[", "}": "{"}
+NESTED_MAX = 65536  # the farthest a nested value is followed; past it, to its line's end
+
+
+def nested_values(text: str, chosen: Callable[[str], bool]) -> Iterator[tuple[int, int]]:
+    """Where each value in brackets (a list, an object, a call: nested at any depth)
+    given to a ``chosen`` name in ``text`` (``"name": {…}``, ``name=Call(…)``) starts
+    and ends (balanced brackets, quotes skipped; one not closed within
+    :data:`NESTED_MAX` ends with its line). In order, not overlapping."""
+    if "[" not in text and "{" not in text and "(" not in text:
+        return
+    done = 0
+    for opened in _OPENS.finditer(text):
+        if opened.start() < done:
+            continue
+        name = _name_before(text, opened.start())
+        if name is None or not chosen(name):
+            continue
+        gap = text[opened.start() + 1 : opened.end()]
+        start = opened.start() + 1 + len(gap) - len(gap.lstrip(" \t"))
+        done = _balanced_end(text, opened.end() - 1)
+        yield start, done
+
+
+def _name_before(text: str, at: int) -> str | None:
+    """The name just before the ``:`` or ``=`` at ``at``: quoted (JSON, a repr) or bare
+    (a keyword argument, YAML); None when there is none."""
+    end = at
+    while end > 0 and text[end - 1] in " \t" and at - end < 8:
+        end -= 1
+    if end == 0:
+        return None
+    if text[end - 1] in "'\"":
+        opening = text.rfind(text[end - 1], max(0, end - 66), end - 1)
+        name = text[opening + 1 : end - 1]
+        return name if opening >= 0 and _QUOTED_NAME.fullmatch(name) else None
+    start = end
+    while start > 0 and end - start < 64 and text[start - 1] in _NAME_CHARS:
+        start -= 1
+    name = text[start:end]
+    return name if _BARE_NAME.fullmatch(name) else None
+
+
+def _balanced_end(text: str, at: int) -> int:
+    """Where the bracket at ``at`` closes (after it), quotes skipped; else its line's end."""
+    depth, quote, limit = 0, "", min(len(text), at + NESTED_MAX)
+    for found in _SPECIAL.finditer(text, at, limit):
+        c = found.group()
+        if c == "\n" and quote:
+            quote = ""  # a quote is not left open past its line (an apostrophe in prose)
+        elif quote:
+            if c == quote and text[found.start() - 1] != "\\":
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in _CLOSES:
+            depth -= 1
+            if depth == 0:
+                return found.end()
+    line_end = text.find("\n", at)
+    return len(text) if line_end < 0 else line_end

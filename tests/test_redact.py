@@ -660,3 +660,56 @@ def test_nested_values_without_secrets_are_kept() -> None:
     for text in ('{"data": {"user": "bob", "n": [1, 2]}}', "Point(x=1, y=(2, 3))",
                  "items=[1, 2] mode=(fast)", "call(a={'b': 'c'})"):  # fmt: skip
         assert redact_text(text) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        # a namespaced parent element (SOAP) is not a name=value pair
+        ("<soap:Body><Login><Password>correct horse</Password></Login></soap:Body>", "horse"),
+        # json.dumps(indent=2) of a list under a sensitive name
+        ('{\n  "password": [\n    "Indented_1"\n  ]\n}', "Indented_1"),
+        # a nested value under a sensitive name: masked whole
+        ('{"password": {"a": {"b": "Deep_2"}}}', "Deep_2"),
+        ('{"credentials": {"github": "Deep_3", "aws": {"id": "x"}}}', "Deep_3"),
+        ("Creds(password=SecretStr(Secret('Deep_4')))", "Deep_4"),
+        ("password: [[\"Deep_5\"]]", "Deep_5"),
+        # CDATA holding a "]"
+        ("<password><![CDATA[a]b Cdata_6]]></password>", "Cdata_6"),
+        # an argv list quoted in text (subprocess.CalledProcessError)
+        ("Command '['mysqldump', '--password', 'Argv_7', 'app']' returned non-zero exit "
+         "status 2.", "Argv_7"),
+    ],
+)
+def test_secrets_in_nested_and_quoted_shapes_of_text_are_redacted(
+    text: str, secret: str
+) -> None:
+    from celery_grousset.redact import redact_text
+
+    shown = redact_text(text)
+    assert secret not in shown and "***" in shown, shown
+
+
+def test_a_bytes_header_pair_is_redacted() -> None:
+    from celery_grousset.quoted import secret_values
+
+    # httpx's Headers.raw: a list of (bytes, bytes)
+    text = safe_repr((), {"headers": [(b"x-api-key", b"BytesPair_1"), (b"accept", b"json")]})
+    assert "BytesPair_1" not in text and "b'json'" in text, text
+    # And a header pair's value is one an error quoting it must not show
+    found = secret_values([("headers", [("Authorization", "Basic PairVal_2"), ("a", "bcde")])])
+    assert "Basic PairVal_2" in found and "bcde" not in found, found
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        ("token_type=bearer expires_in=3600 scope=read", "expires_in=3600"),
+        ('WWW-Authenticate: Bearer error="invalid_token"', 'error="invalid_token"'),
+        ("<soap:Body><Login><User>bob</User></Login></soap:Body>", "<User>bob</User>"),
+    ],
+)
+def test_what_is_not_a_secret_in_those_shapes_is_kept(text: str, kept: str) -> None:
+    from celery_grousset.redact import redact_text
+
+    assert kept in redact_text(text), redact_text(text)
