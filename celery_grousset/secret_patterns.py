@@ -61,12 +61,15 @@ SECRETS = re.compile(
     rf"|(?P<fname>(?P<fq>['\"])-{{1,2}}(?P<fkey>[A-Za-z_][A-Za-z0-9_.\-]{{0,63}})(?P=fq),\s{{0,8}})"
     rf"(?P<fvalue>{_QUOTED})"
     # 'name': value / "name": value (reprs, JSON)
-    rf"|(?P<qname>(?P<q>['\"])(?P<qkey>[A-Za-z0-9_.\- ]{{1,64}})(?P=q)\s{{0,8}}:\s{{0,8}})"
+    # (a name with a path or an index: "db:password", "user[password]"; inside a JSON
+    # string, its quotes escaped: \"password\": \"…\")
+    rf"|(?P<qname>(?P<q>['\"])(?P<qkey>[A-Za-z0-9_.\- :/\[\]]{{1,64}})\\?(?P=q)\s{{0,8}}:\s{{0,8}})"
     rf"(?P<qvalue>{_QUOTED}|{_LONG_QUOTED}|{_CARD}|{_FLAT}|{_CALL}|{_BYTES}"
     r"|(?![\[{(])[^\s,}\]]{1,65536})"
     # name=value, name: value (libpq DSNs, query strings, keyword reprs, --flags, headers)
     # (after a URL-encoded separator too: %26 &, %3F ?)
-    r"|(?P<kname>(?:(?<![A-Za-z0-9_.\-<])(?<!</)|(?<=%26)|(?<=%3f))(?P<key>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]{0,63})"
+    r"|(?P<kname>(?:(?<![A-Za-z0-9_.\-<])(?<!</)|(?<=%26)|(?<=%3f))(?P<key>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]{0,63}"
+    r"|[A-Za-z_][A-Za-z0-9_]{0,24}\[[A-Za-z0-9_.\-]{1,24}\])"  # user[password]= (a form)
     r"\s{0,8}(?:[=:]|%3d)\s{0,8})"
     # (the value may start with an auth scheme: token=Bearer <token>; never with a name,
     # a colon and a space, which start a pair of their own: "ValueError: password: x";

@@ -679,6 +679,12 @@ def test_nested_values_without_secrets_are_kept() -> None:
         # an argv list quoted in text (subprocess.CalledProcessError)
         ("Command '['mysqldump', '--password', 'Argv_7', 'app']' returned non-zero exit "
          "status 2.", "Argv_7"),
+        # a name with an index or a path (a Rails/PHP form, a config path)
+        ("user[password]=Form_8&user[email]=a@b.c", "Form_8"),
+        ('{"db:password": "Path_9", "secrets/db_password": "Path_10"}', "Path_9"),
+        ('{"secrets/db_password": "Path_10"}', "Path_10"),
+        # JSON inside a JSON string (a webhook's body in a log line)
+        ('{"body": "{\\"password\\": \\"InJson_11\\"}"}', "InJson_11"),
     ],
 )
 def test_secrets_in_nested_and_quoted_shapes_of_text_are_redacted(
