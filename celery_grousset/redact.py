@@ -18,6 +18,7 @@ for with the parts joined (``userPassword``, ``cardnumber``). docs/configuration
 from __future__ import annotations
 
 import dataclasses
+import enum
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from functools import lru_cache
@@ -87,8 +88,11 @@ def _rules_for(redact_keys: Collection[str]) -> _Rules:
 def _matches(name: object, rules: _Rules) -> bool:
     if isinstance(name, bytes):
         name = name.decode("latin-1")
-    if not isinstance(name, str):
-        return False  # a task's argument names come again with every call: cached
+    if not isinstance(name, str):  # an enum member or a tuple as a mapping's key
+        if isinstance(name, enum.Enum):
+            return _matches(name.name, rules) or _matches(name.value, rules)
+        return isinstance(name, tuple) and any(_matches(part, rules) for part in name[:8])
+    # a task's argument names come again with every call: cached
     return (_name_matches if len(name) <= 64 else _name_matches.__wrapped__)(name, rules)
 
 

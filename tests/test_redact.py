@@ -719,3 +719,15 @@ def test_what_is_not_a_secret_in_those_shapes_is_kept(text: str, kept: str) -> N
     from celery_grousset.redact import redact_text
 
     assert kept in redact_text(text), redact_text(text)
+
+
+def test_a_value_under_an_enum_or_tuple_key_naming_a_secret_is_redacted() -> None:
+    import enum
+
+    class Field(enum.Enum):
+        PASSWORD = "pw"
+        USER = "user"
+
+    text = safe_repr((), {"h": {Field.PASSWORD: "EnumKey_1", Field.USER: "bob",
+                                ("db", "password"): "TupleKey_2"}})  # fmt: skip
+    assert "EnumKey_1" not in text and "TupleKey_2" not in text and "'bob'" in text, text
