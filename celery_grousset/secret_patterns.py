@@ -60,10 +60,11 @@ SECRETS = re.compile(
     # '--name', 'value': a command line quoted in text (subprocess.CalledProcessError)
     rf"|(?P<fname>(?P<fq>['\"])-{{1,2}}(?P<fkey>[A-Za-z_][A-Za-z0-9_.\-]{{0,63}})(?P=fq),\s{{0,8}})"
     rf"(?P<fvalue>{_QUOTED})"
-    # 'name': value / "name": value (reprs, JSON)
+    # 'name': value / "name": value (reprs, JSON; 'name' => value: PHP, Ruby)
     # (a name with a path or an index: "db:password", "user[password]"; inside a JSON
     # string, its quotes escaped: \"password\": \"…\")
-    rf"|(?P<qname>(?P<q>['\"])(?P<qkey>[A-Za-z0-9_.\- :/\[\]]{{1,64}})\\?(?P=q)\s{{0,8}}:\s{{0,8}})"
+    rf"|(?P<qname>(?P<q>['\"])(?P<qkey>[A-Za-z0-9_.\- :/\[\]]{{1,64}})\\?(?P=q)"
+    r"\s{0,8}(?::|=>)\s{0,8})"
     rf"(?P<qvalue>{_QUOTED}|{_LONG_QUOTED}|{_CARD}|{_FLAT}|{_CALL}|{_BYTES}"
     r"|(?![\[{(])[^\s,}\]]{1,65536})"
     # name=value, name: value (libpq DSNs, query strings, keyword reprs, --flags, headers)

@@ -683,6 +683,8 @@ def test_nested_values_without_secrets_are_kept() -> None:
         ("user[password]=Form_8&user[email]=a@b.c", "Form_8"),
         ('{"db:password": "Path_9", "secrets/db_password": "Path_10"}', "Path_9"),
         ('{"secrets/db_password": "Path_10"}', "Path_10"),
+        # a hash in PHP's or Ruby's syntax
+        ("{'user' => 'bob', 'password' => 'Arrow_12'}", "Arrow_12"),
         # JSON inside a JSON string (a webhook's body in a log line)
         ('{"body": "{\\"password\\": \\"InJson_11\\"}"}', "InJson_11"),
     ],
