@@ -17,6 +17,7 @@ import sys
 import uuid
 import weakref
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -423,22 +424,24 @@ def test_unreadable_sqlite_journal_is_W007_not_a_crash(tmp_path: Path) -> None:
     assert "unreadable" in found[0].msg
 
 
-def wal_file(tmp_path: Path) -> Path:
-    """A new SQLite database file in WAL mode, for a journal alias of a test's own."""
-    path = tmp_path / "journal.sqlite3"
-    sqlite3.connect(path).execute("PRAGMA journal_mode=WAL").close()
-    return path
+@contextmanager
+def sqlite_journal(path: Path, alias: str, **overrides: Any) -> Iterator[None]:
+    """A journal alias of the test's own on the SQLite file ``path`` (made, in WAL mode,
+    when missing), set as ``GROUSSET["DATABASE"]``; ``overrides``: more settings."""
+    if not path.exists():
+        sqlite3.connect(path).execute("PRAGMA journal_mode=WAL").close()
+    with (
+        database(alias, ENGINE="django.db.backends.sqlite3", NAME=str(path)),
+        override_settings(GROUSSET={"DATABASE": alias}, **overrides),
+    ):
+        yield
 
 
 def test_a_journal_database_without_its_table_is_W009_until_migrate(tmp_path: Path) -> None:
     from django.core.management import call_command
 
     # Given a journal database where `migrate` has not run
-    path = wal_file(tmp_path)
-    with (
-        database("unmigrated", ENGINE="django.db.backends.sqlite3", NAME=str(path)),
-        override_settings(GROUSSET={"DATABASE": "unmigrated"}),
-    ):
+    with sqlite_journal(tmp_path / "journal.sqlite3", "unmigrated"):
         # When its database checks run (`check --database unmigrated`)
         found = checks.run_checks(databases=["unmigrated"], tags=[checks.Tags.database])
         # Then a warning names the missing table and the command that creates it
@@ -459,11 +462,7 @@ def test_migrate_on_another_database_names_the_journal_left_unmigrated(
     from django.core.management import call_command
 
     # Given a journal on its own database, and `migrate` run without --database
-    path = wal_file(tmp_path)
-    with (
-        database("left", ENGINE="django.db.backends.sqlite3", NAME=str(path)),
-        override_settings(GROUSSET={"DATABASE": "left"}),
-    ):
+    with sqlite_journal(tmp_path / "journal.sqlite3", "left"):
         out = io.StringIO()
         call_command("migrate", "celery_grousset", verbosity=1, stdout=out)
         # Then it names the journal database and the command that creates its tables
@@ -491,12 +490,8 @@ def test_a_router_that_refuses_the_journal_s_migrations_is_named_with_the_fix(
 
     # Given a journal database on which a router refuses the journal's migrations: the
     # very `migrate` that W009 names records them without creating the tables
-    path = wal_file(tmp_path)
-    with (
-        database("routed", ENGINE="django.db.backends.sqlite3", NAME=str(path)),
-        override_settings(GROUSSET={"DATABASE": "routed"},
-                          DATABASE_ROUTERS=[f"{__name__}.ForgetfulRouter"]),
-    ):  # fmt: skip
+    path = tmp_path / "journal.sqlite3"
+    with sqlite_journal(path, "routed", DATABASE_ROUTERS=[f"{__name__}.ForgetfulRouter"]):
         call_command("migrate", "celery_grousset", database="routed", verbosity=0)
         # When its database checks run
         found = checks.run_checks(databases=["routed"], tags=[checks.Tags.database])
@@ -508,10 +503,7 @@ def test_a_router_that_refuses_the_journal_s_migrations_is_named_with_the_fix(
         # (and does not say that `migrate` is about to fix it: under this router it is not)
         assert "about to fix it" not in hint, hint
     # And those steps, once the router allows it, create the tables: W009 goes
-    with (
-        database("routed", ENGINE="django.db.backends.sqlite3", NAME=str(path)),
-        override_settings(GROUSSET={"DATABASE": "routed"}, DATABASE_ROUTERS=[]),
-    ):
+    with sqlite_journal(path, "routed", DATABASE_ROUTERS=[]):
         call_command("migrate", "celery_grousset", "zero", fake=True, database="routed",
                      verbosity=0)  # fmt: skip
         call_command("migrate", "celery_grousset", database="routed", verbosity=0)
