@@ -50,9 +50,10 @@ def secret_values(
         elif isinstance(value, Mapping) and depth < 8:
             for key, item in value.items():
                 walk(key, item, depth + 1, secret)
-        elif is_secret_pair(value, redact_keys) and depth < 8:  # [("X-Api-Key", …)]
-            walk(value[0], value[1], depth + 1)  # type: ignore[index]
         elif isinstance(value, (list, tuple, set, frozenset)) and depth < 8:
+            if is_secret_pair(value, redact_keys):  # [("X-Api-Key", …)]
+                walk(value[0], value[1], depth + 1)  # type: ignore[index]
+                return
             after_flag = False  # ["--password", "hunter2"]: an argv list
             for item in value:  # {"cards": [...]}, [{"password": ...}]
                 walk(None, item, depth + 1, secret or after_flag)

@@ -128,6 +128,8 @@ def _secret_pair(value: object, rules: _Rules) -> bool:
 def is_secret_flag(value: object, redact_keys: Collection[str] = DEFAULT_REDACT_KEYS) -> bool:
     """A command-line flag naming a secret (``--password``, ``-api-key``): the next item
     of its argv list is the secret. ``--password=…`` is text, redacted as such."""
+    if not (isinstance(value, str) and value[:1] == "-"):  # most items: no rules to look up
+        return False
     return _secret_flag(value, _rules_for(redact_keys))
 
 
