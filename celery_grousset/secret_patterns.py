@@ -35,6 +35,10 @@ _FLAT = r"[\[{(][^\[\]{}()]{0,4096}[\]})]"
 _CALL = r"[A-Za-z_][A-Za-z0-9_.]{0,63}\([^()]{0,4096}\)"
 _BYTES = rf"[bBrRuU]{{1,2}}(?:{_QUOTED})"
 
+#: a name in quotes ("password", "db:password", "user[password]") and a bare one
+_QUOTED_NAME = r"[A-Za-z0-9_.\- :/\[\]]{1,64}"
+_BARE_NAME = r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}"
+
 # Leftmost match first; each repetition bounded, so the scan stays linear on any input.
 # Tried only near an anchor (anchored.py): a new alternative must contain one of them.
 SECRETS = re.compile(
@@ -58,18 +62,19 @@ SECRETS = re.compile(
     # a card number: 13-19 digits, spaced or dashed in groups (the Luhn check decides)
     rf"|(?<![0-9])(?P<pan>{_CARD})"
     # '--name', 'value': a command line quoted in text (subprocess.CalledProcessError)
-    rf"|(?P<fname>(?P<fq>['\"])-{{1,2}}(?P<fkey>[A-Za-z_][A-Za-z0-9_.\-]{{0,63}})(?P=fq),\s{{0,8}})"
+    rf"|(?P<fname>(?P<fq>['\"])-{{1,2}}(?P<fkey>{_BARE_NAME})(?P=fq),\s{{0,8}})"
     rf"(?P<fvalue>{_QUOTED})"
     # 'name': value / "name": value (reprs, JSON; 'name' => value: PHP, Ruby)
     # (a name with a path or an index: "db:password", "user[password]"; inside a JSON
     # string, its quotes escaped: \"password\": \"…\")
-    rf"|(?P<qname>(?P<q>['\"])(?P<qkey>[A-Za-z0-9_.\- :/\[\]]{{1,64}})\\?(?P=q)"
+    rf"|(?P<qname>(?P<q>['\"])(?P<qkey>{_QUOTED_NAME})\\?(?P=q)"
     r"\s{0,8}(?::|=>)\s{0,8})"
     rf"(?P<qvalue>{_QUOTED}|{_LONG_QUOTED}|{_CARD}|{_FLAT}|{_CALL}|{_BYTES}"
     r"|(?![\[{(])[^\s,}\]]{1,65536})"
     # name=value, name: value (libpq DSNs, query strings, keyword reprs, --flags, headers)
     # (after a URL-encoded separator too: %26 &, %3F ?)
-    r"|(?P<kname>(?:(?<![A-Za-z0-9_.\-<])(?<!</)|(?<=%26)|(?<=%3f))(?P<key>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]{0,63}"
+    r"|(?P<kname>(?:(?<![A-Za-z0-9_.\-<])(?<!</)|(?<=%26)|(?<=%3f))"
+    rf"(?P<key>-{{0,2}}{_BARE_NAME}"
     r"|[A-Za-z_][A-Za-z0-9_]{0,24}\[[A-Za-z0-9_.\-]{1,24}\])"  # user[password]= (a form)
     r"\s{0,8}(?:[=:]|%3d)\s{0,8})"
     # (the value may start with an auth scheme: token=Bearer <token>; never with a name,
@@ -90,11 +95,10 @@ def luhn(number: str) -> bool:
 
 #: a value opening a bracket after a pair's ``:`` or ``=`` (a call's name first, maybe)
 _OPENS = re.compile(r"[:=][ \t]{0,8}(?:[A-Za-z_][A-Za-z0-9_.]{0,63})?[\[{(]")
-_QUOTED_NAME = re.compile(r"[A-Za-z0-9_.\- ]{1,64}")
-_BARE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
+_QUOTED_NAME_RE = re.compile(_QUOTED_NAME)
+_BARE_NAME_RE = re.compile(_BARE_NAME)
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
-_SPECIAL = re.compile(r"[()\[\]{}'\"\\\n]")
-_CLOSES = {")": "(", "]": "[", "}": "{"}
+_SPECIAL = re.compile(r"[()\[\]{}'\"\n]")
 NESTED_MAX = 65536  # the farthest a nested value is followed; past it, to its line's end
 
 
@@ -129,12 +133,12 @@ def _name_before(text: str, at: int) -> str | None:
     if text[end - 1] in "'\"":
         opening = text.rfind(text[end - 1], max(0, end - 66), end - 1)
         name = text[opening + 1 : end - 1]
-        return name if opening >= 0 and _QUOTED_NAME.fullmatch(name) else None
+        return name if opening >= 0 and _QUOTED_NAME_RE.fullmatch(name) else None
     start = end
     while start > 0 and end - start < 64 and text[start - 1] in _NAME_CHARS:
         start -= 1
     name = text[start:end]
-    return name if _BARE_NAME.fullmatch(name) else None
+    return name if _BARE_NAME_RE.fullmatch(name) else None
 
 
 def _balanced_end(text: str, at: int) -> int:
@@ -151,7 +155,7 @@ def _balanced_end(text: str, at: int) -> int:
             quote = c
         elif c in "([{":
             depth += 1
-        elif c in _CLOSES:
+        elif c != "\n":  # ) ] }
             depth -= 1
             if depth == 0:
                 return found.end()
