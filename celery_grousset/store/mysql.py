@@ -222,16 +222,15 @@ class MySQLStore(LockingStore):
         conn, fitted = connections[self.alias], self.fitted(completion)
         if len(conn.atomic_blocks) > 1:
             return super().finish_in_transaction(req, fitted)
-        with conn.cursor() as cur:
-            cur.execute("SELECT @@SESSION.innodb_lock_wait_timeout")
-            before = int(cur.fetchone()[0])
-            cur.execute(f"SET SESSION innodb_lock_wait_timeout = {max(1, math.ceil(self.timeout))}")
+        with conn.cursor() as cur:  # the session's value kept in a user variable
+            cur.execute("SET @grousset_lock_wait = @@SESSION.innodb_lock_wait_timeout, "
+                        f"SESSION innodb_lock_wait_timeout = {max(1, math.ceil(self.timeout))}")
         try:
             return super().finish_in_transaction(req, fitted)
         finally:  # on the driver's cursor: Django refuses its own after a failed statement
             try:
                 with contextlib.closing(conn.connection.cursor()) as raw:
-                    raw.execute(f"SET SESSION innodb_lock_wait_timeout = {before}")
+                    raw.execute("SET SESSION innodb_lock_wait_timeout = @grousset_lock_wait")
             except Exception:  # a broken connection: closed, nothing to put back
                 pass
 
