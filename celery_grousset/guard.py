@@ -36,8 +36,7 @@ from celery_grousset.faults import fault
 from celery_grousset.fingerprint import bind_arguments, fingerprint_bound, payload_hash
 from celery_grousset.options import Options
 from celery_grousset.publish_check import effect_in_transaction
-from celery_grousset.quoted import call_secrets, without_values
-from celery_grousset.redact import safe_repr
+from celery_grousset.quoted import call_secrets, redacted_call
 from celery_grousset.store import ClaimResult, Store, check_claimable, get_store
 
 __all__ = [
@@ -276,10 +275,8 @@ def redacted(
     """The only text of a call's arguments the package stores or shows: redacted by name
     (bound to the signature, so a positional secret is redacted too), truncated; a
     sensitive argument's value quoted in another one is masked there too."""
-    keys = redact_keys()
-    text = safe_repr(args, kwargs, redact_keys=keys, bound=bound,
-                     max_length=int(grousset_settings.ARGS_REPR_MAX_LENGTH))  # fmt: skip
-    return without_values(text, call_secrets(kwargs, bound, keys))
+    length = int(grousset_settings.ARGS_REPR_MAX_LENGTH)
+    return redacted_call(args, kwargs, bound, redact_keys(), length)
 
 
 #: set by the pytest plugin (celery_grousset.contrib.pytest) during a test: refuses a

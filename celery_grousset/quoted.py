@@ -9,17 +9,32 @@ there, as given or in another case.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from celery_grousset.redact import (
     DEFAULT_REDACT_KEYS,
     TEXT_REDACTED,
     is_secret_flag,
     is_secret_pair,
-    is_sensitive,
+    is_sensitive_under,
+    safe_repr,
 )
 
-__all__ = ["call_secrets", "secret_values", "without_values"]
+__all__ = ["call_secrets", "redacted_call", "secret_values", "without_values"]
+
+
+def redacted_call(
+    args: Sequence[object],
+    kwargs: Mapping[str, object],
+    bound: Mapping[str, object] | None,
+    redact_keys: Collection[str],
+    max_length: int,
+) -> str:
+    """The text of a call's arguments as stored and shown (``args_repr``): redacted by
+    name, cut to ``max_length``; a sensitive argument's value quoted in another one is
+    masked there too."""
+    text = safe_repr(args, kwargs, redact_keys=redact_keys, bound=bound, max_length=max_length)
+    return without_values(text, call_secrets(kwargs, bound, redact_keys))
 
 
 def call_secrets(
@@ -37,31 +52,38 @@ def secret_values(
 ) -> list[str]:
     """The text of each value a sensitive name holds (``named``: a call's bound arguments;
     mappings are searched too), longest first: what an error message must not quote.
-    Values under 4 characters are left alone (masking them would mask ordinary text)."""
+    Values under 4 characters are left alone (masking them would mask ordinary text).
+    Every container is searched (a secret deep in a big argument may be quoted in a short
+    one); a plain value under a name that is not sensitive costs no call."""
     found = set[str]()
+    sensitive = is_sensitive_under(redact_keys)
 
-    def walk(name: object, value: object, depth: int, secret: bool = False) -> None:
-        if isinstance(name, bytes):
-            name = name.decode("latin-1")
-        secret = secret or (isinstance(name, str) and is_sensitive(name, redact_keys))
+    def walk(value: object, depth: int, secret: bool) -> None:
         if secret and isinstance(value, (str, bytes, int)) and not isinstance(value, bool):
             text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
             found.update({text, repr(text)[1:-1]} if len(text) >= 4 else ())  # as quoted too
         elif isinstance(value, Mapping) and depth < 8:
             for key, item in value.items():
-                walk(key, item, depth + 1, secret)
+                named_secret = secret or sensitive(key)
+                if named_secret or type(item) not in _PLAIN:
+                    walk(item, depth + 1, named_secret)
         elif isinstance(value, (list, tuple, set, frozenset)) and depth < 8:
-            if is_secret_pair(value, redact_keys):  # [("X-Api-Key", …)]
-                walk(value[0], value[1], depth + 1)  # type: ignore[index]
+            if len(value) == 2 and is_secret_pair(value, redact_keys):  # [("X-Api-Key", …)]
+                walk(value[1], depth + 1, True)  # type: ignore[index]
                 return
             after_flag = False  # ["--password", "hunter2"]: an argv list
             for item in value:  # {"cards": [...]}, [{"password": ...}]
-                walk(None, item, depth + 1, secret or after_flag)
+                if secret or after_flag or type(item) not in _PLAIN:
+                    walk(item, depth + 1, secret or after_flag)
                 after_flag = is_secret_flag(item, redact_keys)
 
     for name, value in named:
-        walk(name, value, 0)
+        walk(value, 0, sensitive(name))
     return sorted(found, key=len, reverse=True)
+
+
+#: types a walk needs to look into only under a sensitive name
+_PLAIN = frozenset({str, bytes, int, float, bool, type(None)})
 
 
 def without_values(text: str, values: Iterable[str]) -> str:

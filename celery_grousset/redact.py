@@ -7,7 +7,8 @@ leak secrets, must fit a column, and must never make the guard fail, so
 every sensitive name (mapping key, keyword argument, bound parameter, dataclass or
 namedtuple field, the name of a ``(name, value)`` pair) is ``'***'``, recursively; it
 strips NULs, replaces lone surrogates, truncates with a ``…(+N chars)`` marker, and never
-raises. Names are split into lower-case parts (``accessKey`` is ``access key``,
+raises. Which names are sensitive is :mod:`celery_grousset.sensitive`'s rule: names are
+split into lower-case parts (``accessKey`` is ``access key``,
 ``X-Api-Key`` is ``x api key``); a one-part key shorter than 5 characters (``key``,
 ``pin``) must be a whole part (``stripe_key`` yes, ``keyboard`` no), any other is looked
 for with the parts joined (``userPassword``, ``cardnumber``). docs/configuration.md
@@ -18,31 +19,30 @@ for with the parts joined (``userPassword``, ``cardnumber``). docs/configuration
 from __future__ import annotations
 
 import dataclasses
-import enum
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from functools import lru_cache
+from itertools import takewhile
 
 from celery_grousset import anchored
 from celery_grousset.secret_patterns import SECRETS as _SECRETS
 from celery_grousset.secret_patterns import luhn, nested_values
+from celery_grousset.sensitive import (
+    DEFAULT_REDACT_KEYS,
+    _matches,
+    _Rules,
+    _rules_for,
+    _secret_flag,
+    _secret_pair,
+    is_secret_flag,
+    is_secret_pair,
+    is_sensitive,
+    is_sensitive_under,
+)
 from celery_grousset.textcut import clean_and_cut
 
 __all__ = ["DEFAULT_REDACT_KEYS", "REDACTED", "is_long_number", "is_secret_flag",
-           "is_secret_pair", "is_sensitive", "redact_text", "safe_repr"]
+           "is_secret_pair", "is_sensitive", "is_sensitive_under", "redact_text", "safe_repr"]
 
-DEFAULT_REDACT_KEYS: frozenset[str] = frozenset({  # key: a whole part (stripe_key, not keyboard)
-    "password", "passwd", "secret", "token", "api_key", "apikey", "authorization", "auth",
-    "card", "card_number", "cvv", "cvc", "pan", "ssn", "iban", "private_key",
-    "access_token", "refresh_token", "client_secret", "credentials", "credential", "pwd",
-    "pass", "passphrase", "passcode", "key", "cookie", "session_id", "sessionid", "sessid",
-    "session_key", "session_token", "jwt", "otp", "totp", "pin", "bearer", "dsn",
-    "credit_card", "access_key", "signing_key", "pin_code", "security_code", "auth_code",
-    "mfa_code", "recovery_code", "social_security", "connection_string", "database_url",
-    "mnemonic", "pw", "signature", "sig", "hmac", "account_number", "routing_number",
-    "creds", "privkey",
-})  # fmt: skip
-"""Argument and mapping key names whose values are never shown."""
 
 REDACTED = "'***'"
 """What a redacted value renders as."""
@@ -52,91 +52,6 @@ _MAX_DEPTH = 20
 #: unscanned: a secret starting in the shown part is recognised if it ends within it (an
 #: XML element's or quoted value: 4,096; a URL's password, a card: less; PEM, JWT: masked).
 SCAN_MARGIN = 4096 + 128
-_WHOLE_WORD_BELOW = 5  # one-part redact keys shorter than this must match a whole part
-# Parts: an acronym (not the capital that starts the next word), a capitalised or
-# lower-case word, or a run of digits. Everything else separates parts.
-_PARTS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
-
-_Rules = tuple[tuple[str, ...], frozenset[str]]
-
-
-def _parts(name: str) -> list[str]:
-    return [part.lower() for part in _PARTS.findall(name)]
-
-
-@lru_cache(maxsize=32)
-def _compile_rules(redact_keys: frozenset[str]) -> _Rules:
-    """Split redact keys into joined-parts patterns and whole-part patterns."""
-    substrings: set[str] = set()
-    words: set[str] = set()
-    for key in redact_keys:
-        parts = _parts(str(key))
-        joined = "".join(parts)
-        if len(parts) == 1 and len(joined) < _WHOLE_WORD_BELOW:
-            words.add(joined)
-        elif joined:
-            substrings.add(joined)
-    return tuple(sorted(substrings)), frozenset(words)
-
-
-def _rules_for(redact_keys: Collection[str]) -> _Rules:
-    if not isinstance(redact_keys, frozenset):
-        redact_keys = frozenset(redact_keys)
-    return _compile_rules(redact_keys)
-
-
-def _matches(name: object, rules: _Rules) -> bool:
-    if isinstance(name, bytes):
-        name = name.decode("latin-1")
-    if not isinstance(name, str):  # an enum member or a tuple as a mapping's key
-        if isinstance(name, enum.Enum):
-            return _matches(name.name, rules) or _matches(name.value, rules)
-        return isinstance(name, tuple) and any(_matches(part, rules) for part in name[:8])
-    # a task's argument names come again with every call: cached
-    return (_name_matches if len(name) <= 64 else _name_matches.__wrapped__)(name, rules)
-
-
-@lru_cache(maxsize=4096)
-def _name_matches(name: str, rules: _Rules) -> bool:
-    parts = _parts(name)
-    substrings, words = rules
-    squashed = "".join(parts)
-    if any(pattern in squashed for pattern in substrings):
-        return True
-    return any(part in words or (part[-1:] == "s" and part[:-1] in words) for part in parts)
-
-
-def is_sensitive(name: str, redact_keys: Collection[str] = DEFAULT_REDACT_KEYS) -> bool:
-    """Whether a value named ``name`` (argument, key or field) must be redacted."""
-    try:
-        return _matches(name, _rules_for(redact_keys))
-    except Exception:  # never raise; when in doubt, redact
-        return True
-
-
-def is_secret_pair(value: object, redact_keys: Collection[str] = DEFAULT_REDACT_KEYS) -> bool:
-    """A ``(name, value)`` pair whose name is sensitive (a list after JSON: a header
-    list's ``[name, value]``): its value is never shown."""
-    return _secret_pair(value, _rules_for(redact_keys))
-
-
-def _secret_pair(value: object, rules: _Rules) -> bool:
-    return (isinstance(value, (list, tuple)) and len(value) == 2
-            and isinstance(value[0], (str, bytes)) and _matches(value[0], rules))  # fmt: skip
-
-
-def is_secret_flag(value: object, redact_keys: Collection[str] = DEFAULT_REDACT_KEYS) -> bool:
-    """A command-line flag naming a secret (``--password``, ``-api-key``): the next item
-    of its argv list is the secret. ``--password=…`` is text, redacted as such."""
-    if not (isinstance(value, str) and value[:1] == "-"):  # most items: no rules to look up
-        return False
-    return _secret_flag(value, _rules_for(redact_keys))
-
-
-def _secret_flag(value: object, rules: _Rules) -> bool:
-    return (isinstance(value, str) and value[:1] == "-" and len(value) <= 64
-            and "=" not in value and not any(c.isspace() for c in value)
-            and _matches(value.lstrip("-"), rules))  # fmt: skip
 
 
 def is_long_number(value: object) -> bool:
@@ -155,10 +70,19 @@ def _plain_repr(value: object) -> str:
 class _Renderer:
     """Renders values like ``repr``, redacting values under sensitive names."""
 
-    def __init__(self, rules: _Rules, budget: int) -> None:
-        self.rules, self.budget = rules, budget  # characters left to scan
+    def __init__(self, rules: _Rules, shown: int) -> None:
+        self.rules, self.budget = rules, shown + SCAN_MARGIN  # characters left to scan
+        self.reserve = SCAN_MARGIN  # past the shown part: only a started string reads on
         self.dropped = 0  # characters cut before rendering: counted in the "…(+N chars)"
+        self.more = False  # items left unrendered once the budget ran out: "… and more)"
         self.active: set[int] = set()  # ids of the containers being rendered (cycles)
+
+    def unspent(self, _item: object = None) -> bool:
+        """The shown part is not full yet. Once it is, a container's further items are
+        never shown, so they are not rendered (a 100,000-item list costs what its first
+        items do); a string started in the shown part is still scanned into the margin."""
+        self.more = self.more or self.budget <= self.reserve
+        return self.budget > self.reserve
 
     def scanned(self, text: str) -> str:
         """``text`` redacted, scanned only until its redacted part fills what is left of
@@ -186,9 +110,14 @@ class _Renderer:
             return _plain_repr(self.scanned(value))
         if isinstance(value, (int, float, type(None))):
             text = _plain_repr(value)
-            return self.scanned(text) if is_long_number(value) else text
-        if isinstance(value, bytes):
-            return self.scanned(_plain_repr(value))
+            if is_long_number(value):
+                return self.scanned(text)
+            self.budget -= len(text)
+            return text
+        if isinstance(value, bytes):  # each byte is 1+ characters of its repr
+            cut = value[: max(self.budget, 0) + 1]
+            self.more = self.more or len(cut) < len(value)
+            return self.scanned(_plain_repr(cut))
         if depth >= _MAX_DEPTH:
             return "…"
         ident = id(value)
@@ -206,7 +135,7 @@ class _Renderer:
         if isinstance(value, Mapping):
             items = ", ".join(
                 f"{self.render(key, depth)}: {self.named(key, item, depth)}"
-                for key, item in value.items()
+                for key, item in takewhile(self.unspent, value.items())
             )
             if type(value) is dict:
                 return f"{{{items}}}"
@@ -232,12 +161,15 @@ class _Renderer:
         (``'--password', 'hunter2'``: an argv list) is ``'***'``."""
         shown, after_flag = [], False
         for item in values:
+            if not self.unspent():
+                break
             shown.append(REDACTED if after_flag else self.render(item, depth))
             after_flag = _secret_flag(item, self.rules)
         return shown
 
     def _call_like(self, value: object, fields: Iterable[tuple[str, object]], depth: int) -> str:
-        inner = ", ".join(f"{name}={self.named(name, item, depth)}" for name, item in fields)
+        inner = ", ".join(f"{name}={self.named(name, item, depth)}"
+                          for name, item in takewhile(self.unspent, fields))  # fmt: skip
         return f"{type(value).__qualname__}({inner})"
 
 
@@ -265,7 +197,7 @@ def safe_repr(
     """
     try:
         rules = _rules_for(redact_keys)
-        renderer = _Renderer(rules, max(max_length, 0) + SCAN_MARGIN)
+        renderer = _Renderer(rules, max(max_length, 0))
         if argsrepr is not None or kwargsrepr is not None:
             shown_args = (
                 _redact_text(_as_text(argsrepr), rules)
@@ -284,7 +216,7 @@ def safe_repr(
             parts = renderer.sequence(args, 0)
             parts += [f"{name}={renderer.named(name, v, 0)}" for name, v in kwargs.items()]
             text = ", ".join(parts)
-        return clean_and_cut(text, max_length, renderer.dropped)
+        return clean_and_cut(text, max_length, renderer.dropped, more=renderer.more)
     except Exception as exc:  # last resort: never fail the caller
         text = f"<arguments could not be rendered: {type(exc).__qualname__}>"
         return clean_and_cut(text, max_length)

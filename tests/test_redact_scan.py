@@ -110,10 +110,45 @@ def test_only_what_can_be_shown_is_scanned(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_several_arguments_share_the_scan_budget() -> None:
-    # Given many long arguments: past the budget, later values are not scanned at all
+    # Given many long arguments: once the shown part is full, later ones are not read
     shown = safe_repr(tuple("v" * 3000 for _ in range(50)), {}, max_length=200)
-    dropped = int(re.search(r"…\(\+(\d+) chars\)$", shown)[1])  # type: ignore[index]
-    assert 150_000 - 200 - SCAN_MARGIN <= dropped <= 150_000 + 4 * 50  # (quotes, commas)
+    # Then the first is scanned into the margin, counted, and the cut says there is more
+    dropped = int(re.search(r"…\(\+(\d+) chars and more\)$", shown)[1])  # type: ignore[index]
+    assert len(shown) <= 200 and shown.startswith("'vvv") and 2_800 <= dropped <= 3_002
+
+
+ORDERS = [{"sku": f"SKU-{i}", "password": "pw-secret-9", "qty": i} for i in range(20_000)]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (list(range(100_000)),),
+        ({f"k{i}": [i, "text", {"x": i}] for i in range(30_000)},),
+        (ORDERS,),
+        ([b"\x00" * 40_000, frozenset(range(5))] * 50,),
+        (*range(50_000),),
+    ],
+    ids=["ints", "mapping", "orders", "bytes", "positional"],
+)
+def test_a_big_argument_is_rendered_only_as_far_as_it_is_shown(
+    args: tuple[object, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an argument (or arguments) of tens of thousands of items
+    whole = safe_repr(args, {}, max_length=10**7)
+    rendered: list[object] = []
+    real = redact._Renderer.render
+    monkeypatch.setattr(
+        redact._Renderer, "render", lambda self, v, d=0: rendered.append(v) or real(self, v, d)
+    )
+    shown = safe_repr(args, {}, max_length=300)
+    # Then only the items the shown part and its margin reach are rendered, not them all
+    assert len(rendered) < 1_000, len(rendered)
+    # ... and what is shown is the whole rendering's start, cut with a marker saying so
+    head, marker = shown.split("…(+")
+    assert whole.startswith(head) and len(head) > 200, shown
+    assert len(shown) <= 300 and marker.endswith(" chars and more)"), shown
+    assert "pw-secret-9" not in shown
 
 
 @pytest.mark.parametrize(
