@@ -12,7 +12,7 @@ from collections.abc import Collection
 from typing import Any
 
 from celery_grousset.quoted import secret_values, without_values
-from celery_grousset.redact import is_long_number, is_secret_pair, is_sensitive, redact_text
+from celery_grousset.redact import is_secret_pair, is_sensitive, redact_text
 from celery_grousset.textcut import clean_and_cut
 
 _MAX_DEPTH = 20
@@ -36,7 +36,15 @@ def _without(value: Any, secrets: list[str], depth: int = 0) -> Any:
                 for k, v in value.items()}  # fmt: skip
     if isinstance(value, list):
         return [_without(item, secrets, depth + 1) for item in value]
+    if isinstance(value, bytes):
+        return _as_bytes(without_values(value.decode("latin-1"), secrets), value)
     return without_values(value, secrets) if isinstance(value, str) else value
+
+
+def _as_bytes(text: str, value: bytes) -> bytes:
+    """``value`` (read as Latin-1: every byte one character, nothing lost), or its text
+    with a secret masked."""
+    return value if text == value.decode("latin-1") else text.encode("latin-1", "replace")
 
 
 def _shown(value: Any, keys: Collection[str], depth: int = 0) -> Any:
@@ -50,12 +58,14 @@ def _shown(value: Any, keys: Collection[str], depth: int = 0) -> Any:
         }  # fmt: skip
     if isinstance(value, list):
         if is_secret_pair(value, keys):
-            return [redact_text(value[0], keys), "***"]
+            return [_shown(value[0], keys, depth + 1), "***"]
         return [_shown(item, keys, depth + 1) for item in value]
     if isinstance(value, str):
         return redact_text(value, keys)
-    if is_long_number(value) and redact_text(repr(value), keys) != repr(value):
-        return "***"
+    if isinstance(value, bytes):  # kombu's JSON keeps bytes (and Decimal, UUID…) typed
+        return _as_bytes(redact_text(value.decode("latin-1"), keys), value)
+    if not isinstance(value, (bool, type(None))) and redact_text(text := str(value), keys) != text:
+        return "***"  # a card number as an int, a float, a Decimal
     return value
 
 

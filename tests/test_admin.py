@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -349,6 +350,25 @@ def test_memo_secrets_in_numbers_pairs_and_keys_are_not_shown(
     from celery_grousset.shown import shown_json
 
     assert shown_json(["password=PairName2", "x"], DEFAULT_REDACT_KEYS) == ["password=***", "***"]
+
+
+def test_memo_secrets_in_bytes_and_decimals_are_not_shown(journal: str, processor: str) -> None:
+    # Given a JSON memo holding values kombu decodes to other types than str: bytes with
+    # a DSN password and an API key, a card number as a Decimal, a pair's value as bytes
+    from kombu.utils.json import dumps
+
+    memo = {"note": b"postgres://app:BytesHunter2@db/x", "k": b"sk_live_abcdefghijklmnop1234",
+            "card": Decimal("4111111111111111"), "total": Decimal("12.50"),
+            "pair": [b"password", b"PairBytes42"], "echo": b"said PairBytes42 twice",
+            "raw": b"\xff\xfe plain"}  # fmt: skip
+    row = put(journal, processor, result=dumps(memo).encode())
+    # When the admin's detail page and grousset_inspect show it
+    # Then none of the secrets is shown; the harmless values are
+    for shown in shown_by_admin_and_inspect(row, journal):
+        for secret in ("BytesHunter2", "sk_live_abcdefghijklmnop1234", "4111111111111111",
+                       "PairBytes42"):  # fmt: skip
+            assert secret not in shown, (secret, shown)
+        assert "12.50" in shown and "postgres://app:" in shown and "plain" in shown, shown
 
 
 def test_a_memo_value_under_a_sensitive_name_is_masked_where_another_string_quotes_it(
