@@ -86,12 +86,15 @@ def complete(
 
 
 def _fenced_text(req: ClaimRequest, res: ClaimResult, started: float, outcome: str) -> str:
-    """Why an attempt was fenced out, and the fix (one wording for both paths)."""
+    """Why an attempt was fenced out, and the fix (one wording for both paths). Its claim
+    turned stale ``res.retry_in`` after the body started: less than max_processing_time
+    when the worker's main process made it before (``WORKER_CLAIM``)."""
     elapsed = time.monotonic() - started
+    stale_after = res.retry_in if res.retry_in > 0 else req.max_processing_time
     why = (
         "A claim older than max_processing_time is taken over by the next delivery: raise "
         "max_processing_time above the task's longest run, or set a hard time_limit below it."
-        if elapsed >= req.max_processing_time else
+        if elapsed >= stale_after else
         "It was not stale: it was released (grousset_release --force, a revoke with "
         "terminate=True) and another delivery claimed the call since, which runs its effect."
     )  # fmt: skip

@@ -34,14 +34,20 @@ FIELD = "grousset_claim"
 #: the share of ``max_processing_time`` after which a pre-made claim is renewed, when
 #: ``WORKER_CLAIM_RENEW_AFTER`` is not set
 RENEW_SHARE = 0.1
+#: the most of ``max_processing_time`` a pre-made claim may age unrenewed: a larger
+#: ``WORKER_CLAIM_RENEW_AFTER`` is taken as this (a child starting later would run under
+#: a claim another delivery may have taken over already)
+MAX_RENEW_SHARE = 0.5
 
 
 def carry(request_dict: dict[str, Any], req: ClaimRequest, res: ClaimResult) -> None:
     """Put an owned claim in a request before the pool gets it (plain values only: the
-    request is pickled to the child), stamped with the delivery it is for."""
+    request is pickled to the child), stamped with the delivery it is for, and timed on
+    the monotonic clock the child on this host shares (a wall clock's step back, by NTP or
+    a restored VM, would make a late start look early and skip its renewal)."""
     request_dict[FIELD] = [
         req.token, res.fence, res.kind.value, res.deliveries, res.takeovers,
-        req.processor_id, req.fingerprint, time.time(), _stamp(request_dict),
+        req.processor_id, req.fingerprint, time.monotonic(), _stamp(request_dict),
     ]  # fmt: skip
 
 
@@ -74,9 +80,11 @@ def carried(request: Any) -> Sequence[Any] | None:
 
 
 def renew_after(req: ClaimRequest) -> float:
-    """Seconds after its claim from which a child renews a pre-made claim."""
+    """Seconds after its claim from which a child renews a pre-made claim: the setting
+    (default: a tenth of ``max_processing_time``), at most half of it."""
     bound = grousset_settings.WORKER_CLAIM_RENEW_AFTER
-    return float(bound) if bound is not None else req.max_processing_time * RENEW_SHARE
+    mpt = req.max_processing_time
+    return min(float(bound), mpt * MAX_RENEW_SHARE) if bound is not None else mpt * RENEW_SHARE
 
 
 def adopt(caller: Any, store: Store, req: ClaimRequest) -> tuple[ClaimRequest, ClaimResult | None]:
@@ -96,8 +104,9 @@ def adopt(caller: Any, store: Store, req: ClaimRequest) -> tuple[ClaimRequest, C
         })  # fmt: skip
         return req, None
     own = dataclasses.replace(req, token=str(token))
-    left = float(at) + req.max_processing_time - time.time()  # until it turns stale
-    if time.time() - float(at) > renew_after(req):
+    age = time.monotonic() - float(at)
+    left = req.max_processing_time - age  # until it turns stale
+    if not 0 <= age <= renew_after(req):  # (a negative age: not this host's clock)
         if not renew(store, own):
             return own, None  # taken over or settled meanwhile: the claim with `own` decides
         left = req.max_processing_time

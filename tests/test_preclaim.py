@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from types import SimpleNamespace
 from typing import Any, NoReturn
 
 import pytest
+from django.conf import settings
+from django.test import override_settings
 
 from celery_grousset import guard, preclaim
 from celery_grousset.claim import ClaimRequest
@@ -124,6 +127,77 @@ def test_a_late_start_whose_claim_was_taken_does_not_run(
     assert caller.ran == []
     rec = row(journal, opts, call)
     assert rec.claim_token == other.token and rec.status == "in_flight"
+
+
+def test_a_late_start_is_late_whatever_the_wall_clock_says(
+    setup: tuple[str, Options, guard.Call], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal, opts, call = setup
+    carried = main_process_claim(journal, opts, call, age=10.0)
+    # Given a late start whose claim another attempt took meanwhile, and the host's wall
+    # clock stepped back an hour since the claim (NTP, a restored VM)
+    store = get_store(journal)
+    fp = guard.identify(call)[0]
+    assert store.release(opts.processor_id, fp, carried[0])
+    other = guard.request(opts, fp, call.name, "other", "")
+    assert guard.claim(store, [other])[0].owned
+    wall = time.time
+    monkeypatch.setattr(preclaim.time, "time", lambda: wall() - 3600)
+    # When the child starts: its claim is still 10 s old, so it renews, which fails
+    caller = Caller(opts, carried)
+    with pytest.raises(Deferred):
+        guard.guarded(caller, call)
+    # Then the body did not run (it would have run beside the other attempt's)
+    assert caller.ran == []
+
+
+@pytest.mark.parametrize("renew_after", [60.0, 20.0])
+def test_a_renewal_bound_past_half_the_claim_is_taken_as_half(
+    setup: tuple[str, Options, guard.Call], renew_after: float
+) -> None:
+    journal, opts, call = setup
+    # Given WORKER_CLAIM_RENEW_AFTER at or past max_processing_time's half (30 s), and a
+    # start 20 s after the claim, which another attempt took meanwhile
+    carried = main_process_claim(journal, opts, call, age=20.0)
+    store = get_store(journal)
+    fp = guard.identify(call)[0]
+    assert store.release(opts.processor_id, fp, carried[0])
+    assert guard.claim(store, [guard.request(opts, fp, call.name, "other", "")])[0].owned
+    caller = Caller(opts, carried)
+    bound = {**settings.GROUSSET, "WORKER_CLAIM_RENEW_AFTER": renew_after}
+    # When the child starts / Then it renews (at 15 s), fails, and does not run
+    with override_settings(GROUSSET=bound), pytest.raises(Deferred):
+        guard.guarded(caller, call)
+    assert caller.ran == []
+
+
+def test_an_adopted_claim_that_turned_stale_in_its_body_says_so(journal: str) -> None:
+    from celery_grousset.exceptions import FencedOut
+
+    opts = Options.resolve(
+        "test", {"max_processing_time": 2}, default_processor=f"t-{uuid.uuid4().hex[:8]}"
+    )
+    call = guard.Call(name="tests.preclaim", task_id=uuid.uuid4().hex, args=(uuid.uuid4().hex,))
+    # Given a claim the main process made 0.9 s before the child started (renewed only
+    # after 1 s: half of max_processing_time), so it turns stale 1.1 s into the body
+    carried = main_process_claim(journal, opts, call, age=0.0)
+    store, fp = get_store(journal), guard.identify(call)[0]
+    time.sleep(0.9)
+
+    class Overran(Caller):
+        def run(self, attempt: guard.Attempt) -> Any:  # 1.3 s: another delivery takes over
+            time.sleep(1.3)
+            assert guard.claim(store, [guard.request(opts, fp, call.name, "next", "")])[0].owned
+            return "late"
+
+    bound = {**settings.GROUSSET, "WORKER_CLAIM_RENEW_AFTER": 1.5}
+    with override_settings(GROUSSET=bound), pytest.raises(FencedOut) as fenced:
+        guard.guarded(Overran(opts, carried), call)
+    # Then its error says its claim went stale (not "released"), though its body ran
+    # for less than max_processing_time
+    text = str(fenced.value)
+    assert "raise max_processing_time above the task's longest run" in text, text
+    assert "not stale" not in text, text
 
 
 @pytest.mark.parametrize(("age", "left"), [(1.0, (28.0, 29.5)), (10.0, (29.0, 30.0))])
