@@ -107,18 +107,24 @@ def test_a_late_start_renews_the_claim_then_runs(setup: tuple[str, Options, guar
     assert after.status == "completed" and after.fence == before.fence
 
 
+def taken_meanwhile(
+    journal: str, opts: Options, call: guard.Call, carried: list[Any]
+) -> ClaimRequest:
+    """Another attempt takes the key of a carried claim (released, then claimed again)."""
+    store, fp = get_store(journal), guard.identify(call)[0]
+    assert store.release(opts.processor_id, fp, carried[0])
+    other = guard.request(opts, fp, call.name, "other", "")
+    assert guard.claim(store, [other])[0].owned
+    return other
+
+
 def test_a_late_start_whose_claim_was_taken_does_not_run(
     setup: tuple[str, Options, guard.Call],
 ) -> None:
     journal, opts, call = setup
     carried = main_process_claim(journal, opts, call, age=10.0)
     # Given another attempt took the key meanwhile (the claim released, claimed again)
-    store = get_store(journal)
-    fp = guard.identify(call)[0]
-    assert store.release(opts.processor_id, fp, carried[0])
-    other = guard.request(opts, fp, call.name, "other", "")
-    [res] = guard.claim(store, [other])
-    assert res.owned
+    other = taken_meanwhile(journal, opts, call, carried)
     # When the late child starts: its renewal fails, and the claim decides (in flight)
     caller = Caller(opts, carried)
     with pytest.raises(Deferred):
@@ -136,11 +142,7 @@ def test_a_late_start_is_late_whatever_the_wall_clock_says(
     carried = main_process_claim(journal, opts, call, age=10.0)
     # Given a late start whose claim another attempt took meanwhile, and the host's wall
     # clock stepped back an hour since the claim (NTP, a restored VM)
-    store = get_store(journal)
-    fp = guard.identify(call)[0]
-    assert store.release(opts.processor_id, fp, carried[0])
-    other = guard.request(opts, fp, call.name, "other", "")
-    assert guard.claim(store, [other])[0].owned
+    taken_meanwhile(journal, opts, call, carried)
     wall = time.time
     monkeypatch.setattr(preclaim.time, "time", lambda: wall() - 3600)
     # When the child starts: its claim is still 10 s old, so it renews, which fails
@@ -159,10 +161,7 @@ def test_a_renewal_bound_past_half_the_claim_is_taken_as_half(
     # Given WORKER_CLAIM_RENEW_AFTER at or past max_processing_time's half (30 s), and a
     # start 20 s after the claim, which another attempt took meanwhile
     carried = main_process_claim(journal, opts, call, age=20.0)
-    store = get_store(journal)
-    fp = guard.identify(call)[0]
-    assert store.release(opts.processor_id, fp, carried[0])
-    assert guard.claim(store, [guard.request(opts, fp, call.name, "other", "")])[0].owned
+    taken_meanwhile(journal, opts, call, carried)
     caller = Caller(opts, carried)
     bound = {**settings.GROUSSET, "WORKER_CLAIM_RENEW_AFTER": renew_after}
     # When the child starts / Then it renews (at 15 s), fails, and does not run
