@@ -117,10 +117,12 @@ def encode(
     try:
         content_type, content_encoding, data = dumps(value, serializer=serializer)
     except Exception as exc:
-        return _not_stored(f"{serializer} cannot encode {type(value).__name__}: {exc}")
+        return _not_stored(f"{serializer} cannot encode {type(value).__name__}: {exc}; "
+                           "return a value the result serializer encodes")  # fmt: skip
     raw = data.encode(content_encoding or "utf-8") if isinstance(data, str) else bytes(data)
     if len(raw) > max_bytes:
-        return _not_stored(f"{len(raw)} bytes encoded is over max_result_bytes={max_bytes}")
+        return _not_stored(f"{len(raw)} bytes encoded is over max_result_bytes={max_bytes}; "
+                           "raise the task's max_result_bytes or return less")  # fmt: skip
     encoding = f"{content_type};{content_encoding}"
     if len(encoding) > ENCODING_MAX:
         return _not_stored(f"its content type is too long to record ({encoding[:80]!r})")
@@ -227,7 +229,8 @@ def decode(
     if encoding == ENC_NOT_STORED:
         raise ResultNotStored(
             f"the effect of {fingerprint[:16]}… completed but its result was not stored "
-            f"({error}); it will not run again."
+            f"({error}); it will not run again (to run it again: `manage.py "
+            f"grousset_release {fingerprint} --force`, then publish the call)."
         )
     if encoding == ENC_GAVE_UP:  # its release command, with this record's fingerprint
         raise GaveUp(error.removeprefix("GaveUp: ").replace("<fingerprint>", fingerprint))

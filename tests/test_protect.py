@@ -270,9 +270,12 @@ def test_unstorable_result_never_reruns(alias: str, processor: str) -> None:
         )
         == "x" * 2000
     )
-    # Then duplicates are told, and the effect is not re-run
-    with pytest.raises(ResultNotStored, match="max_result_bytes"):
+    # Then duplicates are told, with what to change and how to run it again, and the
+    # effect is not re-run
+    with pytest.raises(ResultNotStored, match="max_result_bytes") as told:
         protect("big", big, max_processing_time=60, processor_id=processor, database=alias)
+    assert "raise the task's max_result_bytes or return less" in str(told.value), told.value
+    assert "grousset_release" in str(told.value) and "--force" in str(told.value), told.value
     assert runs == [1]
 
 
