@@ -193,7 +193,7 @@ class Claimer:
             if req.revoked():  # revoked or expired while its claim was made: give it up
                 self._release(job)
                 return
-            preclaim.carry(req.request_dict, job.claim, job.result)
+            preclaim.carry(req.request_dict, job.claim, job.result, job.claimed_at)
             job.handle(req)
             self._hand(job)
         elif job.action in (ANSWERED, DEFERRED):

@@ -18,6 +18,7 @@ Decided here, on the claim thread, never on the event loop:
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,10 @@ class Job:
     value: Any = None
     waits: int = 0  #: passes this request waited through (``on_in_flight="wait"``)
     sent: bool = False  #: its own claim was sent (counted); else another of its pass's was
+    #: when its claim was sent (``time.monotonic()``, this host): a pool child ages the
+    #: claim from here, not from its hand-over, which may come long after (a solo pool runs
+    #: a pass's bodies one by one, a busy event loop)
+    claimed_at: float = 0.0
 
 
 class _Read:
@@ -99,6 +104,7 @@ def claim_pass(store_of: Callable[[str], Store], batch: list[Job]) -> None:
             store = store_of(alias)
         except Exception:  # not configured: the per-task path reports it
             continue
+        sent_at = time.monotonic()  # before the statement: the claim is no older than this
         try:
             results = guard.claim(store, [jobs[0].claim for jobs in groups])
         except StoreUnavailable:  # down, or the answer lost: the per-task path decides
@@ -111,7 +117,7 @@ def claim_pass(store_of: Callable[[str], Store], batch: list[Job]) -> None:
         for jobs, res in zip(groups, results, strict=True):
             jobs[0].sent = True
             if res.owned:  # the others of the pass are in flight under this claim
-                jobs[0].action, jobs[0].result = OWNED, res
+                jobs[0].action, jobs[0].result, jobs[0].claimed_at = OWNED, res, sent_at
                 held = dataclasses.replace(
                     res, kind=Kind.IN_FLIGHT, retry_in=jobs[0].claim.max_processing_time
                 )

@@ -40,14 +40,17 @@ RENEW_SHARE = 0.1
 MAX_RENEW_SHARE = 0.5
 
 
-def carry(request_dict: dict[str, Any], req: ClaimRequest, res: ClaimResult) -> None:
+def carry(
+    request_dict: dict[str, Any], req: ClaimRequest, res: ClaimResult, claimed_at: float
+) -> None:
     """Put an owned claim in a request before the pool gets it (plain values only: the
-    request is pickled to the child), stamped with the delivery it is for, and timed on
-    the monotonic clock the child on this host shares (a wall clock's step back, by NTP or
-    a restored VM, would make a late start look early and skip its renewal)."""
+    request is pickled to the child), stamped with the delivery it is for, and with when
+    the claim was sent (``claimed_at``) on the monotonic clock the child on this host
+    shares (a wall clock's step back, by NTP or a restored VM, would make a late start
+    look early and skip its renewal)."""
     request_dict[FIELD] = [
         req.token, res.fence, res.kind.value, res.deliveries, res.takeovers,
-        req.processor_id, req.fingerprint, time.monotonic(), _stamp(request_dict),
+        req.processor_id, req.fingerprint, claimed_at, _stamp(request_dict),
     ]  # fmt: skip
 
 

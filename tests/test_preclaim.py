@@ -55,7 +55,7 @@ def main_process_claim(journal: str, opts: Options, call: guard.Call, age: float
     [res] = guard.claim(get_store(journal), [req])
     assert res.owned
     carried: dict[str, Any] = {}
-    preclaim.carry(carried, req, res)
+    preclaim.carry(carried, req, res, time.monotonic())
     value = carried[preclaim.FIELD]
     value[7] -= age
     return list(value)
@@ -231,7 +231,7 @@ def test_a_claim_in_the_headers_of_a_copy_sent_again_is_not_taken_for_its_own() 
     )  # fmt: skip
     request_dict: dict[str, object] = {"id": "i", "retries": 0}
     # Given the main process's claim for the first delivery
-    preclaim.carry(request_dict, req, preclaim._result(req, Kind.NEW, 1, 1, 0, 60.0))
+    preclaim.carry(request_dict, req, preclaim._result(req, Kind.NEW, 1, 1, 0, 60.0), 0.0)
     # Then that delivery's child adopts it
     assert preclaim.carried(Context(dict(request_dict))) is not None
     # But a copy sent again with it — by retry() (retries + 1) or by a requeue — does not

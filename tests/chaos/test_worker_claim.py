@@ -1,4 +1,4 @@
-"""Scenarios 31-35: the chaos suite with the main-process claim on (``--grousset-batch``,
+"""Scenarios 31-36: the chaos suite with the main-process claim on (``--grousset-batch``,
 docs/performance.md "Claiming in the worker's main process")."""
 
 from __future__ import annotations
@@ -149,6 +149,38 @@ def test_34_queue_wait_longer_than_renew_after(
     t.add_key(alias, key, rec)
     assert effects(alias, key) == 1 and rec.status == "completed" and rec.takeovers == 0
     assert value["fence"] == rec.fence
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
+def test_36_a_late_start_is_aged_from_its_claim_not_its_hand_over(
+    broker: str, queue: str, tally: Any, backend: str
+) -> None:
+    alias = need(BACKENDS[backend])
+    t = tally("36 WORKER_CLAIM: solo pool, a claimed request started after it turned stale",
+              backend)  # fmt: skip
+    keys, other = [new_key(f"s36-{i}") for i in range(3)], f"{queue}-other"
+    with workers(other, 1, database=alias) as [w2], workers(
+        queue, 1, database=alias, extra=[*DEEP, "--pool", "solo"]
+    ) as [w1]:
+        # Given a solo worker: its main process claims three 2.5 s calls (max_processing_time
+        # 3 s) and runs them itself, one after another: the third starts ~5 s after its claim
+        results = [ct.effect.apply_async((k, 2.5), queue=queue) for k in keys]
+        wait_for(lambda: claimed_by(alias, ct.effect, (keys[2], 2.5), w1.proc.pid), 30,
+                 "the third call's claim")  # fmt: skip
+        # When its claim has turned stale (3 s) and a duplicate on another worker takes it
+        # over, before the solo worker gets to the call
+        time.sleep(3.3)
+        dup = ct.effect.apply_async((keys[2], 2.5), queue=other)
+        values = [r.get(timeout=120) for r in [*results, dup]]
+    t.add_logs([w1, w2])
+    # Then the solo worker, starting the call, renews first, fails, and does not run it:
+    # every call ran once (before, it took its claim for fresh and ran beside the taker)
+    assert [v["key"] for v in values] == [*keys, keys[2]]
+    for k in keys:
+        rec = record_of(alias, ct.effect, (k, 2.5))
+        t.add_key(alias, k, rec)
+        assert effects(alias, k) == 1 and rec.status == "completed", (k, rec)
+    assert record_of(alias, ct.effect, (keys[2], 2.5)).takeovers == 1
 
 
 #: the sessions waiting on a row lock, by the client's TCP port
