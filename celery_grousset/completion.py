@@ -98,9 +98,11 @@ def _fenced_text(req: ClaimRequest, res: ClaimResult, started: float, outcome: s
         "It was not stale: it was released (grousset_release --force, a revoke with "
         "terminate=True) and another delivery claimed the call since, which runs its effect."
     )  # fmt: skip
+    aged = req.max_processing_time - stale_after  # made by the main process before
+    since = f", {elapsed + aged:.1f}s after its claim" if aged >= 0.05 else ""
     return (
         f"{req.task_name}: this attempt (fence {res.fence}) lost its claim on "
-        f"{req.fingerprint[:16]}… {elapsed:.1f}s after its body started "
+        f"{req.fingerprint[:16]}… {elapsed:.1f}s after its body started{since} "
         f"(max_processing_time {req.max_processing_time:g}s): {outcome}. {why}"
     )
 

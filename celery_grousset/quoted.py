@@ -75,7 +75,8 @@ def secret_values(
             for item in value:  # {"cards": [...]}, [{"password": ...}]
                 if secret or after_flag or type(item) not in _PLAIN:
                     walk(item, depth + 1, secret or after_flag)
-                after_flag = is_secret_flag(item, redact_keys)
+                after_flag = (type(item) is str and item[:1] == "-"  # most items: no call
+                              and is_secret_flag(item, redact_keys))  # fmt: skip
 
     for name, value in named:
         walk(value, 0, sensitive(name))

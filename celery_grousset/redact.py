@@ -154,7 +154,10 @@ class _Renderer:
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             fields = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value) if f.repr)
             return self._call_like(value, fields, depth)
-        return self.scanned(_plain_repr(value))  # sets, other objects' reprs
+        if type(value) in (set, frozenset) and value:  # item by item, as far as shown
+            items = ", ".join(self.sequence(value, depth))  # type: ignore[arg-type]
+            return f"{{{items}}}" if type(value) is set else f"frozenset({{{items}}})"
+        return self.scanned(_plain_repr(value))  # other objects' reprs
 
     def sequence(self, values: Iterable[object], depth: int) -> list[str]:
         """Render the items of a sequence; the item after a sensitive command-line flag

@@ -92,14 +92,16 @@ def is_sensitive(name: str, redact_keys: Collection[str] = DEFAULT_REDACT_KEYS) 
 def is_sensitive_under(redact_keys: Collection[str]) -> Callable[[object], bool]:
     """:func:`is_sensitive` with its rules compiled once, for a walk over many names (a
     mapping's key of any type: ``str``, ``bytes``, an enum member, a tuple)."""
-    rules, seen = _rules_for(redact_keys), dict[object, bool]()  # a walk's keys repeat
+    rules, seen = _rules_for(redact_keys), dict[str, bool]()  # a walk's keys repeat
 
     def sensitive(name: object) -> bool:
         try:
+            if type(name) is not str:  # only a plain str is remembered: another type may
+                return _matches(name, rules)  # equal a str and be judged otherwise
             if (known := seen.get(name)) is None:
                 known = seen[name] = _matches(name, rules)
             return known
-        except Exception:  # never raise (an unhashable name too); when in doubt, redact
+        except Exception:  # never raise; when in doubt, redact
             return True
 
     return sensitive

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from types import SimpleNamespace
@@ -197,6 +198,10 @@ def test_an_adopted_claim_that_turned_stale_in_its_body_says_so(journal: str) ->
     text = str(fenced.value)
     assert "raise max_processing_time above the task's longest run" in text, text
     assert "not stale" not in text, text
+    said = re.search(r"([\d.]+)s after its body started, ([\d.]+)s after its claim", text)
+    assert said is not None, text
+    ran, since = said.groups()
+    assert float(ran) < 2 <= float(since), text  # (max_processing_time 2 s)
 
 
 @pytest.mark.parametrize(("age", "left"), [(1.0, (28.0, 29.5)), (10.0, (29.0, 30.0))])

@@ -524,6 +524,24 @@ def test_secret_values_are_found_in_lists_and_deep_mappings() -> None:
     assert not any("hi" in value for value in found)
 
 
+def test_a_key_equal_to_a_sensitive_name_does_not_hide_the_real_one() -> None:
+    from celery_grousset.quoted import secret_values
+
+    class Alike:  # equal to every str, its hash that of "password"
+        __hash__ = staticmethod(lambda: hash("password"))  # type: ignore[assignment]
+        __eq__ = staticmethod(lambda other: True)  # type: ignore[assignment]
+
+    class Folded(str):  # a case-insensitive name: "PASSWORD" equals it, as a key
+        __hash__ = lambda self: hash(self.lower())  # type: ignore[assignment]  # noqa: E731
+        __eq__ = lambda self, other: str(self).lower() == str(other).lower()  # type: ignore[assignment]  # noqa: E731
+
+    # Given a look-alike key met first, then a real sensitive key, in one call
+    named = [("meta", {Alike(): "x", Folded("MonKey"): "y"}),
+             ("cfg", {"password": "hunter2secret", "monkey": 1})]  # fmt: skip
+    # Then the real key's value is still found (masked where another argument quotes it)
+    assert "hunter2secret" in secret_values(named)
+
+
 def test_a_long_unquoted_secret_is_masked_whole() -> None:
     from celery_grousset.redact import redact_text
 

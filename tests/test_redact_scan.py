@@ -117,6 +117,24 @@ def test_several_arguments_share_the_scan_budget() -> None:
     assert len(shown) <= 200 and shown.startswith("'vvv") and 2_800 <= dropped <= 3_002
 
 
+@pytest.mark.parametrize("kind", [set, frozenset])
+def test_a_big_set_is_rendered_only_as_far_as_it_is_shown(
+    kind: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a set of 50,000 strings
+    value = kind(f"item-{i}" for i in range(50_000))
+    whole = safe_repr((value,), {}, max_length=10**7)
+    lengths: list[int] = []
+    real = redact._plain_repr
+    monkeypatch.setattr(redact, "_plain_repr", lambda v: lengths.append(len(t := real(v))) or t)
+    shown = safe_repr((value,), {}, max_length=300)
+    # Then no repr of the whole set is made, only of the items shown
+    assert max(lengths) < 100 and len(lengths) < 1_000, (max(lengths), len(lengths))
+    head, marker = shown.split("…(+")
+    assert whole.startswith(head) and marker.endswith(" chars and more)"), shown
+    assert whole == repr(value)  # rendered as repr renders it
+
+
 ORDERS = [{"sku": f"SKU-{i}", "password": "pw-secret-9", "qty": i} for i in range(20_000)]
 
 
