@@ -180,7 +180,12 @@ class GroussetStep(bootsteps.StartStopStep):
                 "the journal's database is back",
                 BYPASS_WARNING,
             )
-        if self.claimed:
+        if self.claimed and getattr(parent, "use_eventloop", True) is False:
+            logger.warning("celery-grousset: WORKER_CLAIM is on, but this worker has no "
+                           "event loop (a gevent or eventlet pool, or a broker transport "
+                           "without one): every request is claimed in the pool, as with "
+                           "it off")  # fmt: skip
+        elif self.claimed:
             names = " ".join(self.claimed)
             logger.info("celery-grousset claims in the main process for: %s", names)
         if self.defaults:

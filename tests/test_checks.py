@@ -951,3 +951,35 @@ def test_a_misspelt_grousset_setting_is_E018(name: str) -> None:
         assert "Rename it to GROUSSET" in (message.hint or "")
     # And the project's own settings are not taken for one
     assert not [m for m in checks.run_checks(tags=[TAG]) if m.id == "celery_grousset.E018"]
+
+
+_FALLBACK_APP = """
+import json, sys
+import celery
+if sys.argv[1] == "green":  # as gevent's and eventlet's monkey-patching does at start,
+    celery.current_app.main  # before `-A` is imported: Celery's fallback app is made
+from tests.celeryapp import app  # the project's app: acks_late, reject_on_worker_lost
+import django
+django.setup()
+import tests.tasks
+from celery_grousset.checks import check_tasks
+print(json.dumps(sorted({m.id for m in check_tasks()})))
+"""
+
+
+def test_the_fallback_app_a_green_pool_makes_is_not_checked() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+
+    def ids(mode: str) -> list[str]:
+        proc = subprocess.run(
+            [sys.executable, "-c", _FALLBACK_APP, mode], cwd=ROOT, env=env,
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return list(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+    # Given the project's app, whose guarded tasks take acks_late from its configuration
+    # When the checks run in a process where Celery's fallback app was made first (a
+    # gevent or eventlet worker's start) / Then they find what they find without it:
+    # the fallback's copies of the shared tasks (an empty configuration) are not checked
+    assert ids("green") == ids("plain") == []

@@ -485,3 +485,16 @@ def test_runs_of_a_periodic_task_are_claimed_by_their_slot(
     assert "grousset.claim_not_adopted" not in worker.text()
     rows = Outcome.objects.using(alias).filter(task_id__in=[r.id for r in results])
     assert sorted(rows.values_list("status", flat=True)) == ["completed"] * 3
+
+
+def test_a_worker_without_an_event_loop_says_the_switch_does_nothing() -> None:
+    # Given the switch on, on a broker transport without an event loop (kombu's memory
+    # transport here; a gevent or eventlet pool has none either)
+    queue = f"q-{uuid.uuid4().hex[:10]}"
+    flags = ["--grousset-batch"]
+    with workers(queue, 1, database="default", broker="memory://", extra=flags) as [w]:
+        text = w.text()
+    # Then the worker says every request is claimed in the pool, not that its main
+    # process claims them
+    assert "WORKER_CLAIM is on, but this worker has no event loop" in text, text[-3000:]
+    assert "claims in the main process for" not in text
