@@ -48,12 +48,12 @@ from django.core.exceptions import ImproperlyConfigured
 
 
 def _apps() -> list[Any]:
-    """The active Celery apps, but Celery's fallback ``Celery("default")`` beside a real
-    one (gevent's monkey-patching makes it): its shared tasks have an empty configuration."""
+    """The active Celery apps, but Celery's fallback ``Celery("default", fixups=[])`` beside
+    a real one (gevent's monkey-patching makes it): its shared tasks have no configuration."""
     from celery import _state
 
-    apps, fallback = list(_state._get_active_apps()), _state.default_app  # type: ignore[attr-defined]
-    return [a for a in apps if a is not fallback or a.main != "default" or len(apps) == 1]
+    apps = list(_state._get_active_apps())  # type: ignore[attr-defined]
+    return [a for a in apps if a.main != "default" or a.fixups or len(apps) == 1]
 
 
 def guarded_tasks(failed: list[checks.CheckMessage] | None = None) -> Iterator[tuple[Any, Any]]:

@@ -957,8 +957,10 @@ _FALLBACK_APP = """
 import json, sys
 import celery
 if sys.argv[1] == "green":  # as gevent's and eventlet's monkey-patching does at start,
-    celery.current_app.main  # before `-A` is imported: Celery's fallback app is made
+    held = celery.current_app._get_current_object()  # before `-A` is imported: Celery's
+    # fallback app is made (and kept, as the worker's process keeps it)
 from tests.celeryapp import app  # the project's app: acks_late, reject_on_worker_lost
+app.set_default()  # as the worker does (the fallback is no longer Celery's default then)
 import django
 django.setup()
 import tests.tasks
