@@ -92,7 +92,10 @@ def is_sensitive(name: str, redact_keys: Collection[str] = DEFAULT_REDACT_KEYS) 
 def is_sensitive_under(redact_keys: Collection[str]) -> Callable[[object], bool]:
     """:func:`is_sensitive` with its rules compiled once, for a walk over many names (a
     mapping's key of any type: ``str``, ``bytes``, an enum member, a tuple)."""
-    rules, seen = _rules_for(redact_keys), dict[str, bool]()  # a walk's keys repeat
+    try:
+        rules, seen = _rules_for(redact_keys), dict[str, bool]()  # a walk's keys repeat
+    except Exception:  # keys that cannot be compiled: every name is in doubt
+        return lambda name: True
 
     def sensitive(name: object) -> bool:
         try:

@@ -823,3 +823,26 @@ def test_another_journal_database_is_picked_by_its_filter(journal: str, processo
     # Then it released that database's claim, and the default one's is untouched
     assert Outcome.objects.using("mysql").get(pk=rows["mysql"].pk).status == "failed"
     assert Outcome.objects.using("default").get(pk=rows["default"].pk).status == "in_flight"
+
+
+def test_memo_display_masks_sensitive_keys_secret_keys_and_deep_values() -> None:
+    from celery_grousset.shown import shown_json, shown_text
+
+    # A value of any type under a sensitive name is ***, not only strings long enough to mask
+    shown = shown_json({"pin": "123", "password": 3.5, "token": None, "secret": ["ab"]},
+                       DEFAULT_REDACT_KEYS)  # fmt: skip
+    assert shown == {"pin": "***", "password": "***", "token": "***", "secret": "***"}
+    # A secret in a key is redacted, and a sensitive value quoted as a nested key is masked
+    assert "abcdefghij" not in repr(shown_json({"Bearer abcdefghijklmnopqrstuvwxyz0123": 1},
+                                               DEFAULT_REDACT_KEYS))  # fmt: skip
+    quoted = shown_json({"password": "hunter22", "by": {"hunter22": 1}}, DEFAULT_REDACT_KEYS)
+    assert "hunter22" not in repr(quoted), quoted
+    # A memo nested past the display's depth is cut there, not shown raw
+    deep: object = {"password": "deep-secret-1"}
+    for _ in range(21):
+        deep = [deep]
+    assert "deep-secret-1" not in repr(shown_json(deep, DEFAULT_REDACT_KEYS))
+    # protect()'s key text is redacted as stored
+    text = shown_text("key: ", "password=hunter2 Bearer abcdefghijklmnopqrstuvwxyz",
+                      DEFAULT_REDACT_KEYS, 200)  # fmt: skip
+    assert "hunter2" not in text and "abcdefghij" not in text, text

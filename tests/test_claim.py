@@ -71,6 +71,12 @@ CASES: list[tuple[str, Prev, Kind]] = [
     ("completed", prev(status="completed", result_encoding="application/json"),
      Kind.COMPLETED),
     ("completed, expired", prev(status="completed", expires_on=EARLIER), Kind.EXPIRED),
+    ("completed, expiring this very instant", prev(status="completed", expires_on=NOW),
+     Kind.EXPIRED),
+    # a claim renewed (the worker's main process made it; its child started late): fresh
+    # by its stale_at, though older than max_processing_time
+    ("renewed claim, fresh by its stale_at",
+     prev(started_at=NOW - timedelta(seconds=90), stale_at=LATER), Kind.IN_FLIGHT),
     ("released failure", prev(status="failed"), Kind.RECLAIM),
     ("released failure, expired", prev(status="failed", expires_on=EARLIER), Kind.EXPIRED),
     ("memoized failure", prev(status="failed", result_encoding=ENC_EXCEPTION), Kind.FAILED),
@@ -211,3 +217,9 @@ def pg_cursor() -> Any:
 
     with connections["postgresql"].cursor() as cur:
         yield cur
+
+
+def test_a_gave_up_answer_to_another_delivery_counts_as_a_duplicate() -> None:
+    # the GaveUp a delivery gets for a key whose attempts all died is a duplicate's answer
+    # (docs/operations.md, "Deliveries, duplicates and redeliveries")
+    assert is_duplicate(Kind.GAVE_UP, prev(stale_at=EARLIER, takeovers=3), REQ)

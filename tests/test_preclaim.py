@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 import uuid
@@ -244,3 +245,46 @@ def test_a_claim_in_the_headers_of_a_copy_sent_again_is_not_taken_for_its_own() 
     assert preclaim.carried(Context({**request_dict, "grousset_requeues": 1})) is None
     again = {**request_dict, "headers": {"grousset_requeues": 2}}
     assert preclaim.carried(Context(again)) is None
+
+
+def test_a_claim_carried_for_another_key_is_not_adopted(
+    setup: tuple[str, Options, guard.Call], caplog: pytest.LogCaptureFixture
+) -> None:
+    journal, opts, call = setup
+    # Given a request carrying the claim the main process made for another call's key
+    # (its options resolved otherwise there)
+    carried = main_process_claim(journal, opts, call, age=0.0)
+    mine = guard.Call(name=call.name, task_id=uuid.uuid4().hex, args=(uuid.uuid4().hex,))
+    caller = Caller(opts, carried)
+    # When the child runs its own call / Then it claims its own key and runs under that
+    with caplog.at_level("WARNING", logger="celery_grousset"):
+        assert guard.guarded(caller, mine) == "ran"
+    [attempt] = caller.ran
+    assert attempt.token != carried[0] and row(journal, opts, mine).status == "completed"
+    assert row(journal, opts, call).status == "in_flight"  # the other's, untouched
+    assert "grousset.claim_not_adopted" in caplog.text
+
+
+def test_a_claim_stamped_later_than_now_is_renewed(
+    setup: tuple[str, Options, guard.Call],
+) -> None:
+    journal, opts, call = setup
+    # Given a carried claim whose time reads as later than now (not this host's clock)
+    carried = main_process_claim(journal, opts, call, age=-1000.0)
+    before = row(journal, opts, call)
+    # When the child runs it / Then it renews first: its age cannot be trusted
+    assert guard.guarded(Caller(opts, carried), call) == "ran"
+    assert row(journal, opts, call).stale_at > before.stale_at
+
+
+def test_a_renewal_never_touches_a_settled_row(setup: tuple[str, Options, guard.Call]) -> None:
+    journal, opts, call = setup
+    carried = main_process_claim(journal, opts, call, age=0.0)
+    assert guard.guarded(Caller(opts, carried), call) == "ran"
+    done = row(journal, opts, call)
+    # When a renewal comes with the token of the claim that completed the row
+    fp, args_repr, payload = guard.identity(call)
+    req = guard.request(opts, fp, call.name, call.task_id, args_repr, payload_hash=payload)
+    renewed = preclaim.renew(get_store(journal), dataclasses.replace(req, token=carried[0]))
+    # Then it fails, and the completed row keeps its deadline
+    assert not renewed and row(journal, opts, call).stale_at == done.stale_at

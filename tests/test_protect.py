@@ -434,3 +434,28 @@ def test_protect_in_an_event_loop_is_refused_at_once_and_runs_through_sync_to_as
     # ... and through sync_to_async it runs, once
     assert asyncio.run(through_a_thread()) == asyncio.run(through_a_thread()) == "done"
     assert ran == [1]
+
+
+@pytest.mark.parametrize("control", ["retry", "ignore", "reject"])
+def test_celery_control_flow_is_never_memoized_as_a_failure(
+    alias: str, processor: str, control: str
+) -> None:
+    from celery.exceptions import Ignore, Reject, Retry
+
+    raised = {"retry": Retry("later"), "ignore": Ignore(), "reject": Reject("no")}[control]
+    runs: list[int] = []
+
+    def body() -> str:
+        runs.append(1)
+        if len(runs) == 1:
+            raise raised
+        return "done"
+
+    opts: dict[str, Any] = {"processor_id": processor, "database": alias,
+                            "max_processing_time": 60, "on_failure": "memoize"}  # fmt: skip
+    # Given a body that asks Celery for a retry (or ignores / rejects its message), under
+    # on_failure="memoize"
+    with pytest.raises(type(raised)):
+        protect("control", body, **opts)
+    # When the call comes again / Then it runs: that was no failure to replay
+    assert protect("control", body, **opts) == "done" and runs == [1, 1]

@@ -751,3 +751,46 @@ def test_a_value_under_an_enum_or_tuple_key_naming_a_secret_is_redacted() -> Non
     text = safe_repr((), {"h": {Field.PASSWORD: "EnumKey_1", Field.USER: "bob",
                                 ("db", "password"): "TupleKey_2"}})  # fmt: skip
     assert "EnumKey_1" not in text and "TupleKey_2" not in text and "'bob'" in text, text
+
+
+def test_name_rules_at_their_edges() -> None:
+    import enum
+
+    from celery_grousset.sensitive import is_sensitive, is_sensitive_under
+
+    # A five-letter key (creds, token…) inside one lower-case run, and keys no other covers
+    for name in ("csrftoken", "authtoken", "mycreds", "apitoken", "mnemonic", "cvv", "ssn"):
+        assert is_sensitive(name), name
+
+    class Field(enum.Enum):
+        A = "password"
+
+    assert is_sensitive(Field.A)  # an enum key by its value
+    # When a name cannot be judged, it is redacted
+    assert is_sensitive("harmless", ["x", ["unhashable"]])  # type: ignore[list-item]
+    assert is_sensitive_under(["x", ["unhashable"]])("harmless")  # type: ignore[list-item]
+
+
+def test_a_flag_with_its_value_leaves_the_next_item_alone() -> None:
+    text = safe_repr((["prog", "--password=abc", "visible-file.txt"],), {}, max_length=200)
+    assert "visible-file.txt" in text and "abc" not in text, text
+
+
+def test_a_sensitive_value_is_masked_wherever_another_argument_quotes_it() -> None:
+    from celery_grousset.quoted import redacted_call, without_values
+
+    def shown(kwargs: dict[str, object], bound: dict[str, object] | None = None,
+              args: tuple[object, ...] = ()) -> str:  # fmt: skip
+        return redacted_call(args, kwargs, bound, DEFAULT_REDACT_KEYS, 400)
+
+    assert "1234" not in shown({"pin": "1234", "note": "pin was 1234"})  # 4 characters
+    assert "hunter\\n22" not in shown({"password": "hunter\n22", "note": "saw hunter\n22"})
+    assert "987654" not in shown({"pin": 987654, "note": "pin 987654 failed"})  # an int
+    # the longer first: masking "abcd" first would leave "WXYZ" of "abcdWXYZ" shown
+    assert "WXYZ" not in shown({"password": "abcd", "token": "abcdWXYZ", "note": "x abcdWXYZ"})
+    bound = {"password": "hunter22", "note": "login failed for hunter22"}  # positional
+    assert "hunter22" not in shown({}, bound, args=tuple(bound.values()))
+    assert "hunter22" not in shown({"password": b"hunter22", "note": "saw hunter22"})
+    assert "hunter22" not in shown({"password": {"hunter22"}, "note": "saw hunter22"})
+    # text that lower() changes in length (İ) is masked at the right place
+    assert without_values("\u0130\u0130 hunter22!", ["hunter22"]) == "\u0130\u0130 ***!"
