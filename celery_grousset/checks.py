@@ -265,8 +265,7 @@ def _short_window(task: Any, opts: Any) -> list[checks.CheckMessage]:
 
 
 def _check_tasks() -> list[checks.CheckMessage]:
-    from celery_grousset import coverage_check, journal_check
-    from celery_grousset import unguarded_check as unguarded
+    from celery_grousset import coverage_check, faults, journal_check, unguarded_check
     from celery_grousset.conf import grousset_settings
     from celery_grousset.periodic_check import beat_schedule_messages
 
@@ -281,10 +280,11 @@ def _check_tasks() -> list[checks.CheckMessage]:
     errors.extend(_check_database(resolved))  # once, not once per task
     errors.extend(coverage_check.messages(resolved))
     errors.extend(beat_schedule_messages(resolved))
-    errors.extend(unguarded.unguarded_messages(_apps()))
-    errors.extend(unguarded.misspelt_messages(_apps()))
+    errors.extend(unguarded_check.unguarded_messages(_apps()))
+    errors.extend(unguarded_check.misspelt_messages(_apps()))
     if not any(e.id == "celery_grousset.W016" for e in errors):  # every task imported
-        errors.extend(unguarded.unmatched_messages(_apps()))
+        errors.extend(unguarded_check.unmatched_messages(_apps()))
+    errors.extend(faults.messages())
     return errors
 
 

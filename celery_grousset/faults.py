@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 POINTS = ("after_claim", "mid_effect", "after_effect", "after_complete")
 
@@ -25,6 +26,21 @@ def fault(point: str) -> None:
     """Chaos hook: ``GROUSSET_FAULT=<point>:<action>[:<task-substring>]``."""
     if _FAULT:
         trigger(_FAULT, point)
+
+
+def messages() -> list[Any]:
+    """Warning ``W021`` while this process has ``GROUSSET_FAULT`` set (outside the chaos
+    suite it would kill, stop or disconnect a worker at a point of every guarded task)."""
+    from django.core import checks
+
+    if not _FAULT:
+        return []
+    return [checks.Warning(
+        f"GROUSSET_FAULT={_FAULT!r} is set: the fault injection of celery-grousset's own "
+        "chaos tests is armed in this process, and kills, stops or disconnects it at that "
+        "point of guarded tasks.",
+        hint="Unset GROUSSET_FAULT (and GROUSSET_FAULT_ARM): they are for celery-grousset's "
+        "test suite only.", id="celery_grousset.W021")]  # fmt: skip
 
 
 def kill_self(sig: int = signal.SIGKILL) -> None:  # pragma: no cover - used by chaos hooks

@@ -105,7 +105,8 @@ def seconds(value: object, *, name: str, maximum: float = MAX_DURATION) -> float
             name,
             f"{name} must be a duration above 0 and at most {_duration_text(maximum)}, "
             f"got {_shown(value)}.",
-            f"Give a positive, finite duration of at most {maximum:g} seconds.",
+            f"Give a positive, finite duration of at most {_duration_text(maximum)} "
+            "(seconds, or a timedelta).",
         )
     return number
 
@@ -310,6 +311,26 @@ def _key_names(name: str, value: object) -> tuple[str, ...] | Callable[..., obje
     )
 
 
+#: Celery's own task options that have no project-wide setting of their own
+_CELERY_ONLY = frozenset((
+    "autoretry_for", "dont_autoretry_for", "retry_kwargs", "retry_backoff", "retry_backoff_max",
+    "retry_jitter", "max_retries", "default_retry_delay", "queue", "expires", "throws", "trail",
+    "send_events", "bind", "base", "shared", "typing", "name"))  # fmt: skip
+
+
+def _refuse_celery_option(key: str) -> None:
+    """Refuse Celery's own task option ``key``, saying where Celery reads it instead."""
+    from celery import Task
+
+    where = {**dict(Task.from_config), "time_limit": "task_time_limit",
+             "soft_time_limit": "task_soft_time_limit"}.get(key)  # fmt: skip
+    if where or key in _CELERY_ONLY:
+        everywhere = f", for every task (CELERY_{where.upper()})" if where else ""
+        raise _fail("TASKS", f"{key!r} is a Celery task option, not one of celery-grousset's.",
+                    f"Set it where Celery reads it: on the task ({key}=…){everywhere}, or for "
+                    "tasks you do not own in Celery's task_annotations (CELERY_TASK_ANNOTATIONS).")
+
+
 def _task_entry(
     where: str, options: object, option: Callable[[str, object], object]
 ) -> tuple[dict[str, object], list[Problem]]:
@@ -322,6 +343,8 @@ def _task_entry(
     problems: list[Problem] = []
     for key, value in options.items():
         try:
+            if isinstance(key, str) and key not in TASK_OPTIONS:
+                _refuse_celery_option(key)
             if not isinstance(key, str) or key not in TASK_OPTIONS:
                 close = difflib.get_close_matches(str(key), TASK_OPTIONS, n=1, cutoff=0.6)
                 meant = f" (did you mean {close[0]!r}?)" if close else ""

@@ -210,8 +210,8 @@ class GroussetTaskMixin:
         return super().apply_async(args, kwargs, *a, **options)  # type: ignore[misc]
 
     def publish_unique(self, calls: Any, *, chunk_size: int = 1000, **options: Any) -> Any:
-        """Publish the calls the journal does not already answer, deduplicated in the
-        batch and with one journal query per chunk (:mod:`celery_grousset.publish`)."""
+        """Publish the calls the journal does not already answer, one journal query per chunk:
+        :func:`celery_grousset.publish.publish_unique` (``window``, ``keep_results``, report)."""
         from celery_grousset.publish import publish_unique
 
         return publish_unique(self, calls, chunk_size=chunk_size, **options)

@@ -909,6 +909,24 @@ def manage_py_check(grousset: dict[str, Any], *extra: str) -> subprocess.Complet
     )
 
 
+def test_the_chaos_suites_fault_injection_left_set_is_W021() -> None:
+    # Given the chaos suite's fault injection left in a process's environment
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GROUSSET_FAULT": "after_claim:kill"}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    plain = {k: v for k, v in env.items() if not k.startswith("GROUSSET_FAULT")}
+    command = [sys.executable, "manage.py", "check"]
+    # When `manage.py check` runs in the example project / Then it warns, saying what it does
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert "(celery_grousset.W021) GROUSSET_FAULT='after_claim:kill' is set" in out, out
+    assert "kills, stops or disconnects" in out and "Unset GROUSSET_FAULT" in out, out
+    # And without it there is no such warning
+    proc = subprocess.run(command, cwd=ROOT, env=plain, capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 0 and "W021" not in proc.stdout + proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize(
     ("grousset", "check_id", "needle"),
     [

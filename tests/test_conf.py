@@ -12,7 +12,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from celery_grousset.conf import DEFAULTS, grousset_settings, seconds
+from celery_grousset.conf import DEFAULTS, grousset_settings, seconds, validate
 
 
 def read(grousset: Any, name: str = "DATABASE") -> Any:
@@ -130,6 +130,9 @@ def test_a_duration_limit_is_said_in_words() -> None:
     # STORE_TIMEOUT is at most a day: "1 day", not "1 days"; a limit under a day in seconds
     assert "at most 1 day," in refused({"STORE_TIMEOUT": 10**6})
     assert "at most 1 s," in refused({"WORKER_CLAIM_FLUSH_DELAY": 2})
+    # And the hint says the limit in the same words, not as a float's exponent (3.1536e+09)
+    _, [problem] = validate({"MAX_PROCESSING_TIME": float("nan")})
+    assert "at most 36500 days (seconds, or a timedelta)" in problem.hint, problem.hint
 
 
 def test_backoff_max_below_backoff_is_refused() -> None:

@@ -253,6 +253,25 @@ def test_snippet_modules_compile() -> None:
     assert (SNIPPETS / "migrating_before_once.py").name in COMPILE_ONLY
 
 
+def test_readme_sample_names_what_it_uses(tmp_path: Path) -> None:
+    # Given the README's Python sample (the first code a new user copies)
+    blocks = [body for lang, body in FENCE.findall((ROOT / "README.md").read_text())
+              if lang == "python"]  # fmt: skip
+    assert blocks, "README.md lost its Python sample"
+    for number, body in enumerate(blocks):
+        sample = tmp_path / f"readme_{number}.py"
+        sample.write_text(body)
+        # Then pyflakes' rules find no undefined name in it (what it uses is imported)
+        found = subprocess.run(
+            [str(Path(sys.executable).parent / "ruff"), "check", "--no-cache", "--isolated",
+             "--select", "F", str(sample)],
+            capture_output=True, text=True, check=False)  # fmt: skip
+        assert found.returncode == 0, found.stdout + found.stderr
+        # And no task in it turns acks_late on by itself (the settings comment does, for all:
+        # a task that sets it alone leaves its neighbours with warning W002)
+        assert "acks_late=True" not in body
+
+
 def test_settings_fragment_executes_over_a_new_project() -> None:
     from celery_grousset.conf import GroussetSettings
 

@@ -385,6 +385,25 @@ def test_a_bad_entry_is_refused_naming_grousset_tasks(tasks: Any, named: str) ->
     assert named in messages[0].msg and messages[0].hint
 
 
+@pytest.mark.parametrize(
+    ("option", "where"),
+    [("acks_late", "CELERY_TASK_ACKS_LATE"), ("time_limit", "CELERY_TASK_TIME_LIMIT"),
+     ("reject_on_worker_lost", "CELERY_TASK_REJECT_ON_WORKER_LOST"), ("autoretry_for", None)],
+)  # fmt: skip
+def test_a_celery_option_in_an_entry_says_where_celery_reads_it(
+    option: str, where: str | None
+) -> None:
+    # Given a Celery task option in a TASKS entry (meant for a task you do not own)
+    entry = {"max_processing_time": 30, option: True}
+    with grousset({"thirdparty.tasks.*": entry}), pytest.raises(GroussetSettingsError) as info:
+        grousset_settings.TASKS  # noqa: B018
+    # Then the refusal says whose option it is, and where Celery reads it instead
+    [problem] = info.value.problems
+    assert f"{option!r} is a Celery task option" in problem.message
+    assert "task_annotations" in problem.hint and f"{option}=" in problem.hint
+    assert (where in problem.hint) if where else "for every task" not in problem.hint
+
+
 def test_valid_entries_read_back_as_seconds_and_tuples() -> None:
     tasks = {"a.*": {"max_processing_time": timedelta(seconds=90), "grousset_key": ["x", "y"]}}
     with grousset(tasks):
