@@ -49,6 +49,8 @@ DEFAULT_MAX_ATTEMPTS = 10
 DEFAULT_BACKOFF = 2.0
 DEFAULT_BACKOFF_MAX = 600.0
 DEFAULT_INTERVAL = 1.0
+#: seconds a publish waits for the broker's confirm before it counts as failed
+DEFAULT_CONFIRM_TIMEOUT = 10.0
 
 
 def _alias(using: str | None) -> str:
@@ -116,9 +118,10 @@ def enqueue(
     return row
 
 
-def publish(app: Any, row: OutboxMessage) -> Any:
+def publish(app: Any, row: OutboxMessage, **publishing: Any) -> Any:
     """Publish one outbox row, with its ``task_id``: the call's identity is the one
-    ``delay()`` gives it (the arguments, or the ``idempotency_key`` enqueued with it)."""
+    ``delay()`` gives it (the arguments, or the ``idempotency_key`` enqueued with it).
+    ``publishing``: ``apply_async``'s own (the relay's ``producer`` and ``timeout``)."""
     from celery_grousset.delivery import KEY_HEADER
     from celery_grousset.published import REPR_HEADER
     from celery_grousset.task import GroussetTaskMixin
@@ -131,16 +134,21 @@ def publish(app: Any, row: OutboxMessage) -> Any:
     task = app.tasks.get(row.task_name)
     if isinstance(task, GroussetTaskMixin):
         with deliberate():  # inside the relay's batch transaction, on purpose
-            return task.apply_async(
-                row.args, row.kwargs, task_id=row.task_id, idempotency_key=key, **options
-            )
+            return task.apply_async(row.args, row.kwargs, task_id=row.task_id,
+                                    idempotency_key=key, **options, **publishing)  # fmt: skip
     headers = {**(options.pop("headers", None) or {}), REPR_HEADER: 1}
     if key is not None:
         headers[KEY_HEADER] = key
     options = {"argsrepr": f"(outbox:{row.id})", "kwargsrepr": "{}", **options}
-    return app.send_task(
-        row.task_name, row.args, row.kwargs, task_id=row.task_id, headers=headers, **options
-    )
+    return app.send_task(row.task_name, row.args, row.kwargs, task_id=row.task_id,
+                         headers=headers, **options, **publishing)  # fmt: skip
+
+
+def confirmed_connection(app: Any) -> Any:
+    """A broker connection with AMQP publisher confirms: a publish returns once RabbitMQ
+    has the message (else an error after ``timeout``), not once its bytes are in the
+    socket, which a network may drop. Other transports ignore it (Redis answers a push)."""
+    return app.connection_for_write(transport_options={"confirm_publish": True})
 
 
 def _broker_down(app: Any, exc: BaseException) -> bool:
@@ -192,6 +200,7 @@ class Relay:
         backoff: float = DEFAULT_BACKOFF,
         backoff_max: float = DEFAULT_BACKOFF_MAX,
         interval: float = DEFAULT_INTERVAL,
+        confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT,
         fault: Callable[[str], None] | None = None,
     ) -> None:
         if batch_size < 1 or max_attempts < 1:
@@ -203,6 +212,7 @@ class Relay:
         self.backoff = backoff
         self.backoff_max = backoff_max
         self.interval = interval
+        self.confirm_timeout = confirm_timeout
         if fault is None:
             from celery_grousset.faults import fault as guard_fault
 
@@ -228,21 +238,7 @@ class Relay:
             due = get_store(alias).lock_for_batch(due)
             rows = list(due.order_by("id")[: self.batch_size])
             stats.fetched = len(rows)
-            sent: list[int] = []
-            for row in rows:
-                try:
-                    publish(self.app, row)
-                except Exception as exc:
-                    self._failed(row, exc, stats)
-                    if _broker_down(self.app, exc):
-                        stats.broker_down = True
-                        break
-                else:
-                    sent.append(row.id)
-                    self.fault("outbox_published")  # chaos hook: die mid-batch
-                    if "headers" in (row.options or {}):  # may carry a token: dropped
-                        options = {k: v for k, v in row.options.items() if k != "headers"}
-                        manager.filter(pk=row.id).update(options=options)
+            sent = self._publish(rows, stats) if rows else []
             if sent:
                 manager.filter(pk__in=sent).update(
                     status=OutboxStatus.SENT,
@@ -256,6 +252,31 @@ class Relay:
         if sent:
             logger.info("grousset.outbox_sent count=%d database=%s", len(sent), alias)
         return stats
+
+    def _publish(self, rows: list[OutboxMessage], stats: RelayStats) -> list[int]:
+        """Publish ``rows`` in order, each confirmed by the broker; the ids published."""
+        manager, sent = OutboxMessage.objects.using(self.alias), []
+        conn = confirmed_connection(self.app)
+        producer = self.app.amqp.Producer(conn)  # (connects on its first publish)
+        try:
+            for row in rows:
+                try:
+                    publish(self.app, row, producer=producer, timeout=self.confirm_timeout)
+                except Exception as exc:
+                    self._failed(row, exc, stats)
+                    if _broker_down(self.app, exc):
+                        stats.broker_down = True
+                        break
+                else:
+                    sent.append(row.id)
+                    self.fault("outbox_published")  # chaos hook: die mid-batch
+                    if "headers" in (row.options or {}):  # may carry a token: dropped
+                        options = {k: v for k, v in row.options.items() if k != "headers"}
+                        manager.filter(pk=row.id).update(options=options)
+        finally:  # a broken connection: closed without the goodbye it would wait for
+            with contextlib.suppress(Exception):
+                conn.collect() if stats.failed + stats.dead else conn.release()
+        return sent
 
     def _failed(self, row: OutboxMessage, exc: BaseException, stats: RelayStats) -> None:
         attempts = row.attempts + 1

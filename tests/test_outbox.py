@@ -35,7 +35,7 @@ from celery_grousset import outbox
 from celery_grousset.delivery import KEY_HEADER
 from celery_grousset.exceptions import InvalidArgument
 from celery_grousset.journal import now as _db_now
-from celery_grousset.models import OutboxMessage, Outcome
+from celery_grousset.models import OutboxMessage, OutboxStatus, Outcome
 from tests import services
 from tests.celeryapp import app
 from tests.ledger.models import Effect
@@ -309,6 +309,47 @@ def test_a_broker_refusing_the_vhost_stops_the_batch_at_its_first_row(
     OutboxMessage.objects.using(alias).filter(pk__in=[a.pk, b.pk]).delete()
 
 
+def test_a_row_is_sent_only_once_the_broker_confirms_its_message(alias: str) -> None:
+    """Without publisher confirms a publish returns when its bytes are in the socket: a
+    network that drops them (the connection still open) lost committed messages, marked
+    sent. The relay now waits for RabbitMQ's confirm, at most its confirm_timeout."""
+    from kombu import Connection
+
+    from tests.blackhole import blackhole
+    from tests.tasks import effect
+
+    services.require_rabbitmq()
+    name = f"ob-confirm-{uuid.uuid4().hex[:8]}"
+    with Connection(services.require_rabbitmq()) as direct:
+        direct.SimpleQueue(name).close()  # routable: a message that arrives stays there
+    with transaction.atomic(using=alias):
+        a = outbox.enqueue(effect, ("a",), using=alias, queue=name)
+        b = outbox.enqueue(effect, ("b",), using=alias, queue=name)
+    try:
+        with blackhole(("127.0.0.1", 5672)) as proxy:
+            target = Celery("confirm", broker=f"amqp://guest:guest@127.0.0.1:{proxy.port}//",
+                            set_as_current=False)  # fmt: skip
+            target.conf.task_publish_retry = False
+            # Given a network that starts dropping what the relay sends after its first row
+            drop = proxy.dropping.set
+            stats = outbox.Relay(target, using=alias, backoff=60, confirm_timeout=1.0,
+                                 fault=lambda point: drop()).run(once=True)  # fmt: skip
+            assert proxy.dropped > 0, "the second publish never reached the network"
+        a.refresh_from_db(using=alias)
+        b.refresh_from_db(using=alias)
+        with Connection(services.require_rabbitmq()) as direct:
+            arrived = direct.SimpleQueue(name).qsize()
+        # Then only the row whose message the broker has is sent; the other is pending,
+        # charged one attempt, with the broker's silence as its error
+        assert arrived == 1
+        assert (a.status, b.status) == (OutboxStatus.SENT, OutboxStatus.PENDING), b.last_error
+        assert b.attempts == 1 and b.args == ["b"] and stats.sent == 1
+    finally:
+        OutboxMessage.objects.using(alias).filter(pk__in=[a.pk, b.pk]).delete()
+        with Connection(services.require_rabbitmq()) as direct:
+            direct.default_channel.queue_delete(name)
+
+
 def _testcase_block() -> Any:
     """An atomic block as a Django TestCase opens around its test."""
     block = transaction.Atomic(None, True, False)
@@ -566,7 +607,7 @@ def test_a_publish_error_is_stored_redacted(
     with transaction.atomic(using=alias):
         msg = outbox.enqueue(effect, ("x",), using=alias, queue=queue)
 
-    def failing(app: Any, row: Any) -> None:
+    def failing(app: Any, row: Any, **publishing: Any) -> None:
         raise ConnectionError("amqp://relay:hunter2@mq.internal// refused; token=Bearer abc.def")
 
     monkeypatch.setattr(outbox, "publish", failing)
