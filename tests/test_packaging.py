@@ -105,7 +105,11 @@ def test_binary_psycopg_is_only_in_dev_and_example() -> None:
     # Then only the project's own environments pin the binary build
     binary = {name for name, reqs in extras.items() if any("psycopg[binary]" in r for r in reqs)}
     assert binary == {"dev", "example"}
-    assert extras["postgres"] == ["psycopg>=3.1"]
+    assert extras["postgres"] == ["psycopg>=3.1.12"]  # the floor Django 6.0 requires
+    # And the drivers' and the Redis extra's floors are the ones that work: kombu's own
+    # redis extra keeps Celery 5.3/5.4 off kombu 5.7 (whose Redis transport wants redis-py 6)
+    assert extras["mysql"] == ["mysqlclient>=2.2.1"]
+    assert extras["redis"] == ["celery[redis]>=5.3", "kombu[redis]"]
     # And psycopg2 (a project's own driver, never required) only in the dev environment
     psycopg2 = {name for name, reqs in extras.items() if any("psycopg2" in r for r in reqs)}
     assert psycopg2 == {"dev"}
