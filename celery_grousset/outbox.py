@@ -3,7 +3,7 @@
 :func:`enqueue` writes an :class:`~celery_grousset.models.OutboxMessage` row in the
 caller's current transaction: a rollback leaves nothing to publish, a crash right
 after the commit loses nothing. A :class:`Relay` (``manage.py grousset_relay`` or the
-worker flag ``--grousset-relay``) publishes pending rows in order of creation, in
+worker flag ``--grousset-relay``) publishes pending rows in the order they fell due, in
 batches locked with ``SELECT … FOR UPDATE SKIP LOCKED`` (PostgreSQL, MySQL 8,
 MariaDB 10.6+; on SQLite, which has one writer, the batch takes the write lock
 first), marks them sent, and retries failures with exponential backoff until
@@ -16,7 +16,7 @@ again, and the consumer's claim absorbs the copy: the same call, with the identi
 second row for the same call (a form submitted twice): it runs once.
 
 Unlike the journal, the outbox holds the task's arguments (JSON) until the row is
-sent, as a broker would; "sent" drops them and the message headers.
+sent, as a broker would; "sent" drops them, the message headers and the key.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from celery_grousset.exceptions import InvalidArgument
 from celery_grousset.memo import error_summary
 from celery_grousset.models import OutboxMessage, OutboxStatus
 from celery_grousset.publish_check import deliberate, open_transactions
-from celery_grousset.published import check_enqueued, stored_options
+from celery_grousset.published import arguments, check_enqueued, stored, stored_options
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -49,6 +49,8 @@ DEFAULT_MAX_ATTEMPTS = 10
 DEFAULT_BACKOFF = 2.0
 DEFAULT_BACKOFF_MAX = 600.0
 DEFAULT_INTERVAL = 1.0
+#: the options a sent row drops with its arguments (either may carry a token)
+_SECRET_OPTIONS = frozenset(("headers", "idempotency_key"))
 #: seconds a publish waits for the broker's confirm before it counts as failed
 DEFAULT_CONFIRM_TIMEOUT = 10.0
 
@@ -91,7 +93,7 @@ def enqueue(
     """Write a message for ``task`` (a task or its name) in the current transaction.
 
     ``options`` are ``apply_async``'s (``queue``, ``countdown``, ``eta``, ``priority``,
-    ``idempotency_key``…); ``args``/``kwargs`` must be JSON-serializable. ``using``:
+    ``idempotency_key``…); ``args``/``kwargs`` as Celery's json serializer takes them. ``using``:
     the database of the caller's transaction (default ``GROUSSET["DATABASE"]``; without
     it, a transaction open on another database only is refused: ``InvalidArgument``). The
     arguments are checked against a task's signature now, as ``delay()`` checks them
@@ -106,8 +108,8 @@ def enqueue(
     row = OutboxMessage(
         task_name=name,
         task_id=task_id,
-        args=list(args or ()),
-        kwargs=dict(kwargs or {}),
+        args=stored(name, "args", list(args or ())),
+        kwargs=stored(name, "kwargs", dict(kwargs or {})),
         options=stored_options(options),
         created_at=clock(alias),
         available_at=clock(alias),
@@ -131,16 +133,16 @@ def publish(app: Any, row: OutboxMessage, **publishing: Any) -> Any:
         if isinstance(options.get(name), str):
             options[name] = datetime.fromisoformat(options[name])
     key = options.pop("idempotency_key", None)
-    task = app.tasks.get(row.task_name)
+    task, (args, kwargs) = app.tasks.get(row.task_name), arguments(row)
     if isinstance(task, GroussetTaskMixin):
         with deliberate():  # inside the relay's batch transaction, on purpose
-            return task.apply_async(row.args, row.kwargs, task_id=row.task_id,
+            return task.apply_async(args, kwargs, task_id=row.task_id,
                                     idempotency_key=key, **options, **publishing)  # fmt: skip
     headers = {**(options.pop("headers", None) or {}), REPR_HEADER: 1}
     if key is not None:
         headers[KEY_HEADER] = key
     options = {"argsrepr": f"(outbox:{row.id})", "kwargsrepr": "{}", **options}
-    return app.send_task(row.task_name, row.args, row.kwargs, task_id=row.task_id,
+    return app.send_task(row.task_name, args, kwargs, task_id=row.task_id,
                          headers=headers, **options, **publishing)  # fmt: skip
 
 
@@ -185,6 +187,7 @@ class RelayStats:
         self.failed += other.failed
         self.dead += other.dead
         self.batches += other.batches
+        self.broker_down = self.broker_down or other.broker_down
 
 
 class Relay:
@@ -236,18 +239,15 @@ class Relay:
         with transaction.atomic(using=alias):
             due = manager.filter(status=OutboxStatus.PENDING, available_at__lte=clock(alias))
             due = get_store(alias).lock_for_batch(due)
-            rows = list(due.order_by("id")[: self.batch_size])
+            # the due index's own order: InnoDB then locks only the rows it returns
+            # (by id it would sort, locking every due row, and starve the other relays)
+            rows = list(due.order_by("available_at", "id")[: self.batch_size])
             stats.fetched = len(rows)
             sent = self._publish(rows, stats) if rows else []
             if sent:
-                manager.filter(pk__in=sent).update(
-                    status=OutboxStatus.SENT,
-                    sent_at=clock(alias),
-                    attempts=_plus_one(),
-                    last_error="",
-                    args=[],
-                    kwargs={},
-                )
+                manager.filter(pk__in=sent).update(status=OutboxStatus.SENT, sent_at=clock(alias),
+                                                   attempts=_plus_one(), last_error="", args=[],
+                                                   kwargs={})  # fmt: skip
                 stats.sent = len(sent)
         if sent:
             logger.info("grousset.outbox_sent count=%d database=%s", len(sent), alias)
@@ -270,8 +270,9 @@ class Relay:
                 else:
                     sent.append(row.id)
                     self.fault("outbox_published")  # chaos hook: die mid-batch
-                    if "headers" in (row.options or {}):  # may carry a token: dropped
-                        options = {k: v for k, v in row.options.items() if k != "headers"}
+                    if _SECRET_OPTIONS & set(row.options or {}):  # may be a token: dropped
+                        options = {k: v for k, v in row.options.items()
+                                   if k not in _SECRET_OPTIONS}  # fmt: skip
                         manager.filter(pk=row.id).update(options=options)
         finally:  # a broken connection: closed without the goodbye it would wait for
             with contextlib.suppress(Exception):
@@ -368,13 +369,8 @@ class RelayThread(threading.Thread):
             self.join(timeout)
 
 
-def purge_sent(
-    *,
-    using: str | None = None,
-    before: datetime,
-    batch_size: int = 10_000,
-    progress: Callable[[int], None] | None = None,
-) -> int:
+def purge_sent(*, using: str | None = None, before: datetime, batch_size: int = 10_000,
+               progress: Callable[[int], None] | None = None) -> int:  # fmt: skip
     """Delete sent rows whose ``sent_at`` is before ``before``, one transaction per batch.
     Pending and dead rows are never touched."""
     alias = _alias(using)

@@ -90,7 +90,9 @@ def arguments_text(obj: OutboxMessage) -> str:
     Unbound, a positional argument has no name to judge it by: none is shown."""
     if obj.status == OutboxStatus.SENT:
         return "(dropped when the message was sent)"
-    args, kwargs = list(obj.args or []), dict(obj.kwargs or {})
+    from celery_grousset.published import arguments
+
+    args, kwargs = arguments(obj)
     bound = _bound(obj.task_name, args, kwargs)
     if bound is None and args:
         return redacted(["***"] * len(args), kwargs, None) + (

@@ -94,6 +94,32 @@ def check_enqueued(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -
         _checked_key(name, options.get("idempotency_key"))
 
 
+def stored(name: str, what: str, value: Any) -> str:
+    """``value`` as the row keeps it: a JSON text written as Celery's ``json`` serializer
+    writes it (kombu's: a datetime, Decimal, UUID or bytes comes back as itself), kept
+    as a JSON string, which no database rewrites (jsonb would turn ``1e16`` into an int,
+    another value with another fingerprint than ``delay()``'s)."""
+    from kombu.utils.json import dumps
+
+    try:
+        return str(dumps(value))
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(
+            f"outbox.enqueue({name}): its {what} cannot be written as JSON ({exc}). Pass "
+            "values Celery's json serializer takes (str, numbers, lists, dicts, datetime, "
+            "Decimal, UUID, bytes), e.g. a model's primary key instead of the object."
+        ) from exc
+
+
+def arguments(row: Any) -> tuple[list[Any], dict[str, Any]]:
+    """A row's ``args`` and ``kwargs`` as the task receives them (rows written before
+    :func:`stored` hold them as JSON values)."""
+    from kombu.utils.json import loads
+
+    args, kwargs = (loads(v) if isinstance(v, str) else v for v in (row.args, row.kwargs))
+    return list(args or []), dict(kwargs or {})
+
+
 def stored_options(options: dict[str, Any]) -> dict[str, Any]:
     """``apply_async`` options as ``outbox.enqueue()`` stores them, in JSON: a countdown
     becomes an absolute ``eta``."""
@@ -104,6 +130,9 @@ def stored_options(options: dict[str, Any]) -> dict[str, Any]:
     out = dict(options)
     countdown = out.pop("countdown", None)
     if countdown is not None:
+        if isinstance(countdown, bool) or not isinstance(countdown, (int, float)):
+            raise InvalidArgument(f"outbox.enqueue: countdown must be a number of seconds, "
+                                  f"got {countdown!r}")  # fmt: skip
         out["eta"] = timezone.now() + timedelta(seconds=float(countdown))
     expires = out.get("expires")
     if isinstance(expires, (int, float)) and not isinstance(expires, bool):

@@ -16,10 +16,12 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -107,10 +109,11 @@ def test_only_committed_messages_are_published_once_each(alias: str, queue: str)
     keys = {m["args"][0]: m.get(KEY_HEADER) for m in got}
     assert keys == {"a": None, "b": None, "c": "k"}
     assert [m.get("x-auth") for m in got] == [None, "HeaderTok_9", None]
-    # ... and the rows are sent, their arguments and headers dropped, the rest kept
+    # ... and the rows are sent, their arguments, headers and keys dropped (either may be
+    # a token), the rest kept
     assert all(r.status == "sent" and r.sent_at and r.args == [] and r.attempts == 1
-               and "headers" not in r.options and r.options["queue"] == queue
-               for r in rows.values())  # fmt: skip
+               and "headers" not in r.options and "idempotency_key" not in r.options
+               and r.options["queue"] == queue for r in rows.values())  # fmt: skip
 
 
 def two_rows_for(alias: str, queue: str, broker: str) -> tuple[Celery, Any, Any]:
@@ -127,26 +130,67 @@ def two_rows_for(alias: str, queue: str, broker: str) -> tuple[Celery, Any, Any]
     return down, a, b
 
 
+def test_an_enqueued_call_is_published_as_delay_publishes_it(alias: str, queue: str) -> None:
+    """The row kept its arguments as JSON values: jsonb wrote 1e16 as an integer (another
+    value, another fingerprint than delay()'s), and a datetime, Decimal or UUID, which
+    delay() sends, was a bare TypeError."""
+    from tests.tasks import charge, effect
+
+    calls = [(effect, ("big",), {"sleep": 1e16}),
+             (charge, (7,), {"amount": Decimal("1.10"), "note": datetime(2026, 1, 2, tzinfo=UTC)}),
+             (charge, (uuid.UUID(int=5),), {"amount": "3"})]  # fmt: skip
+    # Given the calls enqueued and published by the relay, and the same calls by delay()
+    with transaction.atomic(using=alias):
+        rows = [outbox.enqueue(t, a, k, using=alias, queue=queue) for t, a, k in calls]
+    try:
+        assert relay(alias).sent == len(calls)
+        for task, args, kwargs in calls:
+            task.apply_async(args, kwargs, queue=queue)
+        # Then each call's two messages carry the same arguments, to the byte
+        sent = [json.dumps([m["args"], m["kwargs"]], sort_keys=True) for m in messages(queue)]
+        assert len(sent) == 2 * len(calls) and all(sent.count(text) == 2 for text in sent), sent
+        assert any("1e+16" in text for text in sent)
+    finally:
+        OutboxMessage.objects.using(alias).filter(pk__in=[r.pk for r in rows]).delete()
+
+
+def test_enqueue_refuses_arguments_it_cannot_write_naming_the_fix(alias: str) -> None:
+    mine = OutboxMessage.objects.using(alias).filter(task_name="elsewhere.notify")
+    before = mine.count()
+    # Given an argument no JSON takes, for a task named only (the fingerprint does not see
+    # it here) / Then enqueue refuses it, saying what to pass
+    with pytest.raises(InvalidArgument, match=r"cannot be written as JSON.*primary key"),\
+            transaction.atomic(using=alias):  # fmt: skip
+        outbox.enqueue("elsewhere.notify", (object(),), using=alias)
+    # ... and a countdown that is no number of seconds is named as such
+    with pytest.raises(InvalidArgument, match="countdown must be a number of seconds, got 'soon'"),\
+            transaction.atomic(using=alias):  # fmt: skip
+        outbox.enqueue("elsewhere.notify", (), using=alias, countdown="soon")
+    assert mine.count() == before  # and no row was written
+
+
 def test_broker_outage_backs_off_then_dead_after_max_attempts(alias: str, queue: str) -> None:
 
     # Given two pending messages and a broker nobody listens on
     down, a, b = two_rows_for(alias, queue, "redis://127.0.0.1:1/0")
     rows = OutboxMessage.objects.using(alias)
     # When the relay runs with max_attempts=2
-    relay(alias, down, max_attempts=2, backoff=60)
+    stats = relay(alias, down, max_attempts=2, backoff=60)
     a.refresh_from_db(using=alias)
+    assert stats.broker_down and stats.failed == 1  # (the run's totals say why it stopped)
     b.refresh_from_db(using=alias)
     # Then the first row failed once and waits (backoff 60 s, jittered: 30 to 60 s); the
     # batch stopped before the second
     assert a.status == "pending" and a.attempts == 1 and a.last_error
     assert a.available_at > _db_now(alias) + timedelta(seconds=25)
     assert b.attempts == 0
-    # When it is due again and fails again
-    rows.filter(pk=a.pk).update(available_at=_db_now(alias) - timedelta(seconds=1))
+    # When it is due again (before the second, which has waited since its creation: the
+    # relay takes rows in the order they fell due) and fails again
+    rows.filter(pk=a.pk).update(available_at=b.available_at - timedelta(seconds=1))
     relay(alias, down, max_attempts=2, backoff=60)
     a.refresh_from_db(using=alias)
     # Then it is dead, with the error; its arguments are kept for a requeue
-    assert a.status == "dead" and a.attempts == 2 and a.args == ["x"]
+    assert a.status == "dead" and a.attempts == 2 and outbox.arguments(a)[0] == ["x"]
     assert "Error" in a.last_error
     rows.filter(pk=b.pk).delete()
 
@@ -343,11 +387,44 @@ def test_a_row_is_sent_only_once_the_broker_confirms_its_message(alias: str) -> 
         # charged one attempt, with the broker's silence as its error
         assert arrived == 1
         assert (a.status, b.status) == (OutboxStatus.SENT, OutboxStatus.PENDING), b.last_error
-        assert b.attempts == 1 and b.args == ["b"] and stats.sent == 1
+        assert b.attempts == 1 and outbox.arguments(b)[0] == ["b"] and stats.sent == 1
     finally:
         OutboxMessage.objects.using(alias).filter(pk__in=[a.pk, b.pk]).delete()
         with Connection(services.require_rabbitmq()) as direct:
             direct.default_channel.queue_delete(name)
+
+
+@pytest.mark.parametrize("db", ["postgresql", "mysql"])
+def test_a_second_relay_publishes_while_the_first_holds_its_batch(db: str, queue: str) -> None:
+    """By id, InnoDB sorted the due rows and locked every one it read: while one relay
+    held its batch, a second one found nothing to publish (MariaDB)."""
+    from tests.tasks import effect
+
+    services.require_database(db)
+    with transaction.atomic(using=db):
+        rows = [outbox.enqueue(effect, (f"r{j}",), using=db, queue=queue) for j in range(6)]
+    second: list[int] = []
+
+    def run_second(point: str) -> None:  # the first relay's batch is open and locked
+        def batch() -> None:
+            try:
+                second.append(outbox.Relay(app, using=db, batch_size=3).run_batch().sent)
+            finally:
+                connections.close_all()
+
+        if not second:
+            thread = threading.Thread(target=batch)
+            thread.start()
+            thread.join(30)
+
+    try:
+        # Given a relay in the middle of its batch of 3 of the 6 due rows
+        first = outbox.Relay(app, using=db, batch_size=3, fault=run_second).run_batch()
+        # Then a second relay meanwhile published the 3 others; nothing was sent twice
+        assert second == [3] and first.sent == 3
+        assert len(messages(queue)) == 6
+    finally:
+        OutboxMessage.objects.using(db).filter(pk__in=[r.pk for r in rows]).delete()
 
 
 def _testcase_block() -> Any:
