@@ -66,3 +66,32 @@ def test_a_read_only_journal_met_on_a_fresh_connection_is_named_with_its_fix() -
             store.claim(claim_request())
     finally:
         store.close()
+
+
+def test_a_claim_behind_a_table_lock_fails_closed_within_the_store_timeout() -> None:
+    """A claim queued behind a metadata lock (``FLUSH TABLES WITH READ LOCK``, ``LOCK
+    TABLES … WRITE``, an ``ALTER`` waiting) waited for the client's read timeout (the
+    store timeout + 5 s), and once more on a fresh connection; the statement stayed
+    queued on the server. The session's ``lock_wait_timeout`` now bounds it."""
+    import time
+
+    import MySQLdb
+
+    services.require_database("mysql")
+    settings = connections.settings["mysql"]
+    store = store_class(settings["ENGINE"])("mysql", settings, 1.0)
+    params = connections["mysql"].get_connection_params()
+    holder = MySQLdb.connect(**params)
+    try:
+        store.claim(claim_request())  # the store's connection is open and warm
+        # Given another session holding the journal's table locked for writing
+        holder.cursor().execute("LOCK TABLES celery_grousset_outcome WRITE")
+        started = time.monotonic()
+        # When a claim comes / Then it fails closed within about its store timeout
+        with pytest.raises(StoreUnavailable):
+            store.claim(claim_request())
+        assert time.monotonic() - started < 4.0
+    finally:
+        holder.cursor().execute("UNLOCK TABLES")
+        holder.close()
+        store.close()

@@ -91,7 +91,10 @@ class MySQLStore(LockingStore):
             conn.autocommit(False)
             cur = conn.cursor()
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-            cur.execute(f"SET SESSION innodb_lock_wait_timeout = {secs}, time_zone = '+00:00'")
+            # row locks and metadata locks (FLUSH TABLES WITH READ LOCK, LOCK TABLES, an
+            # ALTER queued): a claim behind either gives up within the store timeout
+            cur.execute(f"SET SESSION innodb_lock_wait_timeout = {secs}, lock_wait_timeout = "
+                        f"{secs}, time_zone = '+00:00'")  # fmt: skip
             cur.execute(CONNECTION_SQL)  # once per connection
             packet, connection_charset, column_charset = cur.fetchone()
             self.max_packet = int(packet)
