@@ -123,7 +123,8 @@ def enqueue(
 def publish(app: Any, row: OutboxMessage, **publishing: Any) -> Any:
     """Publish one outbox row, with its ``task_id``: the call's identity is the one
     ``delay()`` gives it (the arguments, or the ``idempotency_key`` enqueued with it).
-    ``publishing``: ``apply_async``'s own (the relay's ``producer`` and ``timeout``)."""
+    ``publishing``: ``apply_async``'s (the relay's ``producer`` and ``timeout``; the row's
+    own options win)."""
     from celery_grousset.delivery import KEY_HEADER
     from celery_grousset.published import REPR_HEADER
     from celery_grousset.task import GroussetTaskMixin
@@ -136,14 +137,14 @@ def publish(app: Any, row: OutboxMessage, **publishing: Any) -> Any:
     task, (args, kwargs) = app.tasks.get(row.task_name), arguments(row)
     if isinstance(task, GroussetTaskMixin):
         with deliberate():  # inside the relay's batch transaction, on purpose
-            return task.apply_async(args, kwargs, task_id=row.task_id,
-                                    idempotency_key=key, **options, **publishing)  # fmt: skip
+            return task.apply_async(args, kwargs, task_id=row.task_id, idempotency_key=key,
+                                    **{**publishing, **options})  # fmt: skip
     headers = {**(options.pop("headers", None) or {}), REPR_HEADER: 1}
     if key is not None:
         headers[KEY_HEADER] = key
     options = {"argsrepr": f"(outbox:{row.id})", "kwargsrepr": "{}", **options}
-    return app.send_task(row.task_name, args, kwargs, task_id=row.task_id,
-                         headers=headers, **options, **publishing)  # fmt: skip
+    return app.send_task(row.task_name, args, kwargs, task_id=row.task_id, headers=headers,
+                         **{**publishing, **options})  # fmt: skip
 
 
 def confirmed_connection(app: Any) -> Any:
@@ -216,6 +217,7 @@ class Relay:
         self.backoff_max = backoff_max
         self.interval = interval
         self.confirm_timeout = confirm_timeout
+        self._conn: Any = None
         if fault is None:
             from celery_grousset.faults import fault as guard_fault
 
@@ -256,8 +258,9 @@ class Relay:
     def _publish(self, rows: list[OutboxMessage], stats: RelayStats) -> list[int]:
         """Publish ``rows`` in order, each confirmed by the broker; the ids published."""
         manager, sent = OutboxMessage.objects.using(self.alias), []
-        conn = confirmed_connection(self.app)
-        producer = self.app.amqp.Producer(conn)  # (connects on its first publish)
+        if self._conn is None:  # kept across batches (its queues declared once)
+            self._conn = confirmed_connection(self.app)
+        producer = self.app.amqp.Producer(self._conn)  # (connects on its first publish)
         try:
             for row in rows:
                 try:
@@ -274,10 +277,18 @@ class Relay:
                         options = {k: v for k, v in row.options.items()
                                    if k not in _SECRET_OPTIONS}  # fmt: skip
                         manager.filter(pk=row.id).update(options=options)
-        finally:  # a broken connection: closed without the goodbye it would wait for
-            with contextlib.suppress(Exception):
-                conn.collect() if stats.failed + stats.dead else conn.release()
+        finally:  # (a row gone dead for its own sake says nothing of the connection)
+            if stats.broker_down or stats.failed:
+                self.close(broken=True)
         return sent
+
+    def close(self, *, broken: bool = False) -> None:
+        """Close the relay's broker connection (a broken one without the goodbye it
+        would wait for); the next batch opens another."""
+        conn, self._conn = self._conn, None
+        with contextlib.suppress(Exception):
+            if conn is not None:
+                conn.collect() if broken else conn.release()
 
     def _failed(self, row: OutboxMessage, exc: BaseException, stats: RelayStats) -> None:
         attempts = row.attempts + 1
@@ -301,7 +312,12 @@ class Relay:
     def run(self, stop: threading.Event | None = None, *, once: bool = False) -> RelayStats:
         """Publish until ``stop`` is set (``once``: until nothing is due). A database or
         broker outage pauses the loop with backoff; it never ends it."""
-        stop = stop or threading.Event()
+        try:
+            return self._loop(stop or threading.Event(), once)
+        finally:
+            self.close()
+
+    def _loop(self, stop: threading.Event, once: bool) -> RelayStats:
         total, errors = RelayStats(), 0
         while not stop.is_set():
             try:
@@ -367,30 +383,3 @@ class RelayThread(threading.Thread):
         self.stop_event.set()
         if self.is_alive():
             self.join(timeout)
-
-
-def purge_sent(*, using: str | None = None, before: datetime, batch_size: int = 10_000,
-               progress: Callable[[int], None] | None = None) -> int:  # fmt: skip
-    """Delete sent rows whose ``sent_at`` is before ``before``, one transaction per batch.
-    Pending and dead rows are never touched."""
-    alias = _alias(using)
-    manager = OutboxMessage.objects.using(alias)
-    total = 0
-    while True:
-        with transaction.atomic(using=alias):
-            old = manager.filter(status=OutboxStatus.SENT, sent_at__lt=before)
-            ids = list(old.order_by().values_list("pk", flat=True)[:batch_size])
-            if not ids:
-                break
-            deleted, _ = old.filter(pk__in=ids).delete()
-        total += deleted
-        if progress is not None:
-            progress(total)
-        if len(ids) < batch_size:
-            break
-    return total
-
-
-def sent_before_count(*, using: str | None = None, before: datetime) -> int:
-    manager = OutboxMessage.objects.using(_alias(using))
-    return manager.filter(status=OutboxStatus.SENT, sent_at__lt=before).count()

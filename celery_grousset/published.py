@@ -92,6 +92,22 @@ def check_enqueued(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -
         prepare(task, args, kwargs, dict(options))
     else:
         _checked_key(name, options.get("idempotency_key"))
+    _encodable(task, args, kwargs, options)
+
+
+def _encodable(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -> None:
+    """A task's own serializer takes the call (a datetime is no msgpack value): else the
+    row would go dead at the relay, which cannot publish it."""
+    from kombu.serialization import dumps
+
+    serializer = options.get("serializer") or getattr(task, "serializer", None)
+    if isinstance(task, str) or serializer in (None, "json"):
+        return  # (json: stored() writes it as that serializer does)
+    try:
+        dumps((list(args or ()), dict(kwargs or {})), serializer=serializer)
+    except Exception as exc:
+        raise InvalidArgument(f"outbox.enqueue({task.name}): its arguments cannot be "
+                              f"encoded by the task's serializer {serializer!r}: {exc}") from exc
 
 
 def stored(name: str, what: str, value: Any) -> str:

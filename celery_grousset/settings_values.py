@@ -314,8 +314,8 @@ def _key_names(name: str, value: object) -> tuple[str, ...] | Callable[..., obje
 #: Celery's own task options that have no project-wide setting of their own
 _CELERY_ONLY = frozenset((
     "autoretry_for", "dont_autoretry_for", "retry_kwargs", "retry_backoff", "retry_backoff_max",
-    "retry_jitter", "max_retries", "default_retry_delay", "queue", "expires", "throws", "trail",
-    "send_events", "bind", "base", "shared", "typing", "name"))  # fmt: skip
+    "retry_jitter", "max_retries", "default_retry_delay", "queue", "throws", "trail",
+    "send_events"))  # fmt: skip
 
 
 def _refuse_celery_option(key: str) -> None:

@@ -65,12 +65,12 @@ def _purge(alias: str, batch_size: int, outbox: bool) -> int:
 
 def purge_sent_outbox(alias: str, batch_size: int = 10_000) -> int:
     """Sent outbox rows older than the retention window (``grousset_purge``'s cutoff
-    without ``--older-than``), deleted by :func:`celery_grousset.outbox.purge_sent`."""
+    without ``--older-than``), deleted by :func:`celery_grousset.outbox_purge.purge_sent`."""
     from datetime import timedelta
 
-    from celery_grousset import journal, outbox
+    from celery_grousset import journal, outbox_purge
     from celery_grousset.conf import grousset_settings, seconds
 
     retention = seconds(grousset_settings.EXPIRES_AFTER, name="EXPIRES_AFTER") or 0.0
     cutoff = journal.now(alias) - timedelta(seconds=retention)
-    return outbox.purge_sent(using=alias, before=cutoff, batch_size=max(1, batch_size))
+    return outbox_purge.purge_sent(using=alias, before=cutoff, batch_size=max(1, batch_size))

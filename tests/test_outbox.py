@@ -169,6 +169,59 @@ def test_enqueue_refuses_arguments_it_cannot_write_naming_the_fix(alias: str) ->
     assert mine.count() == before  # and no row was written
 
 
+def test_a_rows_own_publish_timeout_wins_over_the_relays(alias: str, queue: str) -> None:
+    """The relay passes its confirm timeout to apply_async: a row enqueued with its own
+    ``timeout`` raised "multiple values for keyword argument" and went dead."""
+    from tests.tasks import effect
+
+    with transaction.atomic(using=alias):
+        row = outbox.enqueue(effect, ("t",), using=alias, queue=queue, timeout=5)
+    try:
+        stats = relay(alias)
+        row.refresh_from_db(using=alias)
+        assert row.status == OutboxStatus.SENT and stats.dead == 0, row.last_error
+    finally:
+        OutboxMessage.objects.using(alias).filter(pk=row.pk).delete()
+
+
+def test_the_relay_keeps_one_broker_connection_across_batches(
+    alias: str, queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection per batch re-did the handshake and re-declared the queues inside
+    every batch's transaction (its rows locked meanwhile)."""
+    from tests.tasks import effect
+
+    opened: list[Any] = []
+    real = outbox.confirmed_connection
+    monkeypatch.setattr(outbox, "confirmed_connection",
+                        lambda target: opened.append(real(target)) or opened[-1])  # fmt: skip
+    with transaction.atomic(using=alias):
+        rows = [outbox.enqueue(effect, (f"c{j}",), using=alias, queue=queue) for j in range(3)]
+    try:
+        # When the relay publishes them one batch each
+        stats = relay(alias, batch_size=1)
+        # Then it opened one connection for all its batches, and closed it when it ended
+        assert stats.sent >= 3 and stats.batches >= 3 and len(opened) == 1
+        assert opened[0].connection is None
+    finally:
+        OutboxMessage.objects.using(alias).filter(pk__in=[r.pk for r in rows]).delete()
+
+
+def test_enqueue_refuses_a_call_its_tasks_serializer_cannot_encode(alias: str) -> None:
+    """A row that would only go dead at the relay is not written: a Decimal is json (the
+    row's own encoding) but no YAML value."""
+
+    def body(amount: Any) -> None:
+        return None
+
+    yaml_task = app.tasks.get("tests.outbox_yaml") or app.task(name="tests.outbox_yaml",
+                                                               serializer="yaml")(body)  # fmt: skip
+    with pytest.raises(InvalidArgument, match="cannot be encoded by the task's serializer 'yaml'"),\
+            transaction.atomic(using=alias):  # fmt: skip
+        outbox.enqueue(yaml_task, (Decimal("1.50"),), using=alias)
+    assert not OutboxMessage.objects.using(alias).filter(task_name="tests.outbox_yaml").exists()
+
+
 def test_broker_outage_backs_off_then_dead_after_max_attempts(alias: str, queue: str) -> None:
 
     # Given two pending messages and a broker nobody listens on

@@ -366,6 +366,7 @@ def test_a_matched_task_fails_closed_while_grousset_is_invalid(
         ({"shop.tasks.send": {"memoize": "false"}}, "memoize"),
         ({"shop.tasks.send": {"max_proccessing_time": 60}}, "max_processing_time"),
         ({"shop.tasks.send": {"acks_late": True}}, "acks_late"),
+        ({"shop.tasks.send": {"expires": 60}}, "did you mean 'expires_after'"),
         ({"shop.tasks.send": {"grousset_key": "order_id"}}, "grousset_key"),
         ({"shop.tasks.send": 60}, "shop.tasks.send"),
         ({"": {"max_processing_time": 60}}, "''"),

@@ -125,7 +125,7 @@ class Command(BaseCommand):
         (``EXPIRES_AFTER``, plus ``--older-than``); pending and dead rows stay."""
         from datetime import timedelta
 
-        from celery_grousset import journal, outbox
+        from celery_grousset import journal, outbox_purge
         from celery_grousset.conf import grousset_settings, seconds
 
         alias = journal_alias(options["database"])
@@ -136,11 +136,11 @@ class Command(BaseCommand):
             older_than = options["older_than"] or timedelta(0)
             cutoff = journal.now(alias) - older_than - timedelta(seconds=retention)
             if options["dry_run"]:
-                count = outbox.sent_before_count(using=alias, before=cutoff)
+                count = outbox_purge.sent_before_count(using=alias, before=cutoff)
                 if verbosity and (count or shown):
                     self.stdout.write(f"would purge {_messages(count)} (dry run)")
                 return
-            count = outbox.purge_sent(
+            count = outbox_purge.purge_sent(
                 using=alias, before=cutoff, batch_size=int(options["batch_size"])
             )
         if verbosity and (count or shown):
