@@ -424,6 +424,7 @@ def test_beat_purge_also_drops_old_sent_outbox_rows(alias: str) -> None:
     from celery_grousset import outbox
     from celery_grousset.journal import now as _db_now
     from celery_grousset.models import OutboxMessage
+    from celery_grousset.published import arguments
     from celery_grousset.tasks import purge_expired
     from tests.tasks import effect
 
@@ -446,7 +447,7 @@ def test_beat_purge_also_drops_old_sent_outbox_rows(alias: str) -> None:
         # When it runs as beat schedules it
         purge_expired.apply(kwargs={"database": alias, "batch_size": 1}).get()
         # Then only the sent row older than the retention window is gone
-        left = sorted(args[0] for args in rows.filter(pk__in=ids).values_list("args", flat=True))
+        left = sorted(arguments(row)[0][0] for row in rows.filter(pk__in=ids))
         assert left == ["new_sent", "old_dead", "pending"]
     finally:
         rows.filter(pk__in=ids).delete()
