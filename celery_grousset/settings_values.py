@@ -343,9 +343,9 @@ def _task_entry(
     problems: list[Problem] = []
     for key, value in options.items():
         try:
-            if isinstance(key, str) and key not in TASK_OPTIONS:
-                _refuse_celery_option(key)
             if not isinstance(key, str) or key not in TASK_OPTIONS:
+                if isinstance(key, str):
+                    _refuse_celery_option(key)
                 close = difflib.get_close_matches(str(key), TASK_OPTIONS, n=1, cutoff=0.6)
                 meant = f" (did you mean {close[0]!r}?)" if close else ""
                 raise _fail(
