@@ -10,6 +10,26 @@ from __future__ import annotations
 from celery.exceptions import Reject
 from django.core.exceptions import ImproperlyConfigured
 
+__all__ = [
+    "ArgumentsMismatch",
+    "ClaimInFlight",
+    "ConfigurationError",
+    "FencedOut",
+    "FingerprintError",
+    "GaveUp",
+    "GroussetError",
+    "InvalidArgument",
+    "MemoNotAccepted",
+    "MemoizedFailure",
+    "NotAwaited",
+    "PayloadMismatch",
+    "PoisonDelivery",
+    "PoisonRejected",
+    "ResultNotStored",
+    "StoreUnavailable",
+    "TransactionLost",
+]
+
 
 class GroussetError(Exception):
     """Base class of every error celery-grousset raises on purpose."""

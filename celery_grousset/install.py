@@ -286,6 +286,13 @@ def connect() -> None:
 on_reload(_refresh)
 
 
+def check_app_missing(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """:func:`app_missing` as a Django system check: ``install(app)`` registers it, so
+    ``manage.py check`` (and ``runserver``, ``manage.py test``) reports E020 in a project
+    whose ``celery.py`` calls ``install(app)``, where the app's own checks never run."""
+    return app_missing()
+
+
 def app_missing() -> list[Any]:
     """``celery_grousset.E020`` when a worker finds ``settings.GROUSSET`` set, or a guarded
     task registered in its Celery apps, and ``celery_grousset`` not in

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from django.dispatch import Signal
 
+__all__ = ["claim_taken_over", "duplicate_skipped", "fenced_out"]
+
 #: A duplicate delivery was not run: ``fingerprint``, ``task_id``, ``processor_id``,
 #: ``original_task_id``, ``completed_at``, ``deliveries``.
 duplicate_skipped = Signal()

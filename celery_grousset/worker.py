@@ -34,14 +34,9 @@ logger = logging.getLogger("celery_grousset")
 
 BYPASS_WARNING = "celery-grousset BYPASS is ON: tasks run unguarded"
 FLAG_NAMES = (
-    "grousset_processor_id",
-    "grousset_max_processing_time",
-    "grousset_metrics_port",
-    "grousset_metrics_addr",
-    "grousset_bypass",
-    "grousset_relay",
-    "grousset_batch",
-)
+    "grousset_processor_id", "grousset_max_processing_time", "grousset_metrics_port",
+    "grousset_metrics_addr", "grousset_bypass", "grousset_relay", "grousset_batch",
+)  # fmt: skip
 
 
 #: the heading of the flags in ``celery worker --help``
@@ -387,6 +382,11 @@ def install(app: Any) -> None:
         if option.name not in present:
             app.user_options["worker"].add(option)
     app.steps["worker"].add(GroussetStep)
+    from django.core import checks
+
+    from celery_grousset.install import check_app_missing
+
+    checks.register(check_app_missing)  # E020 in `manage.py check` without the app
 
 
 def install_active_apps() -> None:

@@ -895,6 +895,27 @@ def test_manage_py_check_reports_every_misconfiguration() -> None:
         assert f"{obj}: (celery_grousset.{check_id})" in out, out
 
 
+def test_manage_py_check_of_a_project_without_the_app_is_E020() -> None:
+    """Without 'celery_grousset' in INSTALLED_APPS none of its checks ran: `manage.py
+    check` said nothing, and GROUSSET['TASKS'] guarded nothing in the web process or
+    under CELERY_TASK_ALWAYS_EAGER (only a worker refused to start)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    # Given a project whose celery.py calls install(app) (Celery's Django recipe imports it
+    # with the settings) and whose INSTALLED_APPS leaves the app out
+    script = ("import tests.celeryapp\n"
+              "from django.core.management import execute_from_command_line\n"
+              "execute_from_command_line(['manage.py', 'check'])\n")  # fmt: skip
+    for without, code in [("1", 1), ("", 0)]:
+        # When `manage.py check` runs / Then it fails on E020, naming the fix
+        proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                              env={**env, "GROUSSET_TEST_WITHOUT_APP": without}, text=True,
+                              timeout=120, check=False)  # fmt: skip
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == code, out
+        assert ("(celery_grousset.E020)" in out) is bool(without), out
+        assert ("Add 'celery_grousset' to INSTALLED_APPS" in out) is bool(without), out
+
+
 def manage_py_check(grousset: dict[str, Any], *extra: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GROUSSET_CHECKS_GROUSSET": repr(grousset)}
     env.pop("DJANGO_SETTINGS_MODULE", None)

@@ -58,3 +58,19 @@ def test_an_eager_task_under_a_refused_setting_reports_grousset_settings_error(
     assert result.failed() and type(result.result) is GroussetSettingsError
     problems: Any = result.result.problems
     assert [p.setting for p in problems] == ["EXPIRES_AFTER"]
+
+
+def test_the_exceptions_module_exports_the_documented_exceptions_and_nothing_else() -> None:
+    import re
+
+    from celery_grousset import signals
+    from tests.test_docs import DOCS
+
+    # Given the exceptions docs/api.md lists from celery_grousset.exceptions
+    table = (DOCS / "api.md").read_text()
+    documented = set(re.findall(r"^\| `(\w+)` \|", table, re.M)) - {"GroussetSettingsError"}
+    # Then `from celery_grousset.exceptions import *` gives exactly them (not the Reject and
+    # ImproperlyConfigured it imports), and the signals module its three signals
+    assert set(exceptions.__all__) == documented
+    assert all(issubclass(getattr(exceptions, name), Exception) for name in exceptions.__all__)
+    assert set(signals.__all__) == {"claim_taken_over", "duplicate_skipped", "fenced_out"}
