@@ -38,6 +38,7 @@ from celery_grousset.exceptions import PoisonDelivery, StoreUnavailable
 from celery_grousset.fingerprint import validate_key_names
 from celery_grousset.options import NAMES as _OPTION_NAMES
 from celery_grousset.options import Options
+from celery_grousset.publish import publish_unique as _publish_unique
 from celery_grousset.published import carry_key, mark_retry, prepare
 from celery_grousset.store import ClaimResult
 
@@ -198,23 +199,22 @@ class GroussetTaskMixin:
 
     # -- publishing ------------------------------------------------------------------------
 
-    def apply(self, args: Any = None, kwargs: Any = None, *a: Any, **options: Any) -> Any:
+    def apply(self, args: Any = None, kwargs: Any = None, *a: Any, **options: Any
+              ) -> EagerResult[Any]:  # fmt: skip
         """``apply(…, idempotency_key="order-42")``, as :meth:`apply_async` takes it."""
         carry_key(self.name, options)
-        return super().apply(args, kwargs, *a, **options)  # type: ignore[misc]
+        return super().apply(args, kwargs, *a, **options)  # type: ignore[misc,no-any-return]
 
-    def apply_async(self, args: Any = None, kwargs: Any = None, *a: Any, **options: Any) -> Any:
+    def apply_async(self, args: Any = None, kwargs: Any = None, *a: Any, **options: Any
+                    ) -> AsyncResult[Any]:  # fmt: skip
         """``apply_async(…, idempotency_key="order-42")`` names the call's identity."""
         prepare(self, args, kwargs, options)
         publish_check.in_transaction(self, options)
-        return super().apply_async(args, kwargs, *a, **options)  # type: ignore[misc]
+        return super().apply_async(args, kwargs, *a, **options)  # type: ignore[misc,no-any-return]
 
-    def publish_unique(self, calls: Any, *, chunk_size: int = 1000, **options: Any) -> Any:
-        """Publish the calls the journal does not already answer, one journal query per chunk:
-        :func:`celery_grousset.publish.publish_unique` (``window``, ``keep_results``, report)."""
-        from celery_grousset.publish import publish_unique
-
-        return publish_unique(self, calls, chunk_size=chunk_size, **options)
+    #: ``celery_grousset.publish.publish_unique`` as the task's method: publish the calls the
+    #: journal does not already answer, one query per chunk (``window``, ``keep_results``)
+    publish_unique = _publish_unique
 
     def retry(self, args: Any = None, kwargs: Any = None, exc: Any = None, throw: bool = True,
               *a: Any, **options: Any) -> Any:  # fmt: skip
@@ -356,6 +356,7 @@ def worker_caller(task: GroussetTaskMixin, context: Any) -> _TaskCaller:
 
 if TYPE_CHECKING:
     from celery.contrib.django.task import DjangoTask
+    from celery.result import AsyncResult, EagerResult
 
     _Task = DjangoTask[Any, Any]
 else:
