@@ -14,6 +14,7 @@
 ``celery_grousset.E016``    a MySQL/SQLite journal database with a ``TIME_ZONE`` other than UTC
 ``celery_grousset.E018``    a setting reads like a misspelt ``GROUSSET`` (``GROUSET``)
 ``celery_grousset.E019``    a guarded task's body is an ``async def`` function
+``celery_grousset.E022``    a guarded task's keyword reads like a misspelt option
 ``celery_grousset.W001``    Redis/SQS ``visibility_timeout`` < a task's ``max_processing_time``
 ``celery_grousset.W002``    ``acks_late`` is off on a guarded task
 ``celery_grousset.W003``    ``reject_on_worker_lost`` is off on a guarded task
@@ -26,7 +27,6 @@
 ``celery_grousset.W010``    the journal's layout is not ``JOURNAL_LAYOUT`` (``check --database``)
 ``celery_grousset.W011``    a task given celery-grousset options is not guarded
 ``celery_grousset.W014``    a guarded task's ``expires_after`` ≤ its ``max_processing_time``
-``celery_grousset.W015``    a guarded task's keyword reads like a misspelt option
 ``celery_grousset.W016``    a Celery app's task modules do not import (its tasks go unchecked)
 ``celery_grousset.W017``    a ``GROUSSET["TASKS"]`` entry selects no registered task
 ==========================  ===========================================================

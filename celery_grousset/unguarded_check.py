@@ -4,13 +4,15 @@ decorator keywords as class attributes, and nothing reads them:
 * ``celery_grousset.W011``: a task that is given celery-grousset options
   (``@shared_task(max_processing_time=30, transactional=True)``) but is not guarded — no
   ``base=GroussetTask`` and no ``GROUSSET["TASKS"]`` entry: every delivery runs the effect;
-* ``celery_grousset.W015``: a guarded task's decorator keyword that reads like a misspelt
-  option (``max_procesing_time=60``, ``grousset_keys=…``): the task runs with the
-  setting's value or the default instead (a shorter ``max_processing_time`` lets a
-  duplicate take over a running attempt; a lost ``grousset_key`` keys every argument).
-  Only the values the task's own class holds (where Celery puts decorator keywords) are
-  read, not methods or base classes; a warning, so a name of your own that looks like
-  one never stops a worker;
+* ``celery_grousset.E022``: a guarded task's decorator keyword that reads like a misspelt
+  option (``max_procesing_time=60``, ``grousset_keys=…``, ``transactonal=True``): the
+  task would run with the setting's value or the default instead (a shorter
+  ``max_processing_time`` lets a duplicate take over a running attempt; a lost
+  ``grousset_key`` keys every argument; a lost ``transactional`` runs the body outside
+  the claim's transaction). Only the values the task's own class holds (where Celery
+  puts decorator keywords) are read, not methods or base classes. An error, so the
+  worker does not start with a weaker guard than the task asks for; a name of your own
+  that looks like one is silenced in ``SILENCED_SYSTEM_CHECKS``;
 * ``celery_grousset.W017``: a ``GROUSSET["TASKS"]`` entry that selects no registered task
   (a typo leaves the task it meant unguarded), with the task name it reads like.
 """
@@ -26,7 +28,7 @@ from celery_grousset.conf import TASK_OPTIONS
 from celery_grousset.options import reads_like
 
 ID = "celery_grousset.W011"
-MISSPELT_ID = "celery_grousset.W015"
+MISSPELT_ID = "celery_grousset.E022"
 
 #: options a plain Celery task never has (``on_failure`` is Celery's own handler)
 OWN_OPTIONS = tuple(name for name in (*TASK_OPTIONS, "grousset_key") if name != "on_failure")
@@ -66,7 +68,7 @@ KNOWN = frozenset((*OWN_OPTIONS, "on_failure", "grousset_on_failure"))
 
 
 def misspelt_messages(apps: Iterable[Any]) -> list[checks.CheckMessage]:
-    """W015 for each guarded task's decorator keyword that reads like a misspelt option."""
+    """E022 for each guarded task's decorator keyword that reads like a misspelt option."""
     from celery import Task
 
     from celery_grousset.task import GroussetTaskMixin
@@ -80,7 +82,7 @@ def misspelt_messages(apps: Iterable[Any]) -> list[checks.CheckMessage]:
                 continue
             seen.add(id(task))
             for attr, meant in _misspelt(type(task), celery_names):
-                found.append(_misspelt_warning(name, type(task), attr, meant))
+                found.append(_misspelt_error(name, type(task), attr, meant))
     return found
 
 
@@ -93,22 +95,22 @@ FOREIGN = {
 }
 
 
-def _misspelt_warning(name: str, cls: type, attr: str, meant: str) -> checks.CheckMessage:
+def _misspelt_error(name: str, cls: type, attr: str, meant: str) -> checks.CheckMessage:
     if attr in FOREIGN:
         text = (f"Task {name!r} is given {attr!r}, an option of celery-once / "
                 f"celery-singleton that nothing reads here: its guard is {meant}. Until "
-                "then a call is keyed by all its arguments, with the default "
+                "then a call would be keyed by all its arguments, with the default "
                 "max_processing_time.")  # fmt: skip
         fix = f"Replace {attr!r} with {meant.split(' (')[0]} (docs/migrating.md)."
     else:
         runs = (f"the task's own {meant!r}" if meant in vars(cls)
                 else f"{meant!r} from GROUSSET or its default")  # fmt: skip
         text = (f"Task {name!r} is given {attr!r}, which is no option: did you mean "
-                f"{meant!r}? Nothing reads {attr!r}, so the task runs with {runs}.")
+                f"{meant!r}? Nothing reads {attr!r}: the task would run with {runs}.")
         fix = f"Rename it to {meant!r} in the task's decorator"
         fix += " (or remove it)." if meant in vars(cls) else "."
-    return checks.Warning(text, obj=name, id=MISSPELT_ID, hint=(
-        f"{fix} A name of your own: silence celery_grousset.W015 in SILENCED_SYSTEM_CHECKS."))
+    return checks.Error(text, obj=name, id=MISSPELT_ID, hint=(
+        f"{fix} A name of your own: silence celery_grousset.E022 in SILENCED_SYSTEM_CHECKS."))
 
 
 def _misspelt(cls: type, celery_names: set[str]) -> Iterable[tuple[str, str]]:

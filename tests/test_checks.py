@@ -675,7 +675,7 @@ def test_expires_after_not_above_max_processing_time_is_W014(
         assert ids(sound) == set()
 
 
-def test_a_misspelt_task_option_is_W015_naming_the_option(
+def test_a_misspelt_task_option_is_E022_naming_the_option(
     make_app: Callable[..., Celery],
 ) -> None:
     app = make_app()
@@ -687,11 +687,12 @@ def test_a_misspelt_task_option_is_W015_naming_the_option(
         # ... and tasks with attributes of their own that read like no option
         own = guarded(app, max_processing_time=30, processor="stripe", transaction=None,
                       max_retries=5, processing_time=5, in_flight=0, grousset_kye=len)  # fmt: skip
-        # When the checks run / Then each misspelling is a warning naming what was meant
-        # (a warning: a name of your own that looks like one never stops a worker)
-        assert ids(slow) == {"celery_grousset.W015"}
-        assert ids(keyed) == {"celery_grousset.W015"}
+        # When the checks run / Then each misspelling is an error naming what was meant
+        # (the worker does not start with a weaker guard than the task asks for)
+        assert ids(slow) == {"celery_grousset.E022"}
+        assert ids(keyed) == {"celery_grousset.E022"}
         messages = {m.obj: m for m in checks.run_checks(tags=[TAG]) if m.obj in (slow, keyed)}
+        assert all(m.is_serious() for m in messages.values())
         assert "'max_procesing_time'" in messages[slow].msg
         assert "did you mean 'max_processing_time'" in messages[slow].msg
         assert "'grousset_key'" in (messages[keyed].hint or "")
@@ -699,9 +700,10 @@ def test_a_misspelt_task_option_is_W015_naming_the_option(
         # Given the options of the libraries a project moves from, left on a guarded task
         once = guarded(app, once={"keys": ["order_id"], "timeout": 600})
         single = guarded(app, unique_on=["order_id"], lock_expiry=600, raise_on_duplicate=True)
-        # Then each is a warning naming what replaces it
+        # Then each is an error naming what replaces it
         msgs = [m for m in checks.run_checks(tags=[TAG]) if m.obj in (once, single)]
-        assert {m.id for m in msgs} == {"celery_grousset.W015"} and len(msgs) == 4
+        assert {m.id for m in msgs} == {"celery_grousset.E022"} and len(msgs) == 4
+        assert all(m.is_serious() for m in msgs)
         text = " | ".join(m.msg + " " + (m.hint or "") for m in msgs)
         for attr, ours in (("once", "grousset_key"), ("unique_on", "grousset_key"),
                            ("lock_expiry", "max_processing_time"),
@@ -711,7 +713,7 @@ def test_a_misspelt_task_option_is_W015_naming_the_option(
         # Given a misspelling beside the option it meant: the task's own value is said
         both = guarded(app, max_procesing_time=60, max_processing_time=30)
         [message] = [m for m in checks.run_checks(tags=[TAG]) if m.obj == both]
-        assert "runs with the task's own 'max_processing_time'" in message.msg
+        assert "would run with the task's own 'max_processing_time'" in message.msg
 
 
 def test_unknown_or_unsupported_journal_database_is_E003() -> None:
