@@ -546,6 +546,24 @@ def test_release_in_flight_lets_the_next_delivery_run(
     )
 
 
+def test_release_says_a_holders_completion_before_any_new_claim_is_recorded(
+    store: Store, alias: str, processor: str
+) -> None:
+    # Given a stale claim whose holder is still running after all
+    slow = in_flight(store, processor)
+    rows(alias, processor).filter(fingerprint=slow.fingerprint).update(
+        stale_at=_db_now(alias) - timedelta(seconds=1))  # fmt: skip
+    # When it is released / Then the command says what becomes of the holder's completion
+    # (it said "will be refused", whatever came next)
+    out = run("grousset_release", slow.fingerprint, database=alias)
+    assert "refused once a delivery has claimed the call again" in out, out
+    assert "before that, it is recorded" in out, out
+    # And so it is: completing before any new claim records it, and a duplicate gets it
+    done = Completion("completed", b"7", "application/json;utf-8")
+    assert store.finish(processor, slow.fingerprint, slow.token, done)
+    assert store.claim(req(processor, slow.fingerprint)).kind is Kind.COMPLETED
+
+
 def test_release_refuses_completed_without_force(store: Store, alias: str, processor: str) -> None:
     # Given a completed entry
     done = completed(store, processor)

@@ -284,12 +284,15 @@ class Store(abc.ABC):
         progress: Callable[[int], None] | None = None,
     ) -> int:
         """Delete the rows :func:`purgeable` names in batches, one short transaction per
-        batch.
+        batch: ``SELECT … FOR UPDATE SKIP LOCKED`` of a batch's ids, then their
+        ``DELETE``.
 
         ``before``: delete only rows that expired before this moment, capped at the
         database clock. Unexpired rows and live claims are never touched: the ``DELETE``
-        re-checks the whole condition on each row it locks, so a row re-claimed while
-        the batch waited for its lock survives.
+        re-checks the whole condition on each row. A row another transaction holds is
+        skipped, not waited for (the next run takes it): a batch never holds the rows it
+        already deleted while it waits, so no claim of them waits for it, and two purges
+        at once take different rows.
         """
         from django.db import connections, transaction
 
@@ -299,31 +302,34 @@ class Store(abc.ABC):
             raise InvalidArgument("batch_size must be at least 1")
         now = self.now()
         cutoff = min(before, now) if before is not None else now
+        conn = connections[self.alias]
         rows = Outcome.objects.using(self.alias).filter(purgeable(cutoff)).order_by()
+        if conn.features.has_select_for_update_skip_locked:  # not SQLite (one writer)
+            rows = rows.select_for_update(skip_locked=True)
         batch = rows.values_list("id", flat=True)[:batch_size]
-        sql, params = batch.query.get_compiler(using=self.alias).as_sql()
         # The same condition again, on the columns of the row the DELETE locks.
         recheck, recheck_params = purgeable_sql(self.alias, cutoff)
-        conn = connections[self.alias]
         table = conn.ops.quote_name(Outcome._meta.db_table)
-        delete = self.purge_sql(table, sql, recheck)
-        params = (*params, *recheck_params)
+        # ids per DELETE: under the parameters a statement may have (SQLite 999, libpq 65,535)
+        step = (conn.features.max_query_params or 65_535) - len(recheck_params)
         total = 0
         while True:
             with transaction.atomic(using=self.alias), conn.cursor() as cursor:
-                cursor.execute(delete, params)
-                deleted = max(0, int(cursor.rowcount))
+                cursor.execute(*batch.query.get_compiler(using=self.alias).as_sql())
+                ids = [row[0] for row in cursor.fetchall()]
+                deleted = 0
+                for at in range(0, len(ids), step):  # by primary key: the rows locked above
+                    chunk = ids[at : at + step]
+                    marks = ", ".join(["%s"] * len(chunk))
+                    cursor.execute(f"DELETE FROM {table} WHERE id IN ({marks}) AND ({recheck})",
+                                   (*chunk, *recheck_params))  # fmt: skip
+                    deleted += max(0, int(cursor.rowcount))
             total += deleted
             if progress is not None and deleted:
                 progress(total)
-            if deleted < batch_size:
+            if len(ids) < batch_size:
                 break
         return total
-
-    def purge_sql(self, table: str, batch_sql: str, recheck: str) -> str:
-        """One batch's ``DELETE``: the batch's ids, re-checked (``recheck``: the
-        condition of :func:`purgeable`) on the locked row."""
-        return f"DELETE FROM {table} WHERE id IN ({batch_sql}) AND ({recheck})"
 
     def lookup(self, processor_id: str, fingerprints: Sequence[str]) -> list[tuple[Any, ...]]:
         """``(fingerprint, status, result_encoding, stale_at, expires_on, takeovers,

@@ -272,14 +272,6 @@ class MySQLStore(LockingStore):
             output_field=DateTimeField(),
         )
 
-    def purge_sql(self, table: str, batch_sql: str, recheck: str) -> str:
-        # MySQL refuses a LIMIT subquery on the table being deleted from, unless it is
-        # wrapped in a derived table (which it materializes first).
-        return (
-            f"DELETE FROM {table} WHERE id IN (SELECT batch.id FROM ({batch_sql}) AS batch) "
-            f"AND ({recheck})"
-        )
-
     def close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:

@@ -3,8 +3,9 @@
 Only rows whose retention window has passed and that no attempt holds are
 deleted (:func:`celery_grousset.journal.purge_expired`: settled rows, and abandoned
 claims past ``expires_on`` plus their own ``max_processing_time``), one short
-transaction per batch, so the purge never blocks claims for long and never touches an
-unexpired row or a live claim.
+transaction per batch that skips a row another transaction holds instead of waiting for
+it, so the purge never blocks claims for long and never touches an unexpired row or a
+live claim.
 
 It also deletes outbox rows (:mod:`celery_grousset.outbox`) sent longer ago than
 the retention window (``GROUSSET["EXPIRES_AFTER"]``, plus ``--older-than``);

@@ -3,11 +3,12 @@
 * An **in-flight** claim (a stuck or dead attempt) is released through the store:
   the record turns ``failed`` with nothing memoized, so the next delivery claims
   it at once instead of waiting for ``max_processing_time``. A still-running
-  holder is then fenced out: its completion is refused — but its effect may already
-  have happened, and the next delivery runs it again. So a **fresh** claim (not yet
-  stale: its attempt may be running) is refused unless ``--force``, as the admin's
-  *release stale claims* action refuses it. The release names the claim's token:
-  an attempt that took the claim over meanwhile keeps it.
+  holder is then fenced out once a delivery claims the call again: its completion is
+  refused — but its effect may already have happened, and that delivery runs it again
+  (a completion that comes before any new claim is recorded, as if never released).
+  So a **fresh** claim (not yet stale: its attempt may be running) is refused unless
+  ``--force``, as the admin's *release stale claims* action refuses it. The release
+  names the claim's token: an attempt that took the claim over meanwhile keeps it.
 * A **completed or failed** record is refused, because releasing it lets the
   effect happen again — unless ``--force``, which *forgets* it: ``expires_on`` is
   set to the database clock's now, so the next delivery re-runs the task. The row
@@ -109,7 +110,9 @@ class Command(BaseCommand):
             f"released the in-flight claim on {rec.fingerprint} (processor {rec.processor_id}, "
             f"task {rec.task_name}, held by {rec.worker or 'unknown'}), which "
             f"{'was ' + why if stale else 'was still fresh (--force)'}: the next delivery runs "
-            "the task again; if the holder is still running, its completion will be refused."
+            "the task again; if the holder is still running, its completion is refused once a "
+            "delivery has claimed the call again (before that, it is recorded: a duplicate "
+            "then gets its memo)."
         )
 
     def _forget(self, alias: str, rec: Outcome, *, force: bool) -> None:
