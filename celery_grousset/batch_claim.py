@@ -40,6 +40,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -68,6 +69,8 @@ QUEUE_LIMIT = 1000
 #: ``on_in_flight="wait"`` in the main process: first delay before a waiting request is
 #: claimed again, doubling up to the cap (never past the holder's claim turning stale)
 WAIT_FIRST, WAIT_CAP = 0.05, 1.0
+#: the claimers of this process (one per consumer)
+_CLAIMERS: weakref.WeakSet[Claimer] = weakref.WeakSet()
 
 
 def enable(app: Any) -> list[str]:
@@ -116,6 +119,7 @@ class Claimer:
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
         self.thread = threading.Thread(target=self._run, name="grousset-claimer", daemon=True)
         self.thread.start()
+        _CLAIMERS.add(self)
 
     @classmethod
     def of(cls, consumer: Any) -> Claimer | None:
@@ -335,6 +339,17 @@ class Claimer:
                 self._store(job.database).release(c.processor_id, c.fingerprint, c.token)
             except Exception as exc:  # it turns stale at its stale_at
                 events.store_error(c, "release", exc)
+
+
+def dropped(task_id: str) -> None:
+    """Celery dropped the request ``task_id`` (revoked, expired) before a pool child
+    started it: the claim a claimer made for it is given back, not left to go stale."""
+    for claimer in list(_CLAIMERS):
+        with claimer.cv:
+            job = claimer.handed.pop(task_id, None)
+            if job is not None and job.req.worker_pid is None:
+                claimer.releases.append(job)
+                claimer.cv.notify()
 
 
 def _no_pool(req: Any) -> Any:  # pragma: no cover - replaced before the first request

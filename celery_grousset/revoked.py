@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 from typing import Any
 
@@ -26,13 +27,17 @@ def release_revoked(
     **kwargs: Any,
 ) -> None:
     """A revoked task that was terminated mid-run gives up its claim at once, so the next
-    delivery does not wait for ``max_processing_time``. (Revoking without terminate does
-    not stop a running task, nor does a signal that does not end its process: its claim
-    stays.)"""
+    delivery does not wait for ``max_processing_time``; so does a request Celery drops
+    before a child started it (revoked, expired) whose claim the worker's main process
+    made (``WORKER_CLAIM``). (Revoking without terminate does not stop a running task,
+    nor does a signal that does not end its process: its claim stays.)"""
     if request is None or not hasattr(sender, "grousset_options"):
         return  # not a guarded task (GroussetTaskMixin, which imports this module)
     if not terminated:  # dropped before it ran (revoked, expired)
         write_carried(sender, request)
+        claimer = sys.modules.get("celery_grousset.batch_claim")  # WORKER_CLAIM
+        if claimer is not None:  # a claim the main process made for it: given back
+            claimer.dropped(str(request.id))
         return
     if signum is not None and _signal(signum) not in ENDING:
         return

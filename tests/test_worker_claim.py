@@ -404,6 +404,41 @@ def test_warm_shutdown_releases_the_claims_of_requests_no_child_started(
         assert Effect.objects.using(alias).filter(key=key).count() == 1
 
 
+def test_a_request_revoked_before_a_child_starts_it_gives_its_claim_back(
+    redis_url: str,
+) -> None:
+    """A request the main process had claimed and handed to the pool, revoked (without
+    terminate) before a child started it, was dropped by Celery with its claim left in
+    flight: a new delivery of the call waited max_processing_time and took it over."""
+    from tests.celeryapp import app
+    from tests.tasks import effect
+
+    alias = "postgresql"
+    services.require_database(alias)
+    queue = f"q-{uuid.uuid4().hex[:10]}"
+    extra = ["--grousset-batch", "-c", "1", "--prefetch-multiplier", "4"]
+    busy, dropped = (f"revoked-{uuid.uuid4().hex[:8]}-{i}" for i in range(2))
+    with workers(queue, 1, database=alias, broker=redis_url, extra=extra):
+        # Given the only child busy, and a request claimed by the main process behind it
+        effect.apply_async((busy,), {"sleep": 3.0}, queue=queue)
+        wait_for(lambda: Effect.objects.using(alias).filter(key=busy).exists(), 30, "a body")
+        result = effect.apply_async((dropped,), queue=queue)
+        wait_for(lambda: exists(alias, dropped)
+                 and record_of(alias, effect, (dropped,)).status == "in_flight",
+                 30, "its claim")  # fmt: skip
+        # When it is revoked before the child is free to start it
+        app.control.revoke(result.id)
+        # Then Celery drops it, and its claim is given back
+        wait_for(lambda: record_of(alias, effect, (dropped,)).status != "in_flight", 20,
+                 "the dropped request's claim given back")  # fmt: skip
+        assert not Effect.objects.using(alias).filter(key=dropped).exists()
+        # And a new delivery of the call runs at once (max_processing_time is 30 s), once
+        started = time.monotonic()
+        effect.apply_async((dropped,), queue=queue).get(timeout=60)
+        assert time.monotonic() - started < 15
+    assert Effect.objects.using(alias).filter(key=dropped).count() == 1
+
+
 def exists(alias: str, key: str) -> bool:
     from tests.tasks import effect
 
