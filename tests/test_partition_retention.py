@@ -6,6 +6,7 @@ the scan it falls back to when the index is missing. Completions stay HOT update
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -179,3 +180,89 @@ def test_completions_and_duplicates_stay_hot_updates(part: str, processor: str) 
         store.claim(req(processor, r.fingerprint))
     upd1, hot1 = updates(upd0 + 100)
     assert upd1 - upd0 >= 100 and hot1 - hot0 == upd1 - upd0, (upd1 - upd0, hot1 - hot0)
+
+
+def _hold(alias: str, sql: str, held: threading.Event, done: threading.Event) -> None:
+    """Another session: run ``sql`` in a transaction (``BEGIN`` for a row lock) or not,
+    and keep it until ``done``."""
+    from django.db import transaction
+
+    try:
+        with transaction.atomic(using=alias), connections[alias].cursor() as cur:
+            cur.execute(sql)
+            held.set()
+            done.wait(30)
+    finally:
+        connections[alias].close()
+
+
+def test_a_transaction_left_open_on_the_journal_keeps_a_generation_for_the_next_run(
+    part: str, processor: str, caplog: pytest.LogCaptureFixture  # noqa: F811
+) -> None:
+    """Retention's barrier waited STORE_TIMEOUT for a transaction that wrote to the
+    journal and stayed open (a psql session, a long protect() inside atomic()), every
+    claim queued behind its lock request, then the purge failed (and skipped the
+    generations ahead)."""
+    old = past_generation(part, processor)
+    expired_generation(part, processor, old)
+    past = sum(1 for g, *_ in pgpartops.partitions(part) if g < pgpartops.current_generation(part))
+    held, done = threading.Event(), threading.Event()
+    sql = "UPDATE celery_grousset_outcome SET status = status WHERE fingerprint = 'none'"
+    holder = threading.Thread(target=_hold, args=(part, sql, held, done))
+    holder.start()
+    try:
+        assert held.wait(10)
+        # When retention runs while that transaction holds on
+        started = time.monotonic()
+        with caplog.at_level("WARNING", logger="celery_grousset"):
+            pgpartops.retire(part, timezone.now())
+        took = time.monotonic() - started
+    finally:
+        done.set()
+        holder.join()
+    # Then it waited at most BARRIER_MS per past generation, and kept this one, saying so
+    assert took < past * pgpartops.BARRIER_MS / 1000 + 3, (took, past)
+    assert exists(part, old)
+    busy = [r.grousset for r in caplog.records  # type: ignore[attr-defined]
+            if getattr(r, "grousset", {}).get("generation") == old]  # fmt: skip
+    assert busy and busy[0]["event"] == "grousset.generation_busy", busy
+    # And the next run, the transaction gone, drops it
+    pgpartops.retire(part, timezone.now())
+    assert not exists(part, old)
+
+
+def test_one_retention_run_at_a_time(part: str, processor: str) -> None:  # noqa: F811
+    """Two purges at once (the beat task and a manual run) raced on the same
+    generations: 'already pending detach', 'does not exist', 'is not a partition'."""
+    old = past_generation(part, processor)
+    expired_generation(part, processor, old)
+    held, done = threading.Event(), threading.Event()
+    sql = f"SELECT pg_advisory_xact_lock({pgpartops.DDL_LOCK})"
+    holder = threading.Thread(target=_hold, args=(part, sql, held, done))
+    holder.start()
+    try:
+        assert held.wait(10)
+        # When retention runs while another DDL run holds the lock
+        dropped = pgpartops.retire(part, timezone.now())
+    finally:
+        done.set()
+        holder.join()
+    # Then it drops nothing, and the next run does
+    assert dropped == 0 and exists(part, old)
+    assert pgpartops.retire(part, timezone.now()) >= 2 and not exists(part, old)
+
+
+def test_the_generations_ahead_are_made_whatever_became_of_retention(
+    part: str, monkeypatch: Any  # noqa: F811
+) -> None:
+    made: list[str] = []
+
+    def fails(*args: Any) -> int:
+        raise RuntimeError("retention failed")
+
+    monkeypatch.setattr(pgpartops, "retire", fails)
+    monkeypatch.setattr(pgpartops, "create_ahead", lambda alias, *a: made.append(alias))
+    # When retention fails / Then the generations ahead were made all the same
+    with pytest.raises(RuntimeError, match="retention failed"):
+        get_store(part).purge_expired()
+    assert made == [part]

@@ -90,8 +90,10 @@ class PartitionedStore(PostgresStore):
         if batch_size < 1:
             raise InvalidArgument("batch_size must be at least 1")
         now = self.now()
-        dropped = pgpartops.retire(self.alias, min(before, now) if before is not None else now)
-        pgpartops.create_ahead(self.alias)
+        try:
+            dropped = pgpartops.retire(self.alias, min(before, now) if before is not None else now)
+        finally:  # the generations ahead, whatever became of retention
+            pgpartops.create_ahead(self.alias)
         if progress is not None and dropped:
             progress(dropped)
         return dropped

@@ -24,13 +24,17 @@ puts the partition back (``ATTACH``) instead of dropping it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
 from datetime import datetime
 from typing import Any
 
+from django.db import DatabaseError
+
 from celery_grousset.claim import Status
+from celery_grousset.store.pgdriver import sqlstate
 from celery_grousset.store.pgpartsql import TABLE
 from celery_grousset.store.rows import purgeable_sql
 
@@ -43,6 +47,11 @@ EXACT_COUNT_UP_TO = 100_000
 #: each page for a row's next version, so completions and duplicates stay HOT updates
 FILLFACTOR = "fillfactor = 80"
 DDL_LOCK = "hashtext('celery_grousset.partitions')"  # one DDL run at a time
+#: the longest retention's barrier waits (ms): claims queue behind its lock request, so
+#: a transaction left open on the journal costs them this much, and the generation waits
+#: for the next run
+BARRIER_MS = 500
+_LOCK_NOT_AVAILABLE = "55P03"
 _BOUND = re.compile(r"FROM \((-?\d+)\) TO")
 
 PARTITIONED_SQL = "SELECT count(*) FROM pg_partitioned_table WHERE partrelid = to_regclass(%s)"
@@ -189,8 +198,21 @@ def lock_timeout_ms() -> int:
 def retire(alias: str, cutoff: datetime) -> int:
     """Detach and drop every generation older than the current one whose rows are all
     purgeable at ``cutoff``; the number of rows dropped with them. No claim waits for
-    the checks: see the module doc."""
-    timeout = lock_timeout_ms()
+    the checks: see the module doc. One run at a time: while another (a purge, a
+    conversion) holds the DDL lock, this one drops nothing and returns 0."""
+    with _cursor(alias) as cur:
+        cur.execute(f"SELECT pg_try_advisory_lock({DDL_LOCK})")
+        if not cur.fetchone()[0]:
+            return 0
+    try:
+        return _retire(alias, cutoff)
+    finally:  # (a connection lost meanwhile took the lock with its session)
+        with contextlib.suppress(DatabaseError), _cursor(alias) as cur:
+            cur.execute(f"SELECT pg_advisory_unlock({DDL_LOCK})")
+
+
+def _retire(alias: str, cutoff: datetime) -> int:
+    timeout = min(lock_timeout_ms(), BARRIER_MS)
     dropped = 0
     with _cursor(alias) as cur:  # one look for the index, not one per partition
         cur.execute("SELECT to_regclass(%s) IS NOT NULL", [ABANDON_INDEX])
@@ -261,11 +283,22 @@ def _past_barrier(
         return False
     # A barrier, held for milliseconds: SHARE waits for the claims that may be writing
     # into this partition (a claim's UPDATE locks every partition) and they read the
-    # generation again after it. Past it, rows only leave a past generation.
-    with transaction.atomic(using=alias):
-        cur.execute(f"SET LOCAL lock_timeout = {timeout}")
-        cur.execute(f"LOCK TABLE {name} IN SHARE MODE")
-        return gen < _generation(cur)
+    # generation again after it. Past it, rows only leave a past generation. A writer
+    # that holds on (a transaction left open on the journal) keeps it for the next run.
+    try:
+        with transaction.atomic(using=alias):
+            cur.execute(f"SET LOCAL lock_timeout = {timeout}")
+            cur.execute(f"LOCK TABLE {name} IN SHARE MODE")
+            return gen < _generation(cur)
+    except DatabaseError as exc:
+        if sqlstate(exc.__cause__ or exc) != _LOCK_NOT_AVAILABLE:
+            raise
+    from celery_grousset import events
+
+    events.emit(logging.WARNING, "grousset.generation_busy", {
+        "generation": gen, "waited_ms": timeout, "database": alias,
+    })  # fmt: skip
+    return False
 
 
 def _clear(
