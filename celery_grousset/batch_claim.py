@@ -346,8 +346,11 @@ def dropped(task_id: str) -> None:
     started it: the claim a claimer made for it is given back, not left to go stale."""
     for claimer in list(_CLAIMERS):
         with claimer.cv:
-            job = claimer.handed.pop(task_id, None)
-            if job is not None and job.req.worker_pid is None:
+            job = claimer.handed.get(task_id)
+            # that very request (not another delivery with its id, dropped at receipt)
+            if job is not None and job.req.worker_pid is None and getattr(
+                    job.req, "_already_revoked", False):
+                del claimer.handed[task_id]
                 claimer.releases.append(job)
                 claimer.cv.notify()
 

@@ -293,6 +293,11 @@ def check_app_missing(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     return app_missing()
 
 
+def _registered(app: Any) -> list[Any]:
+    """The tasks of ``app`` (finalized for it, unless it may not be: ``autofinalize=False``)."""
+    return list((app.tasks if app.finalized or app.autofinalize else app._tasks).values())
+
+
 def app_missing() -> list[Any]:
     """``celery_grousset.E020`` when a worker finds ``settings.GROUSSET`` set, or a guarded
     task registered in its Celery apps, and ``celery_grousset`` not in
@@ -307,7 +312,7 @@ def app_missing() -> list[Any]:
     if not apps.ready or apps.is_installed("celery_grousset"):
         return []
     guarded = any(isinstance(t, GroussetTaskMixin) for a in _active_apps()
-                  for t in list(a.tasks.values()))  # fmt: skip
+                  for t in _registered(a))  # fmt: skip
     if getattr(settings, "GROUSSET", None) is None and not guarded:
         return []
     return [checks.Error(

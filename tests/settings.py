@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
 
 _tmp = os.environ.get("GROUSSET_TEST_TMP") or os.path.join(tempfile.gettempdir(), "grousset-tests")
 os.makedirs(_tmp, exist_ok=True)
@@ -73,7 +74,7 @@ elif PG_DRIVER not in ("", "psycopg"):
 PG_NAME = os.environ.get("GROUSSET_TEST_PG_NAME", "grousset_test")
 MYSQL_NAME = os.environ.get("GROUSSET_TEST_MYSQL_NAME", "grousset_test")
 
-DATABASES = {
+DATABASES: dict[str, dict[str, Any]] = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.environ.get("GROUSSET_TEST_SQLITE", os.path.join(_tmp, "journal.sqlite3")),

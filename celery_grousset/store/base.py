@@ -304,9 +304,6 @@ class Store(abc.ABC):
         cutoff = min(before, now) if before is not None else now
         conn = connections[self.alias]
         rows = Outcome.objects.using(self.alias).filter(purgeable(cutoff)).order_by()
-        if conn.features.has_select_for_update_skip_locked:  # not SQLite (one writer)
-            rows = rows.select_for_update(skip_locked=True)
-        batch = rows.values_list("id", flat=True)[:batch_size]
         # The same condition again, on the columns of the row the DELETE locks.
         recheck, recheck_params = purgeable_sql(self.alias, cutoff)
         table = conn.ops.quote_name(Outcome._meta.db_table)
@@ -315,6 +312,9 @@ class Store(abc.ABC):
         total = 0
         while True:
             with transaction.atomic(using=self.alias), conn.cursor() as cursor:
+                # FOR UPDATE SKIP LOCKED (SQLite: its one write lock first, so the DELETE
+                # never has to upgrade a read; MariaDB < 10.6: FOR UPDATE, which waits)
+                batch = self.lock_for_batch(rows).values_list("id", flat=True)[:batch_size]
                 cursor.execute(*batch.query.get_compiler(using=self.alias).as_sql())
                 ids = [row[0] for row in cursor.fetchall()]
                 deleted = 0
@@ -359,7 +359,7 @@ class Store(abc.ABC):
         return [str(v) for v in qs.distinct()[:limit]]
 
     def lock_for_batch(self, queryset: Any) -> Any:
-        """``queryset`` locked for a batch in the current transaction (the outbox relay):
+        """``queryset`` locked for a batch in the current transaction (outbox relay, purge):
         ``FOR UPDATE SKIP LOCKED`` where the database has it."""
         from django.db import connections
 

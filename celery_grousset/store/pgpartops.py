@@ -199,16 +199,24 @@ def retire(alias: str, cutoff: datetime) -> int:
     """Detach and drop every generation older than the current one whose rows are all
     purgeable at ``cutoff``; the number of rows dropped with them. No claim waits for
     the checks: see the module doc. One run at a time: while another (a purge, a
-    conversion) holds the DDL lock, this one drops nothing and returns 0."""
-    with _cursor(alias) as cur:
-        cur.execute(f"SELECT pg_try_advisory_lock({DDL_LOCK})")
-        if not cur.fetchone()[0]:
-            return 0
+    conversion) holds the DDL lock, this one drops nothing and returns 0. The lock is
+    held by a transaction on a connection of its own (``DETACH … CONCURRENTLY`` runs
+    outside any): a pooler in transaction mode keeps one server session for it, and it
+    ends with the run, or with its connection."""
+    from django.db import connections
+
+    own = connections.create_connection(alias)
     try:
+        own.set_autocommit(False)
+        with own.cursor() as cur:
+            cur.execute(f"SELECT pg_try_advisory_xact_lock({DDL_LOCK})")
+            if not cur.fetchone()[0]:
+                return 0
         return _retire(alias, cutoff)
-    finally:  # (a connection lost meanwhile took the lock with its session)
-        with contextlib.suppress(DatabaseError), _cursor(alias) as cur:
-            cur.execute(f"SELECT pg_advisory_unlock({DDL_LOCK})")
+    finally:
+        with contextlib.suppress(Exception):
+            own.rollback()
+        own.close()
 
 
 def _retire(alias: str, cutoff: datetime) -> int:
