@@ -307,8 +307,6 @@ class Store(abc.ABC):
         # The same condition again, on the columns of the row the DELETE locks.
         recheck, recheck_params = purgeable_sql(self.alias, cutoff)
         table = conn.ops.quote_name(Outcome._meta.db_table)
-        # ids per DELETE: under the parameters a statement may have (SQLite 999, libpq 65,535)
-        step = (conn.features.max_query_params or 65_535) - len(recheck_params)
         total = 0
         while True:
             with transaction.atomic(using=self.alias), conn.cursor() as cursor:
@@ -317,19 +315,31 @@ class Store(abc.ABC):
                 batch = self.lock_for_batch(rows).values_list("id", flat=True)[:batch_size]
                 cursor.execute(*batch.query.get_compiler(using=self.alias).as_sql())
                 ids = [row[0] for row in cursor.fetchall()]
-                deleted = 0
-                for at in range(0, len(ids), step):  # by primary key: the rows locked above
-                    chunk = ids[at : at + step]
-                    marks = ", ".join(["%s"] * len(chunk))
-                    cursor.execute(f"DELETE FROM {table} WHERE id IN ({marks}) AND ({recheck})",
-                                   (*chunk, *recheck_params))  # fmt: skip
-                    deleted += max(0, int(cursor.rowcount))
+                deleted = self.delete_batch(cursor, table, ids, recheck, recheck_params)
             total += deleted
             if progress is not None and deleted:
                 progress(total)
             if len(ids) < batch_size:
                 break
         return total
+
+    def delete_batch(
+        self, cursor: Any, table: str, ids: list[Any], recheck: str, params: Sequence[Any]
+    ) -> int:
+        """Delete the rows ``ids`` (a purge batch, locked) that still match ``recheck``, by
+        primary key; the number deleted. In chunks under the parameters a statement may
+        have (SQLite 999)."""
+        from django.db import connections
+
+        step = (connections[self.alias].features.max_query_params or 65_535) - len(params)
+        deleted = 0
+        for at in range(0, len(ids), step):
+            chunk = ids[at : at + step]
+            marks = ", ".join(["%s"] * len(chunk))
+            cursor.execute(f"DELETE FROM {table} WHERE id IN ({marks}) AND ({recheck})",
+                           (*chunk, *params))  # fmt: skip
+            deleted += max(0, int(cursor.rowcount))
+        return deleted
 
     def lookup(self, processor_id: str, fingerprints: Sequence[str]) -> list[tuple[Any, ...]]:
         """``(fingerprint, status, result_encoding, stale_at, expires_on, takeovers,

@@ -43,6 +43,16 @@ class PostgresOperations:
     def _params(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    def delete_batch(
+        self, cursor: Any, table: str, ids: list[Any], recheck: str, params: Sequence[Any]
+    ) -> int:
+        """A purge batch's ``DELETE`` with its ids as one array parameter: planned once,
+        not a list of 10,000 parameters (1.7x the rows per second, docs/performance.md)."""
+        if not ids:
+            return 0
+        cursor.execute(f"DELETE FROM {table} WHERE id = ANY(%s) AND ({recheck})", (ids, *params))
+        return max(0, int(cursor.rowcount))
+
     def lookup(self, processor_id: str, fingerprints: Sequence[str]) -> list[tuple[Any, ...]]:
         from django.db import connections
 
