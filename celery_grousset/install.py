@@ -286,23 +286,17 @@ def connect() -> None:
 on_reload(_refresh)
 
 
-def check_app_missing(app_configs: Any = None, **kwargs: Any) -> list[Any]:
-    """:func:`app_missing` as a Django system check: ``install(app)`` registers it, so
-    ``manage.py check`` (and ``runserver``, ``manage.py test``) reports E020 in a project
-    whose ``celery.py`` calls ``install(app)``, where the app's own checks never run."""
-    return app_missing()
-
-
 def _registered(app: Any) -> list[Any]:
     """The tasks of ``app`` (finalized for it, unless it may not be: ``autofinalize=False``)."""
     return list((app.tasks if app.finalized or app.autofinalize else app._tasks).values())
 
 
-def app_missing() -> list[Any]:
-    """``celery_grousset.E020`` when a worker finds ``settings.GROUSSET`` set, or a guarded
-    task registered in its Celery apps, and ``celery_grousset`` not in
-    ``INSTALLED_APPS``: without the app, ``GROUSSET["TASKS"]`` guards nothing and no
-    system check runs (none says so); its guarded tasks cannot claim."""
+def app_missing(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """``celery_grousset.E020`` when ``settings.GROUSSET`` is set, or a guarded task is
+    registered in the Celery apps, and ``celery_grousset`` is not in ``INSTALLED_APPS``:
+    without the app, ``GROUSSET["TASKS"]`` guards nothing and none of its system checks
+    runs; its guarded tasks cannot claim. A Django system check (``install(app)``
+    registers it, so ``manage.py check`` reports it too) and the worker's start."""
     from django.apps import apps
     from django.conf import settings
     from django.core import checks

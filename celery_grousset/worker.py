@@ -384,9 +384,9 @@ def install(app: Any) -> None:
     app.steps["worker"].add(GroussetStep)
     from django.core import checks
 
-    from celery_grousset.install import check_app_missing
+    from celery_grousset.install import app_missing
 
-    checks.register(check_app_missing)  # E020 in `manage.py check` without the app
+    checks.register(app_missing)  # E020 in `manage.py check` without the app
 
 
 def install_active_apps() -> None:
