@@ -29,7 +29,8 @@ prometheus_client's multiprocess mode (:class:`WorkerMetrics`): the parent point
 ``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory before the pool forks, each child
 enables a recorder in ``worker_process_init`` and marks itself dead on
 ``worker_process_shutdown``, and the parent serves the children's aggregated
-files on ``http://<host>:N/metrics``.
+files on ``http://<host>:N/metrics``. With ``WORKER_CLAIM`` the parent claims, so it
+records too (the claims it answers itself are never seen by a child).
 """
 
 from __future__ import annotations
@@ -371,8 +372,8 @@ class WorkerMetrics:
         )
 
     def start(self, *, in_process: bool) -> None:
-        """Serve the aggregated metrics; ``in_process``: tasks run in this process
-        (solo/threads pools), so it records too."""
+        """Serve the aggregated metrics; ``in_process``: this process records too (tasks
+        run in it: solo/threads pools; or it claims them: ``WORKER_CLAIM``)."""
         pc = client()
         from prometheus_client import multiprocess
 

@@ -190,7 +190,8 @@ class GroussetStep(bootsteps.StartStopStep):
             )
         if self.metrics is not None:
             try:
-                self.metrics.start(in_process=not _forks(parent))
+                # the parent records too when it claims (WORKER_CLAIM) or runs the tasks
+                self.metrics.start(in_process=bool(self.claimed) or not _forks(parent))
             except OSError as exc:  # the port is taken, or not ours to bind
                 logger.critical(
                     "celery-grousset: this worker does not start: cannot serve metrics on "

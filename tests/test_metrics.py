@@ -181,7 +181,8 @@ def sample(
 
 
 @pytest.mark.slow
-def test_worker_serves_metrics_of_its_children() -> None:
+@pytest.mark.parametrize("batch", [False, True], ids=["in-children", "worker-claim"])
+def test_worker_serves_metrics_of_its_children(batch: bool) -> None:
     from celery_grousset.metrics import GAUGES
 
     services.require_database("postgresql")
@@ -190,14 +191,14 @@ def test_worker_serves_metrics_of_its_children() -> None:
     key, task = f"metrics-{uuid.uuid4().hex[:8]}", "tests.flagtasks.probe"
     # Given a prefork worker (2 children) started with --grousset-metrics-port (and a
     # default max_processing_time for the flag app's task without one: without it the
-    # worker does not start)
+    # worker does not start); with --grousset-batch the claims are made in the parent
     with flag_worker(
         queue,
         database="postgresql",
         broker=broker,
         concurrency=2,
         extra=["--grousset-metrics-port", str(port), "--grousset-metrics-addr", "127.0.0.1",
-               "--grousset-max-processing-time", "30"],
+               "--grousset-max-processing-time", "30", *(["--grousset-batch"] if batch else [])],
     ) as worker:
         # When one call is delivered 5 times (the first completes before the others)
         send(task, queue, key).get(timeout=60)  # type: ignore[attr-defined]
@@ -211,7 +212,8 @@ def test_worker_serves_metrics_of_its_children() -> None:
             assert time.monotonic() < deadline, samples
             time.sleep(0.2)
         log = worker.text()
-    # Then the parent serves the children's aggregated counts, on the address asked for
+    # Then the parent serves the children's aggregated counts (and its own: the claims
+    # it made with --grousset-batch), on the address asked for
     assert f"celery-grousset metrics on http://127.0.0.1:{port}/metrics" in log, log
     assert sample(samples, "grousset_claims_total", task=task, outcome="new") == 1
     assert sample(samples, "grousset_claims_total", task=task, outcome="duplicate") == 4
