@@ -280,16 +280,21 @@ def gauges(alias: str, cap: int = GAUGE_CAP) -> dict[str, float]:
     in-flight claims give the in-flight count, how many of them are :func:`stale` and
     the oldest claim's age; pending and dead outbox rows are counted up to ``cap`` on the
     outbox's status index. A caller's open transaction gets a savepoint; a connection
-    this call had to open is closed again (a metrics server thread keeps none)."""
+    this call had to open is closed again (a metrics server thread keeps none). Each
+    statement stops after ``STORE_TIMEOUT`` (a wait for a lock included): a scrape never
+    waits on a locked journal longer than a claim would."""
     from django.db import connections, transaction
     from django.db.models import Count, Min
 
+    from celery_grousset.conf import grousset_settings
     from celery_grousset.models import OutboxMessage, OutboxStatus, Outcome
+    from celery_grousset.store.budget import statement_budget
 
     conn = connections[alias]
     opened = conn.connection is None
+    budget = float(grousset_settings.STORE_TIMEOUT)
     try:
-        with transaction.atomic(using=alias):
+        with statement_budget(alias, budget), transaction.atomic(using=alias):
             at = now(alias)
             in_flight = Outcome.objects.using(alias).filter(status=Status.IN_FLIGHT.value)
             oldest_first = in_flight.order_by("started_at")[:cap]

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -510,3 +511,60 @@ def test_a_poison_delivery_is_counted_for_the_alert(journal: str) -> None:
     assert registry.get_sample_value("grousset_claims_total", poison) == 1
     fresh = {"task": effect.name, "outcome": "new"}
     assert registry.get_sample_value("grousset_claims_total", fresh) == 1
+
+
+#: another session's lock that makes a read of the journal wait
+TABLE_LOCK = {
+    "postgresql": ("LOCK TABLE celery_grousset_outcome IN ACCESS EXCLUSIVE MODE", None),
+    "mysql": ("LOCK TABLES celery_grousset_outcome WRITE", "UNLOCK TABLES"),
+}
+
+
+@pytest.mark.parametrize("name", list(TABLE_LOCK))
+def test_journal_gauges_behind_a_table_lock_give_up_within_the_store_timeout(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A scrape read the gauges with no time limit: behind another session's table lock
+    it waited for the lock (a review: an 18.5 s scrape, and a Prometheus scrape timeout
+    that lost the counters too). The reads now stop after STORE_TIMEOUT."""
+    from django.db import connections, transaction
+    from django.test import override_settings
+    from prometheus_client import CollectorRegistry
+
+    from celery_grousset.metrics import JournalCollector
+
+    services.require_database(name)
+    lock, unlock = TABLE_LOCK[name]
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:  # another session holds the journal locked for up to 20 s
+        try:
+            with transaction.atomic(using=name), connections[name].cursor() as cur:
+                cur.execute(lock)
+                held.set()
+                done.wait(20)
+                if unlock:
+                    cur.execute(unlock)
+        finally:
+            connections[name].close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    registry = CollectorRegistry()
+    registry.register(JournalCollector([name], ttl=0))
+    caplog.set_level(logging.WARNING, logger="celery_grousset")
+    try:
+        assert held.wait(10)
+        # When the gauges are scraped with a store timeout of 1 s
+        with override_settings(GROUSSET={"DATABASE": name, "STORE_TIMEOUT": 1.0}):
+            started = time.monotonic()
+            values = gauge_values(registry, name)
+            took = time.monotonic() - started
+    finally:
+        done.set()
+        holder.join()
+    # Then the scrape answered within about that, without the gauges, and said why
+    assert took < 4.0, took
+    assert values == {}
+    assert any("grousset.gauges_unavailable database=" + name in r.getMessage()
+               for r in caplog.records), caplog.text  # fmt: skip

@@ -7,7 +7,8 @@ status: ``status`` has no index, on purpose — docs/scale.md) reads every row. 
 :class:`BudgetExceeded` instead of keeping the page (and a server backend) busy:
 
 * PostgreSQL: ``SET LOCAL statement_timeout`` in a transaction around the block;
-* MariaDB: ``max_statement_time`` for the session, put back after the block;
+* MariaDB: ``max_statement_time`` (and ``lock_wait_timeout``, which bounds a wait for
+  a table lock) for the session, put back after the block;
 * SQLite and MySQL: no limit (an embedded or small journal).
 
 :func:`estimated_rows` asks the planner (PostgreSQL, MariaDB) how many rows a query would return,
@@ -17,12 +18,14 @@ so a caller can skip a query that could not fit its budget without running it.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 _PG_CANCELED = "57014"  # query_canceled: the statement_timeout
 _MARIADB_TIMEOUT = 1969  # ER_STATEMENT_TIMEOUT: max_statement_time exceeded
+_MARIADB_LOCK_WAIT = 1205  # ER_LOCK_WAIT_TIMEOUT: here, lock_wait_timeout (a table lock)
 
 
 class BudgetExceeded(Exception):
@@ -35,7 +38,7 @@ def _stopped(exc: BaseException) -> bool:
         _PG_CANCELED
     ):
         return True
-    return bool(exc.args) and exc.args[0] == _MARIADB_TIMEOUT
+    return bool(exc.args) and exc.args[0] in (_MARIADB_TIMEOUT, _MARIADB_LOCK_WAIT)
 
 
 @contextmanager
@@ -61,14 +64,16 @@ def statement_budget(alias: str, seconds: float | None) -> Iterator[None]:
                     cur.execute("SET LOCAL statement_timeout TO DEFAULT")
             return
         with conn.cursor() as cur:
-            cur.execute("SELECT @@SESSION.max_statement_time")
-            before = float(cur.fetchone()[0])
-            cur.execute(f"SET SESSION max_statement_time = {max(0.001, float(seconds))}")
+            cur.execute("SELECT @@SESSION.max_statement_time, @@SESSION.lock_wait_timeout")
+            before, waits = cur.fetchone()
+            cur.execute(f"SET SESSION max_statement_time = {max(0.001, float(seconds))}, "
+                        f"lock_wait_timeout = {max(1, math.ceil(seconds))}")  # fmt: skip
         try:
             yield
         finally:
             with conn.cursor() as cur:
-                cur.execute(f"SET SESSION max_statement_time = {before}")
+                cur.execute(f"SET SESSION max_statement_time = {float(before)}, "
+                            f"lock_wait_timeout = {int(waits)}")  # fmt: skip
     except DatabaseError as exc:
         if _stopped(exc):
             raise BudgetExceeded(f"a statement on {alias!r} ran past {seconds} s") from exc
