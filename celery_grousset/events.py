@@ -77,6 +77,10 @@ def claimed(req: ClaimRequest, res: ClaimResult, seconds: float) -> None:
         recorder.claim(req.task_name, res.kind.value, seconds)
 
 
+#: what a duplicate returned: the memoized value, or the memoized failure raised again
+_REPLAYED = {"duplicate": "completed", "failed": "failed"}  # (by ``Kind`` value)
+
+
 def duplicate(req: ClaimRequest, res: ClaimResult, delivery: str = "") -> None:
     _log(
         logging.INFO,
@@ -85,6 +89,7 @@ def duplicate(req: ClaimRequest, res: ClaimResult, delivery: str = "") -> None:
         original_task_id=res.task_id,
         completed_at=res.completed_at.isoformat() if res.completed_at else None,
         deliveries=res.deliveries,
+        outcome=_REPLAYED[res.kind.value],
         delivery=delivery or None,
     )
     signals.duplicate_skipped.send(
@@ -95,6 +100,7 @@ def duplicate(req: ClaimRequest, res: ClaimResult, delivery: str = "") -> None:
         original_task_id=res.task_id,
         completed_at=res.completed_at,
         deliveries=res.deliveries,
+        outcome=_REPLAYED[res.kind.value],
     )
 
 

@@ -349,7 +349,7 @@ def answer(
 ) -> Any:
     """The value (or error) a non-owning delivery returns: the memo, decoded only with a
     serializer in ``accept``."""
-    if res.kind is Kind.COMPLETED:
+    if res.kind in (Kind.COMPLETED, Kind.FAILED):  # (a replayed failure: a duplicate too)
         events.duplicate(req, res, delivery)
     return memo.decode(
         res.result, res.result_encoding, res.error, req.fingerprint, accept=accept

@@ -8,7 +8,8 @@ from django.dispatch import Signal
 __all__ = ["claim_taken_over", "duplicate_skipped", "fenced_out"]
 
 #: A duplicate delivery was not run: ``fingerprint``, ``task_id``, ``processor_id``,
-#: ``original_task_id``, ``completed_at``, ``deliveries``.
+#: ``original_task_id``, ``completed_at``, ``deliveries``, ``outcome`` (``"completed"``:
+#: it got the memo; ``"failed"``: the memoized failure was raised again).
 duplicate_skipped = Signal()
 
 #: A stale claim of a dead attempt was taken over: ``fingerprint``, ``task_id``,

@@ -613,6 +613,7 @@ def test_duplicate_is_logged_and_signalled(
             "original_task_id": rec.task_id,
             "completed_at": rec.completed_at,
             "deliveries": 2,
+            "outcome": "completed",
         }
     ]
     line = one_line(caplog, "grousset.duplicate_skipped")
@@ -620,6 +621,39 @@ def test_duplicate_is_logged_and_signalled(
     assert f"fingerprint={rec.fingerprint} task=protect" in line.getMessage()
     assert f"processor={processor}" in line.getMessage()
     assert "deliveries=2" in line.getMessage()
+
+
+def test_a_replayed_failure_is_logged_and_signalled_as_a_duplicate(
+    alias: str, processor: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A duplicate that replayed a memoized failure was counted by the metrics but had no
+    log line and no signal: operators counting duplicates from either were short (a
+    review: 8 of 11)."""
+    runs: list[int] = []
+
+    def boom() -> None:
+        runs.append(1)
+        raise KeyError("gone")
+
+    opts: dict[str, Any] = {"max_processing_time": 60, "processor_id": processor,
+                            "database": alias, "on_failure": "memoize"}  # fmt: skip
+    with pytest.raises(KeyError):
+        protect("boom", boom, **opts)
+    # When the call comes again and its failure is replayed
+    with (
+        received(signals.duplicate_skipped) as got,
+        caplog.at_level(logging.INFO, logger="celery_grousset"),
+        pytest.raises(KeyError, match="gone"),
+    ):
+        protect("boom", boom, **opts)
+    # Then it did not run, and it was signalled and logged as a duplicate of a failure
+    rec = Outcome.objects.using(alias).get(processor_id=processor)
+    assert runs == [1] and rec.status == "failed"
+    assert [(g["fingerprint"], g["deliveries"], g["outcome"]) for g in got] == [
+        (rec.fingerprint, 2, "failed")
+    ]
+    line = one_line(caplog, "grousset.duplicate_skipped").getMessage()
+    assert f"fingerprint={rec.fingerprint}" in line and "outcome=failed" in line, line
 
 
 def test_task_duplicate_is_signalled_with_both_task_ids(
