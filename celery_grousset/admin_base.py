@@ -165,6 +165,25 @@ class ReadOnlyAdmin(_ModelAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
+        """The list (:meth:`budgeted_list`); a page that says so, with status 503, when
+        the journal's database cannot be read (down, refused, a wrong password)."""
+        from django.db import DatabaseError
+
+        try:
+            return self.budgeted_list(request, extra_context)
+        except DatabaseError as exc:
+            from celery_grousset.events import error_text
+
+            context = {**self.admin_site.each_context(request), "opts": self.model._meta,
+                       "title": f"{self.model._meta.verbose_name_plural} — unavailable",
+                       "database": self.alias(request), "error": error_text(exc),
+                       "databases": journal_databases_shown(), "param": DATABASE_PARAM}  # fmt: skip
+            return TemplateResponse(request, "admin/celery_grousset/unavailable.html",
+                                    context, status=503)  # fmt: skip
+
+    def budgeted_list(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
         """The list, its statements within :attr:`query_budget`; a list that needs more
         (a filter the indexes cannot serve, on a large journal) is shown narrowed. Only
         a GET: an action (POST) runs as Django runs it, once."""

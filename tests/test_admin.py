@@ -846,3 +846,40 @@ def test_memo_display_masks_sensitive_keys_secret_keys_and_deep_values() -> None
     text = shown_text("key: ", "password=hunter2 Bearer abcdefghijklmnopqrstuvwxyz",
                       DEFAULT_REDACT_KEYS, 200)  # fmt: skip
     assert "hunter2" not in text and "abcdefghij" not in text, text
+
+
+def test_a_journal_database_that_cannot_be_read_gets_a_page_that_says_so(
+    journal: str, processor: str
+) -> None:
+    """The list of a journal database that could not be reached ended in a server error
+    (500, an unhandled OperationalError; a review, with ``?db=`` on a database that was
+    down)."""
+    import socket
+
+    from django.db import connections
+
+    import tests.tasks  # noqa: F401  (registers a task journaled on "mysql")
+
+    services.require_database("mysql")
+    row = put("default", processor)
+    client = client_for(make_user(superuser=True))
+    conn = connections["mysql"]
+    port = conn.settings_dict["PORT"]
+    with socket.socket() as sock:  # a port nothing listens on: the connect is refused
+        sock.bind(("127.0.0.1", 0))
+        closed = str(sock.getsockname()[1])
+    conn.close()
+    conn.settings_dict["PORT"] = closed
+    try:
+        # When the list of the "mysql" journal is asked for while it cannot be reached
+        resp = client.get(URL, {"db": "mysql", "processor": processor})
+    finally:
+        conn.close()
+        conn.settings_dict["PORT"] = port
+    # Then the page says which database cannot be read and why, and offers the others
+    assert resp.status_code == 503
+    body = resp.content.decode()
+    assert 'data-grousset-unavailable="mysql"' in body and "OperationalError" in body, body
+    assert "?db=default" in body
+    # And the default journal's list is still shown
+    assert row.fingerprint[:12] in client.get(URL, {"processor": processor}).content.decode()
