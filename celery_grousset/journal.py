@@ -8,6 +8,7 @@ task's ``max_processing_time`` from settings.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from datetime import datetime
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.models import Q
 
-from celery_grousset import memo
+from celery_grousset import events, memo
 from celery_grousset.claim import ENC_NONE, Kind, Status, unwritten_deadline
 from celery_grousset.conf import redact_keys
 from celery_grousset.shown import shown_json
@@ -145,8 +146,11 @@ def release_plan(rec: Outcome, at: datetime) -> tuple[bool, str]:
 
 def release(rec: Outcome, alias: str, *, token: str | None = None) -> bool:
     """Free an in-flight claim (marked failed; the next delivery runs). With ``token``,
-    only if that attempt still holds it."""
-    return get_store(alias).release(rec.processor_id, rec.fingerprint, token)
+    only if that attempt still holds it. Logged (``grousset.released``)."""
+    done = get_store(alias).release(rec.processor_id, rec.fingerprint, token)
+    if done:
+        _operated("grousset.released", rec, alias, started_at=rec.started_at.isoformat())
+    return done
 
 
 def forget_plan(rec: Outcome, at: datetime) -> tuple[bool, str]:
@@ -175,7 +179,19 @@ def forget(rec: Outcome, alias: str) -> datetime | None:
         .exclude(status=Status.IN_FLIGHT.value)
         .update(expires_on=at)
     )
+    if done:
+        _operated("grousset.forgotten", rec, alias, status=rec.status,
+                  expired_on=rec.expires_on.isoformat())  # fmt: skip
     return at if done else None
+
+
+def _operated(event: str, rec: Outcome, alias: str, **extra: Any) -> None:
+    """An operator's change to a row (the admin's actions, ``grousset_release``): one
+    WARNING line, as the next delivery of that call runs again."""
+    events.emit(logging.WARNING, event, {
+        "fingerprint": rec.fingerprint, "task": rec.task_name, "task_id": rec.task_id,
+        "processor": rec.processor_id, "database": alias, "fence": rec.fence, **extra,
+    })  # fmt: skip
 
 
 def release_held_by(alias: str, task_id: str) -> list[tuple[str, str]]:

@@ -7,6 +7,7 @@ estimated count, the loose index scan and NUL bytes. Rows come from the real sto
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -509,7 +510,9 @@ def test_release_uses_each_claims_own_deadline_not_the_global_setting(
     assert statuses == {fresh.pk: "in_flight", stale.pk: "failed"}
 
 
-def test_forget_action_lets_the_next_delivery_run_again(journal: str, processor: str) -> None:
+def test_forget_action_lets_the_next_delivery_run_again(
+    journal: str, processor: str, caplog: pytest.LogCaptureFixture
+) -> None:
     # Given a completed row remembered for an hour, an in-flight one, and a superuser
     done, flying = put(journal, processor), put(journal, processor, status="in_flight")
     user = make_user(superuser=True)
@@ -521,8 +524,16 @@ def test_forget_action_lets_the_next_delivery_run_again(journal: str, processor:
     assert "in flight, fresh (its attempt may be running)" in first
     assert Outcome.objects.using(journal).get(pk=done.pk).expires_on == done.expires_on
     # When it is confirmed
-    client.post(URL, {**form, "post": "yes"})
+    with caplog.at_level(logging.WARNING, logger="celery_grousset"):
+        client.post(URL, {**form, "post": "yes"})
     # Then the completed row expires now, the in-flight one is untouched, and it is logged
+    # (in the admin's history, and a line in the log: a review found none)
+    forgotten = [m for m in caplog.messages if m.startswith("grousset.forgotten")]
+    assert forgotten == [
+        f"grousset.forgotten fingerprint={done.fingerprint} task=tests.effect "
+        f"task_id={done.task_id} processor={processor} database={journal} fence={done.fence} "
+        f"status=completed expired_on={done.expires_on.isoformat()}"
+    ], caplog.messages
     rec = Outcome.objects.using(journal).get(pk=done.pk)
     assert rec.expires_on <= _db_now(journal) and rec.status == "completed"
     assert Outcome.objects.using(journal).get(pk=flying.pk).expires_on == flying.expires_on

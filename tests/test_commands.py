@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import re
 import subprocess
@@ -520,7 +521,7 @@ def test_release_refuses_a_fresh_claim_without_force(
 
 
 def test_release_in_flight_lets_the_next_delivery_run(
-    store: Store, alias: str, processor: str
+    store: Store, alias: str, processor: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Given an attempt that holds a fresh claim (it would block duplicates for 60 s), and
     # one whose claim is stale (its worker is gone)
@@ -529,8 +530,14 @@ def test_release_in_flight_lets_the_next_delivery_run(
     rows(alias, processor).filter(fingerprint=dead.fingerprint).update(
         stale_at=_db_now(alias) - timedelta(seconds=1))  # fmt: skip
     # When the stale one is released, and the fresh one with --force
-    assert "was stale" in run("grousset_release", dead.fingerprint, database=alias)
-    out = run("grousset_release", running.fingerprint, force=True, database=alias)
+    with caplog.at_level(logging.WARNING, logger="celery_grousset"):
+        assert "was stale" in run("grousset_release", dead.fingerprint, database=alias)
+        out = run("grousset_release", running.fingerprint, force=True, database=alias)
+    # Then each release left a line in the log (it left none: a review)
+    lines = [m for m in caplog.messages if m.startswith("grousset.released ")]
+    assert [f"fingerprint={fp}" in m for fp, m in zip(
+        (dead.fingerprint, running.fingerprint), lines, strict=True)] == [True, True], lines
+    assert all(f"processor={processor} database={alias}" in m for m in lines), lines
     assert store.claim(req(processor, dead.fingerprint)).owned
     # Then the next delivery owns the record at once, with a higher fence
     assert "released the in-flight claim" in out and "still fresh" in out
