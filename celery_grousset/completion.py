@@ -262,6 +262,14 @@ def control_flow(exc: BaseException) -> bool:
     return isinstance(exc, (Retry, Ignore, Reject))
 
 
+def _failed_as(exc: BaseException) -> str:
+    """A recorded failure's outcome label: ``retried`` when the attempt asked Celery to
+    retry (``self.retry()``, ``autoretry_for``), else ``failed``."""
+    from celery.exceptions import Retry
+
+    return "retried" if isinstance(exc, Retry) else "failed"
+
+
 def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> bool:
     """Record a failed attempt: release the claim, or memoize the error. True when it was
     written. Never raises (the caller re-raises the task's own exception)."""
@@ -276,7 +284,7 @@ def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> 
     try:
         t0 = time.perf_counter()
         done = store.finish(req.processor_id, req.fingerprint, req.token, completion)
-        events.finished(req, "failed" if done else "fenced_out", time.perf_counter() - t0)
+        events.finished(req, _failed_as(exc) if done else "fenced_out", time.perf_counter() - t0)
         if not done:
             events.fenced(req, 0)
         return done

@@ -247,7 +247,7 @@ def bypassed(task_name: str, task_id: str) -> None:
 
 def finished(req: ClaimRequest, outcome: str, seconds: float) -> None:
     """An owned attempt's completion write ended: ``outcome`` is ``completed``,
-    ``failed`` or ``fenced_out``; ``seconds`` is how long the write took."""
+    ``failed``, ``retried`` or ``fenced_out``; ``seconds`` is how long the write took."""
     if recorder is not None:
         recorder.finished(req.task_name, outcome, seconds)
 

@@ -9,7 +9,7 @@ metric                                     type       labels
 ``grousset_outcome_commit_errors_total``   counter    ``task``
 ``grousset_store_seconds``                 histogram  ``operation`` (``claim``)
 ``grousset_completions_total``             counter    ``task``, ``outcome``: completed,
-                                                      failed, fenced_out
+                                                      failed, retried, fenced_out
 ``grousset_completion_seconds``            histogram  ``task``
 ``grousset_overruns_total``                counter    ``task``
 =========================================  =========  ====================================
@@ -79,7 +79,7 @@ DUPLICATES = frozenset({"duplicate", "failed_replayed"})
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 #: what a completion write (of an owned attempt) did: the ``outcome`` label of
 #: ``grousset_completions_total``
-COMPLETION_OUTCOMES = ("completed", "failed", "fenced_out")
+COMPLETION_OUTCOMES = ("completed", "failed", "retried", "fenced_out")
 #: The gauges of the journal and the outbox (:class:`JournalCollector`), label
 #: ``database``: read on scrape by bounded queries, so every process that serves
 #: metrics reports the same journal-wide values (aggregate with ``max``, not ``sum``).
@@ -149,7 +149,8 @@ class Recorder:
         )
         self.completions = counter(
             "grousset_completions",
-            "Owned attempts by how their completion write ended: completed, failed, fenced_out.",
+            "Owned attempts by how their completion write ended: completed, failed, retried, "
+            "fenced_out.",
             "outcome",
         )
         self.overruns = counter(

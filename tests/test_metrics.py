@@ -104,6 +104,11 @@ def test_completions_are_counted_and_timed_through_protect(processor: str) -> No
     def boom() -> None:
         raise ValueError("boom")
 
+    def again() -> None:  # what self.retry() and autoretry_for raise
+        from celery.exceptions import Retry
+
+        raise Retry("again", when=10)
+
     try:
         # Given a recorder, when protect() completes two calls (one transactional) and
         # answers a duplicate, one attempt fails, and one zombie attempt is fenced out
@@ -114,6 +119,8 @@ def test_completions_are_counted_and_timed_through_protect(processor: str) -> No
             protect("bad", boom, max_processing_time=60, **opts)
         with pytest.raises(FencedOut):
             protect("zombie", zombie, max_processing_time=0.2, **opts)
+        with pytest.raises(Exception, match="again"):  # one attempt asks Celery to retry
+            protect("retry", again, max_processing_time=60, **opts)
     finally:
         events.recorder = previous
 
@@ -125,7 +132,9 @@ def test_completions_are_counted_and_timed_through_protect(processor: str) -> No
     assert value("grousset_completions_total", task="protect", outcome="completed") == 3
     assert value("grousset_completions_total", task="protect", outcome="failed") == 1
     assert value("grousset_completions_total", task="protect", outcome="fenced_out") == 1
-    assert value("grousset_completion_seconds_count", task="protect") == 5
+    # (a retry is not a failure: a review saw every retried call counted as one)
+    assert value("grousset_completions_total", task="protect", outcome="retried") == 1
+    assert value("grousset_completion_seconds_count", task="protect") == 6
     total = value("grousset_completion_seconds_sum", task="protect")
     assert total is not None and 0 < total < 5
     # And the fence-out is also a claims outcome, as before
