@@ -91,17 +91,24 @@ FOREIGN = {
     "once": "grousset_key (its keys) and max_processing_time (its timeout)",  # celery-once
     "unique_on": "grousset_key",  # celery-singleton
     "lock_expiry": "max_processing_time",
-    "raise_on_duplicate": "on_in_flight (what a duplicate of a running call does)",
+    "raise_on_duplicate": "nothing",
+}
+#: what a task left with that option does here
+_FOREIGN_EFFECT = {
+    "once": "a call is keyed by all its arguments (not the keys named there)",
+    "unique_on": "a call is keyed by all its arguments (not the ones named there)",
+    "lock_expiry": "how long an attempt may hold its claim is max_processing_time",
+    "raise_on_duplicate": "a publish is never refused here; a duplicate's delivery gets "
+    "the first call's result instead of running",
 }
 
 
 def _misspelt_error(name: str, cls: type, attr: str, meant: str) -> checks.CheckMessage:
     if attr in FOREIGN:
         text = (f"Task {name!r} is given {attr!r}, an option of celery-once / "
-                f"celery-singleton that nothing reads here: its guard is {meant}. Until "
-                "then a call would be keyed by all its arguments, with the default "
-                "max_processing_time.")  # fmt: skip
-        fix = f"Replace {attr!r} with {meant.split(' (')[0]} (docs/migrating.md)."
+                f"celery-singleton that nothing reads here: {_FOREIGN_EFFECT[attr]}.")
+        fix = (f"Replace {attr!r} with {meant.split(' (')[0]}" if meant != "nothing" else
+               f"Remove {attr!r}: nothing replaces it") + " (docs/migrating.md)."  # fmt: skip
     else:
         runs = (f"the task's own {meant!r}" if meant in vars(cls)
                 else f"{meant!r} from GROUSSET or its default")  # fmt: skip

@@ -11,7 +11,7 @@ from celery_grousset import GroussetTask
 @shared_task(base=GroussetTask, bind=True, max_processing_time=600, time_limit=540,
              grousset_key=("order_id",))
 def send_receipt(self: Any, order_id: int, email: str) -> str:
-    # send_mail: your mailer, returning the provider's message id (below, a stand-in)
+    # send_mail: your mailer (import it), returning the provider's message id
     return send_mail(order_id, email)  # memoized: duplicates get the same message id
 # --8<-- [end:after]
 
