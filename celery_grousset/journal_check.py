@@ -22,6 +22,9 @@ from django.core import checks
 OUTCOME_TABLE = "celery_grousset_outcome"
 LAYOUT_MISMATCH = "celery_grousset.W010"
 STORE_REFUSED = "celery_grousset.W013"
+UNREADABLE = "celery_grousset.W007"
+#: the warnings a worker logs as errors at its start: with them every claim fails closed
+AT_START = (LAYOUT_MISMATCH, STORE_REFUSED, UNREADABLE)
 TABLES_MISSING = "the journal's tables do not exist"
 
 
@@ -141,7 +144,7 @@ def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
                 f"The journal database {alias!r} could not be inspected: {exc}",
                 hint="Check that the database in settings.DATABASES can be opened by this "
                 "process (path, permissions, server up).",
-                id="celery_grousset.W007",
+                id=UNREADABLE,
             )
         ]
     found: list[checks.CheckMessage] = []

@@ -305,15 +305,15 @@ def _check_schema(**kwargs: Any) -> None:
 
 def log_schema_problems() -> None:
     """Log each journal database whose tables do not exist or lack a migration, whose
-    layout is not JOURNAL_LAYOUT or which the claim store cannot open, with the fix (at
-    the worker's start). The worker runs all the same (a deploy may start
-    it before its migrations): a guarded delivery is retried until they exist, never
-    run without its claim. A database that cannot be asked is left to the claims."""
+    layout is not JOURNAL_LAYOUT, or which cannot be reached or the claim store cannot
+    open, with the fix (at the worker's start). The worker runs all the same (a deploy
+    may start it before its migrations or its database): a guarded delivery is retried
+    until then, never run without its claim."""
     from django.db import connections
 
     from celery_grousset.checks import journal_databases
     from celery_grousset.conf import grousset_settings
-    from celery_grousset.journal_check import LAYOUT_MISMATCH, STORE_REFUSED, journal_messages
+    from celery_grousset.journal_check import AT_START, journal_messages
     from celery_grousset.management import schema_problem
 
     try:
@@ -321,8 +321,8 @@ def log_schema_problems() -> None:
             layout = str(grousset_settings.JOURNAL_LAYOUT)
             problem = schema_problem(alias) or next(
                 (f"{m.msg} {m.hint}" for m in journal_messages(alias, layout)
-                 if m.id in (LAYOUT_MISMATCH, STORE_REFUSED)), None,
-            )  # fmt: skip  (another layout, or a store that cannot connect: every claim fails)
+                 if m.id in AT_START), None,
+            )  # fmt: skip  (another layout, no database, no store: every claim fails)
             if problem:
                 logger.error(
                     "celery-grousset: journal database %r: %s Guarded deliveries are "

@@ -764,3 +764,35 @@ def test_revoke_terminate_releases_the_claim(pg_workers: tuple[str, list[Worker]
     second = effect.apply_async((key, 20.0), queue=queue)
     assert second.get(timeout=40)["fence"] > rec.fence
     assert time.monotonic() - t0 < 30
+
+
+def test_a_worker_whose_journal_database_cannot_be_reached_says_so_when_it_starts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The worker's start-up check said nothing of a journal database it could not reach
+    (a review: a wrong port): only each delivery's retry did, once tasks came."""
+    import logging
+    import socket
+    import threading
+
+    from django.conf import settings
+    from django.test import override_settings
+
+    from celery_grousset.worker import log_schema_problems
+
+    services.require_database("postgresql")
+    with socket.socket() as sock:  # a port nothing listens on: the connect is refused
+        sock.bind(("127.0.0.1", 0))
+        closed = str(sock.getsockname()[1])
+    pg = {**settings.DATABASES["postgresql"], "PORT": closed}
+    with services.extra_database("unreachable", **pg), \
+            override_settings(GROUSSET={"DATABASE": "unreachable"}), \
+            caplog.at_level(logging.ERROR, logger="celery_grousset"):  # fmt: skip
+        # When a worker's start-up check runs (in a thread of its own, as at the start)
+        thread = threading.Thread(target=log_schema_problems)
+        thread.start()
+        thread.join(30)
+    # Then it logs an error naming the database, the reason and what becomes of the tasks
+    logged = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("journal database 'unreachable'" in m and "could not be inspected" in m
+               and "retried, never run, until then" in m for m in logged), logged  # fmt: skip
