@@ -66,6 +66,9 @@ logger = logging.getLogger("celery_grousset")
 STRATEGY = "celery_grousset.batch_claim:strategy"
 #: requests waiting for a claim at most; past it a request takes the per-task path
 QUEUE_LIMIT = 1000
+#: handed requests kept at least before those a child has started are forgotten (then
+#: twice as many as remain: amortized O(1), memory bounded by the requests not started)
+PRUNE_AT = 64
 #: ``on_in_flight="wait"`` in the main process: first delay before a waiting request is
 #: claimed again, doubling up to the cap (never past the holder's claim turning stale)
 WAIT_FIRST, WAIT_CAP = 0.05, 1.0
@@ -107,6 +110,7 @@ class Claimer:
         self.done: deque[Job] = deque()
         #: owned requests handed to the pool, by task id (pruned once started)
         self.handed: dict[str, Job] = {}
+        self.prune_at = PRUNE_AT
         #: the consumer's own hand-over to the pool (set by :meth:`of`)
         self.handle: Callable[[Any], Any] = _no_pool
         self.hub: Any = None  #: the consumer's event loop (set by :meth:`of`)
@@ -243,8 +247,10 @@ class Claimer:
             self.cv.notify()
 
     def _hand(self, job: Job) -> None:
-        if len(self.handed) >= QUEUE_LIMIT:  # forget those a child has started
+        if len(self.handed) >= self.prune_at:  # forget those a child has started (their
+            # message and arguments: only those not started are needed, at stop or revoke)
             self.handed = {k: j for k, j in self.handed.items() if j.req.worker_pid is None}
+            self.prune_at = max(PRUNE_AT, 2 * len(self.handed))
         self.handed[job.req.id] = job
 
     def _release(self, job: Job) -> None:

@@ -247,3 +247,12 @@ def idle_past_timeout(self: Any, order: str) -> str:
     time.sleep(2.5)
     record(order, "committed")  # on the dropped connection: never commits
     return order
+
+
+@shared_task
+def handed_requests() -> list[int]:
+    """Unguarded: the requests each main-process claimer of this process keeps as handed
+    to the pool (run it in a threads-pool worker: the main process)."""
+    from celery_grousset import batch_claim
+
+    return [len(c.handed) for c in list(batch_claim._CLAIMERS)]
