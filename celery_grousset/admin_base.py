@@ -5,6 +5,7 @@ paginator that never counts a large table, and the helpers that clean and show v
 from __future__ import annotations
 
 import copy
+import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,8 @@ from django.utils.functional import cached_property
 from celery_grousset.conf import grousset_settings
 from celery_grousset.store import get_store
 from celery_grousset.store.budget import BudgetExceeded, statement_budget
+
+logger = logging.getLogger("celery_grousset")
 
 #: Longest search term or filter value that reaches the database.
 MAX_TERM = 255
@@ -166,18 +169,26 @@ class ReadOnlyAdmin(_ModelAdmin):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         """The list (:meth:`budgeted_list`); a page that says so, with status 503, when
-        the journal's database cannot be read (down, refused, a wrong password)."""
-        from django.db import DatabaseError
+        the journal's database cannot be read (down, refused, a wrong password, no
+        tables). Only a GET: an action's error is Django's to show, as it may have
+        changed rows already."""
+        from django.db import InterfaceError, OperationalError
 
+        if request.method != "GET":
+            return self.budgeted_list(request, extra_context)
         try:
             return self.budgeted_list(request, extra_context)
-        except DatabaseError as exc:
+        except (OperationalError, InterfaceError) as exc:
             from celery_grousset.events import error_text
 
+            alias = self.alias(request)
+            logger.warning("celery-grousset admin: the journal database %r cannot be read",
+                           alias, exc_info=True)  # fmt: skip
+            others = journal_databases_shown() if self.database_param else []
             context = {**self.admin_site.each_context(request), "opts": self.model._meta,
                        "title": f"{self.model._meta.verbose_name_plural} — unavailable",
-                       "database": self.alias(request), "error": error_text(exc),
-                       "databases": journal_databases_shown(), "param": DATABASE_PARAM}  # fmt: skip
+                       "database": alias, "error": error_text(exc), "databases": others,
+                       "param": DATABASE_PARAM}  # fmt: skip
             return TemplateResponse(request, "admin/celery_grousset/unavailable.html",
                                     context, status=503)  # fmt: skip
 

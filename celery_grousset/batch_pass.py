@@ -105,8 +105,8 @@ def claim_pass(store_of: Callable[[str], Store], batch: list[Job]) -> None:
         except Exception:  # not configured: the per-task path reports it
             continue
         sent_at = time.monotonic()  # before the statement: the claim is no older than this
-        try:
-            results = guard.claim(store, [jobs[0].claim for jobs in groups])
+        try:  # (reported below only where acted on here: else the child claims, reports)
+            results = guard.claim(store, [jobs[0].claim for jobs in groups], report=False)
         except StoreUnavailable:  # down, or the answer lost: the per-task path decides
             if store.remote:  # the claims may have committed: the children find out
                 for jobs in groups:
@@ -114,6 +114,7 @@ def claim_pass(store_of: Callable[[str], Store], batch: list[Job]) -> None:
             continue
         except Exception:  # refused: the per-task path fails closed
             continue
+        seconds = (time.monotonic() - sent_at) / len(groups)
         for jobs, res in zip(groups, results, strict=True):
             jobs[0].sent = True
             if res.owned:  # the others of the pass are in flight under this claim
@@ -129,6 +130,9 @@ def claim_pass(store_of: Callable[[str], Store], batch: list[Job]) -> None:
             elif res.kind is Kind.IN_FLIGHT:  # only the first one's claim was sent
                 for i, job in enumerate(jobs):
                     in_flight(job, res, counted=i == 0)
+            acted = [job for job in jobs if job.action != PER_TASK]
+            if acted and not (res.kind is Kind.IN_FLIGHT and acted[0].waits):  # (once)
+                events.decided(jobs[0].claim, res, seconds)
 
 
 def lost(job: Job) -> None:

@@ -77,6 +77,17 @@ def claimed(req: ClaimRequest, res: ClaimResult, seconds: float) -> None:
         recorder.claim(req.task_name, res.kind.value, seconds)
 
 
+def decided(req: ClaimRequest, res: ClaimResult, seconds: float) -> None:
+    """A claim's decision, acted on: counted, and a takeover or a give-up reported."""
+    from celery_grousset.claim import Kind
+
+    claimed(req, res, seconds)
+    if res.kind is Kind.TAKEOVER:
+        taken_over(req, res)
+    elif res.kind is Kind.GAVE_UP:
+        gave_up(req, res)
+
+
 #: what a duplicate returned: the memoized value, or the memoized failure raised again
 _REPLAYED = {"duplicate": "completed", "failed": "failed"}  # (by ``Kind`` value)
 

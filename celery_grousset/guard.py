@@ -321,23 +321,20 @@ def request(
     )
 
 
-def claim(store: Store, reqs: Sequence[ClaimRequest]) -> list[ClaimResult]:
-    """Ask the store (one result per request); report takeovers and give-ups.
+def claim(store: Store, reqs: Sequence[ClaimRequest], *, report: bool = True) -> list[ClaimResult]:
+    """Ask the store (one result per request); count each, report takeovers and give-ups
+    (``report`` False: the caller reports those it acts on, :func:`events.decided`).
     Raises StoreUnavailable."""
     t0 = time.perf_counter()
     try:
         results = store.claim_all(reqs)
     except StoreUnavailable as exc:
-        for req in reqs:
+        for req in reqs if report else ():
             events.store_error(req, "claim", exc)
         raise
     seconds = (time.perf_counter() - t0) / max(len(reqs), 1)
-    for req, res in zip(reqs, results, strict=True):
-        events.claimed(req, res, seconds)
-        if res.kind is Kind.TAKEOVER:
-            events.taken_over(req, res)
-        elif res.kind is Kind.GAVE_UP:
-            events.gave_up(req, res)
+    for req, res in zip(reqs, results, strict=True) if report else ():
+        events.decided(req, res, seconds)
     return results
 
 

@@ -181,7 +181,7 @@ def forget(rec: Outcome, alias: str) -> datetime | None:
     )
     if done:
         _operated("grousset.forgotten", rec, alias, status=rec.status,
-                  expired_on=rec.expires_on.isoformat())  # fmt: skip
+                  was_kept_until=rec.expires_on.isoformat())  # fmt: skip
     return at if done else None
 
 
@@ -288,6 +288,10 @@ def expired(alias: str, at: datetime | None = None, processor_id: str | None = N
 
 #: where the counts of :func:`gauges` stop: every gauge query is bounded
 GAUGE_CAP = 10_000
+#: seconds each statement of :func:`gauges` may take (a lock wait included): under
+#: Prometheus's default scrape timeout (10 s), so a slow read loses the gauges, not the
+#: scrape and its counters
+GAUGE_BUDGET = 8.0
 
 
 def gauges(alias: str, cap: int = GAUGE_CAP) -> dict[str, float]:
@@ -296,21 +300,20 @@ def gauges(alias: str, cap: int = GAUGE_CAP) -> dict[str, float]:
     in-flight claims give the in-flight count, how many of them are :func:`stale` and
     the oldest claim's age; pending and dead outbox rows are counted up to ``cap`` on the
     outbox's status index. A caller's open transaction gets a savepoint; a connection
-    this call had to open is closed again (a metrics server thread keeps none). Each
-    statement stops after ``STORE_TIMEOUT`` (a wait for a lock included): a scrape never
-    waits on a locked journal longer than a claim would."""
+    this call had to open is closed again (a metrics server thread keeps none). On
+    PostgreSQL and MariaDB each statement stops after :data:`GAUGE_BUDGET` (a wait for
+    a lock included): a scrape behind a locked journal answers within Prometheus's
+    default scrape timeout, without the gauges."""
     from django.db import connections, transaction
     from django.db.models import Count, Min
 
-    from celery_grousset.conf import grousset_settings
     from celery_grousset.models import OutboxMessage, OutboxStatus, Outcome
     from celery_grousset.store.budget import statement_budget
 
     conn = connections[alias]
     opened = conn.connection is None
-    budget = float(grousset_settings.STORE_TIMEOUT)
     try:
-        with statement_budget(alias, budget), transaction.atomic(using=alias):
+        with statement_budget(alias, GAUGE_BUDGET), transaction.atomic(using=alias):
             at = now(alias)
             in_flight = Outcome.objects.using(alias).filter(status=Status.IN_FLIGHT.value)
             oldest_first = in_flight.order_by("started_at")[:cap]

@@ -95,19 +95,25 @@ FOREIGN = {
 }
 #: what a task left with that option does here
 _FOREIGN_EFFECT = {
-    "once": "a call is keyed by all its arguments (not the keys named there)",
-    "unique_on": "a call is keyed by all its arguments (not the ones named there)",
     "lock_expiry": "how long an attempt may hold its claim is max_processing_time",
     "raise_on_duplicate": "a publish is never refused here; a duplicate's delivery gets "
     "the first call's result instead of running",
 }
 
 
+def _foreign_effect(cls: type, attr: str) -> str:
+    if attr in _FOREIGN_EFFECT:
+        return _FOREIGN_EFFECT[attr]
+    if getattr(cls, "grousset_key", None):
+        return "a call is keyed by the task's grousset_key, not by what it names"
+    return "a call is keyed by all its arguments, not by the ones it names"
+
+
 def _misspelt_error(name: str, cls: type, attr: str, meant: str) -> checks.CheckMessage:
     if attr in FOREIGN:
         text = (f"Task {name!r} is given {attr!r}, an option of celery-once / "
-                f"celery-singleton that nothing reads here: {_FOREIGN_EFFECT[attr]}.")
-        fix = (f"Replace {attr!r} with {meant.split(' (')[0]}" if meant != "nothing" else
+                f"celery-singleton that nothing reads here: {_foreign_effect(cls, attr)}.")
+        fix = (f"Replace {attr!r} with {meant}" if meant != "nothing" else
                f"Remove {attr!r}: nothing replaces it") + " (docs/migrating.md)."  # fmt: skip
     else:
         runs = (f"the task's own {meant!r}" if meant in vars(cls)

@@ -41,3 +41,11 @@ def unbounded(self: Any, key: str) -> dict[str, Any]:
 def forgot_base(self: Any, key: str) -> None:
     """Given a guard option but not base=GroussetTask: unguarded (check W011)."""
     record(key, "forgot_base")
+
+
+@app.task(base=GroussetTask, bind=True, shared=False, name="tests.flagtasks.refused",
+          max_processing_time=30, on_failure="memoize")  # fmt: skip
+def refused(self: Any, key: str) -> None:
+    """A guarded effect that fails, its failure memoized: duplicates raise it again."""
+    record(key, "refused")
+    raise ValueError(f"refused {key}")

@@ -716,6 +716,13 @@ def test_a_misspelt_task_option_is_E022_naming_the_option(
         # (each task here sets its own: a review)
         assert "default max_processing_time" not in text, text
         assert "a duplicate's delivery gets the first call's result" in text, text
+        assert "max_processing_time (its timeout)" in text, text  # (once's timeout too)
+        # And a task half moved (its grousset_key set beside once=) is told the key it has
+        half = guarded(app, once={"keys": ["order_id"]}, grousset_key=("order_id",))
+        [message] = [m for m in checks.run_checks(tags=[TAG])
+                     if m.obj == half and m.id == "celery_grousset.E022"]  # fmt: skip
+        assert "keyed by the task's grousset_key" in message.msg, message.msg
+        assert "all its arguments" not in message.msg, message.msg
         # Given a misspelling beside the option it meant: the task's own value is said
         both = guarded(app, max_procesing_time=60, max_processing_time=30)
         [message] = [m for m in checks.run_checks(tags=[TAG]) if m.obj == both]

@@ -199,6 +199,7 @@ def test_worker_serves_metrics_of_its_children(batch: bool) -> None:
     broker = services.require_redis()
     queue, port = f"q-{uuid.uuid4().hex[:10]}", free_port()
     key, task = f"metrics-{uuid.uuid4().hex[:8]}", "tests.flagtasks.probe"
+    failing = "tests.flagtasks.refused"
     # Given a prefork worker (2 children) started with --grousset-metrics-port (and a
     # default max_processing_time for the flag app's task without one: without it the
     # worker does not start); with --grousset-batch the claims are made in the parent
@@ -210,14 +211,20 @@ def test_worker_serves_metrics_of_its_children(batch: bool) -> None:
         extra=["--grousset-metrics-port", str(port), "--grousset-metrics-addr", "127.0.0.1",
                "--grousset-max-processing-time", "30", *(["--grousset-batch"] if batch else [])],
     ) as worker:
-        # When one call is delivered 5 times (the first completes before the others)
+        # When one call is delivered 5 times (the first completes before the others), and
+        # a call whose failure is memoized 3 times (its duplicates take the per-task path
+        # with --grousset-batch: the child claims again, and only the child counts it)
         send(task, queue, key).get(timeout=60)  # type: ignore[attr-defined]
         for r in [send(task, queue, key) for _ in range(4)]:
             r.get(timeout=60)  # type: ignore[attr-defined]
+        for _ in range(3):
+            with pytest.raises(ValueError, match="refused"):
+                send(failing, queue, key).get(timeout=60)  # type: ignore[attr-defined]
         deadline = time.monotonic() + 10
         while True:  # the scrape reads the children's files: allow them to land
             samples = scrape(port)
-            if sample(samples, "grousset_claims_total", task=task, outcome="duplicate") == 4:
+            if sample(samples, "grousset_claims_total", task=task, outcome="duplicate") == 4 \
+                    and sample(samples, "grousset_duplicate_detections_total", task=failing):
                 break
             assert time.monotonic() < deadline, samples
             time.sleep(0.2)
@@ -228,6 +235,13 @@ def test_worker_serves_metrics_of_its_children(batch: bool) -> None:
     assert sample(samples, "grousset_claims_total", task=task, outcome="new") == 1
     assert sample(samples, "grousset_claims_total", task=task, outcome="duplicate") == 4
     assert sample(samples, "grousset_duplicate_detections_total", task=task) == 4
+    # And each claim is counted once, where it was acted on (a review saw a duplicate the
+    # parent passed on to a child counted by both)
+    assert sample(samples, "grousset_claims_total", task=failing, outcome="new") == 1
+    assert sample(samples, "grousset_claims_total", task=failing,
+                  outcome="failed_replayed") == 2  # fmt: skip
+    assert sample(samples, "grousset_duplicate_detections_total", task=failing) == 2
+    assert log.count("grousset.duplicate_skipped") == 4 + 2, log
     count = sample(samples, "grousset_store_seconds_count", operation="claim")
     assert count is not None and count >= 5
     # And the parent serves the journal gauges of the worker's database
@@ -530,16 +544,16 @@ TABLE_LOCK = {
 
 
 @pytest.mark.parametrize("name", list(TABLE_LOCK))
-def test_journal_gauges_behind_a_table_lock_give_up_within_the_store_timeout(
-    name: str, caplog: pytest.LogCaptureFixture
+def test_journal_gauges_behind_a_table_lock_give_up_within_their_budget(
+    name: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A scrape read the gauges with no time limit: behind another session's table lock
     it waited for the lock (a review: an 18.5 s scrape, and a Prometheus scrape timeout
-    that lost the counters too). The reads now stop after STORE_TIMEOUT."""
+    that lost the counters too). The reads now stop after journal.GAUGE_BUDGET."""
     from django.db import connections, transaction
-    from django.test import override_settings
     from prometheus_client import CollectorRegistry
 
+    from celery_grousset import journal
     from celery_grousset.metrics import JournalCollector
 
     services.require_database(name)
@@ -564,11 +578,11 @@ def test_journal_gauges_behind_a_table_lock_give_up_within_the_store_timeout(
     caplog.set_level(logging.WARNING, logger="celery_grousset")
     try:
         assert held.wait(10)
-        # When the gauges are scraped with a store timeout of 1 s
-        with override_settings(GROUSSET={"DATABASE": name, "STORE_TIMEOUT": 1.0}):
-            started = time.monotonic()
-            values = gauge_values(registry, name)
-            took = time.monotonic() - started
+        # When the gauges are scraped with a budget of 1 s
+        monkeypatch.setattr(journal, "GAUGE_BUDGET", 1.0)
+        started = time.monotonic()
+        values = gauge_values(registry, name)
+        took = time.monotonic() - started
     finally:
         done.set()
         holder.join()
