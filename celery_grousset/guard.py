@@ -324,12 +324,12 @@ def request(
 def claim(store: Store, reqs: Sequence[ClaimRequest], *, report: bool = True) -> list[ClaimResult]:
     """Ask the store (one result per request); count each, report takeovers and give-ups
     (``report`` False: the caller reports those it acts on, :func:`events.decided`).
-    Raises StoreUnavailable."""
+    Raises StoreUnavailable, reported always: each failed claim is an attempt of its own."""
     t0 = time.perf_counter()
     try:
         results = store.claim_all(reqs)
     except StoreUnavailable as exc:
-        for req in reqs if report else ():
+        for req in reqs:
             events.store_error(req, "claim", exc)
         raise
     seconds = (time.perf_counter() - t0) / max(len(reqs), 1)
