@@ -9,6 +9,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from celery_grousset import signals
+from celery_grousset.claim import Kind
 from celery_grousset.memo import redacted_text
 
 if TYPE_CHECKING:
@@ -79,8 +80,6 @@ def claimed(req: ClaimRequest, res: ClaimResult, seconds: float) -> None:
 
 def decided(req: ClaimRequest, res: ClaimResult, seconds: float) -> None:
     """A claim's decision, acted on: counted, and a takeover or a give-up reported."""
-    from celery_grousset.claim import Kind
-
     claimed(req, res, seconds)
     if res.kind is Kind.TAKEOVER:
         taken_over(req, res)
@@ -89,7 +88,7 @@ def decided(req: ClaimRequest, res: ClaimResult, seconds: float) -> None:
 
 
 #: what a duplicate returned: the memoized value, or the memoized failure raised again
-_REPLAYED = {"duplicate": "completed", "failed": "failed"}  # (by ``Kind`` value)
+_REPLAYED = {Kind.COMPLETED: "completed", Kind.FAILED: "failed"}
 
 
 def duplicate(req: ClaimRequest, res: ClaimResult, delivery: str = "") -> None:
@@ -100,7 +99,7 @@ def duplicate(req: ClaimRequest, res: ClaimResult, delivery: str = "") -> None:
         original_task_id=res.task_id,
         completed_at=res.completed_at.isoformat() if res.completed_at else None,
         deliveries=res.deliveries,
-        outcome=_REPLAYED[res.kind.value],
+        outcome=_REPLAYED[res.kind],
         delivery=delivery or None,
     )
     signals.duplicate_skipped.send(
@@ -111,7 +110,7 @@ def duplicate(req: ClaimRequest, res: ClaimResult, delivery: str = "") -> None:
         original_task_id=res.task_id,
         completed_at=res.completed_at,
         deliveries=res.deliveries,
-        outcome=_REPLAYED[res.kind.value],
+        outcome=_REPLAYED[res.kind],
     )
 
 
