@@ -105,3 +105,28 @@ def test_the_budget_stops_a_statement_and_puts_the_session_back(db: str) -> None
     with connections[db].cursor() as cur:
         cur.execute(sleep, [0.5])
     assert time.monotonic() - started >= 0.45
+
+
+def test_the_budget_puts_back_a_limit_the_caller_set_in_its_own_transaction(db: str) -> None:
+    """A budget taken inside the caller's transaction (as under ``ATOMIC_REQUESTS``)
+    leaves the caller's own statement limit as it found it, not the server's default."""
+    from django.db import transaction
+
+    show = {
+        "postgresql": "SHOW statement_timeout",
+        "mysql": "SELECT @@SESSION.max_statement_time, @@SESSION.lock_wait_timeout",
+    }[db]
+    own = {
+        "postgresql": "SET LOCAL statement_timeout = '4321ms'",
+        "mysql": "SET SESSION max_statement_time = 43.21, lock_wait_timeout = 77",
+    }[db]
+    with transaction.atomic(using=db), connections[db].cursor() as cur:
+        cur.execute(own)
+        cur.execute(show)
+        set_by_caller = cur.fetchone()
+        with statement_budget(db, 0.2):
+            cur.execute("SELECT 1")
+        cur.execute(show)
+        assert cur.fetchone() == set_by_caller
+        if db == "mysql":  # a session setting: put the server's default back
+            cur.execute("SET SESSION max_statement_time = DEFAULT, lock_wait_timeout = DEFAULT")

@@ -58,10 +58,14 @@ def statement_budget(alias: str, seconds: float | None) -> Iterator[None]:
         if conn.vendor == "postgresql":
             with transaction.atomic(using=alias):
                 with conn.cursor() as cur:
+                    cur.execute("SELECT current_setting('statement_timeout')")
+                    (before,) = cur.fetchone()
                     cur.execute(f"SET LOCAL statement_timeout = {max(1, int(seconds * 1000))}")
                 yield
-                with conn.cursor() as cur:  # (a savepoint in an outer transaction keeps it)
-                    cur.execute("SET LOCAL statement_timeout TO DEFAULT")
+                # A savepoint in the caller's transaction keeps a SET LOCAL past its end:
+                # put back the limit the caller had (its own or the server's default).
+                with conn.cursor() as cur:
+                    cur.execute("SELECT set_config('statement_timeout', %s, true)", [before])
             return
         with conn.cursor() as cur:
             cur.execute("SELECT @@SESSION.max_statement_time, @@SESSION.lock_wait_timeout")
