@@ -98,11 +98,12 @@ def in_transaction(task: Any, options: dict[str, Any]) -> None:
     ))  # fmt: skip
 
 
-def refuse_misspelt_key(task_name: str, options: dict[str, Any], headers: bool = True) -> None:
+def refuse_misspelt_key(task_name: str, options: dict[str, Any], guarded: bool = True) -> None:
     """A call's identity under a name nothing reads (``idempotency_keys=…``, a
     ``grousset-key`` header) would publish a call keyed by all its arguments, which runs
     again for every other argument: refused, naming the name that works (``options``:
-    ``apply_async``'s; ``headers``: check theirs too). A delivery sent again (Celery's
+    ``apply_async``'s; ``guarded``: a guarded task's, whose headers are checked too, and
+    a celery-once ``once=`` left on it). A delivery sent again (Celery's
     ``retry()``, the guard's requeue: they pass ``retries``) keeps the headers it came
     with, whoever wrote them: never refused."""
     if "retries" in options:
@@ -113,7 +114,15 @@ def refuse_misspelt_key(task_name: str, options: dict[str, Any], headers: bool =
                 f"{task_name}.apply_async() got the option {name!r}, which nothing reads: "
                 "did you mean idempotency_key? (a non-empty str that names the call)"
             )
-    for name in (options.get("headers") or ()) if headers else ():
+    if guarded and "once" in options:  # celery-once's per-call options: read by nothing here
+        raise TypeError(
+            f"{task_name}: once={options['once']!r} is celery-once's per-call option, which "
+            "nothing reads here: a duplicate of the call gets the first call's result "
+            "instead of raising (its 'graceful'), and an attempt holds its claim for the "
+            "task's max_processing_time (its 'timeout'). Remove once= from the call "
+            "(docs/migrating.md)."
+        )
+    for name in (options.get("headers") or ()) if guarded else ():
         if misspelt_key(name):
             raise ValueError(
                 f"{task_name}: the header {name!r} is not read: the key of a call travels in "

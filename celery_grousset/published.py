@@ -85,7 +85,7 @@ def check_enqueued(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -
                 "not enqueue(task, order.pk)"
             )
     guarded = not isinstance(task, str) and hasattr(task, "grousset_options")
-    refuse_misspelt_key(name, options, headers=guarded)
+    refuse_misspelt_key(name, options, guarded=guarded)
     if not isinstance(task, str) and getattr(task, "typing", False):
         task.__header__(*(args or ()), **(kwargs or {}))  # Celery's own check (delay())
     if guarded:

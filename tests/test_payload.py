@@ -199,10 +199,42 @@ def test_a_delivery_sent_again_keeps_the_headers_it_came_with() -> None:
     # Then it is not refused: the message would be lost
     refuse_misspelt_key("t", {"headers": headers, "retries": 1})
     # And a plain task's own headers are its own (outbox.enqueue of a name)
-    refuse_misspelt_key("t", {"headers": headers}, headers=False)
+    refuse_misspelt_key("t", {"headers": headers}, guarded=False)
     # While a caller's own publish of it is refused
     with pytest.raises(ValueError, match="idempotency_key"):
         refuse_misspelt_key("t", {"headers": headers})
+
+
+def test_a_celery_once_option_left_on_a_call_is_refused_before_the_call(
+    journal: str, make_task: Any
+) -> None:
+    from django.db import transaction
+
+    from celery_grousset import outbox
+    from celery_grousset.models import OutboxMessage
+    from celery_grousset.publish_check import refuse_misspelt_key
+
+    pay = make_task()
+    # Given a caller left as it was under celery-once, which read a per-call timeout
+    call = {"kwargs": {"order_id": 42, "amount": 10}, "once": {"timeout": 60, "graceful": True}}
+    # When it is applied, published, published after the commit or enqueued
+    # Then it is refused, naming the option and what governs here instead
+    with pytest.raises(TypeError, match=r"once=.*max_processing_time.*Remove once="):
+        pay.apply(**call)
+    with pytest.raises(TypeError, match="celery-once's per-call option"):
+        pay.apply_async(**call)
+    with pytest.raises(TypeError, match="celery-once"), transaction.atomic(using=journal):
+        pay.apply_async_on_commit(**call)
+    with pytest.raises(TypeError, match="celery-once"), transaction.atomic(using=journal):
+        outbox.enqueue(pay, using=journal, **call)
+    # And nothing ran, nothing was written
+    assert effects(journal, pay, 10) == 0
+    assert not OutboxMessage.objects.using(journal).filter(task_name=pay.name).exists()
+    # While a task that is not guarded keeps its own options (celery-once's own base)
+    refuse_misspelt_key("t", {"once": {"timeout": 60}}, guarded=False)
+    # And the same call without the option runs
+    assert pay.apply(kwargs={"order_id": 42, "amount": 10}).get() == "paid 10 for 42"
+    assert effects(journal, pay, 10) == 1
 
 
 @functools.cache
