@@ -126,6 +126,16 @@ def _schema_warning(alias: str, problem: str) -> checks.CheckMessage:
     )
 
 
+def unreadable(alias: str, exc: BaseException) -> checks.CheckMessage:
+    """W007: the journal database ``alias`` could not be asked (``exc``)."""
+    return checks.Warning(
+        f"The journal database {alias!r} could not be inspected: {exc}",
+        hint="Check that the database in settings.DATABASES can be opened by this "
+        "process (path, permissions, server up).",
+        id=UNREADABLE,
+    )
+
+
 def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
     """The database checks of the journal database ``alias`` (see the module doc)."""
     from django.db import DatabaseError, connections
@@ -139,14 +149,7 @@ def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
             charsets = _mysql_charsets(cur) if conn.vendor == "mysql" else None
         partitioned = None if problem == TABLES_MISSING else _partitioned(alias)
     except DatabaseError as exc:
-        return [
-            checks.Warning(
-                f"The journal database {alias!r} could not be inspected: {exc}",
-                hint="Check that the database in settings.DATABASES can be opened by this "
-                "process (path, permissions, server up).",
-                id=UNREADABLE,
-            )
-        ]
+        return [unreadable(alias, exc)]
     found: list[checks.CheckMessage] = []
     if problem is not None:
         found.append(_schema_warning(alias, problem))

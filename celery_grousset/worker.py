@@ -313,17 +313,11 @@ def log_schema_problems() -> None:
 
     from celery_grousset.checks import journal_databases
     from celery_grousset.conf import grousset_settings
-    from celery_grousset.journal_check import AT_START, journal_messages
-    from celery_grousset.management import schema_problem
+    from celery_grousset.management import start_problem
 
     try:
         for alias in [a for a in journal_databases() if a in connections.settings]:
-            layout = str(grousset_settings.JOURNAL_LAYOUT)
-            problem = schema_problem(alias) or next(
-                (f"{m.msg} {m.hint}" for m in journal_messages(alias, layout)
-                 if m.id in AT_START), None,
-            )  # fmt: skip  (another layout, no database, no store: every claim fails)
-            if problem:
+            if problem := start_problem(alias, str(grousset_settings.JOURNAL_LAYOUT)):
                 logger.error(
                     "celery-grousset: journal database %r: %s Guarded deliveries are "
                     "retried, never run, until then.", alias, problem,

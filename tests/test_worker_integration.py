@@ -796,3 +796,56 @@ def test_a_worker_whose_journal_database_cannot_be_reached_says_so_when_it_start
     logged = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("journal database 'unreachable'" in m and "could not be inspected" in m
                and "retried, never run, until then" in m for m in logged), logged  # fmt: skip
+
+
+def test_the_start_up_check_connects_once_to_a_journal_database_it_cannot_reach(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """On a host that drops packets every connect waits its timeout: the start-up check
+    connected twice before its error (a review), doubling the wait."""
+    import logging
+    import socket
+    import threading
+
+    from django.conf import settings
+    from django.test import override_settings
+
+    from celery_grousset.worker import log_schema_problems
+
+    services.require_database("postgresql")
+    # Given a "database" that accepts each connection and closes it at once, counting them
+    accepted: list[object] = []
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    server.settimeout(0.2)
+
+    def serve() -> None:
+        while not stopped.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            accepted.append(conn)
+            conn.close()
+
+    stopped = threading.Event()
+    threading.Thread(target=serve, daemon=True).start()
+    pg = {**settings.DATABASES["postgresql"], "PORT": str(server.getsockname()[1]),
+          "OPTIONS": {"sslmode": "disable"}}  # fmt: skip  (no second, non-SSL, attempt)
+    try:
+        with services.extra_database("closing", **pg), \
+                override_settings(GROUSSET={"DATABASE": "closing"}), \
+                caplog.at_level(logging.ERROR, logger="celery_grousset"):  # fmt: skip
+            # When a worker's start-up check runs
+            thread = threading.Thread(target=log_schema_problems)
+            thread.start()
+            thread.join(30)
+    finally:
+        stopped.set()
+        server.close()
+    # Then it said so, having connected once
+    logged = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("journal database 'closing'" in m and "could not be inspected" in m
+               for m in logged), logged  # fmt: skip
+    assert len(accepted) == 1, accepted

@@ -169,6 +169,27 @@ def schema_problem(alias: str) -> str | None:
     return None if problem is None else f"{problem}: {missing_table_fix(alias)}"
 
 
+def start_problem(alias: str, layout: str) -> str | None:
+    """What a worker logs as an error at its start for the journal database ``alias``:
+    its tables missing or behind (with the fix), another ``layout``, a database it cannot
+    reach or a claim store that cannot open it (every claim there fails closed); None when
+    there is none. An unreachable database is connected to once, not again for each."""
+    from django.db import DatabaseError
+
+    from celery_grousset import journal_check
+    from celery_grousset.store.refusals import missing_table_fix
+
+    try:
+        problem = journal_check.schema_problem(alias)
+    except DatabaseError as exc:
+        found = [journal_check.unreadable(alias, exc)]
+    else:
+        if problem is not None:
+            return f"{problem}: {missing_table_fix(alias)}"
+        found = journal_check.journal_messages(alias, layout)
+    return next((f"{m.msg} {m.hint}" for m in found if m.id in journal_check.AT_START), None)
+
+
 def journal_alias(database: str | None) -> str:
     """The alias to read: ``--database`` or ``GROUSSET["DATABASE"]``; checked to exist."""
     from django.db import connections
