@@ -255,19 +255,20 @@ def connection_lost(conn: Any, raw: Any, exc: BaseException) -> bool:
 
 def control_flow(exc: BaseException) -> bool:
     """Celery's Retry / Ignore / Reject and non-Exception exits never memoize."""
-    if not isinstance(exc, Exception):
-        return True
+    return not isinstance(exc, Exception) or _celery_exit(exc) is not None
+
+
+def _celery_exit(exc: BaseException) -> str | None:
+    """The completion outcome of Celery's control-flow exit ``exc``: ``retried``
+    (``self.retry()``, ``autoretry_for``), ``ignored`` (``Ignore``: ``self.replace()``, a
+    task that drops its delivery), ``rejected`` (``Reject``, requeued or not); None for
+    any other exception."""
     from celery.exceptions import Ignore, Reject, Retry
 
-    return isinstance(exc, (Retry, Ignore, Reject))
-
-
-def _failed_as(exc: BaseException) -> str:
-    """A recorded failure's outcome label: ``retried`` when the attempt asked Celery to
-    retry (``self.retry()``, ``autoretry_for``), else ``failed``."""
-    from celery.exceptions import Retry
-
-    return "retried" if isinstance(exc, Retry) else "failed"
+    for kind, outcome in ((Retry, "retried"), (Ignore, "ignored"), (Reject, "rejected")):
+        if isinstance(exc, kind):
+            return outcome
+    return None
 
 
 def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> bool:
@@ -284,7 +285,8 @@ def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> 
     try:
         t0 = time.perf_counter()
         done = store.finish(req.processor_id, req.fingerprint, req.token, completion)
-        events.finished(req, _failed_as(exc) if done else "fenced_out", time.perf_counter() - t0)
+        outcome = (_celery_exit(exc) or "failed") if done else "fenced_out"
+        events.finished(req, outcome, time.perf_counter() - t0)
         if not done:
             events.fenced(req, 0)
         return done

@@ -79,7 +79,7 @@ DUPLICATES = frozenset({"duplicate", "failed_replayed"})
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 #: what a completion write (of an owned attempt) did: the ``outcome`` label of
 #: ``grousset_completions_total``
-COMPLETION_OUTCOMES = ("completed", "failed", "retried", "fenced_out")
+COMPLETION_OUTCOMES = ("completed", "failed", "retried", "ignored", "rejected", "fenced_out")
 #: The gauges of the journal and the outbox (:class:`JournalCollector`), label
 #: ``database``: read on scrape by bounded queries, so every process that serves
 #: metrics reports the same journal-wide values (aggregate with ``max``, not ``sum``).

@@ -17,6 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from celery.exceptions import Ignore, Reject
 from django.core.exceptions import ImproperlyConfigured
 
 from tests import services
@@ -109,6 +110,12 @@ def test_completions_are_counted_and_timed_through_protect(processor: str) -> No
 
         raise Retry("again", when=10)
 
+    def replaced() -> None:  # what self.replace() raises, and a task dropping its delivery
+        raise Ignore()
+
+    def requeued() -> None:
+        raise Reject("not now", requeue=True)
+
     try:
         # Given a recorder, when protect() completes two calls (one transactional) and
         # answers a duplicate, one attempt fails, and one zombie attempt is fenced out
@@ -121,6 +128,10 @@ def test_completions_are_counted_and_timed_through_protect(processor: str) -> No
             protect("zombie", zombie, max_processing_time=0.2, **opts)
         with pytest.raises(Exception, match="again"):  # one attempt asks Celery to retry
             protect("retry", again, max_processing_time=60, **opts)
+        with pytest.raises(Ignore):
+            protect("replaced", replaced, max_processing_time=60, **opts)
+        with pytest.raises(Reject, match="not now"):
+            protect("requeued", requeued, max_processing_time=60, **opts)
     finally:
         events.recorder = previous
 
@@ -134,7 +145,10 @@ def test_completions_are_counted_and_timed_through_protect(processor: str) -> No
     assert value("grousset_completions_total", task="protect", outcome="fenced_out") == 1
     # (a retry is not a failure: a review saw every retried call counted as one)
     assert value("grousset_completions_total", task="protect", outcome="retried") == 1
-    assert value("grousset_completion_seconds_count", task="protect") == 6
+    # (nor are Celery's other control-flow exits: they are counted as what they are)
+    assert value("grousset_completions_total", task="protect", outcome="ignored") == 1
+    assert value("grousset_completions_total", task="protect", outcome="rejected") == 1
+    assert value("grousset_completion_seconds_count", task="protect") == 8
     total = value("grousset_completion_seconds_sum", task="protect")
     assert total is not None and 0 < total < 5
     # And the fence-out is also a claims outcome, as before
