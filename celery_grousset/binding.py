@@ -152,10 +152,20 @@ _SYNC_FIX = (
 )
 
 
-def off_the_loop(where: str, how: str) -> None:
+#: why a guarded call cannot run in an event loop's thread (:func:`off_the_loop`)
+WAITS = ("waits on the journal database and cannot run in an event loop's thread (it "
+         "would block the loop, and fail when it meets a claim in flight)")  # fmt: skip
+#: why a call that writes in the caller's transaction cannot (``outbox.enqueue()``,
+#: ``delay_on_commit()``): Django refuses the ORM and ``on_commit`` there
+WRITES = ("uses this thread's database connection and transaction, which Django "
+          "refuses in an event loop's thread")  # fmt: skip
+
+
+def off_the_loop(where: str, how: str, why: str = WAITS) -> None:
     """Refuse a guarded call made in an event loop's thread, as Django's ``async_unsafe``
     does (``DJANGO_ALLOW_ASYNC_UNSAFE`` lifts it): the guard waits on the journal
-    database, which would block the loop, and the body's ORM calls would fail."""
+    database, which would block the loop, and the body's ORM calls would fail. Refused
+    here, before anything is claimed, written or published, with the way out."""
     import asyncio
     import os
 
@@ -168,9 +178,7 @@ def off_the_loop(where: str, how: str) -> None:
     from django.core.exceptions import SynchronousOnlyOperation
 
     raise SynchronousOnlyOperation(
-        f"celery-grousset: {where} waits on the journal database and cannot run in an event "
-        f"loop's thread (it would block the loop, and fail when it meets a claim in flight). "
-        f"Call it through asgiref: `{how}`."
+        f"celery-grousset: {where} {why}. Call it through asgiref: {how}."
     )
 
 

@@ -63,7 +63,7 @@ class _ProtectCaller:
 
 
 def _check(key: object, fn: object, on_in_flight: str) -> None:
-    off_the_loop("protect()", "await sync_to_async(protect)(key, fn, ...)")
+    off_the_loop("protect()", "`await sync_to_async(protect)(key, fn, ...)`")
     synchronous(fn, f"protect()'s function {getattr(fn, '__qualname__', fn)!r}")
     if not isinstance(key, str) or not key:
         raise FingerprintError(

@@ -36,6 +36,7 @@ from datetime import datetime
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from celery_grousset import binding
 from celery_grousset.claim import ClaimRequest, Kind, Prev, decide, payload_differs
 from celery_grousset.delivery import KEY_HEADER
 from celery_grousset.events import publish_payload_mismatch
@@ -283,6 +284,7 @@ def publish_unique(
     ``countdown``…). ``keep_results=False`` keeps no AsyncResult (for generators of
     millions of calls: memory then stays bounded by ``chunk_size`` and ``window``).
     """
+    binding.off_the_loop("publish_unique()", "`await sync_to_async(task.publish_unique)(calls)`")
     _one_key_for_all(task, options)
     report = PublishReport()
     app = task.app

@@ -13,7 +13,7 @@ import json
 from datetime import datetime, timedelta
 from typing import Any
 
-from celery_grousset import guard
+from celery_grousset import binding, guard
 from celery_grousset.conf import grousset_settings
 from celery_grousset.delivery import KEY_HEADER, RETRY_OF_HEADER, header
 from celery_grousset.exceptions import FingerprintError, InvalidArgument
@@ -35,6 +35,24 @@ def carry_key(name: str, options: dict[str, Any]) -> str | None:
         headers[KEY_HEADER] = key
     options["headers"] = headers
     return key
+
+
+def eager(task: Any, options: dict[str, Any]) -> None:
+    """``apply()`` (and ``delay()``/``apply_async()`` under ``task_always_eager``): the
+    task runs here, so never in an event loop's thread (refused to the caller, whatever
+    ``task_eager_propagates`` says); its key moved into the headers."""
+    where = (f"task {task.name!r} run eagerly (apply(); delay() and apply_async() too under "
+             "task_always_eager)")  # fmt: skip
+    binding.off_the_loop(where, "`await sync_to_async(task.apply)(args)`")
+    carry_key(task.name, options)
+
+
+def on_commit(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -> None:
+    """``delay_on_commit()``/``apply_async_on_commit()``: never in an event loop's thread
+    (Django's ``on_commit`` is refused there); the call checked now (:func:`prepare`)."""
+    binding.off_the_loop(f"{task.name}.delay_on_commit()", "`await sync_to_async(fn)()` "
+                         "where fn holds the transaction.atomic() block", binding.WRITES)
+    prepare(task, args, kwargs, options)
 
 
 def _checked_key(name: str, key: object) -> str | None:

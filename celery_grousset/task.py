@@ -39,7 +39,7 @@ from celery_grousset.fingerprint import validate_key_names
 from celery_grousset.options import NAMES as _OPTION_NAMES
 from celery_grousset.options import Options
 from celery_grousset.publish import publish_unique as _publish_unique
-from celery_grousset.published import carry_key, mark_retry, prepare
+from celery_grousset.published import eager, mark_retry, on_commit, prepare
 from celery_grousset.store import ClaimResult
 
 _instances: list[GroussetTaskMixin] = []
@@ -202,7 +202,7 @@ class GroussetTaskMixin:
     def apply(self, args: Any = None, kwargs: Any = None, *a: Any, **options: Any
               ) -> EagerResult[Any]:  # fmt: skip
         """``apply(…, idempotency_key="order-42")``, as :meth:`apply_async` takes it."""
-        carry_key(self.name, options)
+        eager(self, options)
         return super().apply(args, kwargs, *a, **options)  # type: ignore[misc,no-any-return]
 
     def apply_async(self, args: Any = None, kwargs: Any = None, *a: Any, **options: Any
@@ -311,7 +311,7 @@ class _TaskCaller:
         self.task, self.request, self.body = task, request, body
         self.local = bool(request.is_eager or request.called_directly)
         if self.local:  # in the caller's process: never in its event loop's thread
-            binding.off_the_loop(f"task {task.name!r}", "await sync_to_async(task.apply)(args)")
+            binding.off_the_loop(f"task {task.name!r}", "`await sync_to_async(task.apply)(args)`")
 
     def options(self) -> Options:
         return self.task.grousset_options()
@@ -376,11 +376,11 @@ class GroussetTask(GroussetTaskMixin, _Task):
     if _Task is not Task:  # its *_on_commit publish in on_commit: check the call now
 
         def delay_on_commit(self, *args: Any, **kwargs: Any) -> Any:
-            prepare(self, args, kwargs, {})
+            on_commit(self, args, kwargs, {})
             return super().delay_on_commit(*args, **kwargs)
 
         def apply_async_on_commit(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:  # type: ignore[override]  # noqa: E501
-            prepare(self, args, kwargs, dict(options))
+            on_commit(self, args, kwargs, dict(options))
             return super().apply_async_on_commit(args, kwargs, **options)
 
 
