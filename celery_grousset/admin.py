@@ -160,9 +160,6 @@ class OutcomeAdmin(ReadOnlyAdmin):
     search_fields = ("=task_id",)  # the search itself: get_search_results
     search_help_text = _("A fingerprint prefix (hex) or an exact task id.")
     ordering = ("-started_at",)
-    show_full_result_count = False
-    if hasattr(admin, "ShowFacets"):  # Django >= 5.0 (4.2 has no facets)
-        show_facets = admin.ShowFacets.NEVER
     list_per_page = 50
     actions = ("release_stale_claims", "forget_outcomes")
     _record = ("status_badge", "task_name", "task_id", "processor_id", "fingerprint", "worker")

@@ -138,6 +138,9 @@ class ReadOnlyAdmin(_ModelAdmin):
     paginator = EstimatedCountPaginator
     #: A filtered list counts its rows up to here, then shows "10,000+" (pages stop there).
     count_cap = COUNT_CAP
+    show_full_result_count = False  # (an unfiltered count of the whole table)
+    if hasattr(admin, "ShowFacets"):  # Django >= 5.0 (4.2 has no facets): their counts
+        show_facets = admin.ShowFacets.NEVER  # are of the whole table, with no cap
 
     def get_paginator(
         self, request: HttpRequest, queryset: QuerySet[Any], per_page: int,

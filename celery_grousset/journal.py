@@ -146,10 +146,12 @@ def release_plan(rec: Outcome, at: datetime) -> tuple[bool, str]:
 
 def release(rec: Outcome, alias: str, *, token: str | None = None) -> bool:
     """Free an in-flight claim (marked failed; the next delivery runs). With ``token``,
-    only if that attempt still holds it. Logged (``grousset.released``)."""
+    only if that attempt still holds it. Logged (``grousset.released``); ``rec`` then
+    reads ``failed``, as the row does (the admin's history shows it)."""
     done = get_store(alias).release(rec.processor_id, rec.fingerprint, token)
     if done:
         _operated("grousset.released", rec, alias, started_at=rec.started_at.isoformat())
+        rec.status = Status.FAILED.value
     return done
 
 

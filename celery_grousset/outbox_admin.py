@@ -119,7 +119,6 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
     search_fields = ("=task_id", "=task_name")
     search_help_text = _("An exact task id or task name.")
     ordering = ("-id",)
-    show_full_result_count = False
     list_per_page = 50
     actions = ("requeue",)
     readonly_fields = ("id", "message_id", "status_badge", "task_name", "task_id", "arguments",

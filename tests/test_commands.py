@@ -585,6 +585,7 @@ def test_release_refuses_completed_without_force(store: Store, alias: str, proce
     out = run("grousset_release", done.fingerprint, force=True, database=alias)
     # Then it is forgotten: the next delivery runs again, with a higher fence
     assert "forgot the completed outcome" in out
+    assert "completed it was acknowledged" in out and "a failed delivery" not in out, out
     res = store.claim(req(processor, done.fingerprint))
     assert res.owned and res.kind is Kind.EXPIRED and res.fence > before.fence
 

@@ -135,9 +135,11 @@ class Command(BaseCommand):
                 f"{rec.fingerprint} ({rec.processor_id}) changed while releasing it (a new "
                 "attempt claimed it); nothing was forgotten."
             )
+        coming = ("a failed delivery was acknowledged: publish the call again if none is "
+                  "coming" if rec.status == "failed" else "the delivery that completed it was "
+                  "acknowledged: none comes unless the call is published again")  # fmt: skip
         self.stdout.write(
             f"forgot the {rec.status} outcome of {rec.fingerprint} (processor "
             f"{rec.processor_id}, task {rec.task_name}): the next delivery of the call runs the "
-            "task again with a higher fence (a failed delivery was acknowledged: publish the "
-            "call again if none is coming)."
+            f"task again with a higher fence ({coming})."
         )
