@@ -19,7 +19,8 @@ from typing import Any
 
 from django.core import checks
 
-OUTCOME_TABLE = "celery_grousset_outcome"
+from celery_grousset.store.refusals import OUTCOME_TABLE
+
 LAYOUT_MISMATCH = "celery_grousset.W010"
 STORE_REFUSED = "celery_grousset.W013"
 UNREADABLE = "celery_grousset.W007"

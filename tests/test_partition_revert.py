@@ -132,3 +132,50 @@ def test_revert_refuses_a_journal_whose_columns_are_not_the_models(single: str) 
     with pytest.raises(CommandError, match=r"'extra'.*run `manage.py migrate celery_grousset"):
         run("grousset_partition", "revert", database=single)
     assert pgpartops.is_partitioned(single)
+
+
+def test_a_single_table_left_with_the_layouts_functions_is_named_as_the_other_layout(
+    single: str, processor: str
+) -> None:
+    """``migrate celery_grousset zero`` on a partitioned journal drops the table, not the
+    layout's functions; migrated again, the single table met a partitioned store's claim
+    with "its migrations are not all applied" (a review), which `migrate` cannot fix."""
+    from celery_grousset.exceptions import StoreUnavailable
+
+    # Given a journal converted, then migrated to zero and back (the functions stay)
+    run("grousset_partition", "convert", database=single)
+    run("migrate", "celery_grousset", "zero", database=single)
+    run("migrate", "celery_grousset", database=single)
+    assert schema(single)["kind"] == "r" and schema(single)["functions"]
+    # When a worker whose JOURNAL_LAYOUT is 'partitioned' claims on it
+    with layout(single):
+        reset_stores()
+        with pytest.raises(StoreUnavailable) as refused:
+            get_store(single).claim(req(processor))
+    # Then it is told the layouts differ, and how to make them one
+    text = str(refused.value)
+    assert "JOURNAL_LAYOUT'] is 'partitioned'" in text and "single table" in text, text
+    assert "grousset_partition convert" in text and "not all applied" not in text, text
+
+
+def test_a_table_dropped_by_hand_names_the_fix_that_migrate_alone_is_not(single: str) -> None:
+    """With its migrations recorded, a journal table dropped by hand was met with "run
+    `migrate`", which then applies nothing (a review): the advice went in a circle."""
+    from django.core import checks
+
+    from celery_grousset.exceptions import StoreUnavailable
+    from celery_grousset.journal_check import journal_messages
+
+    # Given the journal's table dropped, its migrations still recorded
+    with connections[single].cursor() as cur:
+        cur.execute(f"DROP TABLE {TABLE} CASCADE")
+    # When a claim meets it, and the checks look at it
+    reset_stores()
+    with pytest.raises(StoreUnavailable) as refused:
+        get_store(single).claim(req("p"))
+    found = [m for m in journal_messages(single, "table") if m.id == "celery_grousset.W009"]
+    # Then both say to forget the recorded migrations first, then migrate
+    for text in (str(refused.value), f"{found[0].msg} {found[0].hint}" if found else ""):
+        assert f"migrate celery_grousset zero --fake --database {single}" in text, text
+        assert "recorded as applied" in text, text
+    assert isinstance(found[0], checks.Warning)

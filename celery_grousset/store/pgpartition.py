@@ -41,6 +41,7 @@ T = TypeVar("T")
 
 _SERIALIZATION = "40001"  # the row was moved to another partition meanwhile
 _UNDEFINED_FUNCTION = "42883"
+_UNDEFINED_COLUMN = "42703"
 _NO_PARTITION = "23514"  # check_violation: "no partition of relation … found for row"
 
 
@@ -56,10 +57,14 @@ class PartitionedStore(PostgresStore):
             return super()._watched(op, conn)
         except db.Error as exc:
             state = sqlstate(exc)
-            if state == _UNDEFINED_FUNCTION and "grousset_" in str(exc):
+            # no function: never converted; no "gen" column: the single table made again
+            # by `migrate` beside the functions of an earlier conversion
+            if (state == _UNDEFINED_FUNCTION and "grousset_" in str(exc)) or (
+                state == _UNDEFINED_COLUMN and '"gen"' in str(exc)
+            ):
                 raise StoreUnavailable(
                     f"GROUSSET['JOURNAL_LAYOUT'] is 'partitioned', but the journal database "
-                    f"{self.alias!r} is the single table (no grousset_claim function): "
+                    f"{self.alias!r} is the single table: "
                     f"run `manage.py grousset_partition convert --database {self.alias}`, or "
                     "set JOURNAL_LAYOUT to 'table'."
                 ) from exc

@@ -12,6 +12,8 @@ from celery_grousset.exceptions import StoreUnavailable
 
 DENIED = "denied"
 READ_ONLY = "read only"
+#: the journal's table (the model's ``db_table``; the checks read it from here)
+OUTCOME_TABLE = "celery_grousset_outcome"
 
 _FIX = {
     DENIED: "the database user of DATABASES[{alias!r}] needs SELECT, INSERT, UPDATE and "
@@ -86,7 +88,30 @@ def missing_table_fix(alias: str | None = None) -> str:
             f"tables: make it return True for that app on {alias!r}; then run `manage.py "
             f"migrate celery_grousset zero --fake{on}` (forget the recorded ones) and {fix[4:]}"
         )
+    if alias is not None and _recorded_without_table(alias):
+        return (
+            f"its migrations are recorded as applied on {alias!r} but its table is missing "
+            f"(dropped by hand, or a restore without it), so `migrate` alone applies nothing: "
+            f"run `manage.py migrate celery_grousset zero --fake{on}` (forget the recorded "
+            f"ones) and {fix[4:]}"
+        )
     return fix
+
+
+def _recorded_without_table(alias: str) -> bool:
+    """Whether ``migrate`` recorded this app's migrations on ``alias`` while the journal's
+    table is not there (False when that cannot be read)."""
+    from django.db import DatabaseError, connections
+    from django.db.migrations.recorder import MigrationRecorder
+
+    try:
+        conn = connections[alias]
+        if OUTCOME_TABLE in conn.introspection.table_names():
+            return False
+        recorder = MigrationRecorder(conn)
+        return recorder.has_table() and recorder.migration_qs.filter(app="celery_grousset").exists()
+    except DatabaseError:
+        return False
 
 
 def _router_allows(alias: str) -> bool:
