@@ -155,6 +155,9 @@ _SYNC_FIX = (
 #: why a guarded call cannot run in an event loop's thread (:func:`off_the_loop`)
 WAITS = ("waits on the journal database and cannot run in an event loop's thread (it "
          "would block the loop, and fail when it meets a claim in flight)")  # fmt: skip
+#: why a call that reads the journal before it publishes cannot (``publish_unique()``)
+READS = ("queries the journal database, which would block the loop (Django refuses "
+         "its ORM in an event loop's thread)")  # fmt: skip
 #: why a call that writes in the caller's transaction cannot (``outbox.enqueue()``,
 #: ``delay_on_commit()``): Django refuses the ORM and ``on_commit`` there
 WRITES = ("uses this thread's database connection and transaction, which Django "

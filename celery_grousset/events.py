@@ -256,8 +256,8 @@ def bypassed(task_name: str, task_id: str) -> None:
 
 
 def finished(req: ClaimRequest, outcome: str, seconds: float) -> None:
-    """An owned attempt's completion write ended: ``outcome`` is ``completed``,
-    ``failed``, ``retried`` or ``fenced_out``; ``seconds`` is how long the write took."""
+    """An owned attempt's completion write ended: ``outcome`` is one of
+    ``metrics.COMPLETION_OUTCOMES``; ``seconds`` is how long the write took."""
     if recorder is not None:
         recorder.finished(req.task_name, outcome, seconds)
 

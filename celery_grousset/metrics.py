@@ -8,8 +8,8 @@ metric                                     type       labels
 ``grousset_duplicate_detections_total``    counter    ``task``
 ``grousset_outcome_commit_errors_total``   counter    ``task``
 ``grousset_store_seconds``                 histogram  ``operation`` (``claim``)
-``grousset_completions_total``             counter    ``task``, ``outcome``: completed,
-                                                      failed, retried, fenced_out
+``grousset_completions_total``             counter    ``task``, ``outcome``: one of
+                                                      ``COMPLETION_OUTCOMES``
 ``grousset_completion_seconds``            histogram  ``task``
 ``grousset_overruns_total``                counter    ``task``
 =========================================  =========  ====================================

@@ -7,6 +7,9 @@ the default, and the schedule gives a due time) or when its arguments are evalua
 each run (``celery.beat.BeatLazyFunc``). Entries come from ``beat_schedule``
 (``CELERY_BEAT_SCHEDULE``) and, when django-celery-beat is installed and migrated, from
 its enabled ``PeriodicTask`` rows (a database check: ``check --database``).
+
+And ``celery_grousset.E022`` for a ``beat_schedule`` entry that sends a guarded task
+with celery-once's ``once`` option, which its publish refuses (docs/migrating.md).
 """
 
 from __future__ import annotations
@@ -62,9 +65,21 @@ def _warning(task: Any, entry: str, where: str, why: str, expires_after: float) 
     )
 
 
+def _once_left(task: Any, entry: str) -> Any:
+    return checks.Error(
+        f"The CELERY_BEAT_SCHEDULE entry {entry!r} sends the guarded task {task.name!r} "
+        "with options once=…, celery-once's per-call option, which a guarded task's "
+        "publish refuses: every run of the entry would fail to be sent.",
+        hint="Remove 'once' from the entry's options (docs/migrating.md).",
+        obj=task.name,
+        id="celery_grousset.E022",
+    )
+
+
 def beat_schedule_messages(guarded: Iterable[Guarded]) -> list[Any]:
     """W008 for each ``beat_schedule`` entry of an active app that runs a guarded task
-    whose key cannot vary per run."""
+    whose key cannot vary per run; E022 for one that sends it with celery-once's
+    ``once`` option."""
     from celery.schedules import maybe_schedule
 
     apps: dict[int, tuple[Any, dict[str, Guarded]]] = {}
@@ -78,6 +93,8 @@ def beat_schedule_messages(guarded: Iterable[Guarded]) -> list[Any]:
             if hit is None:
                 continue
             _, task, opts = hit
+            if "once" in (entry.get("options") or {}):
+                found.append(_once_left(task, name))
             every = maybe_schedule(entry.get("schedule"), entry.get("relative", False), app=app)
             why = _why_fixed(opts, every, entry.get("args"), entry.get("kwargs"))
             if why is not None:

@@ -284,7 +284,8 @@ def publish_unique(
     ``countdown``…). ``keep_results=False`` keeps no AsyncResult (for generators of
     millions of calls: memory then stays bounded by ``chunk_size`` and ``window``).
     """
-    binding.off_the_loop("publish_unique()", "`await sync_to_async(task.publish_unique)(calls)`")
+    binding.off_the_loop("publish_unique()", "`await sync_to_async(task.publish_unique)("
+                         "calls)`", binding.READS)  # fmt: skip
     _one_key_for_all(task, options)
     report = PublishReport()
     app = task.app

@@ -103,7 +103,7 @@ def refuse_misspelt_key(task_name: str, options: dict[str, Any], guarded: bool =
     ``grousset-key`` header) would publish a call keyed by all its arguments, which runs
     again for every other argument: refused, naming the name that works (``options``:
     ``apply_async``'s; ``guarded``: a guarded task's, whose headers are checked too, and
-    a celery-once ``once=`` left on it). A delivery sent again (Celery's
+    a celery-once ``once=`` left on it, outside the relay). A delivery sent again (Celery's
     ``retry()``, the guard's requeue: they pass ``retries``) keeps the headers it came
     with, whoever wrote them: never refused."""
     if "retries" in options:
@@ -114,7 +114,9 @@ def refuse_misspelt_key(task_name: str, options: dict[str, Any], guarded: bool =
                 f"{task_name}.apply_async() got the option {name!r}, which nothing reads: "
                 "did you mean idempotency_key? (a non-empty str that names the call)"
             )
-    if guarded and "once" in options:  # celery-once's per-call options: read by nothing here
+    # celery-once's per-call options, read by nothing here: refused to the caller, never
+    # to the outbox relay (a row enqueued by name, or before this check, would go dead)
+    if guarded and "once" in options and not _DELIBERATE.get():
         raise TypeError(
             f"{task_name}: once={options['once']!r} is celery-once's per-call option, which "
             "nothing reads here: a duplicate of the call gets the first call's result "

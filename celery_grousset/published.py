@@ -41,17 +41,26 @@ def eager(task: Any, options: dict[str, Any]) -> None:
     """``apply()`` (and ``delay()``/``apply_async()`` under ``task_always_eager``): the
     task runs here, so never in an event loop's thread (refused to the caller, whatever
     ``task_eager_propagates`` says); its key moved into the headers."""
-    where = (f"task {task.name!r} run eagerly (apply(); delay() and apply_async() too under "
-             "task_always_eager)")  # fmt: skip
-    binding.off_the_loop(where, "`await sync_to_async(task.apply)(args)`")
+    if not bypassed(task.app):  # (bypassed: no journal, nothing waits)
+        where = (f"task {task.name!r} run eagerly (apply(); delay() and apply_async() too "
+                 "under task_always_eager)")  # fmt: skip
+        binding.off_the_loop(where, "`await sync_to_async(task.apply)(args)`")
     carry_key(task.name, options)
 
 
-def on_commit(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -> None:
-    """``delay_on_commit()``/``apply_async_on_commit()``: never in an event loop's thread
-    (Django's ``on_commit`` is refused there); the call checked now (:func:`prepare`)."""
-    binding.off_the_loop(f"{task.name}.delay_on_commit()", "`await sync_to_async(fn)()` "
-                         "where fn holds the transaction.atomic() block", binding.WRITES)
+def bypassed(app: Any) -> bool:
+    """Whether the guarded tasks of ``app`` run unguarded: the worker's
+    ``--grousset-bypass`` first (with it, a GROUSSET that fails validation still runs
+    tasks), then ``GROUSSET["BYPASS"]``."""
+    return bool(getattr(app.conf, "grousset_bypass", False) or grousset_settings.BYPASS)
+
+
+def on_commit(task: Any, args: Any, kwargs: Any, options: dict[str, Any], name: str) -> None:
+    """``delay_on_commit()``/``apply_async_on_commit()`` (``name``): never in an event
+    loop's thread (Django's ``on_commit`` is refused there); the call checked now
+    (:func:`prepare`)."""
+    binding.off_the_loop(f"{task.name}.{name}()", "`await sync_to_async(fn)()` where fn "
+                         "holds the transaction.atomic() block", binding.WRITES)  # fmt: skip
     prepare(task, args, kwargs, options)
 
 

@@ -19,7 +19,7 @@ from celery.exceptions import Reject, Retry
 
 from celery_grousset import binding, carry, events, exceptions, guard, memo, periodic, publish_check
 from celery_grousset.claim import ClaimRequest, Kind
-from celery_grousset.conf import grousset_settings, on_reload
+from celery_grousset.conf import on_reload
 from celery_grousset.delivery import (
     COUNTED_HEADER,
     REQUEUES_HEADER,
@@ -39,7 +39,7 @@ from celery_grousset.fingerprint import validate_key_names
 from celery_grousset.options import NAMES as _OPTION_NAMES
 from celery_grousset.options import Options
 from celery_grousset.publish import publish_unique as _publish_unique
-from celery_grousset.published import eager, mark_retry, on_commit, prepare
+from celery_grousset.published import bypassed, eager, mark_retry, on_commit, prepare
 from celery_grousset.store import ClaimResult
 
 _instances: list[GroussetTaskMixin] = []
@@ -249,9 +249,7 @@ class GroussetTaskMixin:
             run = super().__call__  # type: ignore[misc]
         bypass = self._grousset_bypass
         if bypass is None:  # read once per process: Celery's config lookups are slow
-            # the flag first: with it, a GROUSSET that fails validation still runs tasks
-            conf_bypass = getattr(self.app.conf, "grousset_bypass", False)
-            bypass = self._grousset_bypass = bool(conf_bypass or grousset_settings.BYPASS)
+            bypass = self._grousset_bypass = bypassed(self.app)
             _instances.append(self)
         call = self.grousset_call(args, kwargs, key_of(request), request)
         if bypass:
@@ -376,11 +374,11 @@ class GroussetTask(GroussetTaskMixin, _Task):
     if _Task is not Task:  # its *_on_commit publish in on_commit: check the call now
 
         def delay_on_commit(self, *args: Any, **kwargs: Any) -> Any:
-            on_commit(self, args, kwargs, {})
+            on_commit(self, args, kwargs, {}, "delay_on_commit")
             return super().delay_on_commit(*args, **kwargs)
 
         def apply_async_on_commit(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:  # type: ignore[override]  # noqa: E501
-            on_commit(self, args, kwargs, dict(options))
+            on_commit(self, args, kwargs, dict(options), "apply_async_on_commit")
             return super().apply_async_on_commit(args, kwargs, **options)
 
 

@@ -159,6 +159,30 @@ def test_an_async_def_task_leaves_its_app_and_other_tasks_whole() -> None:
     assert {"a.fetch", "a.book"} <= set(app.tasks)
 
 
+def test_an_eager_call_in_the_loop_runs_under_bypass(journal: str, temp_task: Any) -> None:
+    """BYPASS touches no journal: its eager call in an event loop's thread ran before the
+    eager refusal, and must still (a review)."""
+    from django.test import override_settings
+
+    runs: list[int] = []
+
+    def book(self: Any, key: str) -> str:
+        runs.append(1)
+        return f"booked {key}"
+
+    task = temp_task(book, max_processing_time=30)
+
+    async def in_the_loop() -> Any:
+        return task.apply(("bypassed",)).get()
+
+    # Given the emergency switch on, when a coroutine calls the task eagerly
+    with override_settings(GROUSSET={"DATABASE": journal, "BYPASS": True}):
+        value = asyncio.run(in_the_loop())
+    # Then it runs, unguarded, as it did
+    assert value == "booked bypassed" and runs == [1]
+    assert not Outcome.objects.using(journal).filter(task_name=task.name).exists()
+
+
 def test_what_writes_or_reads_the_database_at_publish_is_refused_in_the_loop_by_name(
     journal: str, temp_task: Any
 ) -> None:

@@ -195,6 +195,22 @@ def test_beat_task_whose_key_cannot_vary_is_W008(make_app: Callable[..., Celery]
     assert "'report'" in message.msg and "periodic_slot" in message.msg
 
 
+def test_a_beat_entry_left_with_celery_once_options_is_E022(
+    make_app: Callable[..., Celery],
+) -> None:
+    app = make_app()
+    left, clean = (guarded(app, max_processing_time=60) for _ in "ab")
+    # Given an entry that still sends celery-once's per-call option (refused at publish)
+    app.conf.beat_schedule = {
+        "left": {"task": left, "schedule": 60.0, "options": {"once": {"graceful": True}}},
+        "clean": {"task": clean, "schedule": 60.0, "options": {"queue": "q"}},
+    }
+    # Then the checks name it, before beat fails to send each run
+    assert (ids(left), ids(clean)) == ({"celery_grousset.E022"}, set())
+    [message] = [m for m in checks.run_checks(tags=[TAG]) if m.obj == left]
+    assert "'left'" in message.msg and "Remove 'once'" in (message.hint or "")
+
+
 def test_beat_task_with_arguments_evaluated_per_run_is_not_W008(
     make_app: Callable[..., Celery],
 ) -> None:

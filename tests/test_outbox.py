@@ -389,6 +389,26 @@ def test_enqueue_refuses_now_what_the_relay_could_never_publish(alias: str, queu
     assert not OutboxMessage.objects.using(alias).filter(options__queue=queue).exists()
 
 
+def test_a_row_carrying_celery_once_options_is_still_published(alias: str, queue: str) -> None:
+    """A guarded call's ``once=`` is refused to its caller, never to the relay: a row
+    enqueued by name (or by an earlier version) would go dead at every try (a review)."""
+    from tests.tasks import effect
+
+    # Given a row for a guarded task, enqueued by its name with celery-once's options
+    with transaction.atomic(using=alias):
+        row = outbox.enqueue(effect.name, ("once-left",), using=alias, queue=queue,
+                             once={"timeout": 60})  # fmt: skip
+    # When the relay runs
+    relay(alias)
+    # Then it is published, not dead
+    row.refresh_from_db(using=alias)
+    assert row.status == "sent", (row.status, row.last_error)
+    assert [m["args"] for m in messages(queue)] == [["once-left"]]
+    # While the caller who passes the task itself is refused at once
+    with pytest.raises(TypeError, match="celery-once"), transaction.atomic(using=alias):
+        outbox.enqueue(effect, ("once-left",), using=alias, queue=queue, once={"timeout": 60})
+
+
 def test_a_broker_refusing_the_vhost_stops_the_batch_at_its_first_row(
     alias: str, queue: str
 ) -> None:

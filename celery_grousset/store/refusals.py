@@ -104,14 +104,18 @@ def _recorded_without_table(alias: str) -> bool:
     from django.db import DatabaseError, connections
     from django.db.migrations.recorder import MigrationRecorder
 
+    conn = connections[alias]
+    opened = conn.connection is None  # (a claim store's thread has no Django connection)
     try:
-        conn = connections[alias]
         if OUTCOME_TABLE in conn.introspection.table_names():
             return False
         recorder = MigrationRecorder(conn)
         return recorder.has_table() and recorder.migration_qs.filter(app="celery_grousset").exists()
     except DatabaseError:
         return False
+    finally:
+        if opened:
+            conn.close()
 
 
 def _router_allows(alias: str) -> bool:
