@@ -98,14 +98,21 @@ def in_transaction(task: Any, options: dict[str, Any]) -> None:
     ))  # fmt: skip
 
 
+def _in_a_task() -> bool:
+    """Whether a task runs in this thread (a worker's, or an eager one)."""
+    from celery._state import get_current_task
+
+    return get_current_task() is not None
+
+
 def refuse_misspelt_key(task_name: str, options: dict[str, Any], guarded: bool = True) -> None:
     """A call's identity under a name nothing reads (``idempotency_keys=…``, a
     ``grousset-key`` header) would publish a call keyed by all its arguments, which runs
     again for every other argument: refused, naming the name that works (``options``:
     ``apply_async``'s; ``guarded``: a guarded task's, whose headers are checked too, and
-    a celery-once ``once=`` left on it, outside the relay). A delivery sent again (Celery's
-    ``retry()``, the guard's requeue: they pass ``retries``) keeps the headers it came
-    with, whoever wrote them: never refused."""
+    a celery-once ``once=`` left on it, outside the relay and any task). A delivery
+    sent again (Celery's ``retry()``, the guard's requeue: they pass ``retries``) keeps
+    the headers it came with, whoever wrote them: never refused."""
     if "retries" in options:
         return
     for name in options:
@@ -114,9 +121,11 @@ def refuse_misspelt_key(task_name: str, options: dict[str, Any], guarded: bool =
                 f"{task_name}.apply_async() got the option {name!r}, which nothing reads: "
                 "did you mean idempotency_key? (a non-empty str that names the call)"
             )
-    # celery-once's per-call options, read by nothing here: refused to the caller, never
-    # to the outbox relay (a row enqueued by name, or before this check, would go dead)
-    if guarded and "once" in options and not _DELIBERATE.get():
+    # celery-once's per-call options, read by nothing here: refused to a caller outside a
+    # task, never to the outbox relay (a row enqueued by name, or before this check,
+    # would go dead) nor inside a running task (a chain's next link, a callback or a
+    # chord's body, published after the body completed, would be lost)
+    if guarded and "once" in options and not _DELIBERATE.get() and not _in_a_task():
         raise TypeError(
             f"{task_name}: once={options['once']!r} is celery-once's per-call option, which "
             "nothing reads here: a duplicate of the call gets the first call's result "

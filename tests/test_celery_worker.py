@@ -80,3 +80,21 @@ def test_in_process_worker_runs_a_task_defined_in_the_test(
     assert results == ["charged-17", "charged-17"]
     assert len(calls) == 1
     assert sqlite_journal.deliveries(charge, 17) == 2
+
+
+def test_a_chain_link_left_with_celery_once_options_is_still_published(
+    celery_app: Celery, celery_worker: WorkController, sqlite_journal: Journal
+) -> None:
+    """A caller's own ``once=`` is refused at its publish; a chain's next link, which the
+    worker publishes after the body completed, is not the caller's: refused there, the
+    link would be lost (the body already recorded as completed)."""
+    from celery import chain
+
+    first, second = (f"link-{uuid.uuid4().hex[:8]}" for _ in "ab")
+    # Given a chain whose second link still carries celery-once's per-call option
+    links = chain(effect.si(first), effect.si(second).set(once={"graceful": True}))
+    # When it runs
+    value = links.apply_async().get(timeout=20)
+    # Then both links ran, once each
+    assert value["key"] == second
+    assert (effects(first), effects(second)) == (1, 1)
