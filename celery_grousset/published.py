@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from celery_grousset import binding, guard
-from celery_grousset.conf import grousset_settings
+from celery_grousset.conf import GroussetSettingsError, grousset_settings
 from celery_grousset.delivery import KEY_HEADER, RETRY_OF_HEADER, header
 from celery_grousset.exceptions import FingerprintError, InvalidArgument
 from celery_grousset.publish_check import refuse_misspelt_key
@@ -41,7 +41,11 @@ def eager(task: Any, options: dict[str, Any]) -> None:
     """``apply()`` (and ``delay()``/``apply_async()`` under ``task_always_eager``): the
     task runs here, so never in an event loop's thread (refused to the caller, whatever
     ``task_eager_propagates`` says); its key moved into the headers."""
-    if not bypassed(task.app):  # (bypassed: no journal, nothing waits)
+    try:
+        unguarded = bypassed(task.app)  # (no journal: nothing waits)
+    except GroussetSettingsError:  # a refused GROUSSET: the call reports it, as it did
+        unguarded = False
+    if not unguarded:
         where = (f"task {task.name!r} run eagerly (apply(); delay() and apply_async() too "
                  "under task_always_eager)")  # fmt: skip
         binding.off_the_loop(where, "`await sync_to_async(task.apply)(args)`")
