@@ -162,6 +162,8 @@ READS = ("queries the journal database, which would block the loop (Django refus
 #: ``delay_on_commit()``): Django refuses the ORM and ``on_commit`` there
 WRITES = ("uses this thread's database connection and transaction, which Django "
           "refuses in an event loop's thread")  # fmt: skip
+#: the way out for those: the transaction and the call inside one wrapped function
+WRAP_ATOMIC = "`await sync_to_async(fn)()` where fn holds the transaction.atomic() block"
 
 
 def off_the_loop(where: str, how: str, why: str = WAITS) -> None:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, connections, transaction
 
 from celery_grousset import events
-from celery_grousset.binding import WRITES, off_the_loop
+from celery_grousset.binding import WRAP_ATOMIC, WRITES, off_the_loop
 from celery_grousset.exceptions import InvalidArgument
 from celery_grousset.memo import error_summary
 from celery_grousset.models import OutboxMessage, OutboxStatus
@@ -100,8 +100,7 @@ def enqueue(
     arguments are checked against a task's signature now, as ``delay()`` checks them
     (a ``TypeError``). The row's ``task_id`` is the Celery task id the message will carry;
     its ``created_at``/``available_at`` come from the database clock (``None`` here)."""
-    off_the_loop("outbox.enqueue()", "`await sync_to_async(fn)()` where fn holds the "
-                 "transaction.atomic() block", WRITES)  # fmt: skip
+    off_the_loop("outbox.enqueue()", WRAP_ATOMIC, WRITES)
     alias = _alias(using)
     if using is None:
         _refuse_outside_transaction(alias)

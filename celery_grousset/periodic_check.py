@@ -20,6 +20,7 @@ from typing import Any
 from django.core import checks
 
 from celery_grousset.periodic import slot_time
+from celery_grousset.unguarded_check import MISSPELT_ID
 
 #: (Celery app, guarded task, its resolved options)
 Guarded = tuple[Any, Any, Any]
@@ -72,7 +73,7 @@ def _once_left(task: Any, entry: str) -> Any:
         "publish refuses: every run of the entry would fail to be sent.",
         hint="Remove 'once' from the entry's options (docs/migrating.md).",
         obj=task.name,
-        id="celery_grousset.E022",
+        id=MISSPELT_ID,
     )
 
 

@@ -63,8 +63,7 @@ def on_commit(task: Any, args: Any, kwargs: Any, options: dict[str, Any], name: 
     """``delay_on_commit()``/``apply_async_on_commit()`` (``name``): never in an event
     loop's thread (Django's ``on_commit`` is refused there); the call checked now
     (:func:`prepare`)."""
-    binding.off_the_loop(f"{task.name}.{name}()", "`await sync_to_async(fn)()` where fn "
-                         "holds the transaction.atomic() block", binding.WRITES)  # fmt: skip
+    binding.off_the_loop(f"{task.name}.{name}()", binding.WRAP_ATOMIC, binding.WRITES)
     prepare(task, args, kwargs, options)
 
 
