@@ -17,7 +17,7 @@ Django's ``TestCase`` wraps each test in.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -140,3 +140,49 @@ def refuse_misspelt_key(task_name: str, options: dict[str, Any], guarded: bool =
                 f"the header {KEY_HEADER!r}. Pass idempotency_key=… to apply_async(), or "
                 f"headers={{{KEY_HEADER!r}: …}} to app.send_task()."
             )
+
+
+#: the options in which a publish carries calls for the worker to publish later
+_LATER = ("chain", "link", "link_error", "chord")
+
+
+def refuse_misspelt_links(app: Any, caller: str, options: dict[str, Any]) -> None:
+    """The guarded calls a publish carries for the worker to publish later (a chain's
+    next links, ``link``/``link_error`` callbacks, a chord's body) are checked as the
+    caller's own call is (:func:`refuse_misspelt_key`): the worker publishes them after
+    a body completed, where a refusal would lose the call. Only outside a task: inside
+    one, the worker's own publish of a chain's next link carries the rest."""
+    if not any(options.get(name) for name in _LATER):
+        return
+    if "retries" in options or _DELIBERATE.get() or _in_a_task():
+        return
+    for call in _later(options, set()):
+        name = call.get("task")
+        if not hasattr(app.tasks.get(name), "grousset_options"):
+            continue
+        try:
+            refuse_misspelt_key(str(name), dict(call.get("options") or {}))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(
+                f"{exc} This call is one {caller}'s publish carries for the worker to "
+                "publish later (a chain's next link, a link or link_error callback, a "
+                "chord's body), where it would be refused and lost: nothing was published."
+            ) from None
+
+
+def _later(options: Mapping[str, Any], seen: set[int]) -> Iterator[Mapping[str, Any]]:
+    """The task calls (signatures) inside ``options``' chain, callbacks and chord body,
+    at any depth: a group's, a chain's and a chord's parts, and their own options."""
+    for name in _LATER:
+        value = options.get(name)
+        for sig in value if isinstance(value, (list, tuple)) else (value,):
+            if not isinstance(sig, Mapping) or id(sig) in seen:
+                continue
+            seen.add(id(sig))
+            if sig.get("subtask_type"):  # a chain, a group, a chord: its parts
+                parts = sig.get("kwargs") or {}
+                for part in (parts.get("tasks"), parts.get("header"), parts.get("body")):
+                    yield from _later({"chain": part}, seen)
+            else:
+                yield sig
+            yield from _later(sig.get("options") or {}, seen)

@@ -17,7 +17,7 @@ from celery_grousset import binding, guard
 from celery_grousset.conf import GroussetSettingsError, grousset_settings
 from celery_grousset.delivery import KEY_HEADER, RETRY_OF_HEADER, header
 from celery_grousset.exceptions import FingerprintError, InvalidArgument
-from celery_grousset.publish_check import refuse_misspelt_key
+from celery_grousset.publish_check import refuse_misspelt_key, refuse_misspelt_links
 
 #: a header this package adds: set when argsrepr/kwargsrepr were written by this package
 #: (redacted) or by the caller
@@ -78,6 +78,7 @@ def prepare(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -> None:
     cannot be fingerprinted, a bad key) and give ``options`` what ``apply_async``
     publishes it with: the key as a header, a redacted ``argsrepr``."""
     key = carry_key(task.name, options)
+    refuse_misspelt_links(task.app, task.name, options)
     options["headers"][REPR_HEADER] = 1
     call = task.grousset_call(tuple(args or ()), dict(kwargs or {}), key)
     if key is None and not grousset_settings.BYPASS:

@@ -85,16 +85,68 @@ def test_in_process_worker_runs_a_task_defined_in_the_test(
 def test_a_chain_link_left_with_celery_once_options_is_still_published(
     celery_app: Celery, celery_worker: WorkController, sqlite_journal: Journal
 ) -> None:
-    """A caller's own ``once=`` is refused at its publish; a chain's next link, which the
-    worker publishes after the body completed, is not the caller's: refused there, the
-    link would be lost (the body already recorded as completed)."""
+    """A caller's own ``once=`` is refused at its publish, and so is a later link's
+    when the caller's publish carries it; a chain's next link that the worker publishes
+    after a plain task's body is not the caller's: refused there, the link would be lost
+    (the body already completed)."""
     from celery import chain
 
-    first, second = (f"link-{uuid.uuid4().hex[:8]}" for _ in "ab")
-    # Given a chain whose second link still carries celery-once's per-call option
-    links = chain(effect.si(first), effect.si(second).set(once={"graceful": True}))
+    @celery_app.task(name=f"tests.inproc.plain.{uuid.uuid4().hex[:6]}")
+    def plain() -> str:
+        return "plain"
+
+    celery_worker.reload()  # the worker learns the new task
+    second = f"link-{uuid.uuid4().hex[:8]}"
+    # Given a chain led by a plain task (its publish checks nothing of the guarded link)
+    # whose second link, guarded, still carries celery-once's per-call option
+    links = chain(plain.si(), effect.si(second).set(once={"graceful": True}))
     # When it runs
     value = links.apply_async().get(timeout=20)
-    # Then both links ran, once each
+    # Then the worker published the link: it ran, once
     assert value["key"] == second
-    assert (effects(first), effects(second)) == (1, 1)
+    assert effects(second) == 1
+
+
+@pytest.mark.parametrize(
+    ("link_options", "error"),
+    [
+        ({"idempotency_keys": "order-42"}, TypeError),
+        ({"headers": {"grousset-key": "order-42"}}, ValueError),
+        ({"once": {"graceful": True}}, TypeError),
+    ],
+    ids=["misspelt-option", "misspelt-header", "celery-once"],
+)
+def test_a_chain_with_a_link_the_worker_would_refuse_is_refused_by_the_caller(
+    celery_app: Celery, celery_worker: WorkController, sqlite_journal: Journal,
+    link_options: dict[str, Any], error: type[Exception],
+) -> None:  # fmt: skip
+    """The worker publishes a chain's next link after the previous body completed; a
+    link it refuses there (a misspelt key) is lost. The caller's publish checks every
+    guarded call it carries, and publishes none of the chain."""
+    from celery import chain
+
+    first, second, after = (f"link-{uuid.uuid4().hex[:8]}" for _ in "abc")
+    # Given a chain whose second link is given its key under a name nothing reads
+    links = chain(effect.si(first), effect.si(second).set(**link_options))
+    # When the caller publishes it
+    with pytest.raises(error, match=r"publish later .*chain's next link.*nothing was published"):
+        links.apply_async()
+    # Then nothing of it was published: a call published after it is consumed (the
+    # worker runs one task at a time, in order) and the first link never ran
+    assert effect.delay(after).get(timeout=20)["key"] == after
+    assert (effects(first), effects(second), effects(after)) == (0, 0, 1)
+
+
+def test_a_chord_body_and_a_callback_are_checked_by_the_callers_publish(
+    celery_app: Celery, sqlite_journal: Journal
+) -> None:
+    """A chord's body and a ``link`` callback are published later by the worker too."""
+    from celery import chord
+
+    misspelt = effect.si("body").set(idempotency_keys="order-42")
+    # Given a chord of guarded tasks whose body misspells its key, a call whose callback does
+    # When either is published, Then the caller's publish refuses it
+    with pytest.raises(TypeError, match=r"'idempotency_keys'.*a chord's body"):
+        chord([effect.si("h1"), effect.si("h2")], misspelt).apply_async()
+    with pytest.raises(TypeError, match=r"'idempotency_keys'.*a link or link_error callback"):
+        effect.apply_async(("cb",), link=misspelt)

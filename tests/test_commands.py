@@ -902,6 +902,20 @@ def test_the_tools_read_the_journal_under_use_tz_false(
     assert rows(alias, processor).get().status == "in_flight"
 
 
+def test_stats_refuse_a_naive_clock_in_another_zone_as_the_purge_does(alias: str) -> None:
+    """grousset_stats runs none of the other system checks (a read-only report); under
+    E012 it printed expiry and stale figures off by the UTC offset, where grousset_purge
+    and the workers refuse to start."""
+    # Given a project that keeps naive datetimes in a zone other than UTC
+    with override_settings(USE_TZ=False, TIME_ZONE="Europe/Paris"):
+        # When the report runs with its checks (as from the shell; call_command skips them)
+        # Then it refuses, naming the check and the fix
+        with pytest.raises(CommandError, match=r"USE_TZ is False.*USE_TZ = True.*E012"):
+            run("grousset_stats", database=alias, skip_checks=False)
+        # and --skip-checks skips it, as Django's own option does
+        assert "celery-grousset journal" in run("grousset_stats", database=alias)
+
+
 def test_a_time_in_another_zone_is_printed_in_utc() -> None:
     """A PostgreSQL alias with its own TIME_ZONE hands the ORM aware times in that zone:
     grousset_inspect printed them with their local digits and a "UTC" label."""

@@ -152,6 +152,16 @@ def database_errors(alias: str, doing: str) -> Iterator[None]:
         raise CommandError(f"{doing} on {alias!r}: {schema_problem(alias) or exc}") from exc
 
 
+def refuse_naive_clock() -> None:
+    """``E012`` (``USE_TZ = False`` with a ``TIME_ZONE`` other than UTC) stops a command
+    that runs no other system check: it would read the journal's times off by the UTC
+    offset (expiry, stale claims)."""
+    from celery_grousset.journal_check import time_zone_messages
+
+    for message in time_zone_messages():
+        raise CommandError(f"{message.msg} {message.hint} ({message.id})")
+
+
 def schema_problem(alias: str) -> str | None:
     """What is wrong with the journal's tables on ``alias``, with the fix (``migrate``, or
     ``INSTALLED_APPS`` first): :func:`celery_grousset.journal_check.schema_problem`. None
