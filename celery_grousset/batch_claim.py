@@ -328,9 +328,9 @@ class Claimer:
     def _store(self, alias: str) -> Store:
         store = self.stores.get(alias)
         if store is None:
-            from celery_grousset.store import _new_store
+            from celery_grousset.store import private_store
 
-            store = self.stores[alias] = _new_store(alias)
+            store = self.stores[alias] = private_store(alias)
         return store
 
     def claim(self, batch: list[Job]) -> None:

@@ -15,14 +15,17 @@ from celery_grousset.store import get_store
 from tests import services
 
 
-def claim_on(alias: str) -> Any:
-    """This thread's store of ``alias``, after a claim (its connection open)."""
-    store = get_store(alias)
-    req = ClaimRequest(
+def request() -> ClaimRequest:
+    return ClaimRequest(
         f"threads-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex * 2, "t", uuid.uuid4().hex,
         uuid.uuid4().hex, "w", "", 60.0, 3600.0, 3,
     )  # fmt: skip
-    assert store.claim(req).kind is Kind.NEW
+
+
+def claim_on(alias: str) -> Any:
+    """This thread's store of ``alias``, after a claim (its connection open)."""
+    store = get_store(alias)
+    assert store.claim(request()).kind is Kind.NEW
     return store
 
 
@@ -68,6 +71,33 @@ def test_a_fork_leaves_another_threads_connection_to_the_parent() -> None:
     thread.join()
     # Then the parent's thread goes on on the same server session
     assert held["after"] == held["session"]
+
+
+def test_a_fork_leaves_the_claim_threads_connection_to_the_parent() -> None:
+    """The worker's claim thread keeps its own stores, outside every thread's: a forked
+    child that freed the claimer's store said goodbye on the parent's session."""
+    from celery_grousset.batch_claim import Claimer
+
+    services.require_database("mysql")
+    claimer = Claimer(batch_size=1)
+    try:
+        # Given the claim thread's store of a MySQL journal, connected
+        store = claimer._store("mysql")
+        assert store.claim(request()).kind is Kind.NEW
+        session = store._conn.thread_id()
+        # When the process forks, and the child frees the claimer's stores
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            claimer.stores.clear()
+            del store
+            gc.collect()
+            os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
+        # Then the parent's claims go on on the same server session
+        assert store.claim(request()).kind is Kind.NEW
+        assert store._conn.thread_id() == session
+    finally:
+        claimer.stop(pool_stopped=True)
 
 
 def test_a_connection_dropped_in_its_own_process_is_not_kept() -> None:

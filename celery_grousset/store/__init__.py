@@ -85,6 +85,9 @@ _local = _os_thread_local()()
 #: thread's stores go with it)
 _every: weakref.WeakSet[Store] = weakref.WeakSet()
 _held: list[Store] = []  # every store, held across a fork (see _before_fork)
+#: the stores a component keeps for itself (:func:`private_store`): never reset, but
+#: discarded in a forked child as every other store is
+_private: weakref.WeakSet[Store] = weakref.WeakSet()
 _generation = [0]  # moved on by reset_stores: every thread's stores are then new
 _pid = os.getpid()
 
@@ -106,6 +109,17 @@ def get_store(alias: str | None = None) -> Store:
     store = stores.get(alias)
     if store is None:
         store = _install(alias, _new_store(alias), stores)
+    return store
+
+
+def private_store(alias: str) -> Store:
+    """A store of ``alias`` that the caller keeps for itself, not this thread's (the
+    worker's claim thread keeps one per database and closes it on its stop). A forked
+    child discards it, as it does every store: freed there, its connection could end
+    the parent's session."""
+    store = _new_store(alias)
+    with _lock:
+        _private.add(store)
     return store
 
 
@@ -178,7 +192,7 @@ def _before_fork() -> None:
     """Hold every store across the fork: in the child, the other threads' stores are
     freed, and a connection freed there could close the parent's session (mysqlclient
     says goodbye on the socket), unless it is discarded first."""
-    _held[:] = _all()
+    _held[:] = [*_all(), *_private]
 
 
 def _after_fork() -> None:
@@ -190,6 +204,7 @@ def _after_fork() -> None:
         store.discard(forked=True)
     _held.clear()
     _every.clear()
+    _private.clear()
 
 
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork,
