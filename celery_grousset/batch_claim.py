@@ -40,12 +40,12 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from celery_grousset import events, preclaim
+from celery_grousset.batch_dropped import _CLAIMERS, connection_lost
 from celery_grousset.batch_pass import (
     ANSWERED,
     DEFERRED,
@@ -72,8 +72,6 @@ PRUNE_AT = 64
 #: ``on_in_flight="wait"`` in the main process: first delay before a waiting request is
 #: claimed again, doubling up to the cap (never past the holder's claim turning stale)
 WAIT_FIRST, WAIT_CAP = 0.05, 1.0
-#: the claimers of this process (one per consumer)
-_CLAIMERS: weakref.WeakSet[Claimer] = weakref.WeakSet()
 
 
 def enable(app: Any) -> list[str]:
@@ -117,6 +115,8 @@ class Claimer:
         self.consumer: Any = None
         self.cv = threading.Condition()
         self.stopping = False
+        self.epoch = 0  #: the consumer's broker connections lost so far (on_close)
+        self.close: Callable[[], Any] = _no_close  #: the consumer's own on_close
         self.stores: dict[str, Store] = {}
         self.read_fd, self.write_fd = os.pipe()
         for fd in (self.read_fd, self.write_fd):
@@ -158,6 +158,9 @@ class Claimer:
         if getattr(handle, "__self__", None) is not self:
             self.handle = handle
             consumer.on_task_request = self.on_task_request
+        close = consumer.on_close  # (after a connection loss: see on_close)
+        if getattr(close, "__self__", None) is not self:
+            self.close, consumer.on_close = close, self.on_close
 
     # -- the event loop's side ---------------------------------------------------------------
 
@@ -165,12 +168,24 @@ class Claimer:
         """The consumer's hand-over to the pool, through this claimer."""
         return self.submit(req, self.handle)
 
+    def on_close(self) -> None:
+        """The broker connection is lost: Celery drops the requests it holds (the broker
+        delivers them again); the claims of those that can no longer start are given
+        back (:func:`~celery_grousset.batch_dropped.connection_lost`), and a request the
+        thread or the event loop still holds from that connection is let go as it comes
+        (:meth:`_dispatch`)."""
+        self.close()
+        self.epoch += 1
+        connection_lost(self)
+
     def submit(self, req: Any, handle: Callable[[Any], Any]) -> Any:
         """Queue a request for its claim (the per-task path when it cannot be queued)."""
         job = None
         if len(self.jobs) < QUEUE_LIMIT and not self.stopping and self.thread.is_alive():
             try:
                 job = job_of(req, handle)
+                if job is not None:
+                    job.epoch = self.epoch
             except Exception:  # reported by the per-task path, in the child, as without us
                 job = None
         if job is None:
@@ -195,6 +210,10 @@ class Claimer:
 
     def _dispatch(self, job: Job) -> None:
         req = job.req
+        if job.epoch != self.epoch:  # of a connection since lost: Celery dropped it
+            if job.action == OWNED and job.result is not None:
+                self._release(job)
+            return
         if job.waits and job.action != WAITING:  # done waiting: counted in the prefetch again
             self.consumer.qos.decrement_eventually()
         if job.action == OWNED and job.result is not None:
@@ -233,6 +252,8 @@ class Claimer:
     def _again(self, job: Job) -> None:
         """A waiting request's next claim: once its first one counted it, a redelivery
         (``bounce``), as an in-flight requeue is, not one more duplicate."""
+        if job.epoch != self.epoch:  # of a connection since lost: Celery dropped it
+            return
         job.waits += 1
         job.action, job.result = PER_TASK, None
         if job.sent and not job.claim.bounce:  # (a child that takes it over: the header)
@@ -347,22 +368,12 @@ class Claimer:
                 events.store_error(c, "release", exc)
 
 
-def dropped(task_id: str) -> None:
-    """Celery dropped the request ``task_id`` (revoked, expired) before a pool child
-    started it: the claim a claimer made for it is given back, not left to go stale."""
-    for claimer in list(_CLAIMERS):
-        with claimer.cv:
-            job = claimer.handed.get(task_id)
-            # that very request (not another delivery with its id, dropped at receipt)
-            if job is not None and job.req.worker_pid is None and getattr(
-                    job.req, "_already_revoked", False):
-                del claimer.handed[task_id]
-                claimer.releases.append(job)
-                claimer.cv.notify()
-
-
 def _no_pool(req: Any) -> Any:  # pragma: no cover - replaced before the first request
     raise RuntimeError("celery-grousset: the claimer has no consumer to hand requests to")
+
+
+def _no_close() -> None:  # pragma: no cover - replaced before the first request
+    """(no consumer yet: nothing to close)"""
 
 
 def stop(sender: Any = None, **kwargs: Any) -> None:

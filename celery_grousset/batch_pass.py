@@ -56,6 +56,7 @@ class Job:
     #: claim from here, not from its hand-over, which may come long after (a solo pool runs
     #: a pass's bodies one by one, a busy event loop)
     claimed_at: float = 0.0
+    epoch: int = 0  #: the claimer's epoch at its receipt (broker connections lost before)
 
 
 class _Read:

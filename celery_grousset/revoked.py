@@ -35,9 +35,9 @@ def release_revoked(
         return  # not a guarded task (GroussetTaskMixin, which imports this module)
     if not terminated:  # dropped before it ran (revoked, expired)
         write_carried(sender, request)
-        claimer = sys.modules.get("celery_grousset.batch_claim")  # WORKER_CLAIM
-        if claimer is not None:  # a claim the main process made for it: given back
-            claimer.dropped(str(request.id))
+        claimed = sys.modules.get("celery_grousset.batch_dropped")  # WORKER_CLAIM
+        if claimed is not None:  # a claim the main process made for it: given back
+            claimed.dropped(str(request.id))
         return
     if signum is not None and _signal(signum) not in ENDING:
         return

@@ -439,6 +439,52 @@ def test_a_request_revoked_before_a_child_starts_it_gives_its_claim_back(
     assert Effect.objects.using(alias).filter(key=dropped).count() == 1
 
 
+def test_a_broker_connection_lost_gives_back_the_claims_of_requests_waiting_for_a_child(
+    redis_url: str,
+) -> None:
+    """Celery drops the requests that wait for a free child when its broker connection
+    is lost (the broker delivers them again). Their claims, made by the main process,
+    were left in flight: each redelivery waited max_processing_time and took it over."""
+    from tests.tasks import effect
+
+    alias = "postgresql"
+    services.require_database(alias)
+    queue = f"q-{uuid.uuid4().hex[:10]}"
+    extra = ["--grousset-batch", "-c", "1", "--prefetch-multiplier", "4"]
+    keys = [f"lost-{uuid.uuid4().hex[:8]}-{i}" for i in range(4)]
+    with workers(queue, 1, database=alias, broker=redis_url, extra=extra):
+        # Given the only child busy with a 3 s body, three requests claimed behind it
+        results = [effect.apply_async((keys[0],), {"sleep": 3.0}, queue=queue)]
+        wait_for(lambda: Effect.objects.using(alias).filter(key=keys[0]).exists(), 30, "a body")
+        results += [effect.apply_async((k,), queue=queue) for k in keys[1:]]
+        wait_for(lambda: all(exists(alias, k) for k in keys[1:]), 30, "their claims")
+        assert not Effect.objects.using(alias).filter(key__in=keys[1:]).exists()
+        # When the worker's broker connection is lost
+        started = time.monotonic()
+        cut_broker_clients(redis_url)
+        # Then every call completes soon (max_processing_time is 30 s), each effect once,
+        # none of them taken over
+        for r in results:
+            r.get(timeout=90)
+        assert time.monotonic() - started < 20
+    for key in keys:
+        assert Effect.objects.using(alias).filter(key=key).count() == 1
+    assert [record_of(alias, effect, (k,)).takeovers for k in keys[1:]] == [0, 0, 0]
+
+
+def cut_broker_clients(redis_url: str) -> None:
+    """Kill every client of the broker's Redis database but this one."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    db = client.connection_pool.connection_kwargs.get("db", 0)
+    mine = client.client_id()
+    cut = [c["id"] for c in client.client_list() if int(c["db"]) == db and c["id"] != mine]
+    for client_id in cut:
+        client.client_kill_filter(_id=client_id)
+    assert cut
+
+
 def exists(alias: str, key: str) -> bool:
     from tests.tasks import effect
 
@@ -449,8 +495,6 @@ def exists(alias: str, key: str) -> bool:
 def test_a_broker_connection_cut_loses_and_doubles_nothing(
     batch_worker: tuple[str, str, Worker], redis_url: str
 ) -> None:
-    import redis
-
     from tests.tasks import effect
 
     alias, queue, worker = batch_worker
@@ -459,13 +503,7 @@ def test_a_broker_connection_cut_loses_and_doubles_nothing(
     wait_for(lambda: Effect.objects.using(alias).filter(key__in=keys).exists(), 30, "a body")
     # When the worker's broker connections are cut mid-stream (its consumer restarts,
     # rebuilding the strategies; requests in flight come back from the broker)
-    client = redis.Redis.from_url(redis_url)
-    db = client.connection_pool.connection_kwargs.get("db", 0)
-    mine = client.client_id()
-    cut = [c["id"] for c in client.client_list() if int(c["db"]) == db and c["id"] != mine]
-    for client_id in cut:
-        client.client_kill_filter(_id=client_id)
-    assert cut
+    cut_broker_clients(redis_url)
     # Then every call completes, each effect once, each claimed by the main process
     values = [r.get(timeout=120) for r in results]
     assert [v["key"] for v in values] == keys

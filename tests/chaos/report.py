@@ -79,6 +79,9 @@ COVERAGE: dict[int, tuple[str, str]] = {
                  "record's row lock, STORE_TIMEOUT 8 s): the claim waiting is the main "
                  "process's, which answers 5 control pings meanwhile, each within 1 s; then "
                  "the memo, 1 effect (PostgreSQL, MariaDB)"),
+    37: ("done", "WORKER_CLAIM: the broker connections killed with 12 calls of 1 s on 2 "
+                 "children, 8 prefetched: the claims of the requests Celery drops are given "
+                 "back, each call once, at most 1 takeover (3 backends)"),
 }
 
 

@@ -1,0 +1,61 @@
+"""Requests the worker's main process claimed (``WORKER_CLAIM``) that Celery drops
+before a pool child starts them: their claims are given back, so that their next
+delivery runs at once instead of waiting ``max_processing_time`` to take them over.
+
+* a request revoked or expired behind a busy child (:func:`dropped`, from Celery's
+  ``task_revoked``);
+* the requests waiting for a free child when the broker connection is lost
+  (:func:`connection_lost`, after Celery's ``Consumer.on_close``): Celery clears its
+  semaphore's waiters, and the broker delivers their messages again. Those already
+  passed to the pool are left alone: a child may still start one written to it, and it
+  runs under its claim.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+#: the claimers of this process (one per consumer; :class:`batch_claim.Claimer`)
+_CLAIMERS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def dropped(task_id: str) -> None:
+    """Celery dropped the request ``task_id`` (revoked, expired) before a pool child
+    started it: the claim a claimer made for it is given back, not left to go stale."""
+    for claimer in list(_CLAIMERS):
+        with claimer.cv:
+            job = claimer.handed.get(task_id)
+            # that very request (not another delivery with its id, dropped at receipt)
+            if job is not None and job.req.worker_pid is None and getattr(
+                    job.req, "_already_revoked", False):
+                del claimer.handed[task_id]
+                claimer.releases.append(job)
+                claimer.cv.notify()
+
+
+def connection_lost(claimer: Any) -> None:
+    """After Celery's ``on_close`` (the broker connection lost): give back the claims
+    of the handed requests that never reached the pool (they waited for a free child in
+    Celery's semaphore, which it has cleared: none of them can start now)."""
+    if not _cleared(claimer.consumer):
+        return  # (a Celery whose on_close keeps them: they may still start)
+    with claimer.cv:
+        for task_id, job in list(claimer.handed.items()):
+            if job.req.worker_pid is None and not_in_the_pool(job.req):
+                del claimer.handed[task_id]
+                claimer.releases.append(job)
+        claimer.cv.notify()
+
+
+def not_in_the_pool(req: Any) -> bool:
+    """Whether Celery never passed ``req`` to its pool: ``execute_using_pool`` sets the
+    request's ``_apply_result`` (a Celery without that attribute: unknown, so no)."""
+    return hasattr(type(req), "_apply_result") and req._apply_result is None
+
+
+def _cleared(consumer: Any) -> bool:
+    """Whether the consumer's semaphore holds no waiting request (Celery's ``on_close``
+    clears it)."""
+    semaphore = getattr(getattr(consumer, "controller", None), "semaphore", None)
+    return semaphore is not None and not getattr(semaphore, "_waiting", True)
