@@ -60,8 +60,6 @@ from celery_grousset.delivery import COUNTED_HEADER
 from celery_grousset.store import Store
 from celery_grousset.task import GroussetTaskMixin
 
-logger = logging.getLogger("celery_grousset")
-
 #: the ``Strategy`` of a guarded task on a worker with the switch on
 STRATEGY = "celery_grousset.batch_claim:strategy"
 #: requests waiting for a claim at most; past it a request takes the per-task path
@@ -311,7 +309,8 @@ class Claimer:
                 try:
                     self.claim(batch)
                 except Exception:  # never let the thread die: these take the per-task path
-                    logger.exception("grousset.worker_claim pass failed")
+                    events.emit(logging.ERROR, "grousset.worker_claim", {"requests": len(batch)},
+                                note="pass failed", exc_info=True)  # fmt: skip
                 self.done.extend(batch)
                 with contextlib.suppress(BlockingIOError):
                     os.write(self.write_fd, b"\0")
@@ -331,12 +330,11 @@ class Claimer:
     def _shut(self) -> None:
         """Release the claims of requests never handed to the pool; close the connections
         (on this thread: an SQLite connection may be used only by the thread that made it)."""
-        logger.info(
-            "grousset.worker_claim_stats passes=%d requests=%d average_batch=%.2f "
-            "batch_size=%d flush_delay=%gs",
-            self.passes, self.claimed, self.claimed / max(self.passes, 1), self.batch_size,
-            self.flush_delay,
-        )  # fmt: skip
+        events.emit(logging.INFO, "grousset.worker_claim_stats", {
+            "passes": self.passes, "requests": self.claimed,
+            "average_batch": round(self.claimed / max(self.passes, 1), 2),
+            "batch_size": self.batch_size, "flush_delay": self.flush_delay,
+        })  # fmt: skip
         while self.done:
             job = self.done.popleft()
             if job.action == OWNED:

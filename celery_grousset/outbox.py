@@ -43,7 +43,6 @@ from celery_grousset.published import arguments, check_enqueued, stored, stored_
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-logger = logging.getLogger("celery_grousset")
 
 DEFAULT_BATCH_SIZE = 100
 DEFAULT_MAX_ATTEMPTS = 10
@@ -254,7 +253,8 @@ class Relay:
                                                    kwargs={})  # fmt: skip
                 stats.sent = len(sent)
         if sent:
-            logger.info("grousset.outbox_sent count=%d database=%s", len(sent), alias)
+            events.emit(logging.INFO, "grousset.outbox_sent",
+                        {"count": len(sent), "database": alias})  # fmt: skip
         return stats
 
     def _publish(self, rows: list[OutboxMessage], stats: RelayStats) -> list[int]:
@@ -377,7 +377,8 @@ class RelayThread(threading.Thread):
         try:
             self.relay.run(self.stop_event)
         except Exception:  # pragma: no cover - logged, never kills the worker
-            logger.exception("grousset.outbox_relay_crashed database=%s", self.relay.alias)
+            events.emit(logging.ERROR, "grousset.outbox_relay_crashed",
+                        {"database": self.relay.alias}, exc_info=True)  # fmt: skip
         finally:
             connections.close_all()
 

@@ -33,7 +33,6 @@ from celery_grousset.exceptions import FingerprintError
 SLOT_HEADER = "grousset_slot"
 _MAX_LENGTH = 64
 
-logger = logging.getLogger("celery_grousset")
 
 #: the slot of the beat entry being published in this context
 _SLOT: ContextVar[str | None] = ContextVar("grousset_slot", default=None)
@@ -77,13 +76,11 @@ def entry_slot(entry: Any) -> str | None:
     if when is None:
         if entry.name not in _warned:
             _warned.add(entry.name)
-            logger.warning(
-                "grousset.periodic_no_slot entry=%s schedule=%r: the schedule gives no due "
-                "time (no remaining_estimate), so its runs carry no slot and a guarded task "
-                "keys them by their arguments alone (docs/periodic.md)",
-                entry.name,
-                entry.schedule,
-            )
+            events.emit(logging.WARNING, "grousset.periodic_no_slot", {
+                "entry": entry.name, "schedule": repr(entry.schedule)}, note=(
+                "the schedule gives no due time (no remaining_estimate), so its runs carry "
+                "no slot and a guarded task keys them by their arguments alone "
+                "(docs/periodic.md)"))  # fmt: skip
         return None
     return when.isoformat()
 

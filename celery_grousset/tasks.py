@@ -13,7 +13,7 @@ import logging
 
 from celery import shared_task
 
-logger = logging.getLogger("celery_grousset")
+from celery_grousset import events
 
 
 @shared_task(name="celery_grousset.purge_expired", ignore_result=False)
@@ -53,13 +53,7 @@ def _purge(alias: str, batch_size: int, outbox: bool) -> int:
     count = journal.purge_expired(alias, batch_size=batch_size)
     sent = purge_sent_outbox(alias, batch_size) if outbox else 0
     fields = {"count": count, "outbox": sent, "database": alias}
-    logger.info(
-        "grousset.purged count=%d outbox=%d database=%s",
-        count,
-        sent,
-        alias,
-        extra={"grousset": {"event": "grousset.purged", **fields}},
-    )
+    events.emit(logging.INFO, "grousset.purged", fields)
     return count
 
 

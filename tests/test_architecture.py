@@ -131,3 +131,33 @@ def test_the_sql_check_sees_sql() -> None:
     assert SQL.search("DELETE FROM celery_grousset_outcome WHERE id = 1")
     assert SQL.search("SELECT clock_timestamp()")
     assert not SQL.search("select the rows to delete from the journal")
+
+
+LOG_METHODS = {"debug", "info", "warning", "error", "exception", "critical", "log"}
+
+
+def event_lines_outside_emit(source: str) -> list[int]:
+    """The lines of ``source`` that log a ``grousset.*`` event by hand (a logger call
+    whose message starts with it), not through :func:`celery_grousset.events.emit`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        if node.func.attr not in LOG_METHODS or not isinstance(node.func.value, ast.Name):
+            continue
+        texts = [a.value for a in node.args[:2]
+                 if isinstance(a, ast.Constant) and isinstance(a.value, str)]  # fmt: skip
+        if any(text.startswith("grousset.") for text in texts):
+            found.append(node.lineno)
+    return found
+
+
+def test_every_event_line_carries_its_fields() -> None:
+    """docs/operations.md: each event of the log table carries its fields on the record
+    (``record.grousset``), which only ``events.emit`` puts there."""
+    offenders = [f"{path.name}:{line}" for name, path in modules().items()
+                 if name != "celery_grousset.events"
+                 for line in event_lines_outside_emit(path.read_text())]  # fmt: skip
+    assert offenders == []
+    # (the check can fail)
+    assert event_lines_outside_emit('logger.info("grousset.outbox_sent count=%d", 1)') == [1]
