@@ -116,7 +116,7 @@ def refuse_misspelt_key(task_name: str, options: dict[str, Any], guarded: bool =
     if "retries" in options:
         return
     for name in options:
-        if "idempot" in name.lower() and name != "idempotency_key":
+        if isinstance(name, str) and "idempot" in name.lower() and name != "idempotency_key":
             raise TypeError(
                 f"{task_name}.apply_async() got the option {name!r}, which nothing reads: "
                 "did you mean idempotency_key? (a non-empty str that names the call)"
@@ -133,7 +133,8 @@ def refuse_misspelt_key(task_name: str, options: dict[str, Any], guarded: bool =
             "task's max_processing_time (its 'timeout'). Remove once= from the call "
             "(docs/migrating.md)."
         )
-    for name in (options.get("headers") or ()) if guarded else ():
+    headers = options.get("headers")
+    for name in headers if guarded and isinstance(headers, Mapping) else ():
         if misspelt_key(name):
             raise ValueError(
                 f"{task_name}: the header {name!r} is not read: the key of a call travels in "
@@ -146,43 +147,66 @@ def refuse_misspelt_key(task_name: str, options: dict[str, Any], guarded: bool =
 _LATER = ("chain", "link", "link_error", "chord")
 
 
-def refuse_misspelt_links(app: Any, caller: str, options: dict[str, Any]) -> None:
-    """The guarded calls a publish carries for the worker to publish later (a chain's
-    next links, ``link``/``link_error`` callbacks, a chord's body) are checked as the
-    caller's own call is (:func:`refuse_misspelt_key`): the worker publishes them after
-    a body completed, where a refusal would lose the call. Only outside a task: inside
-    one, the worker's own publish of a chain's next link carries the rest."""
+def refuse_misspelt_links(
+    app: Any, caller: str, options: dict[str, Any], anywhere: bool = False
+) -> None:
+    """The calls a publish carries for the worker to publish later (a chain's next
+    links, ``link``/``link_error`` callbacks, a chord's body) are checked as the caller's
+    own call is (:func:`refuse_misspelt_key`): the worker publishes them after a body
+    completed, where a refusal would lose the call. A guarded task's are checked whole;
+    a task this process has not imported (named by a string: it may be guarded where it
+    runs) for its options only; a plain task's not at all. Not inside a task, unless
+    ``anywhere`` (a call the worker never makes itself: ``outbox.enqueue``,
+    ``delay_on_commit``): there the worker's own publish of a chain's next link carries
+    the rest."""
     if not any(options.get(name) for name in _LATER):
         return
-    if "retries" in options or _DELIBERATE.get() or _in_a_task():
+    if "retries" in options or _DELIBERATE.get() or (not anywhere and _in_a_task()):
         return
-    for call in _later(options, set()):
-        name = call.get("task")
-        if not hasattr(app.tasks.get(name), "grousset_options"):
-            continue
+    for name, given in _later(options, {}, set()):
+        task = app.tasks.get(name) if isinstance(name, str) else None
+        if task is not None and not hasattr(task, "grousset_options"):
+            continue  # a plain task: nothing here reads its options
         try:
-            refuse_misspelt_key(str(name), dict(call.get("options") or {}))
+            refuse_misspelt_key(str(name), given, guarded=task is not None)
         except (TypeError, ValueError) as exc:
             raise type(exc)(
                 f"{exc} This call is one {caller}'s publish carries for the worker to "
                 "publish later (a chain's next link, a link or link_error callback, a "
-                "chord's body), where it would be refused and lost: nothing was published."
+                "chord's body), where it would be refused and lost. It was not published "
+                "(in a group or a chord, the members before it were)."
             ) from None
 
 
-def _later(options: Mapping[str, Any], seen: set[int]) -> Iterator[Mapping[str, Any]]:
-    """The task calls (signatures) inside ``options``' chain, callbacks and chord body,
-    at any depth: a group's, a chain's and a chord's parts, and their own options."""
+def _later(
+    options: Mapping[str, Any], inherited: dict[str, Any], seen: set[int]
+) -> Iterator[tuple[object, dict[str, Any]]]:
+    """The task calls inside ``options``' chain, callbacks and chord body, at any depth
+    (a group's, a chain's and a chord's parts), each with the options Celery publishes
+    it with: its own over those of the group, chord or chain it is in."""
     for name in _LATER:
         value = options.get(name)
         for sig in value if isinstance(value, (list, tuple)) else (value,):
             if not isinstance(sig, Mapping) or id(sig) in seen:
                 continue
             seen.add(id(sig))
+            given = _merged(inherited, sig.get("options"))
             if sig.get("subtask_type"):  # a chain, a group, a chord: its parts
                 parts = sig.get("kwargs") or {}
                 for part in (parts.get("tasks"), parts.get("header"), parts.get("body")):
-                    yield from _later({"chain": part}, seen)
+                    yield from _later({"chain": part}, given, seen)
             else:
-                yield sig
-            yield from _later(sig.get("options") or {}, seen)
+                yield sig.get("task"), given
+            yield from _later(sig.get("options") or {}, {}, seen)
+
+
+def _merged(inherited: dict[str, Any], options: object) -> dict[str, Any]:
+    """A member's options over its group's, chord's or chain's (their headers joined)."""
+    own = dict(options) if isinstance(options, Mapping) else {}
+    if not inherited:
+        return own
+    merged = {**inherited, **own}
+    outer, inner = inherited.get("headers"), own.get("headers")
+    if isinstance(outer, Mapping) and isinstance(inner, Mapping):
+        merged["headers"] = {**outer, **inner}
+    return merged

@@ -64,7 +64,7 @@ def on_commit(task: Any, args: Any, kwargs: Any, options: dict[str, Any], name: 
     loop's thread (Django's ``on_commit`` is refused there); the call checked now
     (:func:`prepare`)."""
     binding.off_the_loop(f"{task.name}.{name}()", binding.WRAP_ATOMIC, binding.WRITES)
-    prepare(task, args, kwargs, options)
+    prepare(task, args, kwargs, options, anywhere=True)
 
 
 def _checked_key(name: str, key: object) -> str | None:
@@ -73,12 +73,15 @@ def _checked_key(name: str, key: object) -> str | None:
     return key
 
 
-def prepare(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -> None:
+def prepare(
+    task: Any, args: Any, kwargs: Any, options: dict[str, Any], anywhere: bool = False
+) -> None:
     """Check a call of the guarded ``task`` now (``FingerprintError``: arguments that
-    cannot be fingerprinted, a bad key) and give ``options`` what ``apply_async``
-    publishes it with: the key as a header, a redacted ``argsrepr``."""
+    cannot be fingerprinted, a bad key; the calls it carries for the worker, also in a
+    task with ``anywhere``) and give ``options`` what ``apply_async`` publishes it with:
+    the key as a header, a redacted ``argsrepr``."""
     key = carry_key(task.name, options)
-    refuse_misspelt_links(task.app, task.name, options)
+    refuse_misspelt_links(task.app, task.name, options, anywhere)
     options["headers"][REPR_HEADER] = 1
     call = task.grousset_call(tuple(args or ()), dict(kwargs or {}), key)
     if key is None and not grousset_settings.BYPASS:
@@ -120,9 +123,11 @@ def check_enqueued(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -
     if not isinstance(task, str) and getattr(task, "typing", False):
         task.__header__(*(args or ()), **(kwargs or {}))  # Celery's own check (delay())
     if guarded:
-        prepare(task, args, kwargs, dict(options))
+        prepare(task, args, kwargs, dict(options), anywhere=True)
     else:
         _checked_key(name, options.get("idempotency_key"))
+        if not isinstance(task, str):  # the guarded calls it carries for the worker
+            refuse_misspelt_links(task.app, name, options, anywhere=True)
     _encodable(task, args, kwargs, options)
 
 

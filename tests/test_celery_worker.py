@@ -129,7 +129,7 @@ def test_a_chain_with_a_link_the_worker_would_refuse_is_refused_by_the_caller(
     # Given a chain whose second link is given its key under a name nothing reads
     links = chain(effect.si(first), effect.si(second).set(**link_options))
     # When the caller publishes it
-    with pytest.raises(error, match=r"publish later .*chain's next link.*nothing was published"):
+    with pytest.raises(error, match=r"publish later .*chain's next link.*It was not published"):
         links.apply_async()
     # Then nothing of it was published: a call published after it is consumed (the
     # worker runs one task at a time, in order) and the first link never ran
@@ -150,3 +150,71 @@ def test_a_chord_body_and_a_callback_are_checked_by_the_callers_publish(
         chord([effect.si("h1"), effect.si("h2")], misspelt).apply_async()
     with pytest.raises(TypeError, match=r"'idempotency_keys'.*a link or link_error callback"):
         effect.apply_async(("cb",), link=misspelt)
+
+
+def test_options_given_to_a_group_or_a_chord_are_checked_as_its_members_own(
+    celery_app: Celery, sqlite_journal: Journal
+) -> None:
+    """Celery publishes a group's, a chord's and a chain's own options with each of its
+    members: a misspelt key set on the group itself was lost at the worker too."""
+    from celery import chain, chord, group
+
+    misspelt = {"headers": {"grousset-key": "order-42"}}
+    # Given a chain whose next step is a group given a misspelt key header, and a call
+    # whose callback is a chord given a misspelt key option
+    steps = chain(effect.si("a"), group(effect.si("b"), effect.si("c")).set(**misspelt))
+    callback = chord([effect.si("d")], effect.si("e")).set(idempotency_keys="order-42")
+    # When they are published, Then the caller's publish refuses both
+    with pytest.raises(ValueError, match=r"'grousset-key' is not read.*It was not published"):
+        steps.apply_async()
+    with pytest.raises(TypeError, match=r"'idempotency_keys'.*It was not published"):
+        effect.apply_async(("f",), link=callback)
+
+
+def test_a_linked_task_this_process_has_not_imported_is_checked_for_its_options(
+    celery_app: Celery,
+) -> None:
+    """A task named by a string, not registered here, may be guarded where it runs: a
+    misspelt key option is refused (nothing reads it anywhere); its headers and
+    celery-once's once= (its own, if it is a QueueOnce task) are left alone."""
+    from celery import signature
+
+    from celery_grousset.publish_check import refuse_misspelt_links
+
+    elsewhere = "billing.tasks.capture"
+    assert elsewhere not in celery_app.tasks
+    # Given links to that task with a misspelt key option, a key-like header, once=
+    bad = signature(elsewhere, args=(1,), options={"idempotency_keys": "k"}, app=celery_app)
+    header = signature(elsewhere, options={"headers": {"grousset-key": "k"}}, app=celery_app)
+    once = signature(elsewhere, options={"once": {"graceful": True}}, app=celery_app)
+    # When a guarded call carries them, Then the misspelt option is refused
+    with pytest.raises(TypeError, match=r"'idempotency_keys'.*It was not published"):
+        effect.apply_async(("g",), link=bad)
+    # and the others pass the check (a plain task of its own may read them)
+    refuse_misspelt_links(celery_app, effect.name, {"link": [header, once]})
+    # as does a link whose options are not what Celery would make (a non-str name)
+    odd = {"task": effect.name, "options": {1: 2, "headers": "x"}}
+    refuse_misspelt_links(celery_app, effect.name, {"link": [odd], "chain": [{"task": ["x"]}]})
+
+
+def test_a_call_enqueued_inside_a_task_has_its_links_checked(
+    celery_app: Celery, sqlite_journal: Journal
+) -> None:
+    """outbox.enqueue() inside a task: the relay publishes the row later, and the worker
+    refuses the misspelt link after the body: the caller's check must run in a task too."""
+    from celery_grousset import outbox
+    from celery_grousset.models import OutboxMessage
+
+    @celery_app.task(name=f"tests.inproc.enqueuer.{uuid.uuid4().hex[:6]}")
+    def enqueuer(key: str) -> None:
+        link = effect.si("after").set(idempotency_keys="order-42")
+        outbox.enqueue(effect, [key], link=link, using="default")
+
+    rows = OutboxMessage.objects.using("default")
+    before = rows.count()
+    # Given a task body that enqueues a guarded call whose callback misspells its key
+    # When the body runs (as a worker runs it: Celery's __call__), Then enqueue refuses
+    with pytest.raises(TypeError, match=r"'idempotency_keys'.*It was not published"):
+        enqueuer(f"enq-{uuid.uuid4().hex[:8]}")
+    # and wrote no row
+    assert rows.count() == before
