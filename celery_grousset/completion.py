@@ -321,7 +321,7 @@ def finish_retrying(store: Store, req: ClaimRequest, completion: Completion) -> 
             if interrupted:
                 raise
             interrupted = True
-            events.store_error(req, "complete (outcome unknown, re-sent)", exc)
+            events.store_error(req, "complete", exc, action="outcome unknown: sent again")
             try:
                 store.close()
             except Exception:  # the connection is in an unknown state
@@ -338,7 +338,7 @@ def _finish(store: Store, req: ClaimRequest, completion: Completion) -> bool:
     except PoisonDelivery as exc:
         if completion.result is None:
             raise
-        events.store_error(req, "complete (memo refused: stored as not stored)", exc)
+        events.store_error(req, "complete", exc, action="memo refused: stored as not stored")
         why = memo.redacted_text(f"result not stored: the journal refused it: {exc}")
     unstored = Completion(completion.status, None, ENC_NOT_STORED, why)
     return store.finish(req.processor_id, req.fingerprint, req.token, unstored)

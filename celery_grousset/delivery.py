@@ -214,7 +214,7 @@ def republish_failed(
     from celery_grousset import events
 
     events.emit(logging.WARNING, "grousset.requeue_failed", {
-        "task": task_name, "error": events.error_text(exc), "retry_in": f"{wait:.1f}s",
+        "task": task_name, "error": events.error_text(exc), "retry_in": round(wait, 1),
         "failures": n + 1,
     }, note="could not requeue the delivery: it goes back to the broker after retry_in "
             "(failures: failed requeues in a row in this process)")  # fmt: skip

@@ -120,7 +120,7 @@ def in_flight(req: ClaimRequest, res: ClaimResult, action: str) -> None:
         "grousset.in_flight",
         req,
         holder_task_id=res.task_id,
-        stale_in=f"{res.retry_in:.3f}s",
+        stale_in=round(res.retry_in, 3),
         action=action,
     )
 
@@ -230,17 +230,19 @@ def outcome_carried(req: ClaimRequest, status: str) -> None:
 
 
 def store_error(
-    req: ClaimRequest, operation: str, exc: BaseException, retried: bool = False
+    req: ClaimRequest, operation: str, exc: BaseException, retried: bool = False,
+    action: str | None = None,
 ) -> None:
-    """The journal did not take ``operation``: ERROR, counted; ``retried``: this try of
-    an operation that is tried again at once (a completion's), a WARNING only."""
+    """The journal did not take ``operation`` (``claim``, ``complete``, ``fail``,
+    ``release``): ERROR, counted; ``retried``: this try of an operation that is tried
+    again at once (a completion's), a WARNING only; ``action``: what is done instead."""
     _log(
         logging.WARNING if retried else logging.ERROR,
         "grousset.store_unavailable",
         req,
         operation=operation,
         error=redacted_text(str(exc), 300),  # a driver's text may quote a DSN
-        action="tried again" if retried else None,
+        action="tried again" if retried else action,
     )
     if recorder is None or retried:
         return

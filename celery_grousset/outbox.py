@@ -308,7 +308,7 @@ class Relay:
         stats.failed += 1
         events.emit(logging.WARNING, "grousset.outbox_publish_failed", {
             "id": row.id, "task": row.task_name, "attempts": attempts,
-            "retry_in": f"{wait:.1f}s", "error": error,
+            "retry_in": round(wait, 1), "error": error,
         })  # fmt: skip
 
     def run(self, stop: threading.Event | None = None, *, once: bool = False) -> RelayStats:
