@@ -19,9 +19,11 @@ loop never waits on the database. Then, on the event loop:
 * a key in flight elsewhere follows the task's ``on_in_flight`` here, holding no pool
   child: ``"retry"`` publishes the delivery again with the per-task countdown and acks
   it; ``"wait"`` claims it again later from the hub's timer (:meth:`Claimer._wait`);
-* anything else (a memoized failure, the store down, a call whose arguments cannot be
-  fingerprinted, a full queue) goes to the pool unclaimed, and the child takes the
-  per-task path as without the switch.
+* a settled key not answered here (a memoized failure, a memo with callbacks) goes to
+  the pool with its claim's decision (:func:`preclaim.carry_decided`): the child acts on
+  it without claiming again;
+* anything else (the store down, a call whose arguments cannot be fingerprinted, a full
+  queue) goes to the pool unclaimed, and the child takes the per-task path.
 
 The claimer sits on the consumer's ``on_task_request``, the one hand-over every request
 takes: ETA and rate-limited requests, which reach it later through Celery's timer, are

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from celery_grousset import carry, events, guard, memo
+from celery_grousset import carry, events, guard, memo, preclaim
 from celery_grousset.claim import ClaimRequest, Kind, payload_differs
 from celery_grousset.delivery import key_of
 from celery_grousset.exceptions import StoreUnavailable
@@ -134,6 +134,10 @@ def claim_pass(store_of: Callable[[str], Store], batch: list[Job]) -> None:
             acted = [job for job in jobs if job.action != PER_TASK]
             if acted and not (res.kind is Kind.IN_FLIGHT and acted[0].waits):  # (once)
                 events.decided(jobs[0].claim, res, seconds)
+            first = jobs[0]  # (the one whose claim was sent: not to be counted again)
+            if first.action == PER_TASK and res.kind in preclaim.SETTLED:  # the child acts on it
+                reported = None if acted else seconds  # (reported here: not again there)
+                preclaim.carry_decided(first.req.request_dict, first.claim, res, reported)
 
 
 def lost(job: Job) -> None:

@@ -82,6 +82,44 @@ def carried(request: Any) -> Sequence[Any] | None:
     return value[:8] if value[8] == _stamp(request) else None
 
 
+#: the request field that carries a settled key's decision, made by the main process's
+#: claim and not acted on there (:func:`carry_decided`)
+DECIDED = "grousset_decided"
+#: the decisions a child may take from the main process: a settled key (a memo the main
+#: process did not answer itself, a memoized failure, a give-up, another call's record)
+SETTLED = frozenset({Kind.COMPLETED, Kind.FAILED, Kind.GAVE_UP, Kind.MISMATCH})
+
+
+def carry_decided(
+    request_dict: dict[str, Any], req: ClaimRequest, res: ClaimResult, seconds: float | None
+) -> None:
+    """Put a settled key's decision in a request the main process hands to the pool
+    unanswered (a memoized failure is replayed in the child, under Celery's own failure
+    path): the child acts on it instead of claiming again, which would count the
+    delivery twice in the journal. ``seconds``: the claim's time, for the child to report
+    the decision (None: the main process reported it, acting on another delivery)."""
+    request_dict[DECIDED] = [
+        req.processor_id, req.fingerprint, seconds, _stamp(request_dict),
+        *dataclasses.astuple(res),
+    ]  # fmt: skip
+
+
+def decided(caller: Any, req: ClaimRequest) -> ClaimResult | None:
+    """The decision the main process carried for this delivery of ``req``'s key (None:
+    none, or one that came with a copy sent again); reported here, where it is acted on."""
+    request = getattr(caller, "request", None)
+    value = getattr(request, DECIDED, None) if request is not None else None
+    if not (isinstance(value, (list, tuple)) and len(value) > 4):
+        return None
+    processor_id, fingerprint, seconds, stamp, *fields = value
+    if (processor_id, fingerprint, stamp) != (req.processor_id, req.fingerprint, _stamp(request)):
+        return None
+    res = ClaimResult(*fields)
+    if seconds is not None:
+        events.decided(req, res, float(seconds))
+    return res
+
+
 def renew_after(req: ClaimRequest) -> float:
     """Seconds after its claim from which a child renews a pre-made claim: the setting
     (default: a tenth of ``max_processing_time``), at most half of it."""
@@ -91,12 +129,13 @@ def renew_after(req: ClaimRequest) -> float:
 
 
 def adopt(caller: Any, store: Store, req: ClaimRequest) -> tuple[ClaimRequest, ClaimResult | None]:
-    """The claim this delivery carries, as ``(request, result)`` — or ``(req, None)``:
-    no usable claim, or its renewal failed (the caller claims, with the token of the
-    request returned, and the decision table decides)."""
+    """The claim this delivery carries, as ``(request, result)`` (or the settled decision
+    it carries, :func:`decided`) — or ``(req, None)``: no usable claim, or its renewal
+    failed (the caller claims, with the token of the request returned, and the decision
+    table decides)."""
     value = carried(getattr(caller, "request", None))
     if value is None:
-        return req, None
+        return req, decided(caller, req)
     token, fence, kind, deliveries, takeovers, processor_id, fingerprint, at = value
     if (processor_id, fingerprint) != (req.processor_id, req.fingerprint):
         # Not this call's key (options resolved differently in the two processes): the

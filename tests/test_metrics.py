@@ -208,6 +208,7 @@ def sample(
 @pytest.mark.parametrize("batch", [False, True], ids=["in-children", "worker-claim"])
 def test_worker_serves_metrics_of_its_children(batch: bool) -> None:
     from celery_grousset.metrics import GAUGES
+    from celery_grousset.models import Outcome
 
     services.require_database("postgresql")
     broker = services.require_redis()
@@ -232,9 +233,11 @@ def test_worker_serves_metrics_of_its_children(batch: bool) -> None:
         # one claim, counted once)
         for _ in range(5):
             send(task, queue, key).get(timeout=60)  # type: ignore[attr-defined]
+        sent = []
         for _ in range(3):
+            sent.append(send(failing, queue, key))
             with pytest.raises(ValueError, match="refused"):
-                send(failing, queue, key).get(timeout=60)  # type: ignore[attr-defined]
+                sent[-1].get(timeout=60)  # type: ignore[attr-defined]
         deadline = time.monotonic() + 10
         while True:  # the scrape reads the children's files: allow them to land
             samples = scrape(port)
@@ -257,6 +260,10 @@ def test_worker_serves_metrics_of_its_children(batch: bool) -> None:
                   outcome="failed_replayed") == 2  # fmt: skip
     assert sample(samples, "grousset_duplicate_detections_total", task=failing) == 2
     assert log.count("grousset.duplicate_skipped") == 4 + 2, log
+    # and once in the journal: with --grousset-batch, the decision the parent's claim
+    # made is carried to the child, which does not claim (and count) the delivery again
+    row = Outcome.objects.using("postgresql").get(task_name=failing, task_id=sent[0].id)
+    assert (row.deliveries, row.duplicates) == (3, 2)
     count = sample(samples, "grousset_store_seconds_count", operation="claim")
     assert count is not None and count >= 5
     # And the parent serves the journal gauges of the worker's database
