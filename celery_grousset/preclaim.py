@@ -99,20 +99,24 @@ def carry_decided(
     delivery twice in the journal. ``seconds``: the claim's time, for the child to report
     the decision (None: the main process reported it, acting on another delivery)."""
     request_dict[DECIDED] = [
-        req.processor_id, req.fingerprint, seconds, _stamp(request_dict),
+        req.processor_id, req.fingerprint, seconds, _stamp(request_dict), time.monotonic(),
         *dataclasses.astuple(res),
     ]  # fmt: skip
 
 
 def decided(caller: Any, req: ClaimRequest) -> ClaimResult | None:
     """The decision the main process carried for this delivery of ``req``'s key (None:
-    none, or one that came with a copy sent again); reported here, where it is acted on."""
+    none, one that came with a copy sent again, or one older than :func:`renew_after`,
+    as an owned claim is: the key may have been released since, and the child claims it
+    itself); reported here, where it is acted on."""
     request = getattr(caller, "request", None)
     value = getattr(request, DECIDED, None) if request is not None else None
-    if not (isinstance(value, (list, tuple)) and len(value) > 4):
+    if not (isinstance(value, (list, tuple)) and len(value) > 5):
         return None
-    processor_id, fingerprint, seconds, stamp, *fields = value
+    processor_id, fingerprint, seconds, stamp, at, *fields = value
     if (processor_id, fingerprint, stamp) != (req.processor_id, req.fingerprint, _stamp(request)):
+        return None
+    if not 0 <= time.monotonic() - float(at) <= renew_after(req):
         return None
     res = ClaimResult(*fields)
     if seconds is not None:

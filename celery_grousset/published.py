@@ -107,6 +107,18 @@ def mark_retry(task: Any, request: Any, sig: Any, retried: str) -> None:
     sig.options["headers"] = headers
 
 
+def unheader(sig: Any) -> None:
+    """What the worker's main process put in a delivery for its pool child (its claim,
+    its decision with the memo: :mod:`celery_grousset.preclaim`) is not sent again with
+    a copy of it (``retry()``, a requeue): Celery copies a request's own fields into the
+    copy's headers."""
+    from celery_grousset.preclaim import DECIDED, FIELD
+
+    headers = sig.options.get("headers")
+    if isinstance(headers, dict) and (FIELD in headers or DECIDED in headers):
+        sig.options["headers"] = {k: v for k, v in headers.items() if k not in (FIELD, DECIDED)}
+
+
 def check_enqueued(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -> None:
     """``outbox.enqueue()``'s checks, before its row is written: as ``delay()`` checks
     a call (Celery's own signature check; :func:`prepare` for a guarded task)."""

@@ -39,7 +39,7 @@ from celery_grousset.fingerprint import validate_key_names
 from celery_grousset.options import NAMES as _OPTION_NAMES
 from celery_grousset.options import Options
 from celery_grousset.publish import publish_unique as _publish_unique
-from celery_grousset.published import bypassed, eager, mark_retry, on_commit, prepare
+from celery_grousset.published import bypassed, eager, mark_retry, on_commit, prepare, unheader
 from celery_grousset.store import ClaimResult
 
 _instances: list[GroussetTaskMixin] = []
@@ -230,6 +230,7 @@ class GroussetTaskMixin:
 
     def signature_from_request(self, request: Any = None, *a: Any, **options: Any) -> Any:
         sig = super().signature_from_request(request, *a, **options)  # type: ignore[misc]
+        unheader(sig)
         if held := _RETRYING.get():  # the message of retry(), built once
             mark_retry(self, self.request if request is None else request, sig, held.pop())
         return sig

@@ -288,3 +288,54 @@ def test_a_renewal_never_touches_a_settled_row(setup: tuple[str, Options, guard.
     renewed = preclaim.renew(get_store(journal), dataclasses.replace(req, token=carried[0]))
     # Then it fails, and the completed row keeps its deadline
     assert not renewed and row(journal, opts, call).stale_at == done.stale_at
+
+
+def decided_by_the_main_process(
+    journal: str, opts: Options, call: guard.Call, age: float
+) -> SimpleNamespace:
+    """The main process's claim of a completed ``call``, not acted on there (its
+    decision handed to the child, as a duplicate with callbacks is): the child's request,
+    the decision ``age`` s old."""
+    fp, args_repr, payload = guard.identity(call)
+    req = guard.request(opts, fp, call.name, uuid.uuid4().hex, args_repr, payload_hash=payload)
+    [res] = guard.claim(get_store(journal), [req], report=False)
+    assert res.kind.value == "duplicate"
+    request_dict: dict[str, Any] = {}
+    preclaim.carry_decided(request_dict, req, res, 0.001)
+    value = request_dict[preclaim.DECIDED]
+    value[4] -= age
+    return SimpleNamespace(grousset_claim=None, grousset_decided=value)
+
+
+def test_a_decision_carried_from_the_main_process_is_acted_on_without_a_second_claim(
+    setup: tuple[str, Options, guard.Call],
+) -> None:
+    journal, opts, call = setup
+    # Given a call completed once, and a duplicate the main process claimed, handing its
+    # decision to the child
+    assert guard.guarded(Caller(opts, None), call) == "ran"
+    caller = Caller(opts, None)
+    caller.request = decided_by_the_main_process(journal, opts, call, age=0.0)
+    # When the child runs the duplicate, Then it answers from the memo, claiming nothing
+    assert guard.guarded(caller, call) == "ran" and caller.ran == []
+    rec = row(journal, opts, call)
+    assert (rec.deliveries, rec.duplicates) == (2, 1)
+
+
+def test_a_late_decision_is_not_acted_on_the_child_claims_itself(
+    setup: tuple[str, Options, guard.Call],
+) -> None:
+    """An operator may release the key while the duplicate waits for a free child
+    (grousset_release --force: the next delivery runs again): a decision older than an
+    owned claim's renewal bound is not used."""
+    journal, opts, call = setup
+    assert guard.guarded(Caller(opts, None), call) == "ran"
+    caller = Caller(opts, None)
+    # Given the main process's decision made 10 s before the child starts (bound: 3 s),
+    # and the key released meanwhile (its record forgotten)
+    caller.request = decided_by_the_main_process(journal, opts, call, age=10.0)
+    row(journal, opts, call).delete(using=journal)
+    # When the child runs it, Then it claims the key itself and the body runs again
+    assert guard.guarded(caller, call) == "ran"
+    assert len(caller.ran) == 1
+    assert row(journal, opts, call).status == "completed"

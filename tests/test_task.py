@@ -719,3 +719,26 @@ def test_an_eager_retry_with_other_arguments_stays_its_call(journal: str) -> Non
     # Then it is answered from the retry's outcome: one effect
     assert first == again == f"captured {order} via backup"
     assert ledger(journal, f"capture-{order}") == 2  # the "down" mark, then the backup
+
+
+def test_a_copy_sent_again_leaves_the_main_process_claim_and_decision_behind() -> None:
+    """Celery copies a request's own fields into the headers of a copy it sends again
+    (retry(), signature_from_request, the guard's requeue): the claim and the decision
+    the worker's main process put there for its child (with the memo) travelled to the
+    broker with it."""
+    from celery import Task
+
+    from celery_grousset import preclaim
+    from tests.tasks import effect
+
+    # Given a delivery as a pool child sees it under WORKER_CLAIM, with a header of its own
+    effect.push_request(id="t-1", args=["k"], kwargs={}, headers={
+        preclaim.FIELD: ["token"], preclaim.DECIDED: ["memo" * 10], "x-trace": "abc"})
+    try:
+        # When the task builds its copy (as retry() does), Then those two stay behind
+        sig = effect.signature_from_request()
+        plain = Task.signature_from_request(effect)  # (Celery's own, for comparison)
+    finally:
+        effect.pop_request()
+    assert preclaim.DECIDED in plain.options["headers"]  # (what Celery would send)
+    assert sig.options["headers"] == {"x-trace": "abc"}

@@ -182,17 +182,17 @@ def reset_stores() -> None:
         _every.clear()
 
 
-def _all() -> list[Store]:
+def _all(stores: weakref.WeakSet[Store] | None = None) -> list[Store]:
     while True:
-        with contextlib.suppress(RuntimeError):  # a thread's stores went meanwhile
-            return list(_every)
+        with contextlib.suppress(RuntimeError):  # a thread's stores went (or came) meanwhile
+            return list(_every if stores is None else stores)
 
 
 def _before_fork() -> None:
     """Hold every store across the fork: in the child, the other threads' stores are
     freed, and a connection freed there could close the parent's session (mysqlclient
     says goodbye on the socket), unless it is discarded first."""
-    _held[:] = [*_all(), *_private]
+    _held[:] = [*_all(), *_all(_private)]
 
 
 def _after_fork() -> None:
