@@ -47,7 +47,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery_grousset import events, preclaim
-from celery_grousset.batch_dropped import _CLAIMERS, connection_lost
+from celery_grousset.batch_dropped import _CLAIMERS, connection_lost, of_a_lost_connection
 from celery_grousset.batch_pass import (
     ANSWERED,
     DEFERRED,
@@ -210,7 +210,7 @@ class Claimer:
 
     def _dispatch(self, job: Job) -> None:
         req = job.req
-        if job.epoch != self.epoch:  # of a connection since lost: Celery dropped it
+        if of_a_lost_connection(self, job):
             if job.action == OWNED and job.result is not None:
                 self._release(job)
             return
@@ -252,7 +252,7 @@ class Claimer:
     def _again(self, job: Job) -> None:
         """A waiting request's next claim: once its first one counted it, a redelivery
         (``bounce``), as an in-flight requeue is, not one more duplicate."""
-        if job.epoch != self.epoch:  # of a connection since lost: Celery dropped it
+        if of_a_lost_connection(self, job):
             return
         job.waits += 1
         job.action, job.result = PER_TASK, None

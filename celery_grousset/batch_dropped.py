@@ -29,9 +29,7 @@ def dropped(task_id: str) -> None:
             # that very request (not another delivery with its id, dropped at receipt)
             if job is not None and job.req.worker_pid is None and getattr(
                     job.req, "_already_revoked", False):
-                del claimer.handed[task_id]
-                claimer.releases.append(job)
-                claimer.cv.notify()
+                _give_back(claimer, task_id, job)
 
 
 def connection_lost(claimer: Any) -> None:
@@ -43,9 +41,20 @@ def connection_lost(claimer: Any) -> None:
     with claimer.cv:
         for task_id, job in list(claimer.handed.items()):
             if job.req.worker_pid is None and not_in_the_pool(job.req):
-                del claimer.handed[task_id]
-                claimer.releases.append(job)
-        claimer.cv.notify()
+                _give_back(claimer, task_id, job)
+
+
+def _give_back(claimer: Any, task_id: str, job: Any) -> None:
+    """Hand a claim back to the claim thread for release (under ``claimer.cv``)."""
+    del claimer.handed[task_id]
+    claimer.releases.append(job)
+    claimer.cv.notify()
+
+
+def of_a_lost_connection(claimer: Any, job: Any) -> bool:
+    """Whether ``job`` came on a broker connection since lost (Celery has dropped its
+    request; the broker delivers it again)."""
+    return bool(job.epoch != claimer.epoch)
 
 
 def not_in_the_pool(req: Any) -> bool:

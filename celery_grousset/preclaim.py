@@ -116,7 +116,7 @@ def decided(caller: Any, req: ClaimRequest) -> ClaimResult | None:
     processor_id, fingerprint, seconds, stamp, at, *fields = value
     if (processor_id, fingerprint, stamp) != (req.processor_id, req.fingerprint, _stamp(request)):
         return None
-    if not 0 <= time.monotonic() - float(at) <= renew_after(req):
+    if not _fresh(time.monotonic() - float(at), req):
         return None
     res = ClaimResult(*fields)
     if seconds is not None:
@@ -130,6 +130,12 @@ def renew_after(req: ClaimRequest) -> float:
     bound = grousset_settings.WORKER_CLAIM_RENEW_AFTER
     mpt = req.max_processing_time
     return min(float(bound), mpt * MAX_RENEW_SHARE) if bound is not None else mpt * RENEW_SHARE
+
+
+def _fresh(age: float, req: ClaimRequest) -> bool:
+    """Whether the main process's word on a delivery, ``age`` seconds old, still holds
+    in the child (a negative age: not this host's monotonic clock)."""
+    return 0 <= age <= renew_after(req)
 
 
 def adopt(caller: Any, store: Store, req: ClaimRequest) -> tuple[ClaimRequest, ClaimResult | None]:
@@ -152,7 +158,7 @@ def adopt(caller: Any, store: Store, req: ClaimRequest) -> tuple[ClaimRequest, C
     own = dataclasses.replace(req, token=str(token))
     age = time.monotonic() - float(at)
     left = req.max_processing_time - age  # until it turns stale
-    if not 0 <= age <= renew_after(req):  # (a negative age: not this host's clock)
+    if not _fresh(age, req):
         if not renew(store, own):
             return own, None  # taken over or settled meanwhile: the claim with `own` decides
         left = req.max_processing_time

@@ -201,3 +201,18 @@ def extra_database(alias: str, **settings: Any) -> Iterator[None]:
             del connections[alias]
         connections.settings = old
         reset_stores()
+
+
+def cut_broker_clients(redis_url: str) -> int:
+    """Kill every client of the broker's Redis database but this one (a lost broker
+    connection, as the workers see it); how many were killed (at least one)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    db = client.connection_pool.connection_kwargs.get("db", 0)
+    mine = client.client_id()
+    cut = [c["id"] for c in client.client_list() if int(c["db"]) == db and c["id"] != mine]
+    for client_id in cut:
+        client.client_kill_filter(_id=client_id)
+    assert cut, "no client of the broker's database to cut"
+    return len(cut)

@@ -461,7 +461,7 @@ def test_a_broker_connection_lost_gives_back_the_claims_of_requests_waiting_for_
         assert not Effect.objects.using(alias).filter(key__in=keys[1:]).exists()
         # When the worker's broker connection is lost
         started = time.monotonic()
-        cut_broker_clients(redis_url)
+        services.cut_broker_clients(redis_url)
         # Then every call completes soon (max_processing_time is 30 s), each effect once,
         # none of them taken over
         for r in results:
@@ -470,19 +470,6 @@ def test_a_broker_connection_lost_gives_back_the_claims_of_requests_waiting_for_
     for key in keys:
         assert Effect.objects.using(alias).filter(key=key).count() == 1
     assert [record_of(alias, effect, (k,)).takeovers for k in keys[1:]] == [0, 0, 0]
-
-
-def cut_broker_clients(redis_url: str) -> None:
-    """Kill every client of the broker's Redis database but this one."""
-    import redis
-
-    client = redis.Redis.from_url(redis_url)
-    db = client.connection_pool.connection_kwargs.get("db", 0)
-    mine = client.client_id()
-    cut = [c["id"] for c in client.client_list() if int(c["db"]) == db and c["id"] != mine]
-    for client_id in cut:
-        client.client_kill_filter(_id=client_id)
-    assert cut
 
 
 def exists(alias: str, key: str) -> bool:
@@ -503,7 +490,7 @@ def test_a_broker_connection_cut_loses_and_doubles_nothing(
     wait_for(lambda: Effect.objects.using(alias).filter(key__in=keys).exists(), 30, "a body")
     # When the worker's broker connections are cut mid-stream (its consumer restarts,
     # rebuilding the strategies; requests in flight come back from the broker)
-    cut_broker_clients(redis_url)
+    services.cut_broker_clients(redis_url)
     # Then every call completes, each effect once, each claimed by the main process
     values = [r.get(timeout=120) for r in results]
     assert [v["key"] for v in values] == keys

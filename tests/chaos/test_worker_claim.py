@@ -19,6 +19,7 @@ import tests.chaos_tasks as ct
 from tests.chaos.conftest import need
 from tests.chaos.harness import effects, new_key, record_of, wait_for, workers
 from tests.chaos.test_duplicates import _two_hundred
+from tests.services import cut_broker_clients
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -226,13 +227,9 @@ def lock_waiter_pids(alias: str) -> list[int]:
 def test_37_broker_connections_killed_with_requests_prefetched(
     broker: str, queue: str, tally: Any, backend: str
 ) -> None:
-    import redis
-
     alias = need(BACKENDS[backend])
     t = tally("37 WORKER_CLAIM: broker connections killed, requests prefetched", backend)
     keys = [new_key(f"s37-{i}") for i in range(12)]
-    client = redis.Redis.from_url(broker)
-    db, mine = client.connection_pool.connection_kwargs.get("db", 0), client.client_id()
     with workers(queue, 1, database=alias, concurrency=2, extra=DEEP) as [w]:
         # Given 12 calls of 1 s (max_processing_time 30 s) on 2 children, 8 prefetched:
         # two bodies running, the others claimed by the main process behind them
@@ -240,9 +237,7 @@ def test_37_broker_connections_killed_with_requests_prefetched(
         wait_for(lambda: sum(effects(alias, k) for k in keys) >= 2, 30, "two bodies")
         # When the broker connections are killed (the worker's and this process's)
         started = time.monotonic()
-        cut = [c["id"] for c in client.client_list() if int(c["db"]) == db and c["id"] != mine]
-        for client_id in cut:
-            client.client_kill_filter(_id=client_id)
+        cut = cut_broker_clients(broker)
         values = [r.get(timeout=120) for r in results]
         elapsed = time.monotonic() - started
     recs = [record_of(alias, ct.slow, (k, 1.0)) for k in keys]
@@ -250,7 +245,7 @@ def test_37_broker_connections_killed_with_requests_prefetched(
         t.add_key(alias, k, rec)
     t.add_logs([w])
     takeovers = sum(rec.takeovers for rec in recs)
-    t.notes.append(f"{len(cut)} connections killed; all done {elapsed:.1f} s after; "
+    t.notes.append(f"{cut} connections killed; all done {elapsed:.1f} s after; "
                    f"{takeovers} takeovers")  # fmt: skip
     # Then every call ran once; the claims of the requests Celery dropped were given
     # back, so their redeliveries ran at once instead of waiting 30 s to take them over
