@@ -15,7 +15,7 @@
 ``celery_grousset.E018``    a setting reads like a misspelt ``GROUSSET`` (``GROUSET``)
 ``celery_grousset.E019``    a guarded task's body is an ``async def`` function
 ``celery_grousset.E022``    a guarded task's keyword reads like a misspelt option
-``celery_grousset.W001``    Redis/SQS ``visibility_timeout`` < a task's ``max_processing_time``
+``celery_grousset.W001``    ``visibility_timeout`` (Redis, SQS) < an acks_late task's claim window
 ``celery_grousset.W002``    ``acks_late`` is off on a guarded task
 ``celery_grousset.W003``    ``reject_on_worker_lost`` is off on a guarded task
 ``celery_grousset.W004``    the MySQL journal runs at REPEATABLE READ
@@ -211,7 +211,7 @@ def _task_conflicts(app: Any, task: Any, opts: Any) -> list[checks.CheckMessage]
         )
     errors.extend(_short_window(task, opts))
     vt = _visibility_timeout(app)
-    if vt is not None and vt < mpt:
+    if vt is not None and vt < mpt and task.acks_late:  # (acked at start: never redelivered)
         errors.append(
             checks.Warning(
                 f"Task {task.name!r}: the broker's visibility_timeout ({vt:g}s) is shorter "

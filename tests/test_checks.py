@@ -153,9 +153,16 @@ def test_visibility_timeout_below_max_processing_time_is_W001(
 
 
 def test_acks_late_off_is_W002(make_app: Callable[..., Celery]) -> None:
-    # Given a guarded task that acknowledges before running (app default)
-    name = guarded(make_app(task_acks_late=False), max_processing_time=60)
-    # When the checks run / Then it is a warning (W003 does not apply without acks_late)
+    # Given a guarded task that acknowledges before running (app default), on a Redis
+    # broker whose visibility_timeout is shorter than its claim
+    app = make_app(
+        task_acks_late=False,
+        broker_url="redis://127.0.0.1:6379/13",
+        broker_transport_options={"visibility_timeout": 10},
+    )
+    name = guarded(app, max_processing_time=60)
+    # When the checks run / Then it is a warning; W003 does not apply without acks_late,
+    # and W001 neither: a message acked as its body starts is not redelivered while it runs
     assert ids(name) == {"celery_grousset.W002"}
 
 
