@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from celery_grousset.exceptions import (
     ArgumentsMismatch,
@@ -145,30 +144,6 @@ def key_function(cls: type) -> None:
     written = getattr(inspect.unwrap(key), "__qualname__", "")
     if written != f"{cls.__qualname__}.grousset_key":  # not a def in this class's body
         setattr(cls, "grousset_key", staticmethod(key))  # noqa: B010
-
-
-def key_as_delivered(task: Any, key: Any, request: Any) -> Any:
-    """A ``grousset_key`` callable, for a call that did not come in a message (a caller's
-    fingerprint: ``publish_unique``, ``grousset_fingerprint``, a lookup; an eager or
-    direct call): called with the arguments as a worker gets them, through the task's
-    serializer (JSON makes a tuple a list and an int dict key a str), so that its value,
-    and the fingerprint, are the worker's. Arguments the serializer cannot encode (a call
-    never published) are given as they are."""
-    if not callable(key) or not (request is None or request.is_eager or request.called_directly):
-        return key
-    serializer = getattr(task, "serializer", None) or task.app.conf.task_serializer or "json"
-
-    def delivered(**bound: Any) -> Any:
-        from kombu.serialization import dumps, loads
-
-        try:
-            content_type, encoding, body = dumps(bound, serializer=serializer)
-            bound = loads(body, content_type, encoding, accept={content_type})
-        except Exception:  # (kombu's EncodeError / DecodeError: not publishable as it is)
-            pass
-        return key(**bound)
-
-    return delivered
 
 
 _SYNC_FIX = (

@@ -12,7 +12,6 @@ import re
 import time
 from typing import Any
 
-from celery_grousset.claim import ENC_NOT_MEMOIZED
 from celery_grousset.exceptions import PoisonDelivery, PoisonRejected
 
 logger = logging.getLogger("celery_grousset")
@@ -227,14 +226,3 @@ def republish_failed(
 def republished() -> None:
     """A requeue's republish went through: the next failure waits the least again."""
     _republish_failures[0] = 0
-
-
-def no_canvas(request: Any, encoding: str) -> None:
-    """A duplicate of a call not memoized (``memoize=False``: its record's ``encoding``)
-    returns ``None`` for a value it does not know: it sends none of the chain's next step
-    and ``link`` callbacks its Celery request carries (they would be another call, with
-    ``None``; its owner sent them with the value)."""
-    if encoding != ENC_NOT_MEMOIZED or request is None:
-        return
-    if getattr(request, "chain", None) or getattr(request, "callbacks", None):
-        request.chain = request.callbacks = None

@@ -25,7 +25,6 @@ from celery_grousset import carry, events, memo, preclaim, testcase_check
 from celery_grousset.claim import PROTECT_NAME, ClaimRequest, Kind, payload_differs
 from celery_grousset.completion import fail, run_owned
 from celery_grousset.conf import grousset_settings, redact_keys
-from celery_grousset.delivery import no_canvas
 from celery_grousset.exceptions import (
     FingerprintError,
     PayloadMismatch,
@@ -143,7 +142,6 @@ def guarded(caller: Caller, call: Call) -> Any:
         poisoned(caller, req, exc)
     if not res.owned:
         check_payload(req, res)
-        no_canvas(getattr(caller, "request", None), res.result_encoding)
         return answer(req, res, call.delivery, accept_of(caller, call))
     attempt = Attempt(
         fingerprint=fp,

@@ -165,7 +165,7 @@ class GroussetTaskMixin:
             args=args,
             kwargs=kwargs,
             signature=self._signature(),
-            key=binding.key_as_delivered(self, self.grousset_key, request),
+            key=self.grousset_key,
             idempotency_key=idempotency_key,
             serializer=self.app.conf.result_serializer or "json",  # as the result backend
             **delivery_fields(request),

@@ -82,69 +82,6 @@ def test_in_process_worker_runs_a_task_defined_in_the_test(
     assert sqlite_journal.deliveries(charge, 17) == 2
 
 
-def test_a_duplicate_without_a_memo_continues_neither_its_chain_nor_its_link(
-    celery_app: Celery, celery_worker: WorkController, sqlite_journal: Journal
-) -> None:
-    """``memoize=False``: a duplicate returns ``None`` for a value it does not know. Celery
-    would send the chain's next step and the ``link`` callbacks with it: another call, so
-    a guarded next step would run its effect again, with ``None``."""
-    from celery import chain
-
-    tag = uuid.uuid4().hex[:6]
-    seen: list[Any] = []
-
-    @celery_app.task(base=GroussetTask, max_processing_time=30, memoize=False,
-                     name=f"tests.inproc.total.{tag}")  # fmt: skip
-    def total(order: int) -> int:
-        return order * 10
-
-    @celery_app.task(base=GroussetTask, max_processing_time=30, name=f"tests.inproc.ship.{tag}")
-    def ship(value: Any, via: str) -> str:
-        seen.append((value, via))
-        return "shipped"
-
-    celery_worker.reload()  # the worker learns the new tasks
-    # Given a chain led by a task whose value is not memoized, and a call with a link
-    assert chain(total.s(7), ship.s("chain")).apply_async().get(timeout=20) == "shipped"
-    total.apply_async((8,), link=ship.s("link")).get(timeout=20)
-    # When both are published again (duplicates of their first step)
-    again = chain(total.s(7), ship.s("chain")).apply_async()
-    assert again.parent.get(timeout=20) is None
-    assert total.apply_async((8,), link=ship.s("link")).get(timeout=20) is None
-    # Then (the solo worker takes its queue in order: what they sent came before this)
-    assert ship.delay("marker", "after").get(timeout=20) == "shipped"
-    # neither sent its next step on: each ran once, with the value
-    assert seen == [(70, "chain"), (80, "link"), ("marker", "after")]
-    assert sqlite_journal.deliveries(total, 7) == 2
-
-
-def test_a_key_callable_gives_the_caller_the_fingerprint_the_worker_claims(
-    celery_app: Celery, celery_worker: WorkController, sqlite_journal: Journal
-) -> None:
-    """A ``grousset_key`` callable is called in the worker with the arguments as the
-    serializer delivers them (JSON: an int dict key is a str); a caller's fingerprint
-    (``grousset_fingerprint``, ``publish_unique``, a journal lookup) calls it with the
-    same, not with the arguments as given."""
-    tag = uuid.uuid4().hex[:6]
-
-    @celery_app.task(base=GroussetTask, bind=True, max_processing_time=30,
-                     grousset_key=lambda prices, sku: [sorted(prices), sku],
-                     name=f"tests.inproc.price.{tag}")  # fmt: skip
-    def price(self: Any, prices: dict[Any, int], sku: int) -> str:
-        return str(self.grousset.fingerprint)
-
-    celery_worker.reload()  # the worker learns the new task
-    # Given a call whose key, computed from the arguments as given, differs from the
-    # one computed from the arguments as delivered ([[1], 1] / [["1"], 1])
-    args = ({1: 10}, 1)
-    # When the caller asks for its fingerprint, and the worker runs it
-    expected = price.grousset_fingerprint(args)
-    claimed = price.apply_async(args).get(timeout=20)
-    # Then they are one: the caller finds the worker's record by it
-    assert claimed == expected
-    assert sqlite_journal.get(price, *args).fingerprint == expected
-
-
 def test_a_chain_link_left_with_celery_once_options_is_still_published(
     celery_app: Celery, celery_worker: WorkController, sqlite_journal: Journal
 ) -> None:
