@@ -345,12 +345,17 @@ def answer(
     accept: Collection[str] = memo.DEFAULT_ACCEPT,
 ) -> Any:
     """The value (or error) a non-owning delivery returns: the memo, decoded only with a
-    serializer in ``accept``."""
+    serializer in ``accept``. An error raised here carries ``grousset_replayed`` (the
+    fingerprint): error tools can tell a duplicate's replay from a new failure."""
     if res.kind in (Kind.COMPLETED, Kind.FAILED):  # (a replayed failure: a duplicate too)
         events.duplicate(req, res, delivery)
-    return memo.decode(
-        res.result, res.result_encoding, res.error, req.fingerprint, accept=accept
-    )
+    try:
+        return memo.decode(
+            res.result, res.result_encoding, res.error, req.fingerprint, accept=accept
+        )
+    except Exception as exc:
+        exc.grousset_replayed = req.fingerprint  # type: ignore[attr-defined]
+        raise
 
 
 def accept_of(caller: Caller, call: Call) -> Collection[str]:

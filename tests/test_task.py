@@ -252,6 +252,9 @@ def test_on_failure_memoize_replays_the_error(journal: str, temp_task: Any) -> N
     assert isinstance(first.result, LookupError) and isinstance(second.result, LookupError)
     assert str(second.result) == "no such order"
     assert runs == [1]
+    # and the replay says it is one (an error tool's filter), the failure itself not
+    assert second.result.grousset_replayed == task.grousset_fingerprint()
+    assert not hasattr(first.result, "grousset_replayed")
 
 
 def test_failure_releases_by_default(journal: str, temp_task: Any) -> None:
