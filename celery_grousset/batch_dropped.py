@@ -45,10 +45,10 @@ def connection_lost(claimer: Any) -> None:
 
 
 def _give_back(claimer: Any, task_id: str, job: Any) -> None:
-    """Hand a claim back to the claim thread for release (under ``claimer.cv``)."""
+    """Forget a handed request and have the claim thread release its claim (called
+    under ``claimer.cv``, which is reentrant)."""
     del claimer.handed[task_id]
-    claimer.releases.append(job)
-    claimer.cv.notify()
+    claimer._release(job)
 
 
 def of_a_lost_connection(claimer: Any, job: Any) -> bool:
