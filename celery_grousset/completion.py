@@ -196,12 +196,30 @@ class _NotTaken(Exception):
 
 
 def _finish_in_transaction(store: Store, req: ClaimRequest, completion: Completion) -> bool:
+    from django.db import connections
+
+    if connections[store.alias].needs_rollback:  # Django would refuse the statement
+        raise _broken(req, store.alias, "marked for rollback")
     try:
         return store.finish_in_transaction(req, completion)
     except Exception as exc:
-        if not refusals.not_taken(exc):  # e.g. a transaction the body's caught error
-            raise  # aborted: the body's failure, surfaced here
+        if refusals.aborted(exc):  # the body's failure, surfaced here
+            raise _broken(req, store.alias, "aborted by a database error") from exc
+        if not refusals.not_taken(exc):
+            raise
         raise _NotTaken(str(exc).rstrip(". \n")) from exc
+
+
+def _broken(req: ClaimRequest, alias: str, how: str) -> Exception:
+    """The body returned, but left its transaction unable to commit: its failure."""
+    from django.db.transaction import TransactionManagementError
+
+    return TransactionManagementError(
+        f"{req.task_name}: the body returned, but left its transaction on {alias!r} {how} "
+        "(transaction.set_rollback(True), or a database error it caught without a "
+        "savepoint of its own): its writes are rolled back and this attempt failed. "
+        "Wrap a statement that may fail in its own `with transaction.atomic():`."
+    )
 
 
 #: a transaction whose connection broke sooner than this was not cut by an idle limit

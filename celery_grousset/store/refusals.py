@@ -65,6 +65,17 @@ def rolled_back(exc: BaseException) -> bool:
     return any(code in _ROLLED_BACK for code in _codes(exc))
 
 
+#: PostgreSQL in_failed_sql_transaction: a statement sent after an earlier one failed
+#: inside the same transaction, which nothing rolled back to a savepoint
+_ABORTED = {"25P02"}
+
+
+def aborted(exc: BaseException) -> bool:
+    """``exc`` says the transaction was already aborted by an earlier error in it (one a
+    caller caught without a savepoint): the statement that raised it did nothing wrong."""
+    return any(code in _ABORTED for code in _codes(exc))
+
+
 def not_taken(exc: BaseException) -> bool:
     """``exc``, raised by a statement of the journal's, says the database would not take
     that statement (a lock wait timeout, a refusal): its trouble, not the caller's. An
