@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from celery_grousset import elsewhere, events, memo
+from celery_grousset import events, memo, txbody
 from celery_grousset.binding import not_awaitable
 from celery_grousset.claim import ENC_NONE, ENC_NOT_STORED, ClaimRequest, Status
 from celery_grousset.exceptions import (
@@ -140,16 +140,15 @@ def _run_transactional(
     fenced-out attempt rolls its effect back."""
     from django.db import connections, transaction
 
-    conn, raw, started = connections[store.alias], None, time.monotonic()
+    conn, raw, started, body = connections[store.alias], None, time.monotonic(), txbody.Body()
     try:
         with transaction.atomic(using=store.alias):
             raw = conn.connection  # the connection this transaction runs on
-            with elsewhere.watched(store.alias, req.processor_id, req.task_name):
-                value = not_awaitable(fn(), req.task_name)
+            value = txbody.run(body, conn, store.alias, req, fn)
             fault("after_effect")
             t0 = time.perf_counter()
             completion = _completed(opts, value, serializer)
-            if not _finish_in_transaction(store, req, completion):
+            if not _finish_in_transaction(store, req, completion, body):
                 events.finished(req, "fenced_out", time.perf_counter() - t0)
                 events.fenced(req, res.fence)
                 raise FencedOut(_fenced_text(req, res, started, "its transaction, effect "
@@ -157,6 +156,10 @@ def _run_transactional(
     except FencedOut:
         raise
     except BaseException as caught:
+        if body.committed:  # an on_commit callback the body registered raised
+            _committed(req, completion, t0, started)
+            events.callback_failed(req, caught)
+            raise
         refused = isinstance(caught, _NotTaken)
         exc = caught.__cause__ or caught if refused else caught
         conflict = refusals.rolled_back(exc)
@@ -183,11 +186,15 @@ def _run_transactional(
             "database restart fails so at its first use: CONN_HEALTH_CHECKS=True tests it.)",
             dropped=released and time.monotonic() - started >= DROPPED_AFTER,
         ) from exc
+    _committed(req, completion, t0, started)
+    return value
+
+
+def _committed(req: ClaimRequest, completion: Completion, t0: float, started: float) -> None:
     events.finished(req, "completed", time.perf_counter() - t0)  # the update and its commit
     fault("after_complete")
     overran(req, started)
     _said(req, completion)
-    return value
 
 
 class _NotTaken(Exception):
@@ -195,31 +202,17 @@ class _NotTaken(Exception):
     lock wait timeout, a permission refused), as the cause: not the body's failure."""
 
 
-def _finish_in_transaction(store: Store, req: ClaimRequest, completion: Completion) -> bool:
-    from django.db import connections
-
-    if connections[store.alias].needs_rollback:  # Django would refuse the statement
-        raise _broken(req, store.alias, "marked for rollback")
+def _finish_in_transaction(
+    store: Store, req: ClaimRequest, completion: Completion, body: txbody.Body
+) -> bool:
     try:
         return store.finish_in_transaction(req, completion)
     except Exception as exc:
-        if refusals.aborted(exc):  # the body's failure, surfaced here
-            raise _broken(req, store.alias, "aborted by a database error") from exc
+        if refusals.aborted(exc):  # by an error the body caught: surfaced here
+            raise txbody.aborted(body, req, store.alias, exc) from None
         if not refusals.not_taken(exc):
             raise
         raise _NotTaken(str(exc).rstrip(". \n")) from exc
-
-
-def _broken(req: ClaimRequest, alias: str, how: str) -> Exception:
-    """The body returned, but left its transaction unable to commit: its failure."""
-    from django.db.transaction import TransactionManagementError
-
-    return TransactionManagementError(
-        f"{req.task_name}: the body returned, but left its transaction on {alias!r} {how} "
-        "(transaction.set_rollback(True), or a database error it caught without a "
-        "savepoint of its own): its writes are rolled back and this attempt failed. "
-        "Wrap a statement that may fail in its own `with transaction.atomic():`."
-    )
 
 
 #: a transaction whose connection broke sooner than this was not cut by an idle limit

@@ -222,6 +222,13 @@ def transaction_lost(req: ClaimRequest, committed: bool) -> None:
          action="requeued")  # fmt: skip
 
 
+def callback_failed(req: ClaimRequest, exc: BaseException) -> None:
+    """A transactional attempt committed, then an ``on_commit`` callback its body
+    registered raised: the task reports that error, the call stays completed."""
+    _log(logging.ERROR, "grousset.on_commit_failed", req, error=error_text(exc),
+         committed=True, action="the task fails with the callback's error")  # fmt: skip
+
+
 def outcome_carried(req: ClaimRequest, status: str) -> None:
     """The completion of an attempt whose effect ran could not be written: its delivery
     is requeued carrying the outcome (``status``), for the next delivery to write."""

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
 from collections import Counter
@@ -145,43 +144,6 @@ def test_failure_releases_then_reruns(alias: str, processor: str) -> None:
         == "ok"
     )
     assert len(attempts) == 2
-
-
-def test_a_transactional_body_that_breaks_its_transaction_fails_with_the_fix(
-    alias: str, processor: str
-) -> None:
-    from django.db import DatabaseError, connections, transaction
-    from django.db.transaction import TransactionManagementError
-
-    def rolled_back(key: str) -> str:  # marks the guard's transaction for rollback
-        Effect.objects.using(alias).create(key=key)
-        transaction.set_rollback(True, using=alias)
-        return "booked"
-
-    def caught(key: str) -> str:  # a caught error without a savepoint (PostgreSQL
-        Effect.objects.using(alias).create(key=key)  # aborts the transaction)
-        with contextlib.suppress(DatabaseError), connections[alias].cursor() as cursor:
-            cursor.execute("SELECT 1 / 0")
-        return "booked"
-
-    bodies = [(rolled_back, "marked for rollback")]
-    if connections[alias].vendor == "postgresql":
-        bodies.append((caught, "aborted by a database error"))
-    for body, how in bodies:
-        key = f"broken-{uuid.uuid4().hex[:8]}"
-        # When a transactional body returns but has left its transaction unable to commit
-        for _ in range(2):
-            with pytest.raises(TransactionManagementError) as raised:
-                protect(key, body, key, max_processing_time=30, processor_id=processor,
-                        database=alias, transactional=True)  # fmt: skip
-            # Then the attempt fails with what happened and the fix, its writes rolled
-            # back, the failure recorded (released: the next call runs it again)
-            text = str(raised.value)
-            assert how in text and "savepoint" in text and "transaction.atomic()" in text, text
-            assert not Effect.objects.using(alias).filter(key=key).exists()
-            rec = Outcome.objects.using(alias).get(processor_id=processor, task_name="protect",
-                                                    args_repr__contains=key)  # fmt: skip
-            assert rec.status == "failed" and "TransactionManagementError" in rec.error
 
 
 @pytest.mark.parametrize("transactional", [False, True])

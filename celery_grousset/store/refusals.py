@@ -76,6 +76,17 @@ def aborted(exc: BaseException) -> bool:
     return any(code in _ABORTED for code in _codes(exc))
 
 
+#: a conflict after which nothing of the transaction stands, even inside a savepoint:
+#: MySQL/MariaDB roll the whole transaction back on a deadlock
+_ENDS = {1213}
+
+
+def ends_transaction(exc: BaseException) -> bool:
+    """``exc``, a conflict (:func:`rolled_back`), rolled the whole transaction back,
+    whatever savepoint the statement ran in."""
+    return any(code in _ENDS for code in _codes(exc))
+
+
 def not_taken(exc: BaseException) -> bool:
     """``exc``, raised by a statement of the journal's, says the database would not take
     that statement (a lock wait timeout, a refusal): its trouble, not the caller's. An

@@ -1,0 +1,128 @@
+"""A ``transactional=True`` body, watched: what it did to the transaction it runs in.
+
+The body, its writes and the completion share one transaction on the journal's
+database (docs/guarantee.md, "Transactional tasks: exactly once"). A body can leave
+that transaction unable to commit, and the completion statement would then fail with
+an error that points into the guard, or the connection would look lost. Seen here, on
+the body's way out, while the transaction is still open:
+
+* a **conflict** the database resolved by rolling the transaction back (a deadlock, a
+  serialization failure) that the body caught — inside a savepoint (the pattern Django
+  documents; MySQL/MariaDB roll the whole transaction back on a deadlock all the same)
+  or not: never the task's failure, it is raised again for the delivery to be sent
+  again (``TransactionLost``);
+* a transaction the body **marked for rollback** (``transaction.set_rollback(True)``, an
+  error it caught without a savepoint) or that PostgreSQL **aborted** at such an error,
+  or a connection it **closed** (``connection.close()``, ``close_old_connections()``):
+  the body's failure, raised as Django's ``TransactionManagementError`` with the cause
+  and the fix (a closed connection would otherwise be taken for a lost one and the
+  delivery sent again, for ever);
+* the **commit**, seen by an ``on_commit`` callback registered before the body's own:
+  an error raised after it comes from a callback the body registered, with the call's
+  outcome committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from celery_grousset import elsewhere
+from celery_grousset.binding import not_awaitable
+from celery_grousset.claim import ClaimRequest
+from celery_grousset.store import refusals
+
+#: how a body left its transaction, and the fix (for :func:`broken`)
+MARKED = ("marked for rollback (transaction.set_rollback(True), or a database error it "
+          "caught without a savepoint of its own)",
+          "Wrap a statement that may fail in its own `with transaction.atomic():`.")  # fmt: skip
+ABORTED = ("aborted by a database error it caught without a savepoint of its own",
+           MARKED[1])  # fmt: skip
+CLOSED = ("closed: connection.close() or close_old_connections() in the body ends the "
+          "transaction the guard runs it in",
+          "Do not close the journal's connection inside a transactional task.")  # fmt: skip
+
+
+class Body:
+    """What the body did, seen while it ran and at the commit."""
+
+    def __init__(self) -> None:
+        self.conflict: BaseException | None = None  # a conflict a statement of its raised
+        self.ended = False  # that conflict rolled the whole transaction back (MySQL)
+        self.committed = False  # the transaction committed (its callbacks run after)
+
+    def commit_seen(self) -> None:
+        self.committed = True
+
+    def watch(self, execute: Callable[..., Any], sql: Any, params: Any, many: bool,
+              context: Any) -> Any:  # fmt: skip
+        try:
+            return execute(sql, params, many, context)
+        except Exception as exc:
+            if refusals.rolled_back(exc):
+                self.conflict = exc
+                self.ended = self.ended or refusals.ends_transaction(exc)
+            raise
+
+
+def run(body: Body, conn: Any, alias: str, req: ClaimRequest, fn: Callable[[], Any]) -> Any:
+    """Run the body in the open transaction; raise instead what it did to it, if it left
+    the transaction unable to commit (``conn``: the journal's Django connection)."""
+    from django.db import Error, transaction
+
+    transaction.on_commit(body.commit_seen, using=alias)  # runs before the body's own
+    with elsewhere.watched(alias, req.processor_id, req.task_name), conn.execute_wrapper(
+        body.watch
+    ):
+        try:
+            value = not_awaitable(fn(), req.task_name)
+        except Error as exc:
+            instead = _unusable(body, conn, alias, req, exc)
+            if instead is None:
+                raise
+            raise instead  # noqa: B904 (its cause is set: a conflict keeps its own)
+    instead = _unusable(body, conn, alias, req, None)
+    if instead is not None:
+        raise instead
+    return value
+
+
+def _unusable(
+    body: Body, conn: Any, alias: str, req: ClaimRequest, exc: BaseException | None
+) -> BaseException | None:
+    """The error to raise instead of ``exc`` (None: the body returned), if the body left
+    the transaction unable to commit; None when it can commit (or ``exc`` says why not)."""
+    from django.db.transaction import TransactionManagementError
+
+    gone = conn.closed_in_transaction or conn.needs_rollback or body.ended
+    if exc is not None:
+        gone = gone or refusals.aborted(exc) or isinstance(exc, TransactionManagementError)
+    if not gone:
+        return None
+    if body.conflict is not None:
+        return body.conflict
+    if conn.closed_in_transaction:
+        return broken(req, alias, CLOSED, exc)
+    if exc is None:
+        return broken(req, alias, MARKED, None)
+    return broken(req, alias, ABORTED, exc) if refusals.aborted(exc) else None
+
+
+def aborted(body: Body, req: ClaimRequest, alias: str, exc: BaseException) -> BaseException:
+    """The completion statement found the transaction aborted by an error the body
+    caught (PostgreSQL): the conflict, if that is what it was, else the body's failure."""
+    return body.conflict or broken(req, alias, ABORTED, exc)
+
+
+def broken(
+    req: ClaimRequest, alias: str, how: tuple[str, str], cause: BaseException | None
+) -> BaseException:
+    """The body's failure: it left its transaction unable to commit."""
+    from django.db.transaction import TransactionManagementError
+
+    error = TransactionManagementError(
+        f"{req.task_name}: the body left its transaction on the journal database {alias!r} "
+        f"{how[0]}: its writes are rolled back and this attempt failed. {how[1]}"
+    )
+    error.__cause__ = cause
+    return error

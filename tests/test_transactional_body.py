@@ -1,0 +1,203 @@
+"""A transactional body that does things to the transaction it runs in: leaves it
+marked for rollback or aborted, closes its connection, catches a deadlock inside a
+savepoint, registers an on_commit callback that raises. On every backend, with the
+effect counted in the ledger (celery_grousset/txbody.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+from django.db import (
+    DatabaseError,
+    OperationalError,
+    close_old_connections,
+    connections,
+    transaction,
+)
+from django.db.models import F
+from django.db.transaction import TransactionManagementError
+
+from celery_grousset import protect
+from celery_grousset.exceptions import TransactionLost
+from celery_grousset.models import Outcome
+from celery_grousset.store import refusals
+from tests.ledger.models import Effect
+
+
+def _protect(alias: str, processor: str, key: str, fn: Any, *args: Any) -> Any:
+    return protect(key, fn, *args, max_processing_time=30, processor_id=processor,
+                   database=alias, transactional=True)  # fmt: skip
+
+
+def _record(alias: str, processor: str) -> Outcome:
+    return Outcome.objects.using(alias).get(processor_id=processor)
+
+
+def test_a_body_that_breaks_its_transaction_fails_with_the_cause_and_the_fix(
+    alias: str,
+) -> None:
+    def rolled_back(key: str) -> str:  # marks the guard's transaction for rollback
+        Effect.objects.using(alias).create(key=key)
+        transaction.set_rollback(True, using=alias)
+        return "booked"
+
+    def caught(key: str) -> str:  # a caught error without a savepoint (PostgreSQL
+        Effect.objects.using(alias).create(key=key)  # aborts the transaction)
+        with contextlib.suppress(DatabaseError), connections[alias].cursor() as cursor:
+            cursor.execute("SELECT 1 / 0")
+        return "booked"
+
+    bodies = [(rolled_back, "marked for rollback")]
+    if connections[alias].vendor == "postgresql":
+        bodies.append((caught, "aborted by a database error"))
+    for body, how in bodies:
+        processor, key = f"test-{uuid.uuid4().hex[:12]}", f"broken-{uuid.uuid4().hex[:8]}"
+        # When a transactional body returns but has left its transaction unable to commit
+        for _ in range(2):
+            with pytest.raises(TransactionManagementError) as raised:
+                _protect(alias, processor, key, body, key)
+            # Then the attempt fails with what happened and the fix, its writes rolled
+            # back, the failure recorded (released: the next call runs it again)
+            text = str(raised.value)
+            assert how in text and "savepoint" in text and "transaction.atomic()" in text, text
+            assert not Effect.objects.using(alias).filter(key=key).exists()
+            rec = _record(alias, processor)
+            assert rec.status == "failed" and "TransactionManagementError" in rec.error
+
+
+@pytest.mark.parametrize("close", [close_old_connections, "close"])
+def test_a_body_that_closes_its_connection_fails_instead_of_being_sent_again(
+    alias: str, processor: str, close: Any
+) -> None:
+    key, runs = f"closed-{uuid.uuid4().hex[:8]}", []
+
+    def body() -> str:
+        runs.append(1)
+        Effect.objects.using(alias).create(key=key, value="before")
+        if close == "close":
+            connections[alias].close()
+        else:
+            close()
+        Effect.objects.using(alias).create(key=key, value="after")  # on a closed connection
+        return "booked"
+
+    # When a transactional body closes the connection its transaction runs on (Django's
+    # close_old_connections() always does inside a transaction) and goes on writing
+    for attempt in (1, 2):
+        with pytest.raises(TransactionManagementError, match="closed") as raised:
+            _protect(alias, processor, key, body)
+        # Then it is the body's failure, said as such — not a lost connection, which is
+        # sent again (TransactionLost) for ever, each attempt as quick as the first
+        assert not isinstance(raised.value, TransactionLost)
+        assert "close_old_connections()" in str(raised.value)
+        assert len(runs) == attempt and _record(alias, processor).status == "failed"
+    assert not Effect.objects.using(alias).filter(key=key).exists()
+
+
+def test_an_on_commit_callback_that_raises_leaves_the_call_committed(
+    alias: str, processor: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    key, sent = f"hook-{uuid.uuid4().hex[:8]}", []
+
+    def body() -> str:
+        Effect.objects.using(alias).create(key=key)
+        transaction.on_commit(lambda: (_ for _ in ()).throw(ValueError("mail server down")),
+                              using=alias)  # fmt: skip
+        transaction.on_commit(lambda: sent.append(key), using=alias)
+        return "booked"
+
+    # When the body's on_commit callback raises after the transaction committed
+    with caplog.at_level("WARNING", logger="celery_grousset"), pytest.raises(
+        ValueError, match="mail server down"
+    ):
+        _protect(alias, processor, key, body)
+    lines = [r.getMessage() for r in caplog.records]
+    # Then the caller gets the callback's error (as Django raises it), the call stays
+    # completed, and the log says so — not that the attempt was fenced out
+    assert _record(alias, processor).status == "completed"
+    assert Effect.objects.using(alias).filter(key=key).count() == 1
+    assert any(line.startswith("grousset.on_commit_failed") and "committed=True" in line
+               for line in lines), lines  # fmt: skip
+    assert not any("fenced_out" in line for line in lines), lines
+    # And a duplicate gets the memo: the effect and its callbacks are not run again
+    assert _protect(alias, processor, key, body) == "booked"
+    assert Effect.objects.using(alias).filter(key=key).count() == 1 and sent == []
+
+
+def _waiting(alias: str) -> bool:
+    """A row lock wait is under way on ``alias``'s server."""
+    sql = {"postgresql": "SELECT count(*) FROM pg_locks WHERE NOT granted",
+           "mysql": "SELECT count(*) FROM information_schema.INNODB_LOCK_WAITS"}  # fmt: skip
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql[connections[alias].vendor])
+        return bool(cursor.fetchone()[0])
+
+
+def test_a_deadlock_caught_inside_a_savepoint_is_sent_again_not_the_failure(
+    alias: str, processor: str
+) -> None:
+    if connections[alias].vendor == "sqlite":
+        pytest.skip("SQLite: one writer at a time, no deadlock between two transactions")
+    key = f"deadlock-{uuid.uuid4().hex[:8]}"
+    a, b = (Effect.objects.using(alias).create(key=f"{key}-lock").pk for _ in range(2))
+    other: list[BaseException] = []  # the rival's error, if it was the one rolled back
+    caught: list[BaseException] = []  # the body's
+    holds_b = threading.Event()
+
+    def rival() -> None:  # holds B, heavier (InnoDB rolls back the lighter), then wants A
+        try:
+            with transaction.atomic(using=alias):
+                Effect.objects.using(alias).bulk_create(
+                    [Effect(key=f"{key}-weight") for _ in range(20)])  # fmt: skip
+                Effect.objects.using(alias).filter(pk=b).update(value=F("value"))
+                holds_b.set()
+                deadline = time.monotonic() + 10
+                while not _waiting(alias) and time.monotonic() < deadline:
+                    time.sleep(0.02)  # until the body waits for B
+                Effect.objects.using(alias).filter(pk=a).update(value=F("value"))
+        except BaseException as exc:
+            other.append(exc)
+        finally:
+            connections[alias].close()
+
+    started: list[threading.Thread] = []
+
+    def body() -> str:
+        Effect.objects.using(alias).create(key=key)
+        Effect.objects.using(alias).filter(pk=a).update(value=F("value"))  # holds A
+        if not started:  # the first attempt meets the rival
+            started.append(threading.Thread(target=rival))
+            started[0].start()
+            assert holds_b.wait(10)
+        try:
+            with transaction.atomic(using=alias):  # Django's pattern for a retried step
+                Effect.objects.using(alias).filter(pk=b).update(value=F("value"))
+        except OperationalError as exc:
+            caught.append(exc)  # the step is given up; the body goes on
+        return "booked"
+
+    # When a transactional body catches a deadlock inside a savepoint and returns
+    try:
+        first: Any = _protect(alias, processor, key, body)
+    except TransactionLost as exc:
+        first = exc
+    started[0].join(30)
+    # (the deadlock happened, and the body was the transaction the database chose)
+    assert len(caught) == 1 and refusals.rolled_back(caught[0]) and not other, (caught, other)
+    if connections[alias].vendor == "mysql":
+        # Then on MySQL/MariaDB, which rolled the whole transaction back, the attempt is
+        # sent again (TransactionLost, the claim released) — not the body's failure
+        assert isinstance(first, TransactionLost), first
+        assert "conflict" in str(first)
+        assert _record(alias, processor).status == "failed"  # (released)
+        assert _protect(alias, processor, key, body) == "booked"
+    else:  # PostgreSQL rolls back to the savepoint: the attempt goes on and commits
+        assert first == "booked", first
+    # And the body's own write stands once
+    assert Effect.objects.using(alias).filter(key=key).count() == 1
+    assert _record(alias, processor).status == "completed"
