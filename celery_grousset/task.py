@@ -113,10 +113,7 @@ class GroussetTaskMixin:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if Task in cls.__mro__ and cls.__mro__.index(Task) < cls.__mro__.index(GroussetTaskMixin):
-            raise TypeError(  # Celery's Task.__call__ would run every delivery unguarded
-                f"{cls.__qualname__}: list GroussetTaskMixin before the Celery task class "
-                f"in its bases (class {cls.__name__}(GroussetTaskMixin, YourTask)).")
+        binding.refuse_bypassing_bases(cls, GroussetTaskMixin, Task)
         binding.key_function(cls)  # @app.task(grousset_key=fn): fn gets the bound arguments alone
         # @app.task(on_failure="memoize") would replace Celery's on_failure handler: move it
         value = cls.__dict__.get("on_failure")

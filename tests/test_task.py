@@ -55,18 +55,53 @@ def test_the_mixin_after_a_task_class_is_refused_not_silently_unguarded(journal:
         type("WrongOrder", (Audited, GroussetTaskMixin), {"max_processing_time": 30})
     # And listed first, the task is guarded: the same call runs once
     right = type("RightOrder", (GroussetTaskMixin, Audited), {"max_processing_time": 30})
-    key, ran = f"mixin-{uuid.uuid4().hex[:8]}", []
+    assert _runs_of_one_call_applied_twice(right) == 1
+
+
+def _runs_of_one_call_applied_twice(base: type) -> int:
+    """A task on ``base``, one call applied eagerly twice: how many times its body ran."""
+    key, ran = f"base-{uuid.uuid4().hex[:8]}", []
 
     def body(self: Any, k: str) -> None:
         ran.append(k)
 
-    task = app.task(base=right, bind=True, name=f"tests.mixin.{key}")(body)
+    task = app.task(base=base, bind=True, name=f"tests.base.{key}")(body)
     try:
         task.apply((key,)).get()
         task.apply((key,)).get()
     finally:
         app.tasks.pop(task.name, None)
-    assert ran == [key]
+    return len(ran)
+
+
+def test_a_base_that_takes_calls_around_the_guard_is_refused(journal: str) -> None:
+    from celery import Task
+
+    from celery_grousset import GroussetTask
+
+    class Timed(Task):  # a project's base: times each delivery, runs the body itself
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return self.run(*args, **kwargs)
+
+    class Routed(Task):  # publishes through send_task, with its own routing
+        def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+            return self.app.send_task(self.name, args, kwargs, **options)
+
+    class Passing(Task):  # passes the delivery on
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return super().__call__(*args, **kwargs)
+
+    # When such a base comes before GroussetTask (its __call__ would run every delivery
+    # unguarded; its apply_async would drop the call's key) / Then the class is refused,
+    # naming the base, the method and the fix
+    for base, name, what in ((Timed, "__call__", "unguarded"), (Routed, "apply_async", "key")):
+        with pytest.raises(TypeError, match=rf"{base.__name__}\.{name} comes before the guard"
+                           rf".*{what}.*list GroussetTask first"):  # fmt: skip
+            type("Bypassed", (base, GroussetTask), {"max_processing_time": 30})
+        type("Listed", (GroussetTask, base), {"max_processing_time": 30})  # (accepted)
+    # And a base that passes the call on is accepted there, the task guarded
+    passing = type("PassingFirst", (Passing, GroussetTask), {"max_processing_time": 30})
+    assert _runs_of_one_call_applied_twice(passing) == 1
 
 
 def test_positional_and_keyword_calls_are_the_same(journal: str) -> None:
