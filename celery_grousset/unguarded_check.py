@@ -14,7 +14,11 @@ decorator keywords as class attributes, and nothing reads them:
   worker does not start with a weaker guard than the task asks for; a name of your own
   that looks like one is silenced in ``SILENCED_SYSTEM_CHECKS``;
 * ``celery_grousset.W017``: a ``GROUSSET["TASKS"]`` entry that selects no registered task
-  (a typo leaves the task it meant unguarded), with the task name it reads like.
+  (a typo leaves the task it meant unguarded), with the task name it reads like;
+* ``celery_grousset.E023``: an app whose own tasks (``celery.chord_unlock``,
+  ``celery.backend_cleanup``…) are guarded, because its task class (``task_cls``,
+  ``app.Task``) is a guarded class: a chord fails to publish (its unlock task cannot be
+  fingerprinted), and Celery's internal tasks take claims and journal records.
 """
 
 from __future__ import annotations
@@ -29,16 +33,19 @@ from celery_grousset.options import reads_like
 
 ID = "celery_grousset.W011"
 MISSPELT_ID = "celery_grousset.E022"
+BUILTIN_ID = "celery_grousset.E023"
 
 #: options a plain Celery task never has (``on_failure`` is Celery's own handler)
 OWN_OPTIONS = tuple(name for name in (*TASK_OPTIONS, "grousset_key") if name != "on_failure")
 
 
 def unguarded_messages(apps: Iterable[Any]) -> list[checks.CheckMessage]:
-    """W011 for each task of ``apps`` that has celery-grousset options and no guard."""
+    """W011 for each task of ``apps`` that has celery-grousset options and no guard; E023
+    for each app whose own tasks are guarded."""
     from celery_grousset.task import GroussetTaskMixin
 
-    found: list[checks.CheckMessage] = []
+    apps = list(apps)
+    found: list[checks.CheckMessage] = builtin_messages(apps)
     seen: set[int] = set()
     for app in apps:
         for name, task in list(app.tasks.items()):
@@ -48,6 +55,31 @@ def unguarded_messages(apps: Iterable[Any]) -> list[checks.CheckMessage]:
             given = [opt for opt in OWN_OPTIONS if getattr(type(task), opt, None) is not None]
             if given and not name.startswith("celery."):
                 found.append(_warning(name, given))
+    return found
+
+
+def builtin_messages(apps: Iterable[Any]) -> list[checks.CheckMessage]:
+    """E023 for each app whose own tasks (named ``celery.…``) are guarded."""
+    from celery_grousset.install import OWN_PREFIXES
+    from celery_grousset.task import GroussetTaskMixin
+
+    found: list[checks.CheckMessage] = []
+    for app in apps:
+        own = sorted(name for name, task in list(app.tasks.items())
+                     if name.startswith(OWN_PREFIXES)
+                     and isinstance(task, GroussetTaskMixin))  # fmt: skip
+        if own:
+            found.append(checks.Error(
+                f"Celery app {app.main!r} guards its own tasks ({', '.join(own[:3])}"
+                f"{', …' if len(own) > 3 else ''}): its task class (task_cls, app.Task) is "
+                "a guarded class. A chord fails to publish (its unlock task cannot be "
+                "fingerprinted), and Celery's internal tasks take claims and journal "
+                "records.",
+                hint="Leave the app's task class Celery's and guard your own tasks: "
+                "base=GroussetTask on their decorators, or GROUSSET['TASKS'] "
+                "({'yourapp.tasks.*': {...}}: patterns never select Celery's own tasks).",
+                id=BUILTIN_ID,
+            ))  # fmt: skip
     return found
 
 

@@ -47,8 +47,9 @@ def make_app() -> Iterator[Callable[..., Celery]]:
     apps: list[Celery] = []
     refs: list[weakref.ref[Celery]] = []
 
-    def make(**conf: Any) -> Celery:
-        app = Celery(f"grousset-checks-{uuid.uuid4().hex[:8]}", set_as_current=False, fixups=[])
+    def make(task_cls: type | None = None, **conf: Any) -> Celery:
+        app = Celery(f"grousset-checks-{uuid.uuid4().hex[:8]}", set_as_current=False, fixups=[],
+                     **({"task_cls": task_cls} if task_cls else {}))  # fmt: skip
         app.conf.update(
             {
                 "broker_url": "memory://",
@@ -558,6 +559,22 @@ def test_a_task_given_guard_options_without_the_guard_is_W011(
     # And naming it in GROUSSET["TASKS"] guards it: the warning goes
     with override_settings(GROUSSET={"TASKS": {forgot: {}}}):
         assert ids(forgot) == set()
+
+
+def test_an_app_whose_own_tasks_are_guarded_is_E023(make_app: Callable[..., Celery]) -> None:
+    # Given an app whose task class is a guarded class (Celery makes its own tasks,
+    # celery.chord_unlock among them, from it), and one that guards its tasks by base=
+    everything = make_app(task_cls=type("Everything", (GroussetTask,), {"max_processing_time": 30}))
+    mine = make_app()
+    guarded(mine, max_processing_time=30)
+    for app in (everything, mine):
+        app.finalize()  # (Celery's own tasks are registered)
+    # When the checks run
+    found = [m for m in checks.run_checks(tags=[TAG]) if m.id == "celery_grousset.E023"]
+    # Then the first app is an error naming its own tasks it guards and the fix; not the other
+    assert [m.msg.split("'")[1] for m in found] == [everything.main], found
+    assert "celery.chord_unlock" in found[0].msg or "celery.backend_cleanup" in found[0].msg
+    assert "task_cls" in found[0].msg and "base=GroussetTask" in (found[0].hint or "")
 
 
 def test_a_tasks_entry_that_selects_no_task_is_W017_naming_the_task_meant(
