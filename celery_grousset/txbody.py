@@ -47,7 +47,7 @@ class Body:
     """What the body did, seen while it ran and at the commit."""
 
     def __init__(self) -> None:
-        self.conflict: BaseException | None = None  # a conflict a statement of its raised
+        self.conflict: BaseException | None = None  # the conflict a statement raised last
         self.ended = False  # that conflict rolled the whole transaction back (MySQL)
         self.committed = False  # the transaction committed (its callbacks run after)
 
@@ -59,10 +59,22 @@ class Body:
         try:
             return execute(sql, params, many, context)
         except Exception as exc:
-            if refusals.rolled_back(exc):
-                self.conflict = exc
-                self.ended = self.ended or refusals.ends_transaction(exc)
+            self.saw(exc)
             raise
+
+    def saw(self, exc: BaseException) -> None:
+        """The database raised ``exc`` for a statement of the body's. The last such error
+        decides (a conflict the body rolled back to a savepoint, followed by an error of
+        its own, is not what broke the transaction); after one that rolled the whole
+        transaction back, nothing else counts. Errors that only follow from an earlier one
+        (an aborted transaction's, Django's refusal of a broken one) are not the
+        database's say."""
+        from django.db.transaction import TransactionManagementError
+
+        if self.ended or isinstance(exc, TransactionManagementError) or refusals.aborted(exc):
+            return
+        self.conflict = exc if refusals.rolled_back(exc) else None
+        self.ended = self.conflict is not None and refusals.ends_transaction(exc)
 
 
 def run(body: Body, conn: Any, alias: str, req: ClaimRequest, fn: Callable[[], Any]) -> Any:

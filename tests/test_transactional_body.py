@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from django.db import (
     DatabaseError,
+    IntegrityError,
     OperationalError,
     close_old_connections,
     connections,
@@ -112,8 +113,9 @@ def test_an_on_commit_callback_that_raises_leaves_the_call_committed(
         return "booked"
 
     # When the body's on_commit callback raises after the transaction committed
-    with caplog.at_level("WARNING", logger="celery_grousset"), pytest.raises(
-        ValueError, match="mail server down"
+    with (
+        caplog.at_level("WARNING", logger="celery_grousset"),
+        pytest.raises(ValueError, match="mail server down"),
     ):
         _protect(alias, processor, key, body)
     lines = [r.getMessage() for r in caplog.records]
@@ -138,8 +140,9 @@ def _waiting(alias: str) -> bool:
         return bool(cursor.fetchone()[0])
 
 
+@pytest.mark.parametrize("then", ["returns", "fails"])
 def test_a_deadlock_caught_inside_a_savepoint_is_sent_again_not_the_failure(
-    alias: str, processor: str
+    alias: str, processor: str, then: str
 ) -> None:
     if connections[alias].vendor == "sqlite":
         pytest.skip("SQLite: one writer at a time, no deadlock between two transactions")
@@ -170,7 +173,8 @@ def test_a_deadlock_caught_inside_a_savepoint_is_sent_again_not_the_failure(
     def body() -> str:
         Effect.objects.using(alias).create(key=key)
         Effect.objects.using(alias).filter(pk=a).update(value=F("value"))  # holds A
-        if not started:  # the first attempt meets the rival
+        first_attempt = not started
+        if first_attempt:  # the first attempt meets the rival
             started.append(threading.Thread(target=rival))
             started[0].start()
             assert holds_b.wait(10)
@@ -179,16 +183,26 @@ def test_a_deadlock_caught_inside_a_savepoint_is_sent_again_not_the_failure(
                 Effect.objects.using(alias).filter(pk=b).update(value=F("value"))
         except OperationalError as exc:
             caught.append(exc)  # the step is given up; the body goes on
+        if then == "fails" and first_attempt:  # then fails on an error of its own
+            Effect.objects.using(alias).create(pk=a, key=key)  # (a key taken: IntegrityError)
         return "booked"
 
-    # When a transactional body catches a deadlock inside a savepoint and returns
+    # When a transactional body catches a deadlock inside a savepoint and returns (or
+    # then fails on an error of its own)
     try:
         first: Any = _protect(alias, processor, key, body)
-    except TransactionLost as exc:
+    except (TransactionLost, IntegrityError) as exc:
         first = exc
     started[0].join(30)
     # (the deadlock happened, and the body was the transaction the database chose)
     assert len(caught) == 1 and refusals.rolled_back(caught[0]) and not other, (caught, other)
+    if then == "fails" and connections[alias].vendor != "mysql":
+        # Then on PostgreSQL, where the savepoint took the deadlock back, the error of the
+        # body's own is its failure, not taken for the conflict it handled
+        assert isinstance(first, IntegrityError), first
+        assert _record(alias, processor).status == "failed"
+        assert not Effect.objects.using(alias).filter(key=key).exists()
+        return
     if connections[alias].vendor == "mysql":
         # Then on MySQL/MariaDB, which rolled the whole transaction back, the attempt is
         # sent again (TransactionLost, the claim released) — not the body's failure
