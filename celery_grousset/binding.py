@@ -146,41 +146,15 @@ def key_function(cls: type) -> None:
         setattr(cls, "grousset_key", staticmethod(key))  # noqa: B010
 
 
-#: the methods through which every delivery (``__call__``) and every publish
-#: (``apply_async``) of a guarded task passes the guard
-_GUARDED_WAYS = ("__call__", "apply_async")
-
-
 def refuse_bypassing_bases(cls: type, mixin: type, task: type) -> None:
-    """Refuse (``TypeError``) a guarded task class in whose method order a class comes
-    before ``mixin`` and would take its deliveries or publishes around the guard: Celery's
-    ``task`` class itself, or one that defines ``__call__`` / ``apply_async`` without
-    passing the call on (``super()``): its ``self.run(...)`` would run every delivery
-    unguarded, its own publish would drop the call's key."""
+    """Refuse (``TypeError``) a guarded task class that lists Celery's ``task`` class
+    before ``mixin``: ``Task.__call__`` would run every delivery unguarded. (A class of
+    the project's that does so is the check ``E024``'s: celery_grousset.unguarded_check.)"""
     mro = cls.__mro__
     if task in mro and mro.index(task) < mro.index(mixin):
-        raise TypeError(  # Celery's Task.__call__ would run every delivery unguarded
+        raise TypeError(
             f"{cls.__qualname__}: list GroussetTaskMixin before the Celery task class "
             f"in its bases (class {cls.__name__}(GroussetTaskMixin, YourTask)).")  # fmt: skip
-    for base in mro[: mro.index(mixin)]:
-        for name in _GUARDED_WAYS:
-            if not _bypasses(base.__dict__.get(name)):
-                continue
-            raise TypeError(
-                f"{cls.__qualname__}: {base.__qualname__}.{name} comes before the guard "
-                f"in its bases and does not call super().{name}(…): "
-                + ("every delivery would run unguarded" if name == "__call__" else
-                   "a call's key (idempotency_key, grousset_key) would be dropped")
-                + f". Call super().{name}(…) in it, or list GroussetTask first "
-                f"(class {cls.__name__}(GroussetTask, {base.__name__})).")  # fmt: skip
-
-
-def _bypasses(method: object) -> bool:
-    """``method`` (a class's own; None: it has none) is a function that does not pass the
-    call on: no ``super()``, no ``GroussetTask…`` in it (one we cannot read passes)."""
-    code = getattr(inspect.unwrap(method), "__code__", None) if callable(method) else None
-    names = code.co_names if code is not None else ("super",)
-    return not any(n == "super" or n.startswith("Grousset") for n in names)
 
 
 _SYNC_FIX = (

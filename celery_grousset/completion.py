@@ -148,7 +148,7 @@ def _run_transactional(
             fault("after_effect")
             t0 = time.perf_counter()
             completion = _completed(opts, value, serializer)
-            if not _finish_in_transaction(store, req, completion, body):
+            if not _finish_in_transaction(store, req, completion):
                 events.finished(req, "fenced_out", time.perf_counter() - t0)
                 events.fenced(req, res.fence)
                 raise FencedOut(_fenced_text(req, res, started, "its transaction, effect "
@@ -202,14 +202,10 @@ class _NotTaken(Exception):
     lock wait timeout, a permission refused), as the cause: not the body's failure."""
 
 
-def _finish_in_transaction(
-    store: Store, req: ClaimRequest, completion: Completion, body: txbody.Body
-) -> bool:
+def _finish_in_transaction(store: Store, req: ClaimRequest, completion: Completion) -> bool:
     try:
         return store.finish_in_transaction(req, completion)
     except Exception as exc:
-        if refusals.aborted(exc):  # by an error the body caught: surfaced here
-            raise txbody.aborted(body, req, store.alias, exc) from None
         if not refusals.not_taken(exc):
             raise
         raise _NotTaken(str(exc).rstrip(". \n")) from exc

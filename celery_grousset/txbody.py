@@ -7,10 +7,12 @@ an error that points into the guard, or the connection would look lost. Seen her
 the body's way out, while the transaction is still open:
 
 * a **conflict** the database resolved by rolling the transaction back (a deadlock, a
-  serialization failure) that the body caught — inside a savepoint (the pattern Django
-  documents; MySQL/MariaDB roll the whole transaction back on a deadlock all the same)
-  or not: never the task's failure, it is raised again for the delivery to be sent
-  again (``TransactionLost``);
+  serialization failure), when it is what left the transaction unable to commit: the
+  last error the database raised for the body, with the transaction aborted
+  (PostgreSQL; one rolled back to a savepoint is not) or a deadlock (MySQL/MariaDB roll
+  the whole transaction back, savepoint or not). Never the task's failure: raised again
+  for the delivery to be sent again (``TransactionLost``);
+* a **lost connection** whose error the body caught: sent again the same way;
 * a transaction the body **marked for rollback** (``transaction.set_rollback(True)``, an
   error it caught without a savepoint) or that PostgreSQL **aborted** at such an error,
   or a connection it **closed** (``connection.close()``, ``close_old_connections()``):
@@ -102,28 +104,55 @@ def run(body: Body, conn: Any, alias: str, req: ClaimRequest, fn: Callable[[], A
 def _unusable(
     body: Body, conn: Any, alias: str, req: ClaimRequest, exc: BaseException | None
 ) -> BaseException | None:
-    """The error to raise instead of ``exc`` (None: the body returned), if the body left
-    the transaction unable to commit; None when it can commit (or ``exc`` says why not)."""
+    """The error to raise instead of ``exc`` (None: the body returned), if the
+    transaction cannot commit: what the body did, the conflict that rolled it back, or
+    the lost connection; None when it can commit, or when ``exc`` says why not itself."""
     from django.db.transaction import TransactionManagementError
 
-    gone = conn.closed_in_transaction or conn.needs_rollback or body.ended
-    if exc is not None:
-        gone = gone or refusals.aborted(exc) or isinstance(exc, TransactionManagementError)
-    if not gone:
+    aborted = _aborted(conn)
+    if exc is not None and refusals.aborted(exc):
+        aborted = True
+    gone = conn.closed_in_transaction or conn.needs_rollback or body.ended or aborted
+    if not gone and not isinstance(exc, TransactionManagementError):
         return None
-    if body.conflict is not None:
-        return body.conflict
     if conn.closed_in_transaction:
         return broken(req, alias, CLOSED, exc)
+    if aborted is None or _lost(conn):  # not the body's doing: the completion's
+        return _gone(alias, exc)  # path sends the delivery again (TransactionLost)
+    if body.conflict is not None and (body.ended or aborted):
+        return body.conflict  # the database rolled the transaction back for it
     if exc is None:
-        return broken(req, alias, MARKED, None)
+        return broken(req, alias, ABORTED if aborted else MARKED, None)
     return broken(req, alias, ABORTED, exc) if refusals.aborted(exc) else None
 
 
-def aborted(body: Body, req: ClaimRequest, alias: str, exc: BaseException) -> BaseException:
-    """The completion statement found the transaction aborted by an error the body
-    caught (PostgreSQL): the conflict, if that is what it was, else the body's failure."""
-    return body.conflict or broken(req, alias, ABORTED, exc)
+def _gone(alias: str, cause: BaseException | None) -> BaseException:
+    from django.db import OperationalError
+
+    error = OperationalError(f"the connection to {alias!r} broke while the body ran")
+    error.__cause__ = cause
+    return error
+
+
+def _aborted(conn: Any) -> bool | None:
+    """PostgreSQL: the transaction was aborted by an error (None: the connection is
+    gone); other databases: False."""
+    if conn.vendor != "postgresql":
+        return False
+    from celery_grousset.store.pgdriver import driver
+
+    return driver().in_transaction_error(conn.connection)
+
+
+def _lost(conn: Any) -> bool:
+    """The connection itself broke (MySQL/MariaDB: it does not answer a ping)."""
+    if conn.vendor != "mysql":
+        return False
+    try:
+        conn.connection.ping()
+    except Exception:
+        return True
+    return False
 
 
 def broken(

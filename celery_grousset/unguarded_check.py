@@ -15,6 +15,13 @@ decorator keywords as class attributes, and nothing reads them:
   that looks like one is silenced in ``SILENCED_SYSTEM_CHECKS``;
 * ``celery_grousset.W017``: a ``GROUSSET["TASKS"]`` entry that selects no registered task
   (a typo leaves the task it meant unguarded), with the task name it reads like;
+* ``celery_grousset.E024``: a guarded task whose class, or a base listed before the
+  guard, defines ``__call__`` without passing the call on (no ``super()`` in it: a
+  ``return self.run(*args, **kwargs)``, which Celery allows): every delivery runs
+  unguarded; ``celery_grousset.W022`` the same for ``apply_async`` (one that publishes
+  with ``send_task`` drops the call's ``idempotency_key``). Read from the method's code
+  (and the functions it nests or wraps), so one that passes the call on through a
+  helper method is silenced in ``SILENCED_SYSTEM_CHECKS``;
 * ``celery_grousset.E023``: an app whose own tasks (``celery.chord_unlock``,
   ``celery.backend_cleanup``…) are guarded, because its task class (``task_cls``,
   ``app.Task``) is a guarded class: a chord fails to publish (its unlock task cannot be
@@ -23,7 +30,8 @@ decorator keywords as class attributes, and nothing reads them:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import inspect
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.core import checks
@@ -34,14 +42,21 @@ from celery_grousset.options import reads_like
 ID = "celery_grousset.W011"
 MISSPELT_ID = "celery_grousset.E022"
 BUILTIN_ID = "celery_grousset.E023"
+#: a base's method that takes the call around the guard -> (check id, what follows)
+BYPASS = {
+    "__call__": ("celery_grousset.E024", "every delivery runs its body unguarded"),
+    "apply_async": ("celery_grousset.W022", "a call's key (idempotency_key, grousset_key) "
+                    "is dropped: the worker keys it by all its arguments"),
+}
 
 #: options a plain Celery task never has (``on_failure`` is Celery's own handler)
 OWN_OPTIONS = tuple(name for name in (*TASK_OPTIONS, "grousset_key") if name != "on_failure")
 
 
 def unguarded_messages(apps: Iterable[Any]) -> list[checks.CheckMessage]:
-    """W011 for each task of ``apps`` that has celery-grousset options and no guard; E023
-    for each app whose own tasks are guarded."""
+    """W011 for each task of ``apps`` that has celery-grousset options and no guard;
+    E024 / W022 for each guarded one that a base takes around the guard; E023 for each
+    app whose own tasks are guarded."""
     from celery_grousset.task import GroussetTaskMixin
 
     apps = list(apps)
@@ -49,13 +64,66 @@ def unguarded_messages(apps: Iterable[Any]) -> list[checks.CheckMessage]:
     seen: set[int] = set()
     for app in apps:
         for name, task in list(app.tasks.items()):
-            if isinstance(task, GroussetTaskMixin) or id(task) in seen:
+            if id(task) in seen:
                 continue
             seen.add(id(task))
+            if isinstance(task, GroussetTaskMixin):
+                found.extend(_bypass_messages(name, type(task)))
+                continue
             given = [opt for opt in OWN_OPTIONS if getattr(type(task), opt, None) is not None]
             if given and not name.startswith("celery."):
                 found.append(_warning(name, given))
     return found
+
+
+def _bypass_messages(name: str, cls: type) -> Iterator[checks.CheckMessage]:
+    """E024 / W022 for each class before the guard in ``cls``'s bases (``cls`` too) whose
+    ``__call__`` / ``apply_async`` does not pass the call on."""
+    from celery_grousset.task import GroussetTaskMixin
+
+    mro = cls.__mro__
+    for base in mro[: mro.index(GroussetTaskMixin)]:
+        for method, (check_id, harm) in BYPASS.items():
+            if method not in vars(base) or _passes_on(vars(base)[method]):
+                continue
+            own = base is cls
+            yield (checks.Error if check_id.startswith("celery_grousset.E") else checks.Warning)(
+                f"Task {name!r}: {base.__qualname__}.{method} "
+                + ("" if own else "comes before the guard in its bases and ")
+                + f"does not call super().{method}(…): {harm}.",
+                hint=f"Call super().{method}(…) in it"
+                + ("." if own else f", or list GroussetTask first ({base.__name__} after it).")
+                + " If it passes the call on another way, silence the check.",
+                obj=name,
+                id=check_id,
+            )
+
+
+def _passes_on(method: Any, depth: int = 0) -> bool:
+    """``method`` passes the call on: ``super`` (or a name ``Grousset…``) in its code or
+    the code it nests (a lambda, an inner def), or in a function it wraps (a decorator's
+    closure); one we cannot read passes."""
+    method = inspect.unwrap(getattr(method, "__func__", method))
+    code = getattr(method, "__code__", None)
+    if code is None or _code_passes(code):
+        return True
+    cells = getattr(method, "__closure__", None) or ()
+    wrapped = [f for f in map(_contents, cells) if inspect.isfunction(f)]
+    return depth < 3 and any(_passes_on(f, depth + 1) for f in wrapped)
+
+
+def _code_passes(code: Any, depth: int = 0) -> bool:
+    if any(n == "super" or n.startswith("Grousset") for n in code.co_names):
+        return True
+    nested = [c for c in code.co_consts if inspect.iscode(c)]
+    return depth < 3 and any(_code_passes(c, depth + 1) for c in nested)
+
+
+def _contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
 
 
 def builtin_messages(apps: Iterable[Any]) -> list[checks.CheckMessage]:
@@ -65,6 +133,8 @@ def builtin_messages(apps: Iterable[Any]) -> list[checks.CheckMessage]:
 
     found: list[checks.CheckMessage] = []
     for app in apps:
+        if not (isinstance(app.Task, type) and issubclass(app.Task, GroussetTaskMixin)):
+            continue  # (a task of Celery's named in GROUSSET["TASKS"] is guarded on purpose)
         own = sorted(name for name, task in list(app.tasks.items())
                      if name.startswith(OWN_PREFIXES)
                      and isinstance(task, GroussetTaskMixin))  # fmt: skip

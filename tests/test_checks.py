@@ -575,6 +575,68 @@ def test_an_app_whose_own_tasks_are_guarded_is_E023(make_app: Callable[..., Cele
     assert [m.msg.split("'")[1] for m in found] == [everything.main], found
     assert "celery.chord_unlock" in found[0].msg or "celery.backend_cleanup" in found[0].msg
     assert "task_cls" in found[0].msg and "base=GroussetTask" in (found[0].hint or "")
+    # And none for an app that names one of Celery's tasks in GROUSSET["TASKS"] (guarded
+    # on purpose, as the settings allow)
+    with override_settings(GROUSSET={"MAX_PROCESSING_TIME": 30,
+                                     "TASKS": {"celery.backend_cleanup": {}}}):  # fmt: skip
+        again = [m for m in checks.run_checks(tags=[TAG]) if m.id == "celery_grousset.E023"]
+    assert [m.msg.split("'")[1] for m in again] == [everything.main], again
+
+
+def test_a_base_that_takes_calls_around_the_guard_is_E024_or_W022(
+    make_app: Callable[..., Celery],
+) -> None:
+    from celery import Task
+
+    app = make_app()
+
+    class Timed(Task):  # a project's base: runs the body itself (Celery allows it)
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return self.run(*args, **kwargs)
+
+    class Routed(Task):  # publishes through send_task, with its own routing
+        def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+            return self.app.send_task(self.name, args, kwargs, **options)
+
+    def wrapped(method: Any) -> Any:  # a decorator without functools.wraps
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return method(*args, **kwargs)
+
+        return wrapper
+
+    class Passing(Task):  # passes the call on, from inside a wrapper and a lambda
+        @wrapped
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return super().__call__(*args, **kwargs)
+
+        def apply_async(self, *args: Any, **kwargs: Any) -> Any:
+            send = lambda: super(Passing, self).apply_async(*args, **kwargs)  # noqa: E731
+            return send()
+
+    def task_on(*bases: type) -> str:
+        name = f"checks.{uuid.uuid4().hex[:8]}"
+
+        def body() -> None:
+            """A task body that is never run."""
+
+        base = type("Base", bases, {"max_processing_time": 30})
+        app.task(base=base, shared=False, name=name, acks_late=True)(body)
+        return name
+
+    # Given guarded tasks whose bases put those classes before the guard, or after it
+    timed, routed = task_on(Timed, GroussetTask), task_on(Routed, GroussetTask)
+    fine = [task_on(GroussetTask, Timed), task_on(GroussetTask, Routed),
+            task_on(Passing, GroussetTask)]  # fmt: skip
+    # When the checks run / Then a __call__ that runs the body around the guard is an
+    # error (the worker does not start), an apply_async that drops the key a warning,
+    # each naming the class, the method and the fix
+    assert ids(timed) == {"celery_grousset.E024"} and ids(routed) == {"celery_grousset.W022"}
+    found = {m.obj: m for m in checks.run_checks(tags=[TAG]) if m.obj in (timed, routed)}
+    assert "Timed.__call__ comes before the guard" in found[timed].msg
+    assert "unguarded" in found[timed].msg and "list GroussetTask first" in found[timed].hint
+    assert "Routed.apply_async" in found[routed].msg and "idempotency_key" in found[routed].msg
+    # And none for the same classes listed after the guard, or that pass the call on
+    assert [ids(name) for name in fine] == [set(), set(), set()]
 
 
 def test_a_tasks_entry_that_selects_no_task_is_W017_naming_the_task_meant(

@@ -140,7 +140,7 @@ def _waiting(alias: str) -> bool:
         return bool(cursor.fetchone()[0])
 
 
-@pytest.mark.parametrize("then", ["returns", "fails"])
+@pytest.mark.parametrize("then", ["returns", "fails", "marks", "closes"])
 def test_a_deadlock_caught_inside_a_savepoint_is_sent_again_not_the_failure(
     alias: str, processor: str, then: str
 ) -> None:
@@ -185,21 +185,27 @@ def test_a_deadlock_caught_inside_a_savepoint_is_sent_again_not_the_failure(
             caught.append(exc)  # the step is given up; the body goes on
         if then == "fails" and first_attempt:  # then fails on an error of its own
             Effect.objects.using(alias).create(pk=a, key=key)  # (a key taken: IntegrityError)
+        if then == "marks" and first_attempt:  # or marks its transaction for rollback
+            transaction.set_rollback(True, using=alias)
+        if then == "closes" and first_attempt:  # or closes its connection
+            connections[alias].close()
         return "booked"
 
     # When a transactional body catches a deadlock inside a savepoint and returns (or
     # then fails on an error of its own)
     try:
         first: Any = _protect(alias, processor, key, body)
-    except (TransactionLost, IntegrityError) as exc:
+    except (TransactionLost, IntegrityError, TransactionManagementError) as exc:
         first = exc
     started[0].join(30)
     # (the deadlock happened, and the body was the transaction the database chose)
     assert len(caught) == 1 and refusals.rolled_back(caught[0]) and not other, (caught, other)
-    if then == "fails" and connections[alias].vendor != "mysql":
-        # Then on PostgreSQL, where the savepoint took the deadlock back, the error of the
-        # body's own is its failure, not taken for the conflict it handled
-        assert isinstance(first, IntegrityError), first
+    if then == "closes" or (then != "returns" and connections[alias].vendor != "mysql"):
+        # Then on PostgreSQL, where the savepoint took the deadlock back, what the body
+        # did of its own is its failure, not taken for the conflict it handled (a closed
+        # connection, on every backend): not sent again, which would run it twice
+        expected = IntegrityError if then == "fails" else TransactionManagementError
+        assert isinstance(first, expected) and not isinstance(first, TransactionLost), first
         assert _record(alias, processor).status == "failed"
         assert not Effect.objects.using(alias).filter(key=key).exists()
         return
@@ -213,5 +219,47 @@ def test_a_deadlock_caught_inside_a_savepoint_is_sent_again_not_the_failure(
     else:  # PostgreSQL rolls back to the savepoint: the attempt goes on and commits
         assert first == "booked", first
     # And the body's own write stands once
+    assert Effect.objects.using(alias).filter(key=key).count() == 1
+    assert _record(alias, processor).status == "completed"
+
+
+def _kill(alias: str) -> None:
+    """End the connection of this thread's ``alias`` from another one, as a server
+    restart or an idle limit would."""
+    conn = connections[alias]
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()" if conn.vendor == "postgresql"
+                       else "SELECT CONNECTION_ID()")  # fmt: skip
+        pid = cursor.fetchone()[0]
+    killer = connections.create_connection(alias)
+    try:
+        with killer.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)" if conn.vendor == "postgresql"
+                           else "KILL %s", [pid])  # fmt: skip
+    finally:
+        killer.close()
+
+
+def test_a_lost_connection_the_body_caught_is_sent_again_not_the_failure(
+    alias: str, processor: str
+) -> None:
+    if connections[alias].vendor == "sqlite":
+        pytest.skip("SQLite: no connection to lose")
+    key, runs = f"lost-{uuid.uuid4().hex[:8]}", []
+
+    def body() -> str:
+        runs.append(1)
+        Effect.objects.using(alias).create(key=key)
+        if len(runs) == 1:
+            _kill(alias)
+        with contextlib.suppress(OperationalError):  # a best-effort write, its error caught
+            Effect.objects.using(alias).create(key=f"{key}-audit")
+        return "booked"
+
+    # When the server drops the body's connection and the body catches the error and
+    # returns / Then the attempt is sent again (its transaction is gone), not failed
+    with pytest.raises(TransactionLost):
+        _protect(alias, processor, key, body)
+    assert _protect(alias, processor, key, body) == "booked" and len(runs) == 2
     assert Effect.objects.using(alias).filter(key=key).count() == 1
     assert _record(alias, processor).status == "completed"

@@ -65,6 +65,19 @@ class Driver:
         """The connection was lost (not merely an error on a statement)."""
         raise NotImplementedError
 
+    def in_transaction_error(self, conn: Any) -> bool | None:
+        """libpq's transaction status of ``conn``: True when its transaction was aborted
+        by an error (INERROR), False when it can go on, None when the connection is gone
+        (UNKNOWN) or cannot say."""
+        try:
+            status = self._status(conn)
+        except Exception:
+            return None
+        return None if status == _UNKNOWN else status == _INERROR
+
+    def _status(self, conn: Any) -> int:
+        raise NotImplementedError
+
 
 #: why a pooler refuses the store's connection, and the fix
 POOLER_FIX = (
@@ -74,6 +87,8 @@ POOLER_FIX = (
     "drops the timeouts; docs/configuration.md, \"PgBouncer and other poolers\")"
 )
 
+#: libpq's PGTransactionStatusType: in a failed transaction block; connection bad
+_INERROR, _UNKNOWN = 3, 4
 _NEVER = 2**62  # psycopg 3's prepare_threshold: never prepared by itself
 
 
@@ -99,6 +114,9 @@ class Psycopg3(Driver):
 
     def broken(self, conn: Any) -> bool:
         return bool(conn.broken)
+
+    def _status(self, conn: Any) -> int:
+        return int(conn.info.transaction_status)
 
 
 class Psycopg2(Driver):
@@ -149,6 +167,9 @@ class Psycopg2(Driver):
 
     def broken(self, conn: Any) -> bool:
         return int(conn.closed) == 2
+
+    def _status(self, conn: Any) -> int:
+        return _UNKNOWN if conn.closed else int(conn.get_transaction_status())
 
 
 _driver: Driver | None = None
