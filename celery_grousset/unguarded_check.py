@@ -100,23 +100,34 @@ def _bypass_messages(name: str, cls: type) -> Iterator[checks.CheckMessage]:
 
 
 def _passes_on(method: Any, depth: int = 0) -> bool:
-    """``method`` passes the call on: ``super`` (or a name ``Grousset…``) in its code or
-    the code it nests (a lambda, an inner def), or in a function it wraps (a decorator's
-    closure); one we cannot read passes."""
+    """``method`` passes the call on: ``super``, a name ``Grousset…`` or a guarded class
+    of the module's (``BaseTask.__call__(self, …)``) in its code or the code it nests (a
+    lambda, an inner def), or in a function it wraps (a decorator's closure); one we
+    cannot read passes."""
     method = inspect.unwrap(getattr(method, "__func__", method))
     code = getattr(method, "__code__", None)
-    if code is None or _code_passes(code):
+    if code is None:
         return True
     cells = getattr(method, "__closure__", None) or ()
+    names = {**getattr(method, "__globals__", {}),
+             **dict(zip(code.co_freevars, map(_contents, cells), strict=False))}  # fmt: skip
+    if _code_passes(code, names):
+        return True
     wrapped = [f for f in map(_contents, cells) if inspect.isfunction(f)]
     return depth < 3 and any(_passes_on(f, depth + 1) for f in wrapped)
 
 
-def _code_passes(code: Any, depth: int = 0) -> bool:
-    if any(n == "super" or n.startswith("Grousset") for n in code.co_names):
-        return True
+def _code_passes(code: Any, names: dict[str, Any], depth: int = 0) -> bool:
+    from celery_grousset.task import GroussetTaskMixin
+
+    for n in (*code.co_names, *code.co_freevars):
+        named = names.get(n)
+        if n == "super" or n.startswith("Grousset") or (
+            isinstance(named, type) and issubclass(named, GroussetTaskMixin)
+        ):
+            return True
     nested = [c for c in code.co_consts if inspect.iscode(c)]
-    return depth < 3 and any(_code_passes(c, depth + 1) for c in nested)
+    return depth < 3 and any(_code_passes(c, names, depth + 1) for c in nested)
 
 
 def _contents(cell: Any) -> Any:

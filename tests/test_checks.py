@@ -623,10 +623,17 @@ def test_a_base_that_takes_calls_around_the_guard_is_E024_or_W022(
         app.task(base=base, shared=False, name=name, acks_late=True)(body)
         return name
 
+    class Project(GroussetTask):  # a project's guarded base, and one that calls it by name
+        pass
+
+    class Named(Project):
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return Project.__call__(self, *args, **kwargs)
+
     # Given guarded tasks whose bases put those classes before the guard, or after it
     timed, routed = task_on(Timed, GroussetTask), task_on(Routed, GroussetTask)
     fine = [task_on(GroussetTask, Timed), task_on(GroussetTask, Routed),
-            task_on(Passing, GroussetTask)]  # fmt: skip
+            task_on(Passing, GroussetTask), task_on(Named)]  # fmt: skip
     # When the checks run / Then a __call__ that runs the body around the guard is an
     # error (the worker does not start), an apply_async that drops the key a warning,
     # each naming the class, the method and the fix
@@ -636,7 +643,7 @@ def test_a_base_that_takes_calls_around_the_guard_is_E024_or_W022(
     assert "unguarded" in found[timed].msg and "list GroussetTask first" in found[timed].hint
     assert "Routed.apply_async" in found[routed].msg and "idempotency_key" in found[routed].msg
     # And none for the same classes listed after the guard, or that pass the call on
-    assert [ids(name) for name in fine] == [set(), set(), set()]
+    assert [ids(name) for name in fine] == [set(), set(), set(), set()]
 
 
 def test_a_tasks_entry_that_selects_no_task_is_W017_naming_the_task_meant(

@@ -263,3 +263,44 @@ def test_a_lost_connection_the_body_caught_is_sent_again_not_the_failure(
     assert _protect(alias, processor, key, body) == "booked" and len(runs) == 2
     assert Effect.objects.using(alias).filter(key=key).count() == 1
     assert _record(alias, processor).status == "completed"
+
+
+def _deadlock(vendor: str) -> BaseException:
+    """The error a deadlock of an earlier transaction left on a connection (Django keeps
+    the last one its ORM marked a transaction for rollback with, and never clears it)."""
+    if vendor == "postgresql":
+        from celery_grousset.store.pgdriver import driver
+
+        cause: BaseException = driver().module.errors.DeadlockDetected("deadlock detected")
+    else:
+        import MySQLdb
+
+        cause = MySQLdb.OperationalError(1213, "Deadlock found when trying to get lock")
+    error = OperationalError(*cause.args)
+    error.__cause__ = cause
+    return error
+
+
+def test_a_deadlock_of_an_earlier_transaction_is_not_taken_for_this_ones(
+    alias: str, processor: str
+) -> None:
+    conn = connections[alias]
+    if conn.vendor == "sqlite":
+        pytest.skip("SQLite: no deadlock error")
+    key, runs = f"stale-{uuid.uuid4().hex[:8]}", []
+    conn.ensure_connection()
+    conn.rollback_exc = _deadlock(conn.vendor)  # (left by an earlier transaction)
+
+    def body() -> str:
+        runs.append(1)
+        Effect.objects.using(alias).create(key=key)
+        transaction.set_rollback(True, using=alias)
+        return str(Effect.objects.using(alias).count())  # refused: the transaction is broken
+
+    # When a body marks its transaction for rollback and goes on querying (Django refuses
+    # it with an error raised from the connection's last rollback cause, an old deadlock)
+    with pytest.raises(TransactionManagementError) as raised:
+        _protect(alias, processor, key, body)
+    # Then it is the body's failure, once: not a conflict of this transaction, sent again
+    assert not isinstance(raised.value, TransactionLost)
+    assert len(runs) == 1 and _record(alias, processor).status == "failed"

@@ -45,7 +45,11 @@ _NOT_TAKEN = {"55P03", "57014", "42501", "25006", 1205, 1142, 1290, 1792}
 
 def _codes(exc: BaseException) -> Iterator[object]:
     """The SQLSTATE (PostgreSQL) or error number (MySQL/MariaDB) of ``exc`` and of each
-    exception it was raised from (Django's, then the driver's under it)."""
+    exception it was raised from (Django's, then the driver's under it) — up to Django's
+    refusal of a broken transaction, whose cause (``rollback_exc``, never cleared on the
+    connection) may be an error of an earlier transaction."""
+    from django.db.transaction import TransactionManagementError
+
     from celery_grousset.store.pgdriver import sqlstate
 
     seen: BaseException | None = exc
@@ -54,7 +58,7 @@ def _codes(exc: BaseException) -> Iterator[object]:
         if code is None and type(seen).__module__.startswith("MySQLdb") and seen.args:
             code = seen.args[0]
         yield code
-        seen = seen.__cause__
+        seen = None if isinstance(seen, TransactionManagementError) else seen.__cause__
 
 
 def rolled_back(exc: BaseException) -> bool:
@@ -77,8 +81,9 @@ def aborted(exc: BaseException) -> bool:
 
 
 #: a conflict after which nothing of the transaction stands, even inside a savepoint:
-#: MySQL/MariaDB roll the whole transaction back on a deadlock
-_ENDS = {1213}
+#: MySQL/MariaDB roll the whole transaction back on a deadlock, and MariaDB 11.6.2+ on a
+#: "record has changed since last read" (1020) too
+_ENDS = {1213, 1020}
 
 
 def ends_transaction(exc: BaseException) -> bool:
