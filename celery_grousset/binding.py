@@ -146,7 +146,7 @@ def key_function(cls: type) -> None:
         setattr(cls, "grousset_key", staticmethod(key))  # noqa: B010
 
 
-def refuse_bypassing_bases(cls: type, mixin: type, task: type) -> None:
+def refuse_task_class_first(cls: type, mixin: type, task: type) -> None:
     """Refuse (``TypeError``) a guarded task class that lists Celery's ``task`` class
     before ``mixin``: ``Task.__call__`` would run every delivery unguarded. (A class of
     the project's that does so is the check ``E024``'s: celery_grousset.unguarded_check.)"""

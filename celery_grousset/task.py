@@ -113,7 +113,7 @@ class GroussetTaskMixin:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        binding.refuse_bypassing_bases(cls, GroussetTaskMixin, Task)
+        binding.refuse_task_class_first(cls, GroussetTaskMixin, Task)
         binding.key_function(cls)  # @app.task(grousset_key=fn): fn gets the bound arguments alone
         # @app.task(on_failure="memoize") would replace Celery's on_failure handler: move it
         value = cls.__dict__.get("on_failure")

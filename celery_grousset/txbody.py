@@ -145,14 +145,9 @@ def _aborted(conn: Any) -> bool | None:
 
 
 def _lost(conn: Any) -> bool:
-    """The connection itself broke (MySQL/MariaDB: it does not answer a ping)."""
-    if conn.vendor != "mysql":
-        return False
-    try:
-        conn.connection.ping()
-    except Exception:
-        return True
-    return False
+    """The connection itself broke (MySQL/MariaDB: Django's ping says so; PostgreSQL's
+    state is libpq's, :func:`_aborted`)."""
+    return bool(conn.vendor == "mysql" and not conn.is_usable())
 
 
 def broken(

@@ -31,7 +31,7 @@ decorator keywords as class attributes, and nothing reads them:
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from django.core import checks
@@ -42,11 +42,12 @@ from celery_grousset.options import reads_like
 ID = "celery_grousset.W011"
 MISSPELT_ID = "celery_grousset.E022"
 BUILTIN_ID = "celery_grousset.E023"
-#: a base's method that takes the call around the guard -> (check id, what follows)
-BYPASS = {
-    "__call__": ("celery_grousset.E024", "every delivery runs its body unguarded"),
-    "apply_async": ("celery_grousset.W022", "a call's key (idempotency_key, grousset_key) "
-                    "is dropped: the worker keys it by all its arguments"),
+#: a base's method that takes the call around the guard -> (level, check id, what
+#: follows)
+BYPASS: dict[str, tuple[Callable[..., checks.CheckMessage], str, str]] = {
+    "__call__": (checks.Error, "celery_grousset.E024", "every delivery runs its body unguarded"),
+    "apply_async": (checks.Warning, "celery_grousset.W022", "a call's key (idempotency_key, "
+                    "grousset_key) is dropped: the worker keys it by all its arguments"),
 }
 
 #: options a plain Celery task never has (``on_failure`` is Celery's own handler)
@@ -83,11 +84,11 @@ def _bypass_messages(name: str, cls: type) -> Iterator[checks.CheckMessage]:
 
     mro = cls.__mro__
     for base in mro[: mro.index(GroussetTaskMixin)]:
-        for method, (check_id, harm) in BYPASS.items():
+        for method, (level, check_id, harm) in BYPASS.items():
             if method not in vars(base) or _passes_on(vars(base)[method]):
                 continue
             own = base is cls
-            yield (checks.Error if check_id.startswith("celery_grousset.E") else checks.Warning)(
+            yield level(
                 f"Task {name!r}: {base.__qualname__}.{method} "
                 + ("" if own else "comes before the guard in its bases and ")
                 + f"does not call super().{method}(…): {harm}.",

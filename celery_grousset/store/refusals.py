@@ -7,6 +7,7 @@ transaction back for a conflict (:func:`rolled_back`)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 
 from celery_grousset.exceptions import StoreUnavailable
 
@@ -61,12 +62,17 @@ def _codes(exc: BaseException) -> Iterator[object]:
         seen = None if isinstance(seen, TransactionManagementError) else seen.__cause__
 
 
+def _any(exc: BaseException, codes: AbstractSet[object]) -> bool:
+    """One of ``codes`` is ``exc``'s or its causes' (:func:`_codes`)."""
+    return any(code in codes for code in _codes(exc))
+
+
 def rolled_back(exc: BaseException) -> bool:
     """``exc`` (Django's, or the driver's under it) says the database rolled the whole
     transaction back to resolve a conflict with another one: a serialization failure
     (REPEATABLE READ, SERIALIZABLE) or a deadlock. Nothing of it stands; it can run
     again."""
-    return any(code in _ROLLED_BACK for code in _codes(exc))
+    return _any(exc, _ROLLED_BACK)
 
 
 #: PostgreSQL in_failed_sql_transaction: a statement sent after an earlier one failed
@@ -77,7 +83,7 @@ _ABORTED = {"25P02"}
 def aborted(exc: BaseException) -> bool:
     """``exc`` says the transaction was already aborted by an earlier error in it (one a
     caller caught without a savepoint): the statement that raised it did nothing wrong."""
-    return any(code in _ABORTED for code in _codes(exc))
+    return _any(exc, _ABORTED)
 
 
 #: a conflict after which nothing of the transaction stands, even inside a savepoint:
@@ -89,7 +95,7 @@ _ENDS = {1213, 1020}
 def ends_transaction(exc: BaseException) -> bool:
     """``exc``, a conflict (:func:`rolled_back`), rolled the whole transaction back,
     whatever savepoint the statement ran in."""
-    return any(code in _ENDS for code in _codes(exc))
+    return _any(exc, _ENDS)
 
 
 def not_taken(exc: BaseException) -> bool:
@@ -97,7 +103,7 @@ def not_taken(exc: BaseException) -> bool:
     that statement (a lock wait timeout, a refusal): its trouble, not the caller's. An
     error the statement only surfaced — a transaction a body's caught error aborted, a
     data error — is not one."""
-    return any(code in _NOT_TAKEN for code in _codes(exc))
+    return _any(exc, _NOT_TAKEN)
 
 
 def missing_table_fix(alias: str | None = None) -> str:
