@@ -260,29 +260,11 @@ def connection_lost(conn: Any, raw: Any, exc: BaseException) -> bool:
         return True
 
 
-def control_flow(exc: BaseException) -> bool:
-    """Celery's Retry / Ignore / Reject and non-Exception exits never memoize."""
-    return not isinstance(exc, Exception) or _celery_exit(exc) is not None
-
-
-def _celery_exit(exc: BaseException) -> str | None:
-    """The completion outcome of Celery's control-flow exit ``exc``: ``retried``
-    (``self.retry()``, ``autoretry_for``), ``ignored`` (``Ignore``: ``self.replace()``, a
-    task that drops its delivery), ``rejected`` (``Reject``, requeued or not); None for
-    any other exception."""
-    from celery.exceptions import Ignore, Reject, Retry
-
-    for kind, outcome in ((Retry, "retried"), (Ignore, "ignored"), (Reject, "rejected")):
-        if isinstance(exc, kind):
-            return outcome
-    return None
-
-
 def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> bool:
     """Record a failed attempt: release the claim, or memoize the error. True when it was
     written. Never raises (the caller re-raises the task's own exception)."""
     try:
-        if opts.on_failure == "memoize" and not control_flow(exc):
+        if opts.on_failure == "memoize" and not memo.control_flow(exc):
             result, enc, error = memo.encode_exception(exc)
             completion = Completion(Status.FAILED.value, result, enc, error)
         else:
@@ -292,7 +274,7 @@ def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> 
     try:
         t0 = time.perf_counter()
         done = store.finish(req.processor_id, req.fingerprint, req.token, completion)
-        outcome = (_celery_exit(exc) or "failed") if done else "fenced_out"
+        outcome = (memo.celery_exit(exc) or "failed") if done else "fenced_out"
         events.finished(req, outcome, time.perf_counter() - t0)
         if not done:
             events.fenced(req, 0)

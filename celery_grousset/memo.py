@@ -287,3 +287,21 @@ def _known_exception(module: str, qualname: str) -> type[Exception] | None:
         return None
     cls = namespace.get(qualname)
     return cls if isinstance(cls, type) and issubclass(cls, base) else None
+
+
+def control_flow(exc: BaseException) -> bool:
+    """Celery's Retry / Ignore / Reject and non-Exception exits never memoize."""
+    return not isinstance(exc, Exception) or celery_exit(exc) is not None
+
+
+def celery_exit(exc: BaseException) -> str | None:
+    """The completion outcome of Celery's control-flow exit ``exc``: ``retried``
+    (``self.retry()``, ``autoretry_for``), ``ignored`` (``Ignore``: ``self.replace()``, a
+    task that drops its delivery), ``rejected`` (``Reject``, requeued or not); None for
+    any other exception."""
+    from celery.exceptions import Ignore, Reject, Retry
+
+    for kind, outcome in ((Retry, "retried"), (Ignore, "ignored"), (Reject, "rejected")):
+        if isinstance(exc, kind):
+            return outcome
+    return None

@@ -10,8 +10,9 @@ the body's way out, while the transaction is still open:
   serialization failure), when it is what left the transaction unable to commit: the
   last error the database raised for the body, with the transaction aborted
   (PostgreSQL; one rolled back to a savepoint is not) or a deadlock (MySQL/MariaDB roll
-  the whole transaction back, savepoint or not). Never the task's failure: raised again
-  for the delivery to be sent again (``TransactionLost``);
+  the whole transaction back, savepoint or not). Never the task's failure, whatever
+  the body raised after it (an error of its own, ``from`` it or not): raised again for
+  the delivery to be sent again (``TransactionLost``);
 * a **lost connection** whose error the body caught: sent again the same way;
 * a transaction the body **marked for rollback** (``transaction.set_rollback(True)``, an
   error it caught without a savepoint) or that PostgreSQL **aborted** at such an error,
@@ -29,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from celery_grousset import elsewhere
+from celery_grousset import elsewhere, memo
 from celery_grousset.binding import not_awaitable
 from celery_grousset.claim import ClaimRequest
 from celery_grousset.store import refusals
@@ -82,7 +83,7 @@ class Body:
 def run(body: Body, conn: Any, alias: str, req: ClaimRequest, fn: Callable[[], Any]) -> Any:
     """Run the body in the open transaction; raise instead what it did to it, if it left
     the transaction unable to commit (``conn``: the journal's Django connection)."""
-    from django.db import Error, transaction
+    from django.db import transaction
 
     transaction.on_commit(body.commit_seen, using=alias)  # runs before the body's own
     with elsewhere.watched(alias, req.processor_id, req.task_name), conn.execute_wrapper(
@@ -90,9 +91,9 @@ def run(body: Body, conn: Any, alias: str, req: ClaimRequest, fn: Callable[[], A
     ):
         try:
             value = not_awaitable(fn(), req.task_name)
-        except Error as exc:
+        except Exception as exc:
             instead = _unusable(body, conn, alias, req, exc)
-            if instead is None:
+            if instead is None or not _overrides(exc, instead):
                 raise
             raise instead  # noqa: B904 (its cause is set: a conflict keeps its own)
     instead = _unusable(body, conn, alias, req, None)
@@ -124,6 +125,21 @@ def _unusable(
     if exc is None:
         return broken(req, alias, ABORTED if aborted else MARKED, None)
     return broken(req, alias, ABORTED, exc) if refusals.aborted(exc) else None
+
+
+def _overrides(exc: BaseException, instead: BaseException) -> bool:
+    """Whether ``instead`` is raised in place of the body's ``exc``. A database error
+    always gives way. An exception of the body's own (a domain error it raised on giving
+    up a step whose conflict it caught, with ``from`` or without) gives way only to a
+    conflict or a lost connection — not the task's failure, as if it had not been caught
+    — and keeps its type for the body's failure (``autoretry_for`` still matches it);
+    Celery's control flow (``self.retry()``) is never replaced."""
+    from django.db import Error
+    from django.db.transaction import TransactionManagementError
+
+    if isinstance(exc, Error):
+        return True
+    return not memo.control_flow(exc) and not isinstance(instead, TransactionManagementError)
 
 
 def _gone(alias: str, cause: BaseException | None) -> BaseException:

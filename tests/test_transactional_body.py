@@ -30,6 +30,10 @@ from celery_grousset.store import refusals
 from tests.ledger.models import Effect
 
 
+class GaveUp(Exception):
+    """A body's own error, raised on giving up a step whose conflict it caught."""
+
+
 def _protect(alias: str, processor: str, key: str, fn: Any, *args: Any) -> Any:
     return protect(key, fn, *args, max_processing_time=30, processor_id=processor,
                    database=alias, transactional=True)  # fmt: skip
@@ -132,15 +136,24 @@ def test_an_on_commit_callback_that_raises_leaves_the_call_committed(
 
 
 def _waiting(alias: str) -> bool:
-    """A row lock wait is under way on ``alias``'s server."""
+    """A row lock wait is under way on ``alias``'s server (asked on a connection of its
+    own: MariaDB answers a transaction that has read its lock tables once from a snapshot
+    of them)."""
     sql = {"postgresql": "SELECT count(*) FROM pg_locks WHERE NOT granted",
-           "mysql": "SELECT count(*) FROM information_schema.INNODB_LOCK_WAITS"}  # fmt: skip
-    with connections[alias].cursor() as cursor:
-        cursor.execute(sql[connections[alias].vendor])
-        return bool(cursor.fetchone()[0])
+           "mysql": "SELECT count(*) FROM information_schema.INNODB_TRX "
+                    "WHERE trx_state = 'LOCK WAIT'"}  # fmt: skip
+    probe = connections.create_connection(alias)
+    try:
+        with probe.cursor() as cursor:
+            cursor.execute(sql[probe.vendor])
+            return bool(cursor.fetchone()[0])
+    finally:
+        probe.close()
 
 
-@pytest.mark.parametrize("then", ["returns", "fails", "marks", "closes"])
+@pytest.mark.parametrize(
+    "then", ["returns", "fails", "gives_up", "gives_up_from", "marks", "closes"]
+)
 def test_a_deadlock_caught_inside_a_savepoint_is_sent_again_not_the_failure(
     alias: str, processor: str, then: str
 ) -> None:
@@ -183,6 +196,10 @@ def test_a_deadlock_caught_inside_a_savepoint_is_sent_again_not_the_failure(
                 Effect.objects.using(alias).filter(pk=b).update(value=F("value"))
         except OperationalError as exc:
             caught.append(exc)  # the step is given up; the body goes on
+            if then == "gives_up" and first_attempt:  # or raises an error of its own
+                raise GaveUp("could not book")  # noqa: B904 (as a body may)
+            if then == "gives_up_from" and first_attempt:
+                raise GaveUp("could not book") from exc
         if then == "fails" and first_attempt:  # then fails on an error of its own
             Effect.objects.using(alias).create(pk=a, key=key)  # (a key taken: IntegrityError)
         if then == "marks" and first_attempt:  # or marks its transaction for rollback
@@ -195,7 +212,7 @@ def test_a_deadlock_caught_inside_a_savepoint_is_sent_again_not_the_failure(
     # then fails on an error of its own)
     try:
         first: Any = _protect(alias, processor, key, body)
-    except (TransactionLost, IntegrityError, TransactionManagementError) as exc:
+    except (TransactionLost, IntegrityError, TransactionManagementError, GaveUp) as exc:
         first = exc
     started[0].join(30)
     # (the deadlock happened, and the body was the transaction the database chose)
@@ -204,7 +221,8 @@ def test_a_deadlock_caught_inside_a_savepoint_is_sent_again_not_the_failure(
         # Then on PostgreSQL, where the savepoint took the deadlock back, what the body
         # did of its own is its failure, not taken for the conflict it handled (a closed
         # connection, on every backend): not sent again, which would run it twice
-        expected = IntegrityError if then == "fails" else TransactionManagementError
+        expected = {"fails": IntegrityError, "gives_up": GaveUp, "gives_up_from": GaveUp}.get(
+            then, TransactionManagementError)  # fmt: skip
         assert isinstance(first, expected) and not isinstance(first, TransactionLost), first
         assert _record(alias, processor).status == "failed"
         assert not Effect.objects.using(alias).filter(key=key).exists()
