@@ -116,7 +116,16 @@ def refuse_misspelt_key(task_name: str, options: dict[str, Any], guarded: bool =
     if "retries" in options:
         return
     for name in options:
-        if isinstance(name, str) and "idempot" in name.lower() and name != "idempotency_key":
+        if not isinstance(name, str) or name == "idempotency_key":
+            continue
+        if name == KEY_HEADER:  # the task option's name, not a call's
+            raise TypeError(
+                f"{task_name}.apply_async() got the option {KEY_HEADER!r}, which nothing "
+                f"reads per call: {KEY_HEADER} is a task option (the argument names that "
+                "key every call, given to the task decorator). A call's own key is "
+                "idempotency_key=… (a non-empty str that names the call)."
+            )
+        if "idempot" in name.lower() or misspelt_key(name):
             raise TypeError(
                 f"{task_name}.apply_async() got the option {name!r}, which nothing reads: "
                 "did you mean idempotency_key? (a non-empty str that names the call)"

@@ -159,6 +159,7 @@ def test_grousset_key_other_argument_is_refused(journal: str, make_task: Any) ->
 
 @pytest.mark.parametrize("options", [
     {"idempotency_keys": KEY}, {"idempotencyKey": KEY}, {"idempotent_key": KEY},
+    {"grousset_key": KEY}, {"grousset_keys": KEY},
     {"headers": {"grousset-key": KEY}}, {"headers": {"Grousset_Key": KEY}},
     {"headers": {"grousset_keys": KEY}}, {"headers": {"idempotency_key": KEY}},
 ])  # fmt: skip
