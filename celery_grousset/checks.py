@@ -1,35 +1,7 @@
 """System checks (``manage.py check``) with stable ids, each with the fix as hint.
 
-==========================  ===========================================================
-``celery_grousset.E001``    a guarded task has no ``max_processing_time``
-``celery_grousset.E002``    a guarded task's hard ``time_limit`` ≥ ``max_processing_time``
-``celery_grousset.E003``    ``GROUSSET["DATABASE"]`` is unknown or not a supported engine
-``celery_grousset.E004``    ``settings.GROUSSET`` is not a dict
-``celery_grousset.E010``    a ``GROUSSET`` value has the wrong type or is out of range
-``celery_grousset.E011``    ``GROUSSET`` has an unknown key (the closest valid key is named)
-``celery_grousset.E012``    ``USE_TZ = False`` with a ``TIME_ZONE`` other than UTC
-``celery_grousset.E013``    a guarded task's option has the wrong type or is out of range
-``celery_grousset.E014``    a check could not run (an unexpected error; the message has it)
-``celery_grousset.E015``    ``JOURNAL_LAYOUT = "partitioned"`` on a journal that is not PostgreSQL
-``celery_grousset.E016``    a MySQL/SQLite journal database with a ``TIME_ZONE`` other than UTC
-``celery_grousset.E018``    a setting reads like a misspelt ``GROUSSET`` (``GROUSET``)
-``celery_grousset.E019``    a guarded task's body is an ``async def`` function
-``celery_grousset.E022``    a guarded task's keyword reads like a misspelt option
-``celery_grousset.W001``    ``visibility_timeout`` (Redis, SQS) < an acks_late task's claim window
-``celery_grousset.W002``    ``acks_late`` is off on a guarded task
-``celery_grousset.W003``    ``reject_on_worker_lost`` is off on a guarded task
-``celery_grousset.W004``    the MySQL journal runs at REPEATABLE READ
-``celery_grousset.W005``    the SQLite journal is not in WAL mode (``check --database``)
-``celery_grousset.W006``    ``CLAIM_COMMIT = "async"`` on a journal that is not PostgreSQL
-``celery_grousset.W007``    the journal database could not be inspected (``check --database``)
-``celery_grousset.W008``    a guarded task run by celery beat has a key no run can vary
-``celery_grousset.W009``    a journal table or migration is missing (``check --database``)
-``celery_grousset.W010``    the journal's layout is not ``JOURNAL_LAYOUT`` (``check --database``)
-``celery_grousset.W011``    a task given celery-grousset options is not guarded
-``celery_grousset.W014``    a guarded task's ``expires_after`` ≤ its ``max_processing_time``
-``celery_grousset.W016``    a Celery app's task modules do not import (its tasks go unchecked)
-``celery_grousset.W017``    a ``GROUSSET["TASKS"]`` entry selects no registered task
-==========================  ===========================================================
+Each check's id, level, cause and fix are listed in docs/configuration.md, "System
+checks" (one table; a check added here is added there).
 
 No check function raises: a configuration error becomes the message above, and any
 other exception becomes ``E014`` (``manage.py check`` never ends in a traceback). When

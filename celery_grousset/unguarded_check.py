@@ -46,8 +46,9 @@ BUILTIN_ID = "celery_grousset.E023"
 #: follows)
 BYPASS: dict[str, tuple[Callable[..., checks.CheckMessage], str, str]] = {
     "__call__": (checks.Error, "celery_grousset.E024", "every delivery runs its body unguarded"),
-    "apply_async": (checks.Warning, "celery_grousset.W022", "a call's key (idempotency_key, "
-                    "grousset_key) is dropped: the worker keys it by all its arguments"),
+    "apply_async": (checks.Warning, "celery_grousset.W022", "a call's idempotency_key is "
+                    "dropped: the worker keys the call by its arguments (those its "
+                    "grousset_key names, if it has one)"),
 }
 
 #: options a plain Celery task never has (``on_failure`` is Celery's own handler)
@@ -58,6 +59,7 @@ def unguarded_messages(apps: Iterable[Any]) -> list[checks.CheckMessage]:
     """W011 for each task of ``apps`` that has celery-grousset options and no guard;
     E024 / W022 for each guarded one that a base takes around the guard; E023 for each
     app whose own tasks are guarded."""
+    from celery_grousset.install import OWN_PREFIXES
     from celery_grousset.task import GroussetTaskMixin
 
     apps = list(apps)
@@ -72,7 +74,7 @@ def unguarded_messages(apps: Iterable[Any]) -> list[checks.CheckMessage]:
                 found.extend(_bypass_messages(name, type(task)))
                 continue
             given = [opt for opt in OWN_OPTIONS if getattr(type(task), opt, None) is not None]
-            if given and not name.startswith("celery."):
+            if given and not name.startswith(OWN_PREFIXES):
                 found.append(_warning(name, given))
     return found
 
@@ -101,10 +103,11 @@ def _bypass_messages(name: str, cls: type) -> Iterator[checks.CheckMessage]:
 
 
 def _passes_on(method: Any, depth: int = 0) -> bool:
-    """``method`` passes the call on: ``super``, a name ``Grousset…`` or a guarded class
-    of the module's (``BaseTask.__call__(self, …)``) in its code or the code it nests (a
-    lambda, an inner def), or in a function it wraps (a decorator's closure); one we
-    cannot read passes."""
+    """``method`` passes the call on: ``super`` or a guarded class (``BaseTask.__call__(
+    self, …)``, ``celery_grousset.GroussetTask.__call__``; a ``Grousset…`` attribute the
+    package does not have counts, ``GroussetError`` does not) in its code or the code it
+    nests (a lambda, an inner def), or in a function it wraps (a decorator's closure);
+    one we cannot read passes."""
     method = inspect.unwrap(getattr(method, "__func__", method))
     code = getattr(method, "__code__", None)
     if code is None:
@@ -119,13 +122,16 @@ def _passes_on(method: Any, depth: int = 0) -> bool:
 
 
 def _code_passes(code: Any, names: dict[str, Any], depth: int = 0) -> bool:
+    import celery_grousset
+    from celery_grousset import exceptions
     from celery_grousset.task import GroussetTaskMixin
 
     for n in (*code.co_names, *code.co_freevars):
         named = names.get(n)
-        if n == "super" or n.startswith("Grousset") or (
-            isinstance(named, type) and issubclass(named, GroussetTaskMixin)
-        ):
+        if named is None and n.startswith("Grousset"):  # an attribute: cg.GroussetTask
+            named = getattr(exceptions, n, None) or getattr(
+                celery_grousset, n, GroussetTaskMixin)  # (one we do not know passes)  # fmt: skip
+        if n == "super" or (isinstance(named, type) and issubclass(named, GroussetTaskMixin)):
             return True
     nested = [c for c in code.co_consts if inspect.iscode(c)]
     return depth < 3 and any(_code_passes(c, names, depth + 1) for c in nested)

@@ -27,6 +27,7 @@ from django.core import checks
 from django.test import override_settings
 
 from celery_grousset import GroussetTask
+from celery_grousset.exceptions import GroussetError
 from tests import services
 from tests.services import extra_database as database
 
@@ -594,6 +595,13 @@ def test_a_base_that_takes_calls_around_the_guard_is_E024_or_W022(
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             return self.run(*args, **kwargs)
 
+    class Careful(Task):  # runs the body itself, naming the package's error only
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return self.run(*args, **kwargs)
+            except GroussetError:
+                raise
+
     class Routed(Task):  # publishes through send_task, with its own routing
         def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
             return self.app.send_task(self.name, args, kwargs, **options)
@@ -632,12 +640,14 @@ def test_a_base_that_takes_calls_around_the_guard_is_E024_or_W022(
 
     # Given guarded tasks whose bases put those classes before the guard, or after it
     timed, routed = task_on(Timed, GroussetTask), task_on(Routed, GroussetTask)
+    careful = task_on(Careful, GroussetTask)
     fine = [task_on(GroussetTask, Timed), task_on(GroussetTask, Routed),
             task_on(Passing, GroussetTask), task_on(Named)]  # fmt: skip
     # When the checks run / Then a __call__ that runs the body around the guard is an
     # error (the worker does not start), an apply_async that drops the key a warning,
     # each naming the class, the method and the fix
     assert ids(timed) == {"celery_grousset.E024"} and ids(routed) == {"celery_grousset.W022"}
+    assert ids(careful) == {"celery_grousset.E024"}  # (a Grousset… name is not a call on)
     found = {m.obj: m for m in checks.run_checks(tags=[TAG]) if m.obj in (timed, routed)}
     assert "Timed.__call__ comes before the guard" in found[timed].msg
     assert "unguarded" in found[timed].msg and "list GroussetTask first" in found[timed].hint
