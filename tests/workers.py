@@ -21,6 +21,7 @@ class Worker:
         self.proc = proc
         self.log = log
         self.name = name
+        self.terminated = False
 
     def text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -31,9 +32,15 @@ class Worker:
         )
         return [int(p) for p in out.stdout.split()]
 
+    def terminate(self) -> None:
+        """Begin its warm shutdown (once: a second SIGTERM is not sent by :meth:`stop`)."""
+        if self.proc.poll() is None and not self.terminated:
+            self.proc.send_signal(signal.SIGTERM)
+            self.terminated = True
+
     def stop(self, timeout: float = 15) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -97,15 +104,24 @@ def start_worker(
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=fh, stderr=subprocess.STDOUT)
     worker = Worker(proc, log, name)
-    deadline = time.monotonic() + ready_timeout
+    if ready_timeout:
+        ready(worker, ready_timeout)
+    return worker
+
+
+def ready(worker: Worker, timeout: float = 60) -> Worker:
+    """Wait until ``worker`` says it is ready (it exited, or not in time: RuntimeError)."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"worker exited with {proc.returncode}:\n{worker.text()[-3000:]}")
+        if worker.proc.poll() is not None:
+            raise RuntimeError(
+                f"worker exited with {worker.proc.returncode}:\n{worker.text()[-3000:]}"
+            )
         if " ready." in worker.text():
             return worker
         time.sleep(0.1)
     worker.kill()
-    raise RuntimeError(f"worker not ready after {ready_timeout}s:\n{worker.text()[-3000:]}")
+    raise RuntimeError(f"worker not ready after {timeout}s:\n{worker.text()[-3000:]}")
 
 
 def _environment(
@@ -159,11 +175,17 @@ def start_beat(
 
 @contextmanager
 def workers(queue: str, count: int = 1, **kwargs: object) -> Iterator[list[Worker]]:
+    """``count`` workers on ``queue``, started side by side and stopped side by side."""
+    timeout = float(kwargs.pop("ready_timeout", 60))  # type: ignore[arg-type]
     started: list[Worker] = []
     try:
         for _ in range(count):
-            started.append(start_worker(queue, **kwargs))  # type: ignore[arg-type]
+            started.append(start_worker(queue, ready_timeout=0, **kwargs))  # type: ignore[arg-type]
+        for w in started:
+            ready(w, timeout)
         yield started
     finally:
+        for w in started:  # each begins its warm shutdown, then each is waited for
+            w.terminate()
         for w in started:
             w.stop()
