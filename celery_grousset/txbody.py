@@ -11,8 +11,8 @@ the body's way out, while the transaction is still open:
   last error the database raised for the body, with the transaction aborted
   (PostgreSQL; one rolled back to a savepoint is not) or a deadlock (MySQL/MariaDB roll
   the whole transaction back, savepoint or not). Never the task's failure, whatever
-  the body raised after it (an error of its own, ``from`` it or not): raised again for
-  the delivery to be sent again (``TransactionLost``);
+  the body raised after it: raised again for the delivery to be sent again
+  (``TransactionLost``);
 * a **lost connection** whose error the body caught: sent again the same way;
 * a transaction the body **marked for rollback** (``transaction.set_rollback(True)``, an
   error it caught without a savepoint) or that PostgreSQL **aborted** at such an error,
@@ -130,10 +130,11 @@ def _unusable(
 def _overrides(exc: BaseException, instead: BaseException) -> bool:
     """Whether ``instead`` is raised in place of the body's ``exc``. A database error
     always gives way. An exception of the body's own (a domain error it raised on giving
-    up a step whose conflict it caught, with ``from`` or without) gives way only to a
-    conflict or a lost connection — not the task's failure, as if it had not been caught
-    — and keeps its type for the body's failure (``autoretry_for`` still matches it);
-    Celery's control flow (``self.retry()``) is never replaced."""
+    up a step whose conflict it caught) gives way only to a conflict that ended the
+    transaction or a lost connection — not the task's failure, as if it had not been
+    caught — and keeps its type for the body's failure (``autoretry_for`` still matches
+    it; one raised ``from`` a conflict is that conflict's anyway: ``refusals.rolled_back``
+    reads causes); Celery's control flow (``self.retry()``) is never replaced."""
     from django.db import Error
     from django.db.transaction import TransactionManagementError
 

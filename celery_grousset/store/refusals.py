@@ -68,16 +68,11 @@ def _any(exc: BaseException, codes: AbstractSet[object]) -> bool:
 
 
 def rolled_back(exc: BaseException) -> bool:
-    """``exc``, a database's error (Django's, or the driver's under it), says the
-    database rolled the whole transaction back to resolve a conflict with another one: a
-    serialization failure (REPEATABLE READ, SERIALIZABLE) or a deadlock. Nothing of it
-    stands; it can run again. An exception a caller raised from such an error is the
-    caller's own (whether the conflict still ended the transaction is then the
-    transaction's state to say: ``txbody``)."""
-    from django.db import Error
-
-    own = isinstance(exc, Error) or next(_codes(exc)) is not None
-    return own and _any(exc, _ROLLED_BACK)
+    """``exc`` (Django's, the driver's under it, or one raised ``from`` such an error)
+    says the database rolled the whole transaction back to resolve a conflict with
+    another one: a serialization failure (REPEATABLE READ, SERIALIZABLE) or a deadlock.
+    Nothing of it stands; it can run again."""
+    return _any(exc, _ROLLED_BACK)
 
 
 #: PostgreSQL in_failed_sql_transaction: a statement sent after an earlier one failed
