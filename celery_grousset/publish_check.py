@@ -115,26 +115,28 @@ def refuse_misspelt_key(task_name: str, options: dict[str, Any], guarded: bool =
     the headers it came with, whoever wrote them: never refused."""
     if "retries" in options:
         return
+    # refused to a caller outside a task only, never to the outbox relay (a row enqueued
+    # by name, or before this check, would go dead) nor inside a running task (a chain's
+    # next link, a callback or a chord's body, published after the body completed, would
+    # be lost): celery-once's per-call options, and the key under grousset_key= or a name
+    # close to it (refused everywhere since 0.1.0 only when it reads "idempot…")
+    caller = not _DELIBERATE.get() and not _in_a_task()
     for name in options:
         if not isinstance(name, str) or name == "idempotency_key":
             continue
-        if name == KEY_HEADER:  # the task option's name, not a call's
+        if name == KEY_HEADER and caller:  # the task option's name, not a call's
             raise TypeError(
                 f"{task_name}.apply_async() got the option {KEY_HEADER!r}, which nothing "
                 f"reads per call: {KEY_HEADER} is a task option (the argument names that "
                 "key every call, given to the task decorator). A call's own key is "
                 "idempotency_key=… (a non-empty str that names the call)."
             )
-        if "idempot" in name.lower() or misspelt_key(name):
+        if "idempot" in name.lower() or (caller and misspelt_key(name)):
             raise TypeError(
                 f"{task_name}.apply_async() got the option {name!r}, which nothing reads: "
                 "did you mean idempotency_key? (a non-empty str that names the call)"
             )
-    # celery-once's per-call options, read by nothing here: refused to a caller outside a
-    # task, never to the outbox relay (a row enqueued by name, or before this check,
-    # would go dead) nor inside a running task (a chain's next link, a callback or a
-    # chord's body, published after the body completed, would be lost)
-    if guarded and "once" in options and not _DELIBERATE.get() and not _in_a_task():
+    if guarded and "once" in options and caller:
         raise TypeError(
             f"{task_name}: once={options['once']!r} is celery-once's per-call option, which "
             "nothing reads here: a duplicate of the call gets the first call's result "

@@ -82,9 +82,12 @@ def test_in_process_worker_runs_a_task_defined_in_the_test(
     assert sqlite_journal.deliveries(charge, 17) == 2
 
 
+@pytest.mark.parametrize("left", [{"once": {"graceful": True}}, {"grousset_key": "order-42"}],
+                         ids=["celery-once", "grousset-key"])  # fmt: skip
 def test_a_chain_link_left_with_celery_once_options_is_still_published(
-    celery_app: Celery, celery_worker: WorkController, sqlite_journal: Journal
-) -> None:
+    celery_app: Celery, celery_worker: WorkController, sqlite_journal: Journal,
+    left: dict[str, Any],
+) -> None:  # fmt: skip
     """A caller's own ``once=`` is refused at its publish, and so is a later link's
     when the caller's publish carries it; a chain's next link that the worker publishes
     after a plain task's body is not the caller's: refused there, the link would be lost
@@ -98,8 +101,9 @@ def test_a_chain_link_left_with_celery_once_options_is_still_published(
     celery_worker.reload()  # the worker learns the new task
     second = f"link-{uuid.uuid4().hex[:8]}"
     # Given a chain led by a plain task (its publish checks nothing of the guarded link)
-    # whose second link, guarded, still carries celery-once's per-call option
-    links = chain(plain.si(), effect.si(second).set(once={"graceful": True}))
+    # whose second link, guarded, still carries celery-once's per-call option (or the
+    # task option's name, grousset_key=, refused to a caller)
+    links = chain(plain.si(), effect.si(second).set(**left))
     # When it runs
     value = links.apply_async().get(timeout=20)
     # Then the worker published the link: it ran, once

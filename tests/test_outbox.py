@@ -409,6 +409,30 @@ def test_a_row_carrying_celery_once_options_is_still_published(alias: str, queue
         outbox.enqueue(effect, ("once-left",), using=alias, queue=queue, once={"timeout": 60})
 
 
+def test_a_row_stored_with_a_key_option_nothing_reads_is_still_published(
+    alias: str, queue: str
+) -> None:
+    """``grousset_key=`` given to a call is refused to its caller; a row an earlier
+    version stored with it (it was published, keyed by all its arguments) must not go
+    dead at the relay."""
+    from tests.tasks import effect
+
+    # Given a row an earlier version stored with grousset_key= among its options
+    with transaction.atomic(using=alias):
+        row = outbox.enqueue(effect, ("key-left",), using=alias, queue=queue)
+    OutboxMessage.objects.using(alias).filter(pk=row.pk).update(
+        options={**row.options, "grousset_key": "order-1"})  # fmt: skip
+    # When the relay runs
+    relay(alias)
+    # Then it is published, not dead
+    row.refresh_from_db(using=alias)
+    assert row.status == "sent", (row.status, row.last_error)
+    assert [m["args"] for m in messages(queue)] == [["key-left"]]
+    # While a caller is refused at once, told the name that works
+    with pytest.raises(TypeError, match="idempotency_key"), transaction.atomic(using=alias):
+        outbox.enqueue(effect, ("key-left",), using=alias, queue=queue, grousset_key="order-1")
+
+
 def test_a_broker_refusing_the_vhost_stops_the_batch_at_its_first_row(
     alias: str, queue: str
 ) -> None:
