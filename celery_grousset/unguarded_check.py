@@ -31,6 +31,7 @@ decorator keywords as class attributes, and nothing reads them:
 from __future__ import annotations
 
 import inspect
+import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -123,15 +124,20 @@ def _passes_on(method: Any, depth: int = 0) -> bool:
 
 def _code_passes(code: Any, names: dict[str, Any], depth: int = 0) -> bool:
     import celery_grousset
-    from celery_grousset import exceptions
+    from celery_grousset import conf, exceptions
     from celery_grousset.task import GroussetTaskMixin
 
-    for n in (*code.co_names, *code.co_freevars):
-        named = names.get(n)
-        if named is None and n.startswith("Grousset"):  # an attribute: cg.GroussetTask
-            named = getattr(exceptions, n, None) or getattr(
-                celery_grousset, n, GroussetTaskMixin)  # (one we do not know passes)  # fmt: skip
-        if n == "super" or (isinstance(named, type) and issubclass(named, GroussetTaskMixin)):
+    used = (*code.co_names, *code.co_freevars)
+    # a name is also an attribute of a module the code names (bases.GuardedBase, an
+    # alias of celery_grousset), or of the package's modules that hold Grousset… names
+    modules = [m for m in (names.get(n) for n in used) if isinstance(m, types.ModuleType)]
+    modules += [celery_grousset, exceptions, conf]
+    for n in used:
+        found = [names[n]] if n in names else [getattr(m, n) for m in modules if hasattr(m, n)]
+        if n == "super" or any(isinstance(f, type) and issubclass(f, GroussetTaskMixin)
+                               for f in found):  # fmt: skip
+            return True
+        if not found and n.startswith("Grousset"):  # one we cannot resolve: passes
             return True
     nested = [c for c in code.co_consts if inspect.iscode(c)]
     return depth < 3 and any(_code_passes(c, names, depth + 1) for c in nested)

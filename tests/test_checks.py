@@ -638,22 +638,46 @@ def test_a_base_that_takes_calls_around_the_guard_is_E024_or_W022(
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             return Project.__call__(self, *args, **kwargs)
 
+    import types
+
+    from celery_grousset import conf
+
+    GroussetBases = bases = types.ModuleType("bases")  # a module of bases, imported as
+    bases.Project = Project  # type: ignore[attr-defined]
+
+    class Aliased(Task):  # calls a guarded class through a module (import … as …)
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return GroussetBases.Project.__call__(self, *args, **kwargs)
+
+    class Moduled(Task):
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return bases.Project.__call__(self, *args, **kwargs)
+
+    class Settled(Task):  # runs the body itself; names a Grousset… error of a module's
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return self.run(*args, **kwargs)
+            except conf.GroussetSettingsError:
+                raise
+
     # Given guarded tasks whose bases put those classes before the guard, or after it
     timed, routed = task_on(Timed, GroussetTask), task_on(Routed, GroussetTask)
-    careful = task_on(Careful, GroussetTask)
+    careful, settled = task_on(Careful, GroussetTask), task_on(Settled, GroussetTask)
     fine = [task_on(GroussetTask, Timed), task_on(GroussetTask, Routed),
-            task_on(Passing, GroussetTask), task_on(Named)]  # fmt: skip
+            task_on(Passing, GroussetTask), task_on(Named),
+            task_on(Aliased, GroussetTask), task_on(Moduled, GroussetTask)]  # fmt: skip
     # When the checks run / Then a __call__ that runs the body around the guard is an
     # error (the worker does not start), an apply_async that drops the key a warning,
     # each naming the class, the method and the fix
     assert ids(timed) == {"celery_grousset.E024"} and ids(routed) == {"celery_grousset.W022"}
-    assert ids(careful) == {"celery_grousset.E024"}  # (a Grousset… name is not a call on)
+    # (a Grousset… name that is not a guarded class is not a call on)
+    assert ids(careful) == ids(settled) == {"celery_grousset.E024"}
     found = {m.obj: m for m in checks.run_checks(tags=[TAG]) if m.obj in (timed, routed)}
     assert "Timed.__call__ comes before the guard" in found[timed].msg
     assert "unguarded" in found[timed].msg and "list GroussetTask first" in found[timed].hint
     assert "Routed.apply_async" in found[routed].msg and "idempotency_key" in found[routed].msg
     # And none for the same classes listed after the guard, or that pass the call on
-    assert [ids(name) for name in fine] == [set(), set(), set(), set()]
+    assert [ids(name) for name in fine] == [set()] * 6
 
 
 def test_a_tasks_entry_that_selects_no_task_is_W017_naming_the_task_meant(
