@@ -162,7 +162,7 @@ def _run_transactional(
             raise
         refused = isinstance(caught, _NotTaken)
         exc = caught.__cause__ or caught if refused else caught
-        conflict = refusals.rolled_back(exc)
+        conflict = refusals.rolled_back(exc) and not memo.control_flow(caught)  # (a retry)
         if conflict or (refused and not connection_lost(conn, raw, exc)):
             release_lost(store, req, res.fence, exc)  # never the task's failure
             why = ("rolled the transaction back for a conflict with another transaction"

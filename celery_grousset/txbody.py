@@ -108,16 +108,19 @@ def _unusable(
     """The error to raise instead of ``exc`` (None: the body returned), if the
     transaction cannot commit: what the body did, the conflict that rolled it back, or
     the lost connection; None when it can commit, or when ``exc`` says why not itself."""
+    from django.db import Error
     from django.db.transaction import TransactionManagementError
 
+    if conn.closed_in_transaction:
+        return broken(req, alias, CLOSED, exc)
     aborted = _aborted(conn)
     if exc is not None and refusals.aborted(exc):
         aborted = True
-    gone = conn.closed_in_transaction or conn.needs_rollback or body.ended or aborted
+    if exc is not None and not isinstance(exc, Error) and (aborted is None or _lost(conn)):
+        return _gone(alias, exc)  # the body's own error after it caught a lost connection
+    gone = conn.needs_rollback or body.ended or aborted
     if not gone and not isinstance(exc, TransactionManagementError):
         return None
-    if conn.closed_in_transaction:
-        return broken(req, alias, CLOSED, exc)
     if aborted is None or _lost(conn):  # not the body's doing: the completion's
         return _gone(alias, exc)  # path sends the delivery again (TransactionLost)
     if body.conflict is not None and (body.ended or aborted):

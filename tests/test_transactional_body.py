@@ -12,9 +12,11 @@ import uuid
 from typing import Any
 
 import pytest
+from celery.exceptions import Retry
 from django.db import (
     DatabaseError,
     IntegrityError,
+    InterfaceError,
     OperationalError,
     close_old_connections,
     connections,
@@ -152,7 +154,7 @@ def _waiting(alias: str) -> bool:
 
 
 @pytest.mark.parametrize(
-    "then", ["returns", "fails", "gives_up", "gives_up_from", "marks", "closes"]
+    "then", ["returns", "fails", "gives_up", "gives_up_from", "retries", "marks", "closes"]
 )
 def test_a_deadlock_caught_inside_a_savepoint_is_sent_again_not_the_failure(
     alias: str, processor: str, then: str
@@ -200,6 +202,8 @@ def test_a_deadlock_caught_inside_a_savepoint_is_sent_again_not_the_failure(
                 raise GaveUp("could not book")  # noqa: B904 (as a body may)
             if then == "gives_up_from" and first_attempt:
                 raise GaveUp("could not book") from exc
+            if then == "retries" and first_attempt:  # Celery's self.retry(exc=exc), raised
+                raise Retry("retry in 5s", exc=exc) from exc  # from the conflict
         if then == "fails" and first_attempt:  # then fails on an error of its own
             Effect.objects.using(alias).create(pk=a, key=key)  # (a key taken: IntegrityError)
         if then == "marks" and first_attempt:  # or marks its transaction for rollback
@@ -212,17 +216,18 @@ def test_a_deadlock_caught_inside_a_savepoint_is_sent_again_not_the_failure(
     # then fails on an error of its own)
     try:
         first: Any = _protect(alias, processor, key, body)
-    except (TransactionLost, IntegrityError, TransactionManagementError, GaveUp) as exc:
+    except (TransactionLost, IntegrityError, TransactionManagementError, GaveUp, Retry) as exc:
         first = exc
     started[0].join(30)
     # (the deadlock happened, and the body was the transaction the database chose)
     assert len(caught) == 1 and refusals.rolled_back(caught[0]) and not other, (caught, other)
     mysql = connections[alias].vendor == "mysql"
-    if then == "closes" or (then not in ("returns", "gives_up_from") and not mysql):
+    if then in ("closes", "retries") or (then not in ("returns", "gives_up_from") and not mysql):
         # Then on PostgreSQL, where the savepoint took the deadlock back, what the body
         # did of its own is its failure, not taken for the conflict it handled (a closed
-        # connection, on every backend): not sent again, which would run it twice
-        expected = {"fails": IntegrityError, "gives_up": GaveUp}.get(
+        # connection, on every backend; Celery's retry, which published the retry
+        # already): not sent again, which would run it twice
+        expected = {"fails": IntegrityError, "gives_up": GaveUp, "retries": Retry}.get(
             then, TransactionManagementError)  # fmt: skip
         assert isinstance(first, expected) and not isinstance(first, TransactionLost), first
         assert _record(alias, processor).status == "failed"
@@ -261,8 +266,9 @@ def _kill(alias: str) -> None:
         killer.close()
 
 
+@pytest.mark.parametrize("then", ["returns", "gives_up"])
 def test_a_lost_connection_the_body_caught_is_sent_again_not_the_failure(
-    alias: str, processor: str
+    alias: str, processor: str, then: str
 ) -> None:
     if connections[alias].vendor == "sqlite":
         pytest.skip("SQLite: no connection to lose")
@@ -273,12 +279,19 @@ def test_a_lost_connection_the_body_caught_is_sent_again_not_the_failure(
         Effect.objects.using(alias).create(key=key)
         if len(runs) == 1:
             _kill(alias)
+        if then == "gives_up" and len(runs) == 1:
+            try:  # a raw statement (no atomic block of Django's marks the transaction)
+                with connections[alias].cursor() as cursor:
+                    cursor.execute("SELECT 1")
+            except (OperationalError, InterfaceError):
+                raise GaveUp("the audit write failed")  # noqa: B904 (as a body may)
         with contextlib.suppress(OperationalError):  # a best-effort write, its error caught
             Effect.objects.using(alias).create(key=f"{key}-audit")
         return "booked"
 
     # When the server drops the body's connection and the body catches the error and
-    # returns / Then the attempt is sent again (its transaction is gone), not failed
+    # returns (or raises an error of its own) / Then the attempt is sent again (its
+    # transaction is gone), not failed
     with pytest.raises(TransactionLost):
         _protect(alias, processor, key, body)
     assert _protect(alias, processor, key, body) == "booked" and len(runs) == 2
