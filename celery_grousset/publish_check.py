@@ -105,22 +105,26 @@ def _in_a_task() -> bool:
     return get_current_task() is not None
 
 
-def refuse_misspelt_key(task_name: str, options: dict[str, Any], guarded: bool = True) -> None:
+def refuse_misspelt_key(
+    task_name: str, options: dict[str, Any], guarded: bool = True, anywhere: bool = False
+) -> None:
     """A call's identity under a name nothing reads (``idempotency_keys=…``, a
     ``grousset-key`` header) would publish a call keyed by all its arguments, which runs
     again for every other argument: refused, naming the name that works (``options``:
     ``apply_async``'s; ``guarded``: a guarded task's, whose headers are checked too, and
-    a celery-once ``once=`` left on it, outside the relay and any task). A delivery
+    a celery-once ``once=`` left on it, outside the relay, and outside a task unless
+    ``anywhere``: ``outbox.enqueue``, ``delay_on_commit``, a call the worker never makes
+    itself, refused to its caller wherever it runs). A delivery
     sent again (Celery's ``retry()``, the guard's requeue: they pass ``retries``) keeps
     the headers it came with, whoever wrote them: never refused."""
     if "retries" in options:
         return
-    # refused to a caller outside a task only, never to the outbox relay (a row enqueued
-    # by name, or before this check, would go dead) nor inside a running task (a chain's
-    # next link, a callback or a chord's body, published after the body completed, would
-    # be lost): celery-once's per-call options, and the key under grousset_key= or a name
-    # close to it (refused everywhere since 0.1.0 only when it reads "idempot…")
-    caller = not _DELIBERATE.get() and not _in_a_task()
+    # refused to a caller (outside a task, or ``anywhere``), never to the outbox relay (a
+    # row enqueued by name, or before this check, would go dead) nor to the worker's own
+    # publish inside a task (a chain's next link, a callback or a chord's body, published
+    # after the body completed, would be lost): celery-once's per-call options, and the
+    # key under grousset_key= or a name close to it ("idempot…" names: refused everywhere)
+    caller = not _DELIBERATE.get() and (anywhere or not _in_a_task())
     for name in options:
         if not isinstance(name, str) or name == "idempotency_key":
             continue
@@ -179,7 +183,7 @@ def refuse_misspelt_links(
         if task is not None and not hasattr(task, "grousset_options"):
             continue  # a plain task: nothing here reads its options
         try:
-            refuse_misspelt_key(str(name), given, guarded=task is not None)
+            refuse_misspelt_key(str(name), given, guarded=task is not None, anywhere=anywhere)
         except (TypeError, ValueError) as exc:
             raise type(exc)(
                 f"{exc} This call is one {caller}'s publish carries for the worker to "

@@ -26,9 +26,9 @@ REPR_HEADER = "grousset_repr"
 _REFUSED = ("producer", "connection", "publisher", "router")
 
 
-def carry_key(name: str, options: dict[str, Any]) -> str | None:
+def carry_key(name: str, options: dict[str, Any], anywhere: bool = False) -> str | None:
     """Move ``idempotency_key`` from ``options`` into the headers the request carries."""
-    refuse_misspelt_key(name, options)
+    refuse_misspelt_key(name, options, anywhere=anywhere)
     key = _checked_key(name, options.pop("idempotency_key", None))
     headers = dict(options.get("headers") or {})
     if key is not None:
@@ -80,7 +80,7 @@ def prepare(
     cannot be fingerprinted, a bad key; the calls it carries for the worker, also in a
     task with ``anywhere``) and give ``options`` what ``apply_async`` publishes it with:
     the key as a header, a redacted ``argsrepr``."""
-    key = carry_key(task.name, options)
+    key = carry_key(task.name, options, anywhere)
     refuse_misspelt_links(task.app, task.name, options, anywhere)
     options["headers"][REPR_HEADER] = 1
     call = task.grousset_call(tuple(args or ()), dict(kwargs or {}), key)
@@ -131,7 +131,7 @@ def check_enqueued(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -
                 "not enqueue(task, order.pk)"
             )
     guarded = not isinstance(task, str) and hasattr(task, "grousset_options")
-    refuse_misspelt_key(name, options, guarded=guarded)
+    refuse_misspelt_key(name, options, guarded=guarded, anywhere=True)
     if not isinstance(task, str) and getattr(task, "typing", False):
         task.__header__(*(args or ()), **(kwargs or {}))  # Celery's own check (delay())
     if guarded:

@@ -428,9 +428,22 @@ def test_a_row_stored_with_a_key_option_nothing_reads_is_still_published(
     row.refresh_from_db(using=alias)
     assert row.status == "sent", (row.status, row.last_error)
     assert [m["args"] for m in messages(queue)] == [["key-left"]]
-    # While a caller is refused at once, told the name that works
-    with pytest.raises(TypeError, match="idempotency_key"), transaction.atomic(using=alias):
-        outbox.enqueue(effect, ("key-left",), using=alias, queue=queue, grousset_key="order-1")
+    # While a caller is refused at once, told the name that works — inside a running task
+    # too (the enqueue is the body's own call: the refusal reaches the body, nothing lost)
+    from celery._state import _task_stack
+
+    for in_a_task in (False, True):
+        if in_a_task:
+            _task_stack.push(effect)  # (as the worker's tracer does around a body)
+        try:
+            with pytest.raises(TypeError, match="idempotency_key"), \
+                    transaction.atomic(using=alias):  # fmt: skip
+                outbox.enqueue(effect, ("key-left",), using=alias, queue=queue,
+                               grousset_key="order-1")  # fmt: skip
+        finally:
+            if in_a_task:
+                _task_stack.pop()
+    assert OutboxMessage.objects.using(alias).filter(options__queue=queue).count() == 1
 
 
 def test_a_broker_refusing_the_vhost_stops_the_batch_at_its_first_row(
