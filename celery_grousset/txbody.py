@@ -116,9 +116,8 @@ def _unusable(
     aborted = _aborted(conn)
     if exc is not None and refusals.aborted(exc):
         aborted = True
-    if exc is not None and not isinstance(exc, Error) and (aborted is None or _lost(conn)):
-        return _gone(alias, exc)  # the body's own error after it caught a lost connection
-    gone = conn.needs_rollback or body.ended or aborted
+    own = exc is not None and not isinstance(exc, Error)  # the body's, not the database's
+    gone = own or conn.needs_rollback or body.ended or aborted  # (own: below decides)
     if not gone and not isinstance(exc, TransactionManagementError):
         return None
     if aborted is None or _lost(conn):  # not the body's doing: the completion's
