@@ -64,8 +64,15 @@ lint: venv ## ruff + mypy (strict, django plugin)
 	$(BIN)/ruff check .
 	$(BIN)/mypy celery_grousset
 
-test: lint $(BENCH_STAMP) ## lint, then the whole pytest suite (PYTEST_ARGS='-q')
-	$(BIN)/pytest $(PYTEST_ARGS)
+# The suite is mostly waiting (worker processes, brokers, lock timeouts): TEST_PROCS
+# pytest processes share it, one test file per process at a time, each on databases of its
+# own (tests/settings.py). The few tests marked `serial` change a whole server (stop
+# PostgreSQL, a global MariaDB setting) and run after, alone.
+TEST_PROCS ?= 2
+
+test: lint $(BENCH_STAMP) ## lint, then the whole pytest suite (PYTEST_ARGS='-q', TEST_PROCS=2)
+	$(BIN)/pytest -n $(TEST_PROCS) --dist loadfile -m "not serial" $(PYTEST_ARGS)
+	$(BIN)/pytest -m serial $(PYTEST_ARGS)
 
 test-fast: venv ## pytest without slow, browser and chaos tests
 	$(BIN)/pytest -m "not slow and not browser and not chaos" $(PYTEST_ARGS)

@@ -48,6 +48,13 @@ celery_app.set_default()
 BACKENDS = {"sqlite": "default", "postgresql": "postgresql", "mariadb": "mysql"}
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A ``serial`` test changes a whole server: never beside another test process."""
+    if item.get_closest_marker("serial") and os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.fail("a `serial` test runs alone, not under pytest -n: `make test` runs it "
+                    "after the parallel run (pytest -m serial)", pytrace=False)  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def django_db_setup() -> None:
     """pytest-django's database setup, kept to the suite's own databases (see above)."""

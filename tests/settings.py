@@ -16,6 +16,28 @@ import os
 import tempfile
 from typing import Any
 
+# `make test` runs the suite in parallel processes (pytest-xdist, one test file per
+# process at a time): the first keeps the names below, each other process gets databases,
+# a scratch folder and Redis databases of its own. Set in the environment, so the worker
+# processes a test starts (and the bench it runs) inherit them.
+_slot = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+if _slot:
+    _redis = {1: (3, 4), 2: (1, 2)}  # 9-15 are the chaos suite's, the suite's and bench's
+    if _slot not in _redis:
+        raise RuntimeError(f"tests/settings.py: at most {len(_redis) + 1} parallel test "
+                           f"processes (pytest -n), not {_slot + 1}")  # fmt: skip
+    for _var, _value in {
+        "GROUSSET_TEST_PG_NAME": f"grousset_test_gw{_slot}",
+        "GROUSSET_TEST_MYSQL_NAME": f"grousset_test_gw{_slot}",
+        "GROUSSET_TEST_TMP": os.path.join(tempfile.gettempdir(), f"grousset-tests-gw{_slot}"),
+        "GROUSSET_TEST_BROKER": f"redis://127.0.0.1:6379/{_redis[_slot][0]}",
+        "GROUSSET_TEST_BACKEND": f"redis://127.0.0.1:6379/{_redis[_slot][1]}",
+        "BENCH_PG_NAME": f"grousset_bench_gw{_slot}",
+        "BENCH_MYSQL_NAME": f"grousset_bench_gw{_slot}",
+        "BENCH_TMP": os.path.join(tempfile.gettempdir(), f"grousset-bench-gw{_slot}"),
+    }.items():
+        os.environ.setdefault(_var, _value)
+
 _tmp = os.environ.get("GROUSSET_TEST_TMP") or os.path.join(tempfile.gettempdir(), "grousset-tests")
 os.makedirs(_tmp, exist_ok=True)
 

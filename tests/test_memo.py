@@ -408,6 +408,7 @@ def packet_limit() -> Iterator[int]:
         reset_stores()
 
 
+@pytest.mark.serial  # SET GLOBAL max_allowed_packet: every MariaDB client
 @pytest.mark.parametrize("transactional", [False, True])
 def test_memo_over_max_allowed_packet_is_not_stored(
     packet_limit: int, processor: str, transactional: bool
@@ -435,6 +436,7 @@ def test_memo_over_max_allowed_packet_is_not_stored(
     assert runs == [1]
 
 
+@pytest.mark.serial  # SET GLOBAL max_allowed_packet: every MariaDB client
 def test_memo_just_under_max_allowed_packet_is_stored_and_read_back(
     packet_limit: int, processor: str
 ) -> None:

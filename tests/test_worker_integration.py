@@ -446,6 +446,7 @@ def _pg_ctl(action: str) -> None:
     )
 
 
+@pytest.mark.serial  # stops the machine's PostgreSQL
 def test_postgresql_down_fails_closed_then_runs_once(redis_url: str, pg: str, queue: str) -> None:
     if not os.path.isdir("/etc/postgresql") or os.geteuid() != 0:
         services.unavailable("pg_ctlcluster", "needs root and a local PostgreSQL cluster")
