@@ -35,7 +35,7 @@ help: ## list the targets
 		| sed -E 's/^([a-zA-Z_-]+):.*## (.*)$$/  \1\t\2/' \
 		| expand -t 14
 	@echo
-	@echo "variables: PYTHON=$(PYTHON) VENV=$(VENV) PYTEST_ARGS='$(PYTEST_ARGS)'" \
+	@echo "variables: PYTHON=$(PYTHON) VENV=$(VENV) PYTEST_ARGS='$(PYTEST_ARGS)' TEST_PROCS=$(TEST_PROCS)" \
 		"BENCH_ARGS CHAOS_ARGS CHAOS_RUNS=$(CHAOS_RUNS) DATABASE_URL CELERY_BROKER_URL"
 
 venv: $(STAMP) ## create the venv and install the package with its [dev] extra
