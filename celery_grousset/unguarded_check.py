@@ -20,8 +20,9 @@ decorator keywords as class attributes, and nothing reads them:
   ``return self.run(*args, **kwargs)``, which Celery allows): every delivery runs
   unguarded; ``celery_grousset.W022`` the same for ``apply_async`` (one that publishes
   with ``send_task`` drops the call's ``idempotency_key``). Read from the method's code
-  (and the functions it nests or wraps), so one that passes the call on through a
-  helper method is silenced in ``SILENCED_SYSTEM_CHECKS``;
+  (and the functions it nests or wraps): the method of ``super()``, of a guarded class
+  or of a class before the guard that passes it on, so one that passes the call on
+  through a helper method is silenced in ``SILENCED_SYSTEM_CHECKS``;
 * ``celery_grousset.E023``: an app whose own tasks (``celery.chord_unlock``,
   ``celery.backend_cleanup``…) are guarded, because its task class (``task_cls``,
   ``app.Task``) is a guarded class: a chord fails to publish (its unlock task cannot be
@@ -86,9 +87,10 @@ def _bypass_messages(name: str, cls: type) -> Iterator[checks.CheckMessage]:
     from celery_grousset.task import GroussetTaskMixin
 
     mro = cls.__mro__
-    for base in mro[: mro.index(GroussetTaskMixin)]:
+    before = mro[: mro.index(GroussetTaskMixin)]
+    for base in before:
         for method, (level, check_id, harm) in BYPASS.items():
-            if method not in vars(base) or _passes_on(vars(base)[method]):
+            if method not in vars(base) or _passes_on(vars(base)[method], method, before):
                 continue
             own = base is cls
             yield level(
@@ -103,12 +105,14 @@ def _bypass_messages(name: str, cls: type) -> Iterator[checks.CheckMessage]:
             )
 
 
-def _passes_on(method: Any, depth: int = 0) -> bool:
-    """``method`` passes the call on: ``super`` or a guarded class (``BaseTask.__call__(
-    self, …)``, ``celery_grousset.GroussetTask.__call__``; a ``Grousset…`` attribute the
-    package does not have counts, ``GroussetError`` does not) in its code or the code it
-    nests (a lambda, an inner def), or in a function it wraps (a decorator's closure);
-    one we cannot read passes."""
+def _passes_on(method: Any, name: str, before: tuple[type, ...] = (), depth: int = 0) -> bool:
+    """``method`` passes the call on to the ``name`` method of ``super`` or of a guarded
+    class (``BaseTask.__call__(self, …)``, ``celery_grousset.GroussetTask.__call__``; a
+    ``Grousset…`` attribute the package does not have counts, ``GroussetError`` does not),
+    or of a class ``before`` the guard whose own ``name`` passes it on, in its code or the
+    code it nests (a lambda, an inner def), or in a function it wraps (a decorator's
+    closure); a mere mention of a guarded class (``isinstance``) is not a call; one we
+    cannot read passes."""
     method = inspect.unwrap(getattr(method, "__func__", method))
     code = getattr(method, "__code__", None)
     if code is None:
@@ -116,31 +120,69 @@ def _passes_on(method: Any, depth: int = 0) -> bool:
     cells = getattr(method, "__closure__", None) or ()
     names = {**getattr(method, "__globals__", {}),
              **dict(zip(code.co_freevars, map(_contents, cells), strict=False))}  # fmt: skip
-    if _code_passes(code, names):
+    if depth < 3 and _code_passes(code, names, name, before, depth):
         return True
     wrapped = [f for f in map(_contents, cells) if inspect.isfunction(f)]
-    return depth < 3 and any(_passes_on(f, depth + 1) for f in wrapped)
+    return depth < 3 and any(_passes_on(f, name, before, depth + 1) for f in wrapped)
 
 
-def _code_passes(code: Any, names: dict[str, Any], depth: int = 0) -> bool:
+def _code_passes(
+    code: Any, names: dict[str, Any], name: str, before: tuple[type, ...], depth: int
+) -> bool:
+    nested = _codes(code)
+    used = {n for c in nested for n in (*c.co_names, *c.co_freevars)}
+    if name not in used and name not in {k for c in nested for k in c.co_consts}:
+        return False  # never reads the method (nor getattr(super(), "…")): no call on
+    return any(_names_a_way_on(n, _resolved(n, names, used), name, before, depth)
+               for n in used)  # fmt: skip
+
+
+def _codes(code: Any, depth: int = 0) -> list[Any]:
+    """``code`` and the code it nests (lambdas, inner defs), three levels deep."""
+    inner = [c for c in code.co_consts if inspect.iscode(c)] if depth < 3 else []
+    return [code, *(c for i in inner for c in _codes(i, depth + 1))]
+
+
+def _resolved(n: str, names: dict[str, Any], used: set[str]) -> list[Any]:
+    """What ``n`` is: the code's global or free name, else an attribute of a module the
+    code names (``bases.GuardedBase``, ``pkg.bases.GuardedBase``, an alias of
+    celery_grousset) or of the package's modules that hold ``Grousset…`` names."""
     import celery_grousset
     from celery_grousset import conf, exceptions
+
+    if n in names:
+        return [names[n]]
+    modules = [m for m in (names.get(u) for u in used) if isinstance(m, types.ModuleType)]
+    modules += [celery_grousset, exceptions, conf]
+    seen: set[int] = set()
+    for module in modules:  # (grows: a module's modules, as far as the code names them)
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        modules += [a for a in (getattr(module, u, None) for u in used)
+                    if isinstance(a, types.ModuleType)]  # fmt: skip
+    return [getattr(m, n) for m in modules if hasattr(m, n)]
+
+
+def _names_a_way_on(
+    n: str, found: list[Any], name: str, before: tuple[type, ...], depth: int
+) -> bool:
     from celery_grousset.task import GroussetTaskMixin
 
-    used = (*code.co_names, *code.co_freevars)
-    # a name is also an attribute of a module the code names (bases.GuardedBase, an
-    # alias of celery_grousset), or of the package's modules that hold Grousset… names
-    modules = [m for m in (names.get(n) for n in used) if isinstance(m, types.ModuleType)]
-    modules += [celery_grousset, exceptions, conf]
-    for n in used:
-        found = [names[n]] if n in names else [getattr(m, n) for m in modules if hasattr(m, n)]
-        if n == "super" or any(isinstance(f, type) and issubclass(f, GroussetTaskMixin)
-                               for f in found):  # fmt: skip
+    if n == "super":
+        return True
+    if not found:  # a Grousset… name we cannot resolve: passes
+        return n.startswith("Grousset")
+    for f in found:
+        if not isinstance(f, type):
+            continue
+        if issubclass(f, GroussetTaskMixin):
             return True
-        if not found and n.startswith("Grousset"):  # one we cannot resolve: passes
+        # a class before the guard, called by name: its own method passes it on
+        own = vars(f).get(name)
+        if f in before and own is not None and _passes_on(own, name, before, depth + 1):
             return True
-    nested = [c for c in code.co_consts if inspect.iscode(c)]
-    return depth < 3 and any(_code_passes(c, names, depth + 1) for c in nested)
+    return False
 
 
 def _contents(cell: Any) -> Any:

@@ -660,24 +660,55 @@ def test_a_base_that_takes_calls_around_the_guard_is_E024_or_W022(
             except conf.GroussetSettingsError:
                 raise
 
+    class Mentions(Task):  # runs the body itself; only mentions a guarded class
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            if not isinstance(self, GroussetTask):
+                raise TypeError("not guarded")
+            return self.run(*args, **kwargs)
+
+    pkg = types.ModuleType("pkg")  # a package whose bases module holds the guarded class
+    pkg.bases = bases  # type: ignore[attr-defined]
+
+    class Deep(Task):  # calls a guarded class two modules deep
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return pkg.bases.Project.__call__(self, *args, **kwargs)
+
+    class Mixin(Task):  # passes the call on
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return super().__call__(*args, **kwargs)
+
+    class Gets(Task):  # passes the call on, the method got by its name
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return getattr(super(), "__call__")(*args, **kwargs)  # noqa: B004, B009
+
+    class Caller(Task):  # calls Mixin's by name: on to the guard if Mixin comes before it
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return Mixin.__call__(self, *args, **kwargs)
+
     # Given guarded tasks whose bases put those classes before the guard, or after it
     timed, routed = task_on(Timed, GroussetTask), task_on(Routed, GroussetTask)
     careful, settled = task_on(Careful, GroussetTask), task_on(Settled, GroussetTask)
+    mentions, skips = task_on(Mentions, GroussetTask), task_on(Caller, GroussetTask, Mixin)
     fine = [task_on(GroussetTask, Timed), task_on(GroussetTask, Routed),
             task_on(Passing, GroussetTask), task_on(Named),
-            task_on(Aliased, GroussetTask), task_on(Moduled, GroussetTask)]  # fmt: skip
+            task_on(Aliased, GroussetTask), task_on(Moduled, GroussetTask),
+            task_on(Deep, GroussetTask), task_on(Caller, Mixin, GroussetTask),
+            task_on(Gets, GroussetTask)]  # fmt: skip
     # When the checks run / Then a __call__ that runs the body around the guard is an
     # error (the worker does not start), an apply_async that drops the key a warning,
     # each naming the class, the method and the fix
     assert ids(timed) == {"celery_grousset.E024"} and ids(routed) == {"celery_grousset.W022"}
     # (a Grousset… name that is not a guarded class is not a call on)
     assert ids(careful) == ids(settled) == {"celery_grousset.E024"}
+    # (nor is a mention of one, nor a call by name of a base that passes it on but comes
+    # after the guard: its super() is the guard's next class)
+    assert ids(mentions) == ids(skips) == {"celery_grousset.E024"}
     found = {m.obj: m for m in checks.run_checks(tags=[TAG]) if m.obj in (timed, routed)}
     assert "Timed.__call__ comes before the guard" in found[timed].msg
     assert "unguarded" in found[timed].msg and "list GroussetTask first" in found[timed].hint
     assert "Routed.apply_async" in found[routed].msg and "idempotency_key" in found[routed].msg
     # And none for the same classes listed after the guard, or that pass the call on
-    assert [ids(name) for name in fine] == [set()] * 6
+    assert [ids(name) for name in fine] == [set()] * 9
 
 
 def test_a_tasks_entry_that_selects_no_task_is_W017_naming_the_task_meant(
