@@ -226,3 +226,20 @@ def republish_failed(
 def republished() -> None:
     """A requeue's republish went through: the next failure waits the least again."""
     _republish_failures[0] = 0
+
+
+def stop_canvas(request: Any, req: Any, encoding: str) -> None:
+    """A duplicate of a call whose value is not memoized (``memoize=False``) returns
+    ``None``: Celery would send its chain's next step and its ``link`` callbacks with
+    that ``None`` — other calls, whose guarded effects would run again. They are not
+    sent: the first delivery sent them with its value (docs/faq.md)."""
+    from celery_grousset import events
+    from celery_grousset.claim import ENC_NOT_MEMOIZED
+
+    if encoding != ENC_NOT_MEMOIZED:
+        return
+    steps = len(getattr(request, "chain", None) or ())
+    callbacks = len(getattr(request, "callbacks", None) or ())
+    if steps or callbacks:
+        request.chain = request.callbacks = None
+        events.canvas_stopped(req, steps, callbacks)

@@ -114,6 +114,12 @@ def duplicate(req: ClaimRequest, res: ClaimResult, delivery: str = "") -> None:
     )
 
 
+def canvas_stopped(req: ClaimRequest, steps: int, callbacks: int) -> None:
+    """A duplicate with no memo did not send its chain's next step and callbacks."""
+    _log(logging.INFO, "grousset.canvas_stopped", req, chain=steps, callbacks=callbacks,
+         reason="memoize=False: no value to pass on")  # fmt: skip
+
+
 def in_flight(req: ClaimRequest, res: ClaimResult, action: str) -> None:
     _log(
         logging.INFO,

@@ -83,13 +83,13 @@ class Caller(Protocol):
     """How one kind of caller differs: its options, its in-flight policy, what happens
     when the claim must wait or the store is down, and how its body runs.
 
-    Four hooks are optional: ``accept`` (the serializers a duplicate's memo may be decoded
+    Five hooks are optional: ``accept`` (the serializers a duplicate's memo may be decoded
     with; without it, only the call's own ``serializer``), ``poison(exc)`` (a call the
     journal can never record: a task rejects its delivery; without it, it is raised),
     ``carry(outcome, exc)`` (the completion could not be written: a task requeues its
-    delivery carrying the outcome; without it, StoreUnavailable is raised) and
-    ``carried`` (the outcome a requeued delivery carries: :mod:`celery_grousset.carry`).
-    """
+    delivery carrying the outcome; without it, StoreUnavailable is raised), ``carried``
+    (the outcome a requeued delivery carries: :mod:`celery_grousset.carry`) and
+    ``stop_canvas(req, res)`` (a duplicate: one with no memo sends no task callback)."""
 
     def options(self) -> Options: ...
 
@@ -142,6 +142,8 @@ def guarded(caller: Caller, call: Call) -> Any:
         poisoned(caller, req, exc)
     if not res.owned:
         check_payload(req, res)
+        if hasattr(caller, "stop_canvas"):  # a duplicate with no memo has no value to pass on
+            caller.stop_canvas(req, res)
         return answer(req, res, call.delivery, accept_of(caller, call))
     attempt = Attempt(
         fingerprint=fp,

@@ -31,6 +31,7 @@ from celery_grousset.delivery import (
     rejected,
     republish_failed,
     republished,
+    stop_canvas,
     store_countdown,
 )
 from celery_grousset.delivery import header as _header
@@ -334,6 +335,9 @@ class _TaskCaller:
 
     def run(self, attempt: guard.Attempt) -> Any:
         return self.task._with_attempt(attempt, self.body)
+
+    def stop_canvas(self, req: ClaimRequest, res: ClaimResult) -> None:
+        stop_canvas(self.request, req, res.result_encoding)
 
     def poison(self, exc: PoisonDelivery) -> NoReturn:
         if self.local:

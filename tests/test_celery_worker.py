@@ -222,3 +222,54 @@ def test_a_call_enqueued_inside_a_task_has_its_links_checked(
         enqueuer(f"enq-{uuid.uuid4().hex[:8]}")
     # and wrote no row
     assert rows.count() == before
+
+
+@pytest.mark.parametrize("memoize", [False, True])
+def test_a_duplicate_with_no_memo_sends_no_next_step_nor_callback(
+    celery_app: Celery, celery_worker: WorkController, sqlite_journal: Journal, memoize: bool
+) -> None:
+    """A duplicate of a ``memoize=False`` call has no value to pass on: with its ``None``,
+    the chain's next step and a ``link`` would be other calls, whose effects would run
+    again. The first delivery sent them; a memoizing task's duplicate sends them with the
+    memo, as the first delivery did."""
+    from celery import chain
+
+    led: list[int] = []
+    followed: list[Any] = []
+    tag = uuid.uuid4().hex[:6]
+
+    @celery_app.task(base=GroussetTask, max_processing_time=30, memoize=memoize,
+                     name=f"tests.inproc.lead.{tag}")  # fmt: skip
+    def lead(order: int) -> str:
+        led.append(order)
+        return f"lead-{order}"
+
+    @celery_app.task(base=GroussetTask, max_processing_time=30, name=f"tests.inproc.follow.{tag}")
+    def follow(value: Any) -> Any:
+        followed.append(value)
+        return value
+
+    celery_worker.reload()  # the worker learns the new tasks
+    # Given a chain and a link led by a guarded task, each run once
+    assert chain(lead.s(17), follow.s()).apply_async().get(timeout=20) == "lead-17"
+    assert lead.apply_async((18,), link=follow.s()).get(timeout=20) == "lead-18"
+    follow.delay("first-marker").get(timeout=20)  # (the worker runs one task at a time)
+    assert led == [17, 18] and followed == ["lead-17", "lead-18", "first-marker"]
+    # When each is sent again: its lead is a duplicate
+    again = chain(lead.s(17), follow.s()).apply_async()
+    value = again.parent.get(timeout=20)
+    linked = lead.apply_async((18,), link=follow.s()).get(timeout=20)
+    # (a next step or callback sent by those duplicates is ahead of this one)
+    follow.delay("marker").get(timeout=20)
+    # Then the leads did not run again; without a memo, nothing followed the duplicates;
+    # with one, they passed it on as the first deliveries did (duplicates of the follow
+    # calls, answered from their memos)
+    assert led == [17, 18]
+    assert followed == ["lead-17", "lead-18", "first-marker", "marker"], followed
+    sent = [sqlite_journal.deliveries(follow, v) for v in ("lead-17", "lead-18")]
+    if memoize:
+        assert (value, linked) == ("lead-17", "lead-18")
+        assert again.get(timeout=20) == "lead-17" and sent == [2, 2]
+    else:
+        assert (value, linked) == (None, None)
+        assert again.state == "PENDING" and sent == [1, 1]  # (the last step never sent)
