@@ -105,14 +105,17 @@ def _bypass_messages(name: str, cls: type) -> Iterator[checks.CheckMessage]:
             )
 
 
-def _passes_on(method: Any, name: str, before: tuple[type, ...] = (), depth: int = 0) -> bool:
-    """``method`` passes the call on to the ``name`` method of ``super`` or of a guarded
-    class (``BaseTask.__call__(self, …)``, ``celery_grousset.GroussetTask.__call__``; a
-    ``Grousset…`` attribute the package does not have counts, ``GroussetError`` does not),
-    or of a class ``before`` the guard whose own ``name`` passes it on, in its code or the
-    code it nests (a lambda, an inner def), or in a function it wraps (a decorator's
-    closure); a mere mention of a guarded class (``isinstance``) is not a call; one we
-    cannot read passes."""
+def _passes_on(
+    method: Any, name: str, before: tuple[type, ...] = (), depth: int = 0, hops: int = 0
+) -> bool:
+    """``method`` passes the call on to the ``name`` method of ``super``, or of a class
+    called by name (``BaseTask.__call__(self, …)``, ``pkg.bases.BaseTask.__call__``)
+    whose ``name`` is the guard's or, defined by a guarded class or a class ``before`` the
+    guard, passes it on (a ``Grousset…`` name the package does not have counts,
+    ``GroussetError`` does not), in its code or the code it nests (a lambda, an inner
+    def), or in a function it wraps (a decorator's closure); a method that never reads
+    ``name`` (``isinstance(self, GroussetTask)`` only) does not; one we cannot read
+    passes."""
     method = inspect.unwrap(getattr(method, "__func__", method))
     code = getattr(method, "__code__", None)
     if code is None:
@@ -120,20 +123,20 @@ def _passes_on(method: Any, name: str, before: tuple[type, ...] = (), depth: int
     cells = getattr(method, "__closure__", None) or ()
     names = {**getattr(method, "__globals__", {}),
              **dict(zip(code.co_freevars, map(_contents, cells), strict=False))}  # fmt: skip
-    if depth < 3 and _code_passes(code, names, name, before, depth):
+    if _code_passes(code, names, name, before, hops):
         return True
     wrapped = [f for f in map(_contents, cells) if inspect.isfunction(f)]
-    return depth < 3 and any(_passes_on(f, name, before, depth + 1) for f in wrapped)
+    return depth < 3 and any(_passes_on(f, name, before, depth + 1, hops) for f in wrapped)
 
 
 def _code_passes(
-    code: Any, names: dict[str, Any], name: str, before: tuple[type, ...], depth: int
+    code: Any, names: dict[str, Any], name: str, before: tuple[type, ...], hops: int
 ) -> bool:
     nested = _codes(code)
     used = {n for c in nested for n in (*c.co_names, *c.co_freevars)}
     if name not in used and name not in {k for c in nested for k in c.co_consts}:
         return False  # never reads the method (nor getattr(super(), "…")): no call on
-    return any(_names_a_way_on(n, _resolved(n, names, used), name, before, depth)
+    return any(_names_a_way_on(n, _resolved(n, names, used), name, before, hops)
                for n in used)  # fmt: skip
 
 
@@ -156,16 +159,23 @@ def _resolved(n: str, names: dict[str, Any], used: set[str]) -> list[Any]:
     modules += [celery_grousset, exceptions, conf]
     seen: set[int] = set()
     for module in modules:  # (grows: a module's modules, as far as the code names them)
-        if id(module) in seen:
+        if id(module) in seen or len(seen) >= 32:
             continue
         seen.add(id(module))
-        modules += [a for a in (getattr(module, u, None) for u in used)
+        modules += [a for a in (_attribute(module, u) for u in used)
                     if isinstance(a, types.ModuleType)]  # fmt: skip
-    return [getattr(m, n) for m in modules if hasattr(m, n)]
+    return [a for a in (_attribute(m, n) for m in modules) if a is not None]
+
+
+def _attribute(module: Any, n: str) -> Any:
+    try:  # (a module's __getattr__ may raise anything: a lazy import that fails)
+        return getattr(module, n, None)
+    except Exception:
+        return None
 
 
 def _names_a_way_on(
-    n: str, found: list[Any], name: str, before: tuple[type, ...], depth: int
+    n: str, found: list[Any], name: str, before: tuple[type, ...], hops: int
 ) -> bool:
     from celery_grousset.task import GroussetTaskMixin
 
@@ -176,11 +186,16 @@ def _names_a_way_on(
     for f in found:
         if not isinstance(f, type):
             continue
-        if issubclass(f, GroussetTaskMixin):
+        # the class that defines the method f has (its own, or one it inherits)
+        definer = next((k for k in f.__mro__ if name in vars(k)), None)
+        if definer is GroussetTaskMixin:  # the guard's own
             return True
-        # a class before the guard, called by name: its own method passes it on
-        own = vars(f).get(name)
-        if f in before and own is not None and _passes_on(own, name, before, depth + 1):
+        if definer is None or hops >= 4:
+            continue
+        # a guarded class's own, or one of a class before the guard: passes it on?
+        if (definer in before or issubclass(definer, GroussetTaskMixin)) and _passes_on(
+            vars(definer)[name], name, before, 0, hops + 1
+        ):
             return True
     return False
 

@@ -677,6 +677,19 @@ def test_a_base_that_takes_calls_around_the_guard_is_E024_or_W022(
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             return super().__call__(*args, **kwargs)
 
+    class Inherits(Mixin):  # Mixin's __call__, inherited
+        pass
+
+    class Heir(Task):  # calls the __call__ Inherits inherits: on, if Inherits is before
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return Inherits.__call__(self, *args, **kwargs)
+
+    Shortcut = type("Shortcut", (Timed, GroussetTask), {})  # guarded, but Timed's __call__
+
+    class Cutter(Task):  # calls a guarded class by name whose __call__ skips the guard
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return Shortcut.__call__(self, *args, **kwargs)
+
     class Gets(Task):  # passes the call on, the method got by its name
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             return getattr(super(), "__call__")(*args, **kwargs)  # noqa: B004, B009
@@ -689,26 +702,28 @@ def test_a_base_that_takes_calls_around_the_guard_is_E024_or_W022(
     timed, routed = task_on(Timed, GroussetTask), task_on(Routed, GroussetTask)
     careful, settled = task_on(Careful, GroussetTask), task_on(Settled, GroussetTask)
     mentions, skips = task_on(Mentions, GroussetTask), task_on(Caller, GroussetTask, Mixin)
+    cutter = task_on(Cutter, GroussetTask)
     fine = [task_on(GroussetTask, Timed), task_on(GroussetTask, Routed),
             task_on(Passing, GroussetTask), task_on(Named),
             task_on(Aliased, GroussetTask), task_on(Moduled, GroussetTask),
             task_on(Deep, GroussetTask), task_on(Caller, Mixin, GroussetTask),
-            task_on(Gets, GroussetTask)]  # fmt: skip
+            task_on(Gets, GroussetTask), task_on(Heir, Inherits, GroussetTask)]  # fmt: skip
     # When the checks run / Then a __call__ that runs the body around the guard is an
     # error (the worker does not start), an apply_async that drops the key a warning,
     # each naming the class, the method and the fix
     assert ids(timed) == {"celery_grousset.E024"} and ids(routed) == {"celery_grousset.W022"}
     # (a Grousset… name that is not a guarded class is not a call on)
     assert ids(careful) == ids(settled) == {"celery_grousset.E024"}
-    # (nor is a mention of one, nor a call by name of a base that passes it on but comes
-    # after the guard: its super() is the guard's next class)
-    assert ids(mentions) == ids(skips) == {"celery_grousset.E024"}
+    # (nor is a mention of one, a call by name of a base that passes it on but comes
+    # after the guard — its super() is the guard's next class —, or of a guarded class
+    # whose __call__ is a base's that skips the guard)
+    assert ids(mentions) == ids(skips) == ids(cutter) == {"celery_grousset.E024"}
     found = {m.obj: m for m in checks.run_checks(tags=[TAG]) if m.obj in (timed, routed)}
     assert "Timed.__call__ comes before the guard" in found[timed].msg
     assert "unguarded" in found[timed].msg and "list GroussetTask first" in found[timed].hint
     assert "Routed.apply_async" in found[routed].msg and "idempotency_key" in found[routed].msg
     # And none for the same classes listed after the guard, or that pass the call on
-    assert [ids(name) for name in fine] == [set()] * 9
+    assert [ids(name) for name in fine] == [set()] * 10
 
 
 def test_a_tasks_entry_that_selects_no_task_is_W017_naming_the_task_meant(
