@@ -67,7 +67,7 @@ lint: venv ## ruff + mypy (strict, django plugin)
 # The suite is mostly waiting (worker processes, brokers, lock timeouts): TEST_PROCS
 # pytest processes share it, one test file per process at a time, each on databases of its
 # own (tests/settings.py). The few tests marked `serial` change a whole server (stop
-# PostgreSQL, a global MariaDB setting) and run after, alone.
+# PostgreSQL, a global MariaDB setting) or time pages tightly, and run after, alone.
 TEST_PROCS ?= 2
 
 test: lint $(BENCH_STAMP) ## lint, then the whole pytest suite (PYTEST_ARGS='-q', TEST_PROCS=2)
