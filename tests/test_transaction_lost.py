@@ -214,6 +214,62 @@ def test_a_transaction_the_database_rolls_back_is_run_again_never_memoized(level
     reset_stores()
 
 
+def test_a_mariadb_snapshot_conflict_is_run_again_never_memoized() -> None:
+    """MariaDB as 11.8 ships it (REPEATABLE READ with ``innodb_snapshot_isolation``, a
+    session setting since 10.6.18): a duplicate's claim counts its delivery on the row
+    after the attempt's snapshot was taken, so the completion's locking read of that row
+    fails with the server's own "record has changed since last read" (1020), which
+    rolled the effect back. Run again, never memoized as the task's failure."""
+    import threading
+
+    from celery_grousset.exceptions import ClaimInFlight
+    from tests.ledger.models import Effect
+
+    services.require_database("mysql")
+    base = connections.settings["mysql"]
+    with connections["mysql"].cursor() as cur:
+        cur.execute("SHOW VARIABLES LIKE 'innodb_snapshot_isolation'")
+        if cur.fetchone() is None:
+            pytest.skip("this MariaDB has no innodb_snapshot_isolation (10.6.18+, 11.x)")
+    options = {**base.get("OPTIONS", {}), "isolation_level": "repeatable read",
+               "init_command": "SET SESSION innodb_snapshot_isolation = ON"}  # fmt: skip
+    alias, key = "mysql_snapshot", f"snapshot-{uuid.uuid4().hex[:8]}"
+    with database(alias, **{**base, "OPTIONS": options}), override_settings(
+        GROUSSET={"DATABASE": alias, "MAX_PROCESSING_TIME": 30}
+    ):
+        reset_stores()
+
+        def duplicate() -> None:  # another delivery of the call, while the attempt runs
+            with pytest.raises(ClaimInFlight):
+                protect(key, lambda: "never", on_in_flight="raise")
+
+        attempts: list[int] = []
+
+        def body() -> str:
+            attempts.append(1)
+            # a read first (the snapshot opens at the transaction's first plain read)
+            booked = Effect.objects.using(alias).filter(key=key).count()
+            Effect.objects.using(alias).create(key=key, value=f"booked-{booked}", pid=0)
+            if len(attempts) == 1:  # a duplicate arrives while the first attempt runs
+                thread = threading.Thread(target=duplicate)
+                thread.start()
+                thread.join(30)
+            return "booked"
+
+        # When the first attempt's completion meets the row the duplicate changed
+        with pytest.raises(TransactionLost, match="rolled the transaction back"):
+            protect(key, body, transactional=True, on_failure="memoize")
+        # Then its effect was rolled back and the claim released, not memoized: the
+        # next delivery runs the effect, once, and completes
+        assert Effect.objects.using(alias).filter(key=key).count() == 0
+        assert protect(key, body, transactional=True, on_failure="memoize") == "booked"
+        booked = Effect.objects.using(alias).filter(key=key).values_list("value", flat=True)
+        assert list(booked) == ["booked-0"]
+        record = Outcome.objects.using(alias).get(task_name="protect", args_repr__contains=key)
+        assert record.status == "completed" and len(attempts) == 2
+    reset_stores()
+
+
 @pytest.mark.parametrize("errno", [1213, 1020])
 def test_a_mariadb_conflict_inside_the_transaction_is_run_again_never_memoized(
     errno: int,
