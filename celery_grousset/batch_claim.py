@@ -30,7 +30,7 @@ takes: ETA and rate-limited requests, which reach it later through Celery's time
 claimed when they are handed over (an ETA claim is never made hours early to go stale).
 Workers whose transport has no event loop (no hub) take the per-task path. On warm
 shutdown, claims made for requests no pool child started are released once the pool
-has stopped.
+has stopped; on a cold one, those never passed to the pool (:mod:`.batch_dropped`).
 """
 
 from __future__ import annotations

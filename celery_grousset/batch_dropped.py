@@ -9,15 +9,37 @@ delivery runs at once instead of waiting ``max_processing_time`` to take them ov
   semaphore's waiters, and the broker delivers their messages again. Those already
   passed to the pool are left alone: a child may still start one written to it, and it
   runs under its claim.
+* the requests waiting for a free child at a cold shutdown (:func:`at_exit`: SIGQUIT,
+  a second Ctrl-C, the end of a soft shutdown), which sends no ``worker_shutdown``:
+  Celery gives their messages back to the broker and kills its pool.
 """
 
 from __future__ import annotations
 
+import atexit
 import weakref
 from typing import Any
 
 #: the claimers of this process (one per consumer; :class:`batch_claim.Claimer`)
 _CLAIMERS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def at_exit() -> None:
+    """The process exits with a claimer not stopped: its worker shut down cold (a warm
+    shutdown stops it first). The event loop has stopped, so a handed request never
+    passed to the pool can no longer start: its claim is given back. One passed to the
+    pool is left to go stale: its child may have started it before it was killed."""
+    for claimer in list(_CLAIMERS):
+        if claimer.stopping or not claimer.thread.is_alive():  # (or a forked copy)
+            continue
+        with claimer.cv:
+            for task_id, job in list(claimer.handed.items()):
+                if job.req.worker_pid is None and not_in_the_pool(job.req):
+                    _give_back(claimer, task_id, job)
+        claimer.stop(pool_stopped=False, timeout=5.0)
+
+
+atexit.register(at_exit)
 
 
 def dropped(task_id: str) -> None:

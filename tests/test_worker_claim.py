@@ -404,6 +404,53 @@ def test_warm_shutdown_releases_the_claims_of_requests_no_child_started(
         assert Effect.objects.using(alias).filter(key=key).count() == 1
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_cold_shutdown_releases_the_claims_of_requests_never_passed_to_the_pool(
+    redis_url: str, backend: str
+) -> None:
+    """A cold shutdown (SIGQUIT; also the end of Celery 5.5's soft shutdown) kills the
+    running body and sends no ``worker_shutdown``: the claims of the requests prefetched
+    behind it stayed in flight, and each redelivery waited max_processing_time (30 s)
+    and counted a takeover although no attempt had started."""
+    from tests.tasks import effect
+
+    alias = BACKENDS[backend]
+    services.require_database(alias)
+    queue = f"q-{uuid.uuid4().hex[:10]}"
+    extra = ["--grousset-batch", "-c", "1", "--prefetch-multiplier", "4"]
+    keys = [f"cold-{uuid.uuid4().hex[:8]}-{i}" for i in range(4)]
+    # Given one child busy with a long body and three more requests prefetched behind it,
+    # each claimed by the main process, waiting for the child
+    with workers(queue, 1, database=alias, broker=redis_url, extra=extra) as [worker]:
+        effect.apply_async((keys[0],), {"sleep": 20.0}, queue=queue)
+        wait_for(lambda: Effect.objects.using(alias).filter(key=keys[0]).exists(), 30, "a body")
+        results = [effect.apply_async((k,), queue=queue) for k in keys[1:]]
+
+        def held() -> bool:
+            rows = [record_of(alias, effect, (k,)) for k in keys[1:] if exists(alias, k)]
+            return len(rows) == 3 and all(r.status == "in_flight" for r in rows)
+
+        wait_for(held, 30, "the prefetched requests' claims")
+        # When the worker shuts down cold (the running body is killed)
+        worker.proc.send_signal(signal.SIGQUIT)
+        worker.proc.wait(60)
+    # Then the claims of the three no child could start were released
+    for key in keys[1:]:
+        rec = record_of(alias, effect, (key,))
+        assert rec.status != "in_flight", (key, rec.status, worker.text()[-3000:])
+    # and the killed body's claim stays in flight: its effect may have happened
+    assert record_of(alias, effect, (keys[0], 20.0)).status == "in_flight"
+    # and a new worker runs the three at once, each once, with no takeover
+    with workers(queue, 1, database=alias, broker=redis_url, extra=["--grousset-batch"]):
+        t0 = time.monotonic()
+        for r in results:
+            r.get(timeout=60)
+        assert time.monotonic() - t0 < 20
+    for key in keys[1:]:
+        assert Effect.objects.using(alias).filter(key=key).count() == 1
+        assert record_of(alias, effect, (key,)).takeovers == 0
+
+
 def test_a_request_revoked_before_a_child_starts_it_gives_its_claim_back(
     redis_url: str,
 ) -> None:
