@@ -12,6 +12,7 @@ import re
 import time
 from typing import Any
 
+from celery_grousset.claim import ENC_NOT_MEMOIZED
 from celery_grousset.exceptions import PoisonDelivery, PoisonRejected
 
 logger = logging.getLogger("celery_grousset")
@@ -233,11 +234,10 @@ def stop_canvas(request: Any, req: Any, encoding: str) -> None:
     ``None``: Celery would send its chain's next step and its ``link`` callbacks with
     that ``None`` — other calls, whose guarded effects would run again. They are not
     sent: the first delivery sent them with its value (docs/faq.md)."""
-    from celery_grousset import events
-    from celery_grousset.claim import ENC_NOT_MEMOIZED
-
     if encoding != ENC_NOT_MEMOIZED:
         return
+    from celery_grousset import events
+
     steps = len(getattr(request, "chain", None) or ())
     callbacks = len(getattr(request, "callbacks", None) or ())
     if steps or callbacks:
