@@ -29,14 +29,19 @@ def at_exit() -> None:
     shutdown stops it first). The event loop has stopped, so a handed request never
     passed to the pool can no longer start: its claim is given back. One passed to the
     pool is left to go stale: its child may have started it before it was killed."""
+    from celery.bootsteps import RUN  # type: ignore[attr-defined]  # (not in the stubs)
+
     for claimer in list(_CLAIMERS):
         if claimer.stopping or not claimer.thread.is_alive():  # (or a forked copy)
             continue
+        worker = getattr(getattr(claimer, "consumer", None), "controller", None)
+        if getattr(getattr(worker, "blueprint", None), "state", RUN) == RUN:
+            continue  # a worker still running (in a thread of this process): left alone
         with claimer.cv:
             for task_id, job in list(claimer.handed.items()):
                 if job.req.worker_pid is None and not_in_the_pool(job.req):
                     _give_back(claimer, task_id, job)
-        claimer.stop(pool_stopped=False, timeout=5.0)
+        claimer.stop(pool_stopped=False, timeout=3.0)
 
 
 atexit.register(at_exit)
