@@ -37,6 +37,7 @@ from celery_grousset.binding import WRAP_ATOMIC, WRITES, off_the_loop
 from celery_grousset.exceptions import InvalidArgument
 from celery_grousset.memo import error_summary
 from celery_grousset.models import OutboxMessage, OutboxStatus
+from celery_grousset.outbox_failures import broker_down, check_seconds, permanent
 from celery_grousset.publish_check import deliberate, open_transactions
 from celery_grousset.published import arguments, check_enqueued, stored, stored_options
 
@@ -155,25 +156,6 @@ def confirmed_connection(app: Any) -> Any:
     return app.connection_for_write(transport_options={"confirm_publish": True})
 
 
-def _broker_down(app: Any, exc: BaseException) -> bool:
-    """A connection-level error (also its transport's own: RabbitMQ's NOT_ALLOWED for a
-    vhost without permissions): the next rows would fail the same way."""
-    from kombu.exceptions import OperationalError
-
-    errors: tuple[type[BaseException], ...] = (OperationalError, ConnectionError, OSError)
-    with contextlib.suppress(Exception):  # (the transport class only: no connection)
-        errors += tuple(app.connection_for_write().connection_errors)
-    return isinstance(exc, errors)
-
-
-def _permanent(app: Any, exc: BaseException) -> bool:
-    """The call itself is wrong (its arguments, a value that cannot be encoded):
-    publishing it again cannot help, so the row goes dead at once."""
-    from kombu.exceptions import EncodeError
-
-    return isinstance(exc, (TypeError, ValueError, EncodeError)) and not _broker_down(app, exc)
-
-
 @dataclass
 class RelayStats:
     fetched: int = 0
@@ -210,6 +192,11 @@ class Relay:
     ) -> None:
         if batch_size < 1 or max_attempts < 1:
             raise InvalidArgument("batch_size and max_attempts must be at least 1")
+        check_seconds(backoff=backoff, backoff_max=backoff_max, interval=interval,
+                       confirm_timeout=confirm_timeout)  # fmt: skip
+        if backoff_max < backoff:
+            raise InvalidArgument(f"backoff_max ({backoff_max:g} s) must be at least backoff "
+                                  f"({backoff:g} s)")  # fmt: skip
         self.app = app
         self.alias = _alias(using)
         self.batch_size = batch_size
@@ -268,8 +255,9 @@ class Relay:
                 try:
                     publish(self.app, row, producer=producer, timeout=self.confirm_timeout)
                 except Exception as exc:
-                    self._failed(row, exc, stats)
-                    if _broker_down(self.app, exc):
+                    down = broker_down(self.app, exc)
+                    self._failed(row, exc, stats, counted=not down)
+                    if down:
                         stats.broker_down = True
                         break
                 else:
@@ -292,18 +280,23 @@ class Relay:
             if conn is not None:
                 conn.collect() if broken else conn.release()
 
-    def _failed(self, row: OutboxMessage, exc: BaseException, stats: RelayStats) -> None:
-        attempts = row.attempts + 1
+    def _failed(
+        self, row: OutboxMessage, exc: BaseException, stats: RelayStats, counted: bool
+    ) -> None:
+        """A failed publish: retried with backoff, ``dead`` after ``max_attempts`` or
+        when the call itself is wrong. A broker outage (``counted`` False) costs the row
+        no attempt, however long it lasts: it is retried, never dead for it."""
+        attempts = row.attempts + counted
         error = error_summary(exc)  # redacted (a DSN's password, a token), never raises
         rows = OutboxMessage.objects.using(self.alias).filter(pk=row.pk)
-        if attempts >= self.max_attempts or _permanent(self.app, exc):
+        if counted and (attempts >= self.max_attempts or permanent(self.app, exc)):
             rows.update(status=OutboxStatus.DEAD, attempts=attempts, last_error=error)
             stats.dead += 1
             events.emit(logging.ERROR, "grousset.outbox_dead", {
                 "id": row.id, "task": row.task_name, "attempts": attempts, "error": error,
             })  # fmt: skip
             return
-        wait = self.delay(attempts)
+        wait = self.delay(max(attempts, 1))
         rows.update(attempts=attempts, last_error=error, available_at=clock(self.alias, wait))
         stats.failed += 1
         events.emit(logging.WARNING, "grousset.outbox_publish_failed", {
@@ -324,10 +317,14 @@ class Relay:
         while not stop.is_set():
             try:
                 stats = self.run_batch()
-            except DatabaseError as exc:
+            except Exception as exc:  # any error pauses the loop, none ends it
                 errors += 1
-                events.emit(logging.WARNING, "grousset.outbox_database_error",
-                            {"database": self.alias, "error": events.error_text(exc)})  # fmt: skip
+                database = isinstance(exc, DatabaseError)
+                events.emit(logging.WARNING if database else logging.ERROR,
+                            "grousset.outbox_database_error" if database else
+                            "grousset.outbox_relay_error",
+                            {"database": self.alias, "error": events.error_text(exc)},
+                            exc_info=not database)  # fmt: skip
                 connections[self.alias].close()
                 if once:
                     raise

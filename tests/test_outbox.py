@@ -222,30 +222,117 @@ def test_enqueue_refuses_a_call_its_tasks_serializer_cannot_encode(alias: str) -
     assert not OutboxMessage.objects.using(alias).filter(task_name="tests.outbox_yaml").exists()
 
 
-def test_broker_outage_backs_off_then_dead_after_max_attempts(alias: str, queue: str) -> None:
-
+def test_a_broker_outage_costs_no_attempt_and_never_makes_a_row_dead(
+    alias: str, queue: str
+) -> None:
+    """During an outage each batch charged its first due row an attempt and pushed it
+    back, so the rows took turns: a half-hour outage made the whole backlog dead, every
+    message then lost until someone requeued it in the admin."""
     # Given two pending messages and a broker nobody listens on
     down, a, b = two_rows_for(alias, queue, "redis://127.0.0.1:1/0")
+    b.refresh_from_db(using=alias)  # (its times, from the database clock)
     rows = OutboxMessage.objects.using(alias)
-    # When the relay runs with max_attempts=2
-    stats = relay(alias, down, max_attempts=2, backoff=60)
+    # When the relay fails to publish the first one, with max_attempts=1 (any failure it
+    # charged would make the row dead)
+    stats = relay(alias, down, max_attempts=1, backoff=60)
+    # (the run's totals say why it stopped: the batch ends at its first row)
+    assert stats.broker_down and stats.failed == 1 and stats.dead == 0
     a.refresh_from_db(using=alias)
-    assert stats.broker_down and stats.failed == 1  # (the run's totals say why it stopped)
     b.refresh_from_db(using=alias)
-    # Then the first row failed once and waits (backoff 60 s, jittered: 30 to 60 s); the
-    # batch stopped before the second
-    assert a.status == "pending" and a.attempts == 1 and a.last_error
+    # Then it is still pending, charged no attempt, with the error, and waits (backoff
+    # 60 s, jittered: 30 to 60 s) behind the second, which was never tried
+    assert a.status == "pending" and a.attempts == 0 and "Error" in a.last_error
     assert a.available_at > _db_now(alias) + timedelta(seconds=25)
-    assert b.attempts == 0
-    # When it is due again (before the second, which has waited since its creation: the
-    # relay takes rows in the order they fell due) and fails again
-    rows.filter(pk=a.pk).update(available_at=b.available_at - timedelta(seconds=1))
-    relay(alias, down, max_attempts=2, backoff=60)
-    a.refresh_from_db(using=alias)
-    # Then it is dead, with the error; its arguments are kept for a requeue
-    assert a.status == "dead" and a.attempts == 2 and outbox.arguments(a)[0] == ["x"]
-    assert "Error" in a.last_error
-    rows.filter(pk=b.pk).delete()
+    assert b.status == "pending" and b.attempts == 0
+    # And once the broker is back, both are published
+    rows.filter(pk=a.pk).update(available_at=b.available_at)
+    relay(alias)
+    assert set(rows.filter(pk__in=[a.pk, b.pk]).values_list("status", flat=True)) == {"sent"}
+    assert sorted(m["args"][0] for m in messages(queue)) == ["x", "y"]
+
+
+def test_a_publish_the_broker_refuses_goes_dead_after_max_attempts(alias: str) -> None:
+    """A failure that is not an outage (RabbitMQ refuses the publish on a live connection:
+    its queue exists with other arguments) is charged to the row: retried, then dead."""
+    from kombu import Connection
+
+    from tests.tasks import effect
+
+    url = services.require_rabbitmq()
+    name = f"ob-refused-{uuid.uuid4().hex[:8]}"
+    with Connection(url) as direct:  # the queue as another service declared it
+        direct.SimpleQueue(name, queue_args={"x-max-length": 1}).close()
+    rabbit = Celery("rabbit", broker=url, set_as_current=False)
+    rabbit.conf.task_publish_retry = False
+    with transaction.atomic(using=alias):
+        row = outbox.enqueue(effect, ("refused",), using=alias, queue=name)
+    row.refresh_from_db(using=alias)  # (its times, from the database clock)
+    rows = OutboxMessage.objects.using(alias)
+    try:
+        for attempt in (1, 2):
+            rows.filter(pk=row.pk).update(available_at=row.created_at)
+            stats = relay(alias, rabbit, max_attempts=2, backoff=60)
+            row.refresh_from_db(using=alias)
+            assert not stats.broker_down and row.attempts == attempt, row.last_error
+        assert row.status == "dead" and "PRECONDITION_FAILED" in row.last_error, row.last_error
+        assert outbox.arguments(row)[0] == ["refused"]  # kept for a requeue
+    finally:
+        rows.filter(pk=row.pk).delete()
+        with Connection(url) as direct:
+            direct.default_channel.queue_delete(name)
+
+
+def test_an_unexpected_error_pauses_the_relay_and_never_ends_it(
+    alias: str, queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop caught database errors only: anything else (a bug, a setting refused
+    when a batch first reads the store) ended the worker's relay thread for good after
+    one log line, the worker still running, its outbox never published again."""
+    from tests.tasks import effect
+
+    with transaction.atomic(using=alias):
+        row = outbox.enqueue(effect, ("after-error",), using=alias, queue=queue)
+    real, calls = outbox.Relay.run_batch, []
+
+    def flaky(self: outbox.Relay) -> outbox.RelayStats:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("an error no database raised")
+        return real(self)
+
+    monkeypatch.setattr(outbox.Relay, "run_batch", flaky)
+    stop = threading.Event()
+    # When the relay's first batch raises an error that is not the database's
+    runner = threading.Thread(target=outbox.Relay(app, using=alias, backoff=0.05).run,
+                              args=(stop,), daemon=True)  # fmt: skip
+    runner.start()
+    try:
+        # Then it pauses and goes on: the row is published
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and OutboxMessage.objects.using(alias).get(
+                pk=row.pk).status != "sent":  # fmt: skip
+            time.sleep(0.05)
+        assert OutboxMessage.objects.using(alias).get(pk=row.pk).status == "sent"
+        assert len(calls) >= 2 and runner.is_alive()
+    finally:
+        stop.set()
+        runner.join(10)
+
+
+@pytest.mark.parametrize(
+    "flag, value, error",
+    [("--interval", "-1", r"interval \(--interval\) must be a positive number of seconds"),
+     ("--backoff", "0", r"backoff \(--backoff\) must be a positive"),
+     ("--backoff", "nan", "got nan"),
+     ("--backoff-max", "1", r"backoff_max \(1 s\) must be at least backoff \(2 s\)")],
+)  # fmt: skip
+def test_the_relay_refuses_durations_it_cannot_wait(flag: str, value: str, error: str) -> None:
+    """A negative interval polled the database without a pause; a zero backoff made a
+    broker blip dead rows; NaN crashed the relay at its first failed publish."""
+    services.require_database("default")
+    with pytest.raises(CommandError, match=error):
+        call_command("grousset_relay", "--once", "--app", "tests.celeryapp", flag, value,
+                     verbosity=0)  # fmt: skip
 
 
 def test_relay_retry_delays_are_jittered_within_their_bounds() -> None:
@@ -458,7 +545,8 @@ def test_a_broker_refusing_the_vhost_stops_the_batch_at_its_first_row(
     stats = relay(alias, down, backoff=60)
     a.refresh_from_db(using=alias)
     b.refresh_from_db(using=alias)
-    assert stats.failed == 1 and (a.attempts, b.attempts) == (1, 0), a.last_error
+    assert stats.failed == 1 and stats.broker_down, a.last_error
+    assert (a.attempts, b.attempts) == (0, 0)  # an outage: the row is charged nothing
     assert "NOT_ALLOWED" in a.last_error or "NotAllowed" in a.last_error
     OutboxMessage.objects.using(alias).filter(pk__in=[a.pk, b.pk]).delete()
 
@@ -494,10 +582,11 @@ def test_a_row_is_sent_only_once_the_broker_confirms_its_message(alias: str) -> 
         with Connection(services.require_rabbitmq()) as direct:
             arrived = direct.SimpleQueue(name).qsize()
         # Then only the row whose message the broker has is sent; the other is pending,
-        # charged one attempt, with the broker's silence as its error
+        # with the broker's silence as its error (an outage: charged no attempt)
         assert arrived == 1
         assert (a.status, b.status) == (OutboxStatus.SENT, OutboxStatus.PENDING), b.last_error
-        assert b.attempts == 1 and outbox.arguments(b)[0] == ["b"] and stats.sent == 1
+        assert b.attempts == 0 and "timed out" in b.last_error, b.last_error
+        assert outbox.arguments(b)[0] == ["b"] and stats.sent == 1
     finally:
         OutboxMessage.objects.using(alias).filter(pk__in=[a.pk, b.pk]).delete()
         with Connection(services.require_rabbitmq()) as direct:
@@ -802,6 +891,6 @@ def test_a_publish_error_is_stored_redacted(
     relay(alias, max_attempts=5, backoff=60)
     msg.refresh_from_db(using=alias)
     # Then last_error says what failed, without the password or the token
-    assert msg.attempts == 1 and "ConnectionError" in msg.last_error
+    assert msg.attempts == 0 and "ConnectionError" in msg.last_error
     assert "hunter2" not in msg.last_error and "abc.def" not in msg.last_error
     OutboxMessage.objects.using(alias).filter(pk=msg.pk).delete()

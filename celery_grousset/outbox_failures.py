@@ -1,0 +1,38 @@
+"""What a failed publish of the outbox relay means (an outage of the broker, or a call
+the broker can never take), and the relay's durations checked (docs/producer.md)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from celery_grousset.exceptions import InvalidArgument
+
+
+def broker_down(app: Any, exc: BaseException) -> bool:
+    """A connection-level error (also its transport's own: RabbitMQ's NOT_ALLOWED for a
+    vhost without permissions): the next rows would fail the same way."""
+    from kombu.exceptions import OperationalError
+
+    errors: tuple[type[BaseException], ...] = (OperationalError, ConnectionError, OSError)
+    with contextlib.suppress(Exception):  # (the transport class only: no connection)
+        errors += tuple(app.connection_for_write().connection_errors)
+    return isinstance(exc, errors)
+
+
+def permanent(app: Any, exc: BaseException) -> bool:
+    """The call itself is wrong (its arguments, a value that cannot be encoded):
+    publishing it again cannot help, so the row goes dead at once."""
+    from kombu.exceptions import EncodeError
+
+    return isinstance(exc, (TypeError, ValueError, EncodeError)) and not broker_down(app, exc)
+
+
+def check_seconds(**values: object) -> None:
+    """Each of the relay's durations is a positive, finite number of seconds (a negative
+    interval polled without a pause; a zero backoff made a broker blip dead rows)."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                0 < value < float("inf")):  # (NaN too)  # fmt: skip
+            raise InvalidArgument(f"{name} (--{name.replace('_', '-')}) must be a positive "
+                                  f"number of seconds; got {value!r}")  # fmt: skip
