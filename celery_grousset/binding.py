@@ -163,6 +163,12 @@ _SYNC_FIX = (
 )
 
 
+_GEN_FIX = (
+    "Calling it runs none of its body (its effect would happen only when something "
+    "iterates it, outside the guard), and the journal would record the call completed: "
+    "return a list instead, e.g. a function that consumes it (`lambda: list(rows(day))`)."
+)
+
 #: why a guarded call cannot run in an event loop's thread (:func:`off_the_loop`)
 WAITS = ("waits on the journal database and cannot run in an event loop's thread (it "
          "would block the loop, and fail when it meets a claim in flight)")  # fmt: skip
@@ -204,11 +210,18 @@ def synchronous(fn: object, where: str) -> None:
     never happen, and the journal record the call as completed."""
     if callable(fn) and inspect.iscoroutinefunction(fn):  # (a sync wrapper of one is not)
         raise NotAwaited(f"celery-grousset: {where} is an async def function. {_SYNC_FIX}")
+    if callable(fn) and (inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)):
+        raise NotAwaited(f"celery-grousset: {where} is a generator function. {_GEN_FIX}")
 
 
 def not_awaitable(value: object, where: str) -> object:
     """``value``, the body's return value, unless it is an awaitable (a coroutine it did
-    not await): then it is closed and refused (:class:`NotAwaited`)."""
+    not await) or a generator: then it is closed and refused (:class:`NotAwaited`)."""
+    if inspect.isgenerator(value) or inspect.isasyncgen(value):
+        if inspect.isgenerator(value):
+            value.close()
+        raise NotAwaited(f"celery-grousset: {where} returned a {type(value).__name__}. "
+                         f"{_GEN_FIX}")  # fmt: skip
     if not inspect.isawaitable(value):
         return value
     close = getattr(value, "close", None)

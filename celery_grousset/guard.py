@@ -23,7 +23,7 @@ from typing import Any, NoReturn, Protocol
 
 from celery_grousset import carry, events, memo, preclaim, testcase_check
 from celery_grousset.claim import PROTECT_NAME, ClaimRequest, Kind, payload_differs
-from celery_grousset.completion import fail, run_owned
+from celery_grousset.completion import fail, not_running, run_owned
 from celery_grousset.conf import grousset_settings, redact_keys
 from celery_grousset.exceptions import (
     FingerprintError,
@@ -128,6 +128,7 @@ def guarded(caller: Caller, call: Call) -> Any:
             carry.settle_lost_claim(store, held[0])
             unsettled = req
         req, adopted = preclaim.adopt(caller, store, req)  # claimed by the worker's main process
+        not_running(store, req)  # a call of the key inside its own body: refused
         [res] = [adopted] if adopted is not None else claim(store, [req])
         if res.kind is Kind.IN_FLIGHT:
             check_payload(req, res)  # held for other arguments: refused, never waited for
@@ -145,15 +146,9 @@ def guarded(caller: Caller, call: Call) -> Any:
         if hasattr(caller, "stop_canvas"):  # a duplicate with no memo has no value to pass on
             caller.stop_canvas(req, res)
         return answer(req, res, call.delivery, accept_of(caller, call))
-    attempt = Attempt(
-        fingerprint=fp,
-        fence=res.fence,
-        deliveries=res.deliveries,
-        takeovers=res.takeovers,
-        kind=res.kind,
-        processor_id=opts.processor_id,
-        token=req.token,
-    )
+    attempt = Attempt(fingerprint=fp, fence=res.fence, deliveries=res.deliveries,
+                      takeovers=res.takeovers, kind=res.kind, processor_id=opts.processor_id,
+                      token=req.token)  # fmt: skip
     if local:  # run in the caller's process: inside one of its transactions?
         effect_in_transaction(call.name, opts.database if opts.transactional else None)
     scope = memo.SECRETS.set(lambda: secrets_of(call))  # kept out of its error text

@@ -62,8 +62,12 @@ class _ProtectCaller:
         return self.body()
 
 
-def _check(key: object, fn: object, on_in_flight: str) -> None:
+def _check(key: object, fn: object, on_in_flight: str, serializer: object) -> None:
+    from kombu.serialization import registry  # type: ignore[attr-defined]  # (not in the stubs)
+
     off_the_loop("protect()", "`await sync_to_async(protect)(key, fn, ...)`")
+    if not callable(fn):
+        raise InvalidArgument(f"protect(key, fn, ...) needs a callable fn, got {fn!r:.80}")
     synchronous(fn, f"protect()'s function {getattr(fn, '__qualname__', fn)!r}")
     if not isinstance(key, str) or not key:
         raise FingerprintError(
@@ -73,6 +77,11 @@ def _check(key: object, fn: object, on_in_flight: str) -> None:
     if on_in_flight not in ("wait", "raise"):
         raise InvalidArgument(
             f"protect(on_in_flight=…) must be 'wait' or 'raise', got {on_in_flight!r}"
+        )
+    if not isinstance(serializer, str) or serializer not in registry.name_to_type:
+        raise InvalidArgument(  # its memo could not be stored, or never read back
+            f"protect(serializer=…) must name a serializer kombu has ("
+            f"{', '.join(sorted(registry.name_to_type))}), got {serializer!r}"
         )
 
 
@@ -105,7 +114,7 @@ def protect(
     It blocks: from async code, ``await sync_to_async(protect)(key, fn, ...)`` (asgiref);
     in an event loop's thread it raises Django's ``SynchronousOnlyOperation``.
     """
-    _check(key, fn, on_in_flight)
+    _check(key, fn, on_in_flight, serializer)
     opts = Options.resolve(
         "protect()",
         {

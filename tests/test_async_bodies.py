@@ -94,6 +94,50 @@ def test_a_body_that_returns_an_unawaited_coroutine_is_never_recorded_completed(
         assert rec.result is None and rec.result_encoding == "" and runs == [1, 1]
 
 
+def _rows(day: str) -> Any:
+    yield f"row of {day}"  # the effect would be here: it runs only when iterated
+
+
+async def _arows(day: str) -> Any:
+    yield f"row of {day}"
+
+
+@pytest.mark.parametrize("fn", [_rows, _arows], ids=["generator", "async-generator"])
+def test_a_generator_function_is_refused_by_protect_before_it_claims(
+    journal: str, fn: Any
+) -> None:
+    """Calling it ran none of its body, and the journal recorded the call completed: a
+    duplicate got no value (or None) and the effect never ran under the guard."""
+    key = f"gen-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(NotAwaited, match=r"generator function.*list\("):
+        protect(key, fn, key, max_processing_time=30, database=journal)
+    assert not Outcome.objects.using(journal).filter(args_repr__contains=key).exists()
+    # And a function that consumes it is a body like any other
+    got = protect(key, lambda day: list(_rows(day)), key, max_processing_time=30,
+                  database=journal)  # fmt: skip
+    assert got == [f"row of {key}"]
+
+
+def test_a_body_that_returns_a_generator_is_never_recorded_completed(
+    journal: str, temp_task: Any
+) -> None:
+    runs: list[int] = []
+
+    def lazy(self: Any, key: str) -> Any:
+        runs.append(1)
+        return _rows(key)  # the effect is in the generator, which nobody iterates
+
+    task = temp_task(lazy, max_processing_time=30)
+    key = f"genret-{uuid.uuid4().hex[:8]}"
+    # When it runs / Then it fails naming the fix, released: never a completion
+    first = task.apply((key,))
+    assert isinstance(first.result, NotAwaited), first.result
+    assert "returned a generator" in str(first.result) and "list(" in str(first.result)
+    rec = Outcome.objects.using(journal).get(task_name=task.name)
+    assert rec.status == "failed" and rec.result is None
+    assert isinstance(task.apply((key,)).result, NotAwaited) and runs == [1, 1]
+
+
 def test_a_direct_or_eager_call_in_an_event_loop_thread_is_refused_before_it_claims(
     journal: str, temp_task: Any
 ) -> None:

@@ -15,7 +15,12 @@ from django.db.models import F
 
 from celery_grousset import protect
 from celery_grousset.claim import PROTECT_NAME
-from celery_grousset.exceptions import ClaimInFlight, FingerprintError, StoreUnavailable
+from celery_grousset.exceptions import (
+    ClaimInFlight,
+    FingerprintError,
+    InvalidArgument,
+    StoreUnavailable,
+)
 from celery_grousset.models import Delivery, Outcome
 from celery_grousset.store import reset_stores
 from tests.ledger.models import Effect
@@ -146,6 +151,28 @@ def test_failure_releases_then_reruns(alias: str, processor: str) -> None:
     assert len(attempts) == 2
 
 
+def another_caller(call: Any) -> Any:
+    """``call()`` made by another caller: a thread of its own (a call of a key made inside
+    that key's own run is refused)."""
+    import threading
+
+    from django.db import connections
+
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(60)
+    assert out, "the other caller failed (its error is printed above)"
+    return out[0]
+
+
 @pytest.mark.parametrize("transactional", [False, True])
 def test_a_fenced_out_attempt_says_how_long_it_ran_and_the_fix(
     alias: str, processor: str, transactional: bool
@@ -156,7 +183,9 @@ def test_a_fenced_out_attempt_says_how_long_it_ran_and_the_fix(
 
     def zombie() -> str:  # runs past max_processing_time: the next call takes it over
         time.sleep(0.5)
-        assert protect("zombie", lambda: "taker", max_processing_time=0.2, **opts) == "taker"
+        taker = another_caller(lambda: protect("zombie", lambda: "taker",
+                                                max_processing_time=0.2, **opts))  # fmt: skip
+        assert taker == "taker"
         return "zombie"
 
     # When an attempt that overran its max_processing_time is fenced out
@@ -185,7 +214,9 @@ def test_an_attempt_released_and_claimed_again_says_it_was_released(
     def released() -> str:  # an operator releases it mid-run; another call claims it
         [rec] = Outcome.objects.using(alias).filter(processor_id=processor)
         assert journal.release(rec, alias)
-        assert protect("released", lambda: "taker", max_processing_time=60, **opts) == "taker"
+        taker = another_caller(lambda: protect("released", lambda: "taker",
+                                                max_processing_time=60, **opts))  # fmt: skip
+        assert taker == "taker"
         return "first"
 
     # When an attempt whose fresh claim was released and claimed again completes
@@ -292,6 +323,55 @@ def test_nul_in_result_is_stored_and_returned(alias: str, processor: str) -> Non
 def test_bad_key_is_a_clear_error(alias: str) -> None:
     with pytest.raises(FingerprintError, match="non-empty str key"):
         protect(42, lambda: 1, max_processing_time=5, database=alias)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "fn, serializer, error",
+    [(str.upper, "jsn", r"serializer=….*json.*got 'jsn'"),
+     (str.upper, None, r"serializer=….*got None"),
+     ("not callable", "json", r"needs a callable fn, got 'not callable'")],
+)  # fmt: skip
+def test_protect_refuses_a_serializer_or_function_it_cannot_use_before_it_claims(
+    journal: str, fn: Any, serializer: Any, error: str
+) -> None:
+    """An unknown serializer ran the effect and stored no memo (every duplicate then
+    raised ResultNotStored); None stored one no duplicate could read (MemoNotAccepted)."""
+    key = f"bad-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(InvalidArgument, match=error):
+        protect(key, fn, "x", serializer=serializer, max_processing_time=30, database=journal)
+    assert not Outcome.objects.using(journal).filter(args_repr__contains=key).exists()
+
+
+@pytest.mark.parametrize("on_in_flight", ["wait", "raise"])
+def test_a_call_of_the_same_key_inside_its_own_run_is_refused_before_it_claims(
+    journal: str, on_in_flight: str
+) -> None:
+    """The inner call waited for its own claim until it turned stale, took it over and
+    ran the effect again, the outer attempt then fenced out ("wait"); or raised
+    ClaimInFlight out of the outer body, whose claim was released for a retry to run the
+    effect again ("raise")."""
+    key, charges, nest = f"nested-{uuid.uuid4().hex[:8]}", [], [True]
+
+    def charge() -> str:
+        charges.append(1)
+        if nest.pop():  # the same key, called from inside its own run
+            return str(protect(key, charge, max_processing_time=0.5, database=journal,
+                               on_in_flight=on_in_flight))  # fmt: skip
+        return "charged"
+
+    # When the body calls protect() of its own key / Then that call is refused at once,
+    # naming the fix, and the outer attempt fails like any body that raises
+    started = time.monotonic()
+    with pytest.raises(InvalidArgument, match=r"same key.*call the function directly"):
+        protect(key, charge, max_processing_time=0.5, database=journal)
+    assert time.monotonic() - started < 0.5 and charges == [1]
+    # And another key, or the same key after its run, is a call like any other
+    nest.append(False)
+    assert protect(f"{key}-other", charge, max_processing_time=5, database=journal) == "charged"
+    nest.append(False)
+    assert protect(key, charge, max_processing_time=5, database=journal) == "charged"
+    assert protect(key, charge, max_processing_time=5, database=journal) == "charged"
+    assert charges == [1, 1, 1]
 
 
 def test_closed_port_fails_closed() -> None:
