@@ -117,6 +117,7 @@ def guarded(caller: Caller, call: Call) -> Any:
     req = request(
         opts, fp, call.name, call.task_id, args_repr, payload_hash=payload, bounce=call.bounce
     )
+    not_running(store, req)  # a call of the key inside its own body: refused
     held = carry.pending(caller, req)  # what a requeued delivery carries (celery_grousset.carry)
     if held is not None and held[1] is not None:  # an outcome whose completion failed
         return carry.deliver(store, held[0], held[1], accept_of(caller, call),
@@ -128,7 +129,6 @@ def guarded(caller: Caller, call: Call) -> Any:
             carry.settle_lost_claim(store, held[0])
             unsettled = req
         req, adopted = preclaim.adopt(caller, store, req)  # claimed by the worker's main process
-        not_running(store, req)  # a call of the key inside its own body: refused
         [res] = [adopted] if adopted is not None else claim(store, [req])
         if res.kind is Kind.IN_FLIGHT:
             check_payload(req, res)  # held for other arguments: refused, never waited for

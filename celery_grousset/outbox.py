@@ -217,7 +217,8 @@ class Relay:
         doubled per attempt up to ``backoff_max``, times a random factor in [0.5, 1.0] (as
         Celery jitters its retry backoff), so rows that failed together — a broker
         outage — are not all retried at the same moment."""
-        wait = min(self.backoff * 2.0 ** max(attempts - 1, 0), self.backoff_max)
+        doublings = min(max(attempts - 1, 0), 64)  # (2.0 ** 1024 overflows: capped first)
+        wait = min(self.backoff * 2.0**doublings, self.backoff_max)
         return float(wait * random.uniform(0.5, 1.0))
 
     def run_batch(self) -> RelayStats:

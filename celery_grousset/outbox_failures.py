@@ -34,5 +34,6 @@ def check_seconds(**values: object) -> None:
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                 0 < value < float("inf")):  # (NaN too)  # fmt: skip
-            raise InvalidArgument(f"{name} (--{name.replace('_', '-')}) must be a positive "
-                                  f"number of seconds; got {value!r}")  # fmt: skip
+            flag = f" (--{name.replace('_', '-')})" if name != "confirm_timeout" else ""
+            raise InvalidArgument(f"{name}{flag} must be a positive number of seconds; got "
+                                  f"{value!r}")  # fmt: skip

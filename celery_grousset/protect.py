@@ -78,11 +78,26 @@ def _check(key: object, fn: object, on_in_flight: str, serializer: object) -> No
         raise InvalidArgument(
             f"protect(on_in_flight=…) must be 'wait' or 'raise', got {on_in_flight!r}"
         )
-    if not isinstance(serializer, str) or serializer not in registry.name_to_type:
+    if not _encodes(serializer):
         raise InvalidArgument(  # its memo could not be stored, or never read back
-            f"protect(serializer=…) must name a serializer kombu has ("
-            f"{', '.join(sorted(registry.name_to_type))}), got {serializer!r}"
+            f"protect(serializer=…) must name a serializer kombu can encode with here ("
+            f"{', '.join(n for n in sorted(registry.name_to_type) if _encodes(n))}), got "
+            f"{serializer!r}"
         )
+
+
+def _encodes(serializer: object) -> bool:
+    """Whether kombu encodes with ``serializer`` in this process (it lists msgpack and
+    yaml whether or not their libraries are installed)."""
+    from kombu.serialization import dumps
+
+    if not isinstance(serializer, str):
+        return False
+    try:
+        dumps(None, serializer=serializer)
+    except Exception:
+        return False
+    return True
 
 
 def protect(

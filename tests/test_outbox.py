@@ -346,6 +346,9 @@ def test_relay_retry_delays_are_jittered_within_their_bounds() -> None:
         assert len(set(drawn)) > 400, attempts
         assert all(full / 2 <= d <= full for d in drawn), attempts
         assert min(drawn) < full * 0.6 and max(drawn) > full * 0.9, attempts
+    # And a row (or a relay loop) failing for days still gets a delay: 2.0 ** 1024
+    # overflowed, which ended the relay after 1,025 errors in a row
+    assert 300.0 <= relay.delay(5000) <= 600.0
 
 
 def test_admin_requeues_dead_rows_and_purge_drops_old_sent_rows(queue: str) -> None:

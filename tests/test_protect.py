@@ -342,6 +342,38 @@ def test_protect_refuses_a_serializer_or_function_it_cannot_use_before_it_claims
     assert not Outcome.objects.using(journal).filter(args_repr__contains=key).exists()
 
 
+def test_protect_takes_the_serializers_that_encode_here_and_refuses_the_others(
+    journal: str,
+) -> None:
+    """kombu lists msgpack and yaml whether or not their libraries are installed: one
+    that cannot encode ran the effect and stored no memo (duplicates: ResultNotStored)."""
+    from kombu.serialization import dumps, registry
+
+    for name in sorted(registry.name_to_type):
+        try:
+            dumps(None, serializer=name)
+            encodes = True
+        except Exception:
+            encodes = False
+        key, runs = f"ser-{name}-{uuid.uuid4().hex[:8]}", []
+
+        def effect(runs: list[int] = runs) -> dict[str, int]:
+            runs.append(1)
+            return {"rows": 3}
+
+        call = {"serializer": name, "max_processing_time": 30, "database": journal}
+        if not encodes:  # refused before the claim: no effect, no record
+            with pytest.raises(InvalidArgument, match=f"got '{name}'"):
+                protect(key, effect, **call)
+            assert runs == [] and not Outcome.objects.using(journal).filter(
+                args_repr__contains=key).exists()  # fmt: skip
+            continue
+        if name == "pickle":  # (a pickle memo is read where pickle is accepted: test_memo)
+            continue
+        assert protect(key, effect, **call) == {"rows": 3}
+        assert protect(key, effect, **call) == {"rows": 3} and runs == [1]
+
+
 @pytest.mark.parametrize("on_in_flight", ["wait", "raise"])
 def test_a_call_of_the_same_key_inside_its_own_run_is_refused_before_it_claims(
     journal: str, on_in_flight: str
