@@ -9,6 +9,7 @@ older than ``max_processing_time`` is taken over.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, NoReturn, TypeVar
@@ -62,7 +63,9 @@ class _ProtectCaller:
         return self.body()
 
 
-def _check(key: object, fn: object, on_in_flight: str, serializer: object) -> None:
+def _check(
+    key: object, fn: object, on_in_flight: str, serializer: object, kwargs: dict[str, Any]
+) -> None:
     from kombu.serialization import registry  # type: ignore[attr-defined]  # (not in the stubs)
 
     off_the_loop("protect()", "`await sync_to_async(protect)(key, fn, ...)`")
@@ -84,6 +87,8 @@ def _check(key: object, fn: object, on_in_flight: str, serializer: object) -> No
             f"{', '.join(n for n in sorted(registry.name_to_type) if _encodes(n))}), got "
             f"{serializer!r}"
         )
+    if kwargs:
+        _misspelt(fn, kwargs)
 
 
 def _encodes(serializer: object) -> bool:
@@ -98,6 +103,24 @@ def _encodes(serializer: object) -> bool:
     except Exception:
         return False
     return True
+
+
+def _misspelt(fn: object, kwargs: dict[str, Any]) -> None:
+    """Refuse a keyword for ``fn`` that reads like one of protect()'s options and that
+    ``fn`` does not name: passed on to ``fn`` (its ``**kwargs``), the option was lost."""
+    from celery_grousset.options import reads_like
+
+    own = [p.name for p in inspect.signature(protect).parameters.values()
+           if p.kind is inspect.Parameter.KEYWORD_ONLY]  # fmt: skip
+    sig = signature_of(fn)
+    named = set(sig.parameters) if sig is not None else set()
+    for name in kwargs:
+        if name not in named and (meant := reads_like(name, own)):
+            raise InvalidArgument(
+                f"protect(…, {name}=…) reads like protect()'s option {meant!r}, but it would "
+                f"be passed to {getattr(fn, '__qualname__', fn)!r} as an argument (which "
+                f"does not name it): write {meant}=…"
+            )
 
 
 def protect(
@@ -129,7 +152,7 @@ def protect(
     It blocks: from async code, ``await sync_to_async(protect)(key, fn, ...)`` (asgiref);
     in an event loop's thread it raises Django's ``SynchronousOnlyOperation``.
     """
-    _check(key, fn, on_in_flight, serializer)
+    _check(key, fn, on_in_flight, serializer, kwargs)
     opts = Options.resolve(
         "protect()",
         {

@@ -342,6 +342,33 @@ def test_protect_refuses_a_serializer_or_function_it_cannot_use_before_it_claims
     assert not Outcome.objects.using(journal).filter(args_repr__contains=key).exists()
 
 
+def test_a_misspelt_option_is_refused_not_passed_to_the_function(journal: str) -> None:
+    """``memoise=False`` went to ``fn``'s ``**extra`` as an argument: the memo was stored
+    and the option silently lost."""
+    key, sent = f"typo-{uuid.uuid4().hex[:8]}", []
+
+    def send(to: str, **extra: Any) -> str:
+        sent.append(extra)
+        return to
+
+    call = {"max_processing_time": 30, "database": journal}
+    # When an option is misspelt / Then it is refused before the claim, naming the option
+    with pytest.raises(InvalidArgument, match=r"memoise=….*option 'memoize'.*write memoize="):
+        protect(key, send, "a@b.c", memoise=False, **call)
+    with pytest.raises(InvalidArgument, match=r"option 'on_failure'"):
+        protect(key, send, "a@b.c", on_falure="memoize", **call)
+    assert sent == [] and not Outcome.objects.using(journal).filter(
+        args_repr__contains=key).exists()  # fmt: skip
+    # And a keyword the function names, or one that only contains an option's word, is
+    # the function's argument
+    def named(to: str, memoise: bool) -> str:
+        return f"{to} {memoise}"
+
+    assert protect(key, named, "a@b.c", memoise=True, **call) == "a@b.c True"
+    assert protect(f"{key}-2", send, "x", processor="p1", **call) == "x"
+    assert sent == [{"processor": "p1"}]
+
+
 def test_protect_takes_the_serializers_that_encode_here_and_refuses_the_others(
     journal: str,
 ) -> None:
