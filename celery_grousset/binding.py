@@ -208,9 +208,11 @@ def synchronous(fn: object, where: str) -> None:
     """Refuse an ``async def`` body before it claims (a task: as its options resolve,
     check ``E019``; ``protect()``: its function): it would never be awaited, its effect
     never happen, and the journal record the call as completed."""
-    if callable(fn) and inspect.iscoroutinefunction(fn):  # (a sync wrapper of one is not)
+    if not callable(fn):
+        return
+    if inspect.iscoroutinefunction(fn):  # (a sync wrapper of one is not)
         raise NotAwaited(f"celery-grousset: {where} is an async def function. {_SYNC_FIX}")
-    if callable(fn) and (inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)):
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
         raise NotAwaited(f"celery-grousset: {where} is a generator function. {_GEN_FIX}")
 
 

@@ -9,6 +9,7 @@ older than ``max_processing_time`` is taken over.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from datetime import timedelta
@@ -66,8 +67,6 @@ class _ProtectCaller:
 def _check(
     key: object, fn: object, on_in_flight: str, serializer: object, kwargs: dict[str, Any]
 ) -> None:
-    from kombu.serialization import registry  # type: ignore[attr-defined]  # (not in the stubs)
-
     off_the_loop("protect()", "`await sync_to_async(protect)(key, fn, ...)`")
     if not callable(fn):
         raise InvalidArgument(f"protect(key, fn, ...) needs a callable fn, got {fn!r:.80}")
@@ -82,6 +81,8 @@ def _check(
             f"protect(on_in_flight=…) must be 'wait' or 'raise', got {on_in_flight!r}"
         )
     if not _encodes(serializer):
+        from kombu.serialization import registry  # type: ignore[attr-defined]  # (no stubs)
+
         raise InvalidArgument(  # its memo could not be stored, or never read back
             f"protect(serializer=…) must name a serializer kombu can encode with here ("
             f"{', '.join(n for n in sorted(registry.name_to_type) if _encodes(n))}), got "
@@ -91,6 +92,10 @@ def _check(
         _misspelt(fn, kwargs)
 
 
+#: serializers seen to encode in this process (tried once each, not on every call)
+_ENCODING: set[str] = set()
+
+
 def _encodes(serializer: object) -> bool:
     """Whether kombu encodes with ``serializer`` in this process (it lists msgpack and
     yaml whether or not their libraries are installed)."""
@@ -98,11 +103,20 @@ def _encodes(serializer: object) -> bool:
 
     if not isinstance(serializer, str):
         return False
-    try:
-        dumps(None, serializer=serializer)
-    except Exception:
-        return False
+    if serializer not in _ENCODING:
+        try:
+            dumps(None, serializer=serializer)
+        except Exception:
+            return False
+        _ENCODING.add(serializer)
     return True
+
+
+@functools.cache
+def _options() -> tuple[str, ...]:
+    """protect()'s own keyword options, from its signature (read once)."""
+    return tuple(p.name for p in inspect.signature(protect).parameters.values()
+                     if p.kind is inspect.Parameter.KEYWORD_ONLY)  # fmt: skip
 
 
 def _misspelt(fn: object, kwargs: dict[str, Any]) -> None:
@@ -110,12 +124,10 @@ def _misspelt(fn: object, kwargs: dict[str, Any]) -> None:
     ``fn`` does not name: passed on to ``fn`` (its ``**kwargs``), the option was lost."""
     from celery_grousset.options import reads_like
 
-    own = [p.name for p in inspect.signature(protect).parameters.values()
-           if p.kind is inspect.Parameter.KEYWORD_ONLY]  # fmt: skip
     sig = signature_of(fn)
     named = set(sig.parameters) if sig is not None else set()
     for name in kwargs:
-        if name not in named and (meant := reads_like(name, own)):
+        if name not in named and (meant := reads_like(name, _options())):
             raise InvalidArgument(
                 f"protect(…, {name}=…) reads like protect()'s option {meant!r}, but it would "
                 f"be passed to {getattr(fn, '__qualname__', fn)!r} as an argument (which "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from django.db import OperationalError, connections, transaction
@@ -165,15 +165,40 @@ def _isolation(level: str) -> object:
     return getattr(psycopg2.extensions, f"ISOLATION_LEVEL_{level}")
 
 
+def meeting_a_duplicate(alias: str, key: str) -> tuple[Callable[[], str], list[int]]:
+    """A transactional body that books ``key`` (after reading it: a snapshot opens at a
+    transaction's first plain read) and, on its first attempt, meets another delivery of
+    the call claiming while it runs; the list of its attempts."""
+    import threading
+
+    from celery_grousset.exceptions import ClaimInFlight
+    from tests.ledger.models import Effect
+
+    def duplicate() -> None:
+        with pytest.raises(ClaimInFlight):
+            protect(key, lambda: "never", on_in_flight="raise")
+
+    attempts: list[int] = []
+
+    def body() -> str:
+        attempts.append(1)
+        booked = Effect.objects.using(alias).filter(key=key).count()
+        Effect.objects.using(alias).create(key=key, value=f"booked-{booked}", pid=0)
+        if len(attempts) == 1:
+            thread = threading.Thread(target=duplicate)
+            thread.start()
+            thread.join(30)
+        return "booked"
+
+    return body, attempts
+
+
 @pytest.mark.parametrize("level", ["SERIALIZABLE", "REPEATABLE_READ"])
 def test_a_transaction_the_database_rolls_back_is_run_again_never_memoized(level: str) -> None:
     """A duplicate's claim counts its delivery on the row the attempt holds; under
     REPEATABLE READ or SERIALIZABLE the attempt's completion then fails with a
     serialization failure, which rolled the effect back: it was memoized as the task's
     failure (on_failure="memoize"), and the effect never ran."""
-    import threading
-
-    from celery_grousset.exceptions import ClaimInFlight
     from tests.ledger.models import Effect
 
     services.require_database("postgresql")
@@ -184,22 +209,7 @@ def test_a_transaction_the_database_rolls_back_is_run_again_never_memoized(level
         GROUSSET={"DATABASE": alias, "MAX_PROCESSING_TIME": 30}
     ):
         reset_stores()
-
-        def duplicate() -> None:  # another delivery of the call, while the attempt runs
-            with pytest.raises(ClaimInFlight):
-                protect(key, lambda: "never", on_in_flight="raise")
-
-        attempts: list[int] = []
-
-        def body() -> str:
-            attempts.append(1)
-            Effect.objects.using(alias).create(key=key, value="booked", pid=0)
-            if len(attempts) == 1:  # a duplicate arrives while the first attempt runs
-                thread = threading.Thread(target=duplicate)
-                thread.start()
-                thread.join(30)
-            return "booked"
-
+        body, _ = meeting_a_duplicate(alias, key)
         # When the first attempt's transaction meets the duplicate's claim
         with pytest.raises(TransactionLost, match="rolled the transaction back"):
             protect(key, body, transactional=True, on_failure="memoize")
@@ -220,9 +230,6 @@ def test_a_mariadb_snapshot_conflict_is_run_again_never_memoized() -> None:
     after the attempt's snapshot was taken, so the completion's locking read of that row
     fails with the server's own "record has changed since last read" (1020), which
     rolled the effect back. Run again, never memoized as the task's failure."""
-    import threading
-
-    from celery_grousset.exceptions import ClaimInFlight
     from tests.ledger.models import Effect
 
     services.require_database("mysql")
@@ -238,24 +245,7 @@ def test_a_mariadb_snapshot_conflict_is_run_again_never_memoized() -> None:
         GROUSSET={"DATABASE": alias, "MAX_PROCESSING_TIME": 30}
     ):
         reset_stores()
-
-        def duplicate() -> None:  # another delivery of the call, while the attempt runs
-            with pytest.raises(ClaimInFlight):
-                protect(key, lambda: "never", on_in_flight="raise")
-
-        attempts: list[int] = []
-
-        def body() -> str:
-            attempts.append(1)
-            # a read first (the snapshot opens at the transaction's first plain read)
-            booked = Effect.objects.using(alias).filter(key=key).count()
-            Effect.objects.using(alias).create(key=key, value=f"booked-{booked}", pid=0)
-            if len(attempts) == 1:  # a duplicate arrives while the first attempt runs
-                thread = threading.Thread(target=duplicate)
-                thread.start()
-                thread.join(30)
-            return "booked"
-
+        body, attempts = meeting_a_duplicate(alias, key)
         # When the first attempt's completion meets the row the duplicate changed
         with pytest.raises(TransactionLost, match="rolled the transaction back"):
             protect(key, body, transactional=True, on_failure="memoize")

@@ -362,6 +362,28 @@ def test_the_switch_gives_guarded_tasks_the_main_process_strategy(
     _state._apps.discard(app)  # type: ignore[attr-defined]  # not seen by other tests' checks
 
 
+#: one pool child and a prefetch of four: requests claimed by the main process wait for it
+BEHIND_ONE_CHILD = ["--grousset-batch", "-c", "1", "--prefetch-multiplier", "4"]
+
+
+def three_held_behind_a_busy_child(alias: str, queue: str, keys: list[str],
+                                   sleep: float) -> list[Any]:  # fmt: skip
+    """One child busy with a ``sleep`` s body (``keys[0]``) and three more requests
+    (``keys[1:]``) prefetched behind it, each claimed by the main process: their results."""
+    from tests.tasks import effect
+
+    first = effect.apply_async((keys[0],), {"sleep": sleep}, queue=queue)
+    wait_for(lambda: Effect.objects.using(alias).filter(key=keys[0]).exists(), 30, "a body")
+    rest = [effect.apply_async((k,), queue=queue) for k in keys[1:]]
+
+    def held() -> bool:
+        rows = [record_of(alias, effect, (k,)) for k in keys[1:] if exists(alias, k)]
+        return len(rows) == 3 and all(r.status == "in_flight" for r in rows)
+
+    wait_for(held, 30, "the prefetched requests' claims")
+    return [first, *rest]
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_warm_shutdown_releases_the_claims_of_requests_no_child_started(
     redis_url: str, backend: str
@@ -371,20 +393,12 @@ def test_warm_shutdown_releases_the_claims_of_requests_no_child_started(
     alias = BACKENDS[backend]
     services.require_database(alias)
     queue = f"q-{uuid.uuid4().hex[:10]}"
-    extra = ["--grousset-batch", "-c", "1", "--prefetch-multiplier", "4"]
     keys = [f"stop-{uuid.uuid4().hex[:8]}-{i}" for i in range(4)]
     # Given one child busy with a 3 s body and three more requests prefetched behind it,
     # each claimed by the main process and handed to the pool
-    with workers(queue, 1, database=alias, broker=redis_url, extra=extra) as [worker]:
-        results = [effect.apply_async((keys[0],), {"sleep": 3.0}, queue=queue)]
-        wait_for(lambda: Effect.objects.using(alias).filter(key=keys[0]).exists(), 30, "a body")
-        results += [effect.apply_async((k,), queue=queue) for k in keys[1:]]
-
-        def held() -> bool:
-            rows = [record_of(alias, effect, (k,)) for k in keys[1:] if exists(alias, k)]
-            return len(rows) == 3 and all(r.status == "in_flight" for r in rows)
-
-        wait_for(held, 30, "the prefetched requests' claims")
+    with workers(queue, 1, database=alias, broker=redis_url,
+                 extra=BEHIND_ONE_CHILD) as [worker]:  # fmt: skip
+        results = three_held_behind_a_busy_child(alias, queue, keys, 3.0)
         assert not any(Effect.objects.using(alias).filter(key__in=keys[1:]))
         # When the worker shuts down warm (it finishes the running body first)
         worker.stop(timeout=60)
@@ -417,20 +431,12 @@ def test_cold_shutdown_releases_the_claims_of_requests_never_passed_to_the_pool(
     alias = BACKENDS[backend]
     services.require_database(alias)
     queue = f"q-{uuid.uuid4().hex[:10]}"
-    extra = ["--grousset-batch", "-c", "1", "--prefetch-multiplier", "4"]
     keys = [f"cold-{uuid.uuid4().hex[:8]}-{i}" for i in range(4)]
     # Given one child busy with a long body and three more requests prefetched behind it,
     # each claimed by the main process, waiting for the child
-    with workers(queue, 1, database=alias, broker=redis_url, extra=extra) as [worker]:
-        effect.apply_async((keys[0],), {"sleep": 20.0}, queue=queue)
-        wait_for(lambda: Effect.objects.using(alias).filter(key=keys[0]).exists(), 30, "a body")
-        results = [effect.apply_async((k,), queue=queue) for k in keys[1:]]
-
-        def held() -> bool:
-            rows = [record_of(alias, effect, (k,)) for k in keys[1:] if exists(alias, k)]
-            return len(rows) == 3 and all(r.status == "in_flight" for r in rows)
-
-        wait_for(held, 30, "the prefetched requests' claims")
+    with workers(queue, 1, database=alias, broker=redis_url,
+                 extra=BEHIND_ONE_CHILD) as [worker]:  # fmt: skip
+        results = three_held_behind_a_busy_child(alias, queue, keys, 20.0)[1:]
         # When the worker shuts down cold (the running body is killed)
         worker.proc.send_signal(signal.SIGQUIT)
         worker.proc.wait(60)
