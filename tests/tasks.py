@@ -52,6 +52,7 @@ def graceful(self: Any, key: str, sleep: float = 20.0) -> dict[str, Any]:
     try:
         time.sleep(sleep)
     except SoftTimeLimitExceeded:
+        record(f"{key}:signalled")  # (not the effect: the test waits for the signal)
         time.sleep(2.0)  # the clean-up, still holding the claim
         return {"key": key, "partial": True, "fence": self.grousset.fence}
     return {"key": key, "partial": False, "fence": self.grousset.fence}

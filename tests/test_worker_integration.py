@@ -727,9 +727,17 @@ def test_revoke_terminate_with_a_signal_that_does_not_end_the_process_keeps_the_
     # Given a running task that ends gracefully on SIGUSR1 (a soft time limit)
     first = graceful.apply_async((key,), queue=queue)
     holder_pid(pg, graceful, (key,))
-    # When it is revoked with terminate=True and SIGUSR1, and a duplicate arrives
-    app.control.revoke(first.id, terminate=True, signal="SIGUSR1")
-    time.sleep(0.5)  # (the revoke reaches the worker before the duplicate)
+    # When it is revoked with terminate=True and SIGUSR1 (sent again should a broadcast
+    # be lost: a full-suite run once saw the body sleep its 20 s unsignalled), and a
+    # duplicate arrives once the signal has reached the body
+    for _ in range(2):
+        app.control.revoke(first.id, terminate=True, signal="SIGUSR1")
+        deadline = time.monotonic() + 6
+        while not effects(pg, f"{key}:signalled") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if effects(pg, f"{key}:signalled"):
+            break
+    assert effects(pg, f"{key}:signalled") == 1, "the revoke's signal never reached the body"
     dup = graceful.apply_async((key,), queue=queue)
     # Then the attempt went on under its claim and completed (Celery marks the revoked
     # task's own result REVOKED); the duplicate got its memo, not a second run
