@@ -40,6 +40,7 @@ from celery_grousset.models import OutboxMessage, OutboxStatus
 from celery_grousset.outbox_failures import broker_down, check_seconds, permanent
 from celery_grousset.publish_check import deliberate, open_transactions
 from celery_grousset.published import arguments, check_enqueued, stored, stored_options
+from celery_grousset.store import refusals
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -116,7 +117,13 @@ def enqueue(
         created_at=clock(alias),
         available_at=clock(alias),
     )
-    row.save(using=alias, force_insert=True)
+    try:
+        row.save(using=alias, force_insert=True)
+    except DatabaseError as exc:
+        if not refusals.table_missing(exc):
+            raise
+        fix = refusals.missing_table_fix(alias)  # (the same type: callers catch DatabaseError)
+        raise type(exc)(f"the outbox's table is missing in database {alias!r}: {fix}") from exc
     if not isinstance(row.created_at, datetime):
         row.created_at = row.available_at = None
     return row

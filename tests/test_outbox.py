@@ -29,7 +29,7 @@ import pytest
 from celery import Celery
 from django.conf import settings
 from django.core.management import CommandError, call_command
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.models import Count, Max
 from django.test import Client
 
@@ -220,6 +220,40 @@ def test_enqueue_refuses_a_call_its_tasks_serializer_cannot_encode(alias: str) -
             transaction.atomic(using=alias):  # fmt: skip
         outbox.enqueue(yaml_task, (Decimal("1.50"),), using=alias)
     assert not OutboxMessage.objects.using(alias).filter(task_name="tests.outbox_yaml").exists()
+
+
+def test_enqueue_on_a_database_without_the_outbox_table_names_migrate(
+    alias: str, tmp_path: Path
+) -> None:
+    """The driver's bare 'relation "celery_grousset_outboxmessage" does not exist' (or
+    1146, or 'no such table') named neither the package nor the fix."""
+    engine = connections.settings[alias]["ENGINE"]
+    name = f"grousset_nomig_{uuid.uuid4().hex[:8]}"
+    scratch = {**connections.settings[alias], "NAME": str(tmp_path / "nomig.sqlite3")
+               if "sqlite" in engine else name}  # fmt: skip
+    recreate = (services._recreate_postgresql if "postgresql" in engine else
+                services._recreate_mysql if "mysql" in engine else services._recreate_sqlite)
+    recreate(scratch)
+    try:
+        # Given a database where `migrate` has not run
+        with services.extra_database("nomig", **scratch):
+            # When a message is enqueued in a transaction there
+            with pytest.raises(DatabaseError) as raised, transaction.atomic(using="nomig"):
+                outbox.enqueue("tests.effect", ("k",), using="nomig")
+            # (and a claim there, by the journal's store, says the same: one rule)
+            from celery_grousset.exceptions import StoreUnavailable
+            from celery_grousset.store import get_store
+            from tests.test_pg_driver import make
+
+            with pytest.raises(StoreUnavailable, match=r"missing.*'nomig'.*migrate celery_"):
+                get_store("nomig").claim(make("nomig"))
+    finally:
+        if "sqlite" not in engine:
+            _drop(alias, name)
+    # Then the error is still a database error, and names the table and the fix
+    message = str(raised.value)
+    assert "the outbox's table is missing in database 'nomig'" in message, message
+    assert "run `manage.py migrate celery_grousset --database nomig`" in message, message
 
 
 def test_a_broker_outage_costs_no_attempt_and_never_makes_a_row_dead(

@@ -163,7 +163,7 @@ class MySQLStore(LockingStore):
                         f"the journal database {self.alias!r} did not answer within "
                         f"{self.timeout:g} s (STORE_TIMEOUT): {exc}"
                     ) from exc
-                if code == 1146:
+                if refusals.table_missing(exc):
                     raise missing_table(self.alias, exc) from exc
                 if code == 1054:  # unknown column
                     raise schema_behind(self.alias, exc) from exc

@@ -106,6 +106,17 @@ def not_taken(exc: BaseException) -> bool:
     return _any(exc, _NOT_TAKEN)
 
 
+#: a table that is not there: PostgreSQL undefined_table, MySQL/MariaDB 1146 (SQLite says
+#: so in its text only)
+_MISSING = {"42P01", 1146}
+
+
+def table_missing(exc: BaseException) -> bool:
+    """``exc`` says a statement named a table the database does not have (the fix is
+    :func:`missing_table_fix`)."""
+    return _any(exc, _MISSING) or "no such table" in str(exc)
+
+
 def missing_table_fix(alias: str | None = None) -> str:
     """What creates the journal's tables (on ``alias``: migrate's default is "default")."""
     from django.apps import apps

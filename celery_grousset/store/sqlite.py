@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from celery_grousset.claim import ClaimRequest
 from celery_grousset.exceptions import StoreUnavailable
+from celery_grousset.store import refusals
 from celery_grousset.store.base import (
     ClaimResult,
     check_claimable,
@@ -105,7 +106,7 @@ class SQLiteStore(LockingStore):
                     f"the SQLite journal stayed locked for {self.timeout:g} s "
                     "(STORE_TIMEOUT): another process holds its write lock"
                 ) from exc
-            if "no such table" in text:
+            if refusals.table_missing(exc):
                 raise missing_table(self.alias, exc) from exc
             if "no such column" in text or "has no column named" in text:
                 raise schema_behind(self.alias, exc) from exc
