@@ -118,8 +118,15 @@ def _write_temporal(value: datetime | time, out: bytearray, naive: int, aware: i
         out += _TAG_I64(aware, micros)
 
 
+def kombu_marker(value: Mapping[object, object]) -> bool:
+    """``value`` has the shape of kombu's JSON marker (``{"__type__": "bytes", "__value__":
+    …}``): kombu's decoder turns it into another value, or fails on a type it does not
+    know."""
+    return len(value) == 2 and "__type__" in value and "__value__" in value
+
+
 def _write_dict(value: Mapping[object, object], out: bytearray, depth: int) -> None:
-    if len(value) == 2 and "__type__" in value and "__value__" in value:
+    if kombu_marker(value):
         raise _Fail(
             'a dict with exactly the keys "__type__" and "__value__" is ambiguous with kombu\'s '
             f"JSON encoding of datetime, Decimal, UUID, bytes; pass the real object, {_FIX}"
@@ -333,6 +340,13 @@ def fingerprint_bound(
             material = key(**bound)
         except Exception as exc:
             raise FingerprintError(f"grousset_key() raised {type(exc).__name__}: {exc}") from exc
+        if material is None or (isinstance(material, (str, bytes, tuple, list, dict))
+                                and not material):  # fmt: skip
+            raise FingerprintError(
+                f"grousset_key() returned {material!r}: every call would share one key, "
+                "so distinct calls would be answered from the first one's memo; return what "
+                "identifies the call (did the function miss its `return`?)"
+            )
         out += b"C"
         _encode_root(material, out, "grousset_key()")
     else:

@@ -123,10 +123,31 @@ def encode(
     if len(raw) > max_bytes:
         return _not_stored(f"{len(raw)} bytes encoded is over max_result_bytes={max_bytes}; "
                            "raise the task's max_result_bytes or return less")  # fmt: skip
+    if b'"__type__"' in raw and content_type == "application/json" and _marked(value, 0):
+        return _not_stored(_MARKED)
     encoding = f"{content_type};{content_encoding}"
     if len(encoding) > ENCODING_MAX:
         return _not_stored(f"its content type is too long to record ({encoding[:80]!r})")
     return raw, encoding, ""
+
+
+_MARKED = ('a dict with exactly the keys "__type__" and "__value__" reads back as kombu\'s '
+           "encoding of another value; return another shape")
+
+
+def _marked(value: Any, depth: int) -> bool:
+    """``value`` holds a dict shaped like kombu's marker (:func:`fingerprint.kombu_marker`)."""
+    from celery_grousset.fingerprint import kombu_marker
+
+    if isinstance(value, dict):
+        items: Any = value.values()
+        if kombu_marker(value):
+            return True
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        return False
+    return depth < 100 and any(_marked(item, depth + 1) for item in items)
 
 
 def encode_exception(exc: BaseException) -> tuple[bytes, str, str]:

@@ -8,8 +8,10 @@ there, as given or in another case.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from urllib.parse import quote, quote_plus
 
 from celery_grousset.redact import (
     DEFAULT_REDACT_KEYS,
@@ -61,7 +63,7 @@ def secret_values(
     def walk(value: object, depth: int, secret: bool) -> None:
         if secret and isinstance(value, (str, bytes, int)) and not isinstance(value, bool):
             text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-            found.update({text, repr(text)[1:-1]} if len(text) >= 4 else ())  # as quoted too
+            found.update(_as_quoted(text) if len(text) >= 4 else ())
         elif isinstance(value, Mapping) and depth < 8:
             for key, item in value.items():
                 named_secret = secret or sensitive(key)
@@ -81,6 +83,20 @@ def secret_values(
     for name, value in named:
         walk(value, 0, sensitive(name))
     return sorted(found, key=len, reverse=True)
+
+
+def _as_quoted(text: str) -> set[str]:
+    """``text`` and the forms an error message quotes it in: ``repr``, a JSON string, a
+    URL's query or path (``%2B``, ``+`` for a space)."""
+    return {
+        text,
+        repr(text)[1:-1],
+        json.dumps(text)[1:-1],
+        json.dumps(text, ensure_ascii=False)[1:-1],
+        quote(text),
+        quote(text, safe=""),
+        quote_plus(text),
+    }
 
 
 #: types a walk needs to look into only under a sensitive name

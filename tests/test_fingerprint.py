@@ -320,6 +320,27 @@ def test_callable_key_errors_are_fingerprint_errors_with_the_key_path() -> None:
     assert 'grousset_key()["ids"]' in str(raised.value)
 
 
+def test_a_key_function_returning_nothing_is_refused_not_one_key_for_every_call() -> None:
+    """``def key(order_id, **_): f"order:{order_id}"`` (no ``return``) gave every call one
+    fingerprint: order 2's payment was answered with order 1's memo, its body never run."""
+
+    def forgot_return(**bound: object) -> None:
+        key = f"order:{bound['order_id']}"  # (and no `return key`)
+        assert key
+
+    # Given key functions that return nothing, or an empty value
+    for key in (forgot_return, lambda **b: "", lambda **b: [], lambda **b: {}, lambda **b: ()):
+        # When a call is fingerprinted / Then it is refused, naming the likely mistake
+        refused = r"grousset_key\(\) returned .*share one key.*`return`"
+        with pytest.raises(FingerprintError, match=refused):
+            fingerprint("t", (1, 2), signature=CHARGE, key=key)
+    # A falsy key that identifies something (order 0, False) is still a key
+    assert fingerprint("t", (0, 2), signature=CHARGE, key=lambda **b: b["order_id"]) != (
+        fingerprint("t", (1, 2), signature=CHARGE, key=lambda **b: b["order_id"])
+    )
+    assert fingerprint("t", (0, 2), signature=CHARGE, key=lambda **b: False)
+
+
 def test_key_names_are_validated_up_front_and_on_use() -> None:
     # Given a key naming an argument the task does not have
     # When it is validated up front, or used

@@ -504,3 +504,31 @@ def test_a_given_up_record_names_the_command_that_releases_it() -> None:
     # And the exception's text does not name its own type again ("GaveUp: GaveUp: …" in
     # a traceback); the record's error keeps it, as every memoized failure's does
     assert str(gave_up.value).startswith("the claim was taken over 3 times"), gave_up.value
+
+
+@pytest.mark.parametrize(
+    "value",
+    [{"__type__": "custom", "__value__": 1}, [{"x": {"__type__": "bytes", "__value__": "eA=="}}]],
+)
+def test_a_result_shaped_like_kombus_marker_is_not_stored_as_another_value(
+    journal: str, temp_task: Any, value: Any
+) -> None:
+    """Such a memo was stored, then every duplicate raised kombu's DecodeError ('Unsupported
+    type') or got bytes back for a dict: arguments of that shape were refused already."""
+    runs: list[int] = []
+
+    def body(self: Any) -> Any:
+        runs.append(1)
+        return value
+
+    task = temp_task(body, max_processing_time=30)
+    # Given a body that returns a dict with exactly the keys of kombu's JSON marker
+    assert task.apply().get() == value
+    # Then the outcome is recorded without the memo, saying why
+    rec = Outcome.objects.using(journal).get(task_name=task.name)
+    assert (rec.status, rec.result_encoding, rec.result) == ("completed", ENC_NOT_STORED, None)
+    assert '"__type__" and "__value__"' in rec.error
+    # And a duplicate is told so, not handed another value; the body ran once
+    with pytest.raises(ResultNotStored, match="__type__"):
+        task.apply().get()
+    assert runs == [1]

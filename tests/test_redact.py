@@ -794,3 +794,29 @@ def test_a_sensitive_value_is_masked_wherever_another_argument_quotes_it() -> No
     assert "hunter22" not in shown({"password": {"hunter22"}, "note": "saw hunter22"})
     # text that lower() changes in length (İ) is masked at the right place
     assert without_values("\u0130\u0130 hunter22!", ["hunter22"]) == "\u0130\u0130 ***!"
+
+
+def test_a_secret_quoted_url_encoded_or_as_a_json_string_is_masked_too() -> None:
+    """A failure's text quoting a secret argument in a URL (requests' 'for url: …?ref=…')
+    or a JSON body was stored and shown: only the value as given and its repr were
+    masked."""
+    import json
+    from urllib.parse import quote, quote_plus
+
+    from celery_grousset import memo
+    from celery_grousset.quoted import secret_values
+
+    token, password = "Zm9vYmFy+c2VjcmV0/eHh4eA==", 'P\u00e4sswort"#1 x'
+    # Given a call's secret arguments (as the guard finds them for its attempt)
+    found = secret_values({"api_token": token, "password": password}.items())
+    scope = memo.SECRETS.set(lambda: found)
+    try:
+        # When an error quotes them in each form a message writes them in
+        for value in (token, password):
+            as_json = (json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1])
+            for form in (quote_plus(value), quote(value), quote(value, safe=""), *as_json):
+                text = memo.redacted_text(f"400 Client Error for url: /export?ref={form}&x=1")
+                # Then the stored text masks it
+                assert form not in text and "/export?ref=***&x=1" in text, (form, text)
+    finally:
+        memo.SECRETS.reset(scope)
