@@ -340,7 +340,10 @@ class OutcomeAdmin(ReadOnlyAdmin):
         planner: Callable[[Outcome, datetime], tuple[bool, str]],
         apply: Callable[[Outcome], str | None], warning: Any, summary: str,
     ) -> _Response:  # fmt: skip
-        """List the rows on a confirmation page; once confirmed, apply and log each."""
+        """List the rows on a confirmation page; once confirmed, apply and log each of the
+        rows it listed as to change, as it showed them: the page posts back the primary keys
+        it listed (not "select all", which a new row would join) and the state of each row
+        to change (one claimed, taken over or settled since is left as it is)."""
         rows = list(queryset.order_by("-started_at", "-pk")[: MAX_ACTION_ROWS + 1])
         if len(rows) > MAX_ACTION_ROWS:
             text = f"Select at most {MAX_ACTION_ROWS} rows for this action."
@@ -354,20 +357,28 @@ class OutcomeAdmin(ReadOnlyAdmin):
                 "title": getattr(getattr(self, name), "short_description", name), "action": name,
                 "plan": plan, "warning": warning, "eligible": sum(1 for p in plan if p[1]),
                 "opts": self.model._meta, "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-                "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
-                "select_across": request.POST.get("select_across", "0"), "media": self.media,
+                "selected": [obj.pk for obj, _, _ in plan],
+                "seen": [_seen(obj) for obj, eligible, _ in plan if eligible], "media": self.media,
             }  # fmt: skip
             template = "celery_grousset/admin/confirm_action.html"
             return TemplateResponse(request, template, context)
-        done = 0
+        done, seen = 0, set(request.POST.getlist("grousset_seen"))
+        on = f" (journal database {queryset.db!r})" if len(journal_databases_shown()) > 1 else ""
         for obj, eligible, _note in plan:
-            message = apply(obj) if eligible else None
-            if message is not None:
-                self.log_change(request, obj, message)
+            message = apply(obj) if eligible and _seen(obj) in seen else None
+            if message is not None:  # (on: a row's pk is another row's on another database)
+                self.log_change(request, obj, message + on)
                 done += 1
         text = summary.format(done) + f"; {len(plan) - done} left as they were."
+        if moved := sum(1 for obj, eligible, _ in plan if eligible and _seen(obj) not in seen):
+            text += f" {moved} had changed since the confirmation page (or were not on it)."
         self.message_user(request, text, messages.SUCCESS if done else messages.WARNING)
         return None
+
+
+def _seen(obj: Outcome) -> str:
+    """A row's state as a confirmation page showed it (a claim or a settling changes it)."""
+    return f"{obj.pk}:{obj.fence}:{obj.status}:{obj.expires_on.isoformat()}"
 
 
 def _ts(value: datetime) -> str:

@@ -202,7 +202,7 @@ def _task_conflicts(app: Any, task: Any, opts: Any) -> list[checks.CheckMessage]
                 f"Task {task.name!r} acknowledges its message before it runs (acks_late off): "
                 "a worker that dies mid-task loses the message, and the claim is taken over "
                 "only if another delivery arrives.",
-                hint="Set acks_late=True on the task or CELERY_TASK_ACKS_LATE = True.",
+                hint=_acks_late_hint(app),
                 obj=task.name,
                 id="celery_grousset.W002",
             )
@@ -370,3 +370,18 @@ def check_periodic_tasks(
         return periodic_task_messages(lambda: _resolved_tasks([]), databases)
     finally:
         _running.active = False
+
+
+def _acks_late_hint(app: Any) -> str:
+    """W002's fix; when the settings say acks_late but the app did not read them, that
+    (a ``config_from_object`` namespace other than ``CELERY``: every ``CELERY_…`` setting
+    is ignored)."""
+    from django.conf import settings
+
+    if getattr(settings, "CELERY_TASK_ACKS_LATE", None) is True and not app.conf.task_acks_late:
+        return (
+            "settings.CELERY_TASK_ACKS_LATE is True, but this Celery app does not read it (its "
+            f"config_from_object namespace is {getattr(app, 'namespace', None)!r}): call "
+            "app.config_from_object('django.conf:settings', namespace='CELERY')"
+        )
+    return "Set acks_late=True on the task or CELERY_TASK_ACKS_LATE = True."

@@ -60,11 +60,19 @@ def fingerprint_prefix(prefix: str) -> Q:
     return match & Q(fingerprint__lt=head[:-1] + _NEXT_HEX[head[-1]]) if head else match
 
 
+def fingerprint_like(needle: str) -> bool:
+    """``needle`` (stripped, lower case) is a fingerprint or a prefix :func:`lookup` takes."""
+    return bool(_HEX.match(needle)) and len(needle) >= MIN_PREFIX
+
+
 def lookup(needle: str, min_prefix: int = MIN_PREFIX) -> Q:
     """A task id (exact), a fingerprint, or a fingerprint prefix of ``min_prefix`` or more
-    hex characters."""
-    query = Q(task_id=needle)
+    hex characters. An empty needle matches nothing (``protect()``'s entries have an
+    empty task id)."""
     fp = needle.strip().lower()
+    if not fp:
+        return Q(pk__in=[])
+    query = Q(task_id=needle)
     if _HEX.match(fp) and len(fp) >= min_prefix:
         query |= Q(fingerprint=fp) if len(fp) == 64 else fingerprint_prefix(fp)
     return query
@@ -245,6 +253,8 @@ def deliveries_of(alias: str, task_id: str, limit: int = 50) -> list[Any]:
     """The recorded deliveries (``Delivery``) with this task id, newest first."""
     from celery_grousset.models import Delivery
 
+    if not task_id.strip():
+        return []
     qs = Delivery.objects.using(alias).filter(task_id=task_id.strip())
     return list(qs.order_by("-at", "-id")[:limit])
 

@@ -445,6 +445,20 @@ def _log_messages(user: User, row: Outcome) -> list[str]:
     return [entry.change_message for entry in entries]
 
 
+def confirmation(client: Client, url: str, form: dict[str, Any]) -> dict[str, list[str]]:
+    """What an action's confirmation page posts back when confirmed (its hidden inputs)."""
+    import html as markup
+    import re
+
+    page = client.post(url, form).content.decode()
+    fields: dict[str, list[str]] = {}
+    for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', page):
+        if name != "csrfmiddlewaretoken":
+            fields.setdefault(name, []).append(markup.unescape(value))
+    assert fields.get("post") == ["yes"], page[:2000]
+    return fields
+
+
 def test_release_action_confirms_then_frees_the_claim(journal: str, processor: str) -> None:
     # Given a stale in-flight claim (past its own stale_at), a completed row, a superuser
     flying, done = put(journal, processor, status="in_flight"), put(journal, processor)
@@ -465,16 +479,15 @@ def test_release_action_confirms_then_frees_the_claim(journal: str, processor: s
     assert 'name="post" value="yes"' in html
     assert Outcome.objects.using(journal).get(pk=flying.pk).status == "in_flight"
     # When it is confirmed
-    resp = client.post(URL, {**form, "post": "yes"}, follow=True)
+    resp = client.post(URL, confirmation(client, URL, form), follow=True)
     # Then the claim is released (failed, no memo: the next delivery runs) and logged
     rec = Outcome.objects.using(journal).get(pk=flying.pk)
     assert (rec.status, rec.result_encoding) == ("failed", "")
     assert rec.error.startswith("released")
     assert Outcome.objects.using(journal).get(pk=done.pk).status == "completed"
     started = f"{flying.started_at:%Y-%m-%d %H:%M:%S} UTC"
-    assert _log_messages(user, flying) == [
-        f"Released the claim of fence {flying.fence} (started {started})."
-    ]
+    said = f"Released the claim of fence {flying.fence} (started {started})."
+    assert _log_messages(user, flying) in ([said], [f"{said} (journal database {journal!r})"])
     # (the history names the row as it is now, not as it was: a review saw "(in_flight)")
     entry = LogEntry.objects.using("default").get(user=user, object_id=str(flying.pk))
     assert entry.object_repr.endswith("(failed)"), entry.object_repr
@@ -501,12 +514,11 @@ def test_release_uses_each_claims_own_deadline_not_the_global_setting(
             stale_at=F("stale_at") - timedelta(seconds=seconds),
         )
     client = client_for(make_user(superuser=True))
-    form = {"action": "release_stale_claims", "_selected_action": [fresh.pk, stale.pk],
-            "post": "yes"}  # fmt: skip
+    form = {"action": "release_stale_claims", "_selected_action": [fresh.pk, stale.pk]}
     # When both are released
     with override_settings(GROUSSET={**settings.GROUSSET, "DATABASE": journal,
                                      "MAX_PROCESSING_TIME": 1}):  # fmt: skip
-        client.post(URL, form)
+        client.post(URL, confirmation(client, URL, form))
     # Then only the one past its own deadline is: the live attempt keeps its claim
     statuses = dict(Outcome.objects.using(journal).filter(pk__in=[fresh.pk, stale.pk])
                     .values_list("pk", "status"))  # fmt: skip
@@ -528,7 +540,7 @@ def test_forget_action_lets_the_next_delivery_run_again(
     assert Outcome.objects.using(journal).get(pk=done.pk).expires_on == done.expires_on
     # When it is confirmed
     with caplog.at_level(logging.WARNING, logger="celery_grousset"):
-        client.post(URL, {**form, "post": "yes"})
+        client.post(URL, confirmation(client, URL, form))
     # Then the completed row expires now, the in-flight one is untouched, and it is logged
     # (in the admin's history, and a line in the log: a review found none)
     forgotten = [m for m in caplog.messages if m.startswith("grousset.forgotten")]
@@ -550,6 +562,33 @@ def test_forget_action_lets_the_next_delivery_run_again(
     assert claim.kind is Kind.EXPIRED and claim.fence > done.fence
 
 
+def test_a_confirmed_action_changes_only_the_rows_its_page_showed_as_they_were(
+    journal: str, processor: str
+) -> None:
+    """The confirmed post ran the action again on the selection: with "select all" a row
+    completed after the page was shown was forgotten too (a review: 3 forgotten for 2
+    listed), and a row's state was read anew."""
+    # Given two completed rows, all of a processor's rows selected ("select all") for Forget
+    first, second = put(journal, processor), put(journal, processor)
+    client = client_for(make_user(superuser=True))
+    url = f"{URL}?processor={processor}"
+    form = {"action": "forget_outcomes", "_selected_action": [first.pk], "select_across": "1",
+            "index": "0"}  # fmt: skip
+    confirmed = confirmation(client, url, form)
+    # When, before the operator confirms, a third row of that processor completes, and the
+    # second row is forgotten and claimed again by a new delivery (its state moved on)
+    third = put(journal, processor)
+    Outcome.objects.using(journal).filter(pk=second.pk).update(fence=F("fence") + 1)
+    resp = client.post(url, confirmed, follow=True)
+    # Then only the first row, as the page showed it, is forgotten
+    now = _db_now(journal)
+    kept = {r.pk: r.expires_on <= now for r in Outcome.objects.using(journal).filter(
+        pk__in=[first.pk, second.pk, third.pk])}  # fmt: skip
+    assert kept == {first.pk: True, second.pk: False, third.pk: False}, kept
+    assert "Forgot 1 outcome(s)" in resp.content.decode()
+    assert "1 had changed since the confirmation page" in resp.content.decode()
+
+
 def test_view_only_staff_sees_no_actions_and_is_refused(journal: str, processor: str) -> None:
     # Given an in-flight row and a staff user who may only view the journal
     flying = put(journal, processor, status="in_flight")
@@ -559,9 +598,14 @@ def test_view_only_staff_sees_no_actions_and_is_refused(journal: str, processor:
     assert flying.fingerprint in html
     assert "release_stale_claims" not in html and "forget_outcomes" not in html
     assert client.get(f"{URL}{flying.pk}/change/").status_code == 200
-    # When they post the actions anyway / Then nothing changes
+    # When they post the actions anyway (as a superuser's confirmation page would) / Then
+    # nothing changes
+    Outcome.objects.using(journal).filter(pk=flying.pk).update(
+        stale_at=F("stale_at") - timedelta(seconds=120))  # fmt: skip
+    admin_client = client_for(make_user(superuser=True))
     for action in ("release_stale_claims", "forget_outcomes"):
-        client.post(URL, {"action": action, "_selected_action": [flying.pk], "post": "yes"})
+        form = {"action": action, "_selected_action": [flying.pk]}
+        client.post(URL, confirmation(admin_client, URL, form))
     assert Outcome.objects.using(journal).get(pk=flying.pk).status == "in_flight"
 
 
@@ -833,7 +877,8 @@ def test_another_journal_database_is_picked_by_its_filter(journal: str, processo
             started_at=F("started_at") - timedelta(seconds=61),
             stale_at=F("stale_at") - timedelta(seconds=61),
         )
-    client = client_for(make_user(superuser=True))
+    user = make_user(superuser=True)
+    client = client_for(user)
     # When the journal is listed without and with the journal database filter
     plain = client.get(URL, {"processor": processor}).content.decode()
     other = client.get(URL, {"processor": processor, "db": "mysql"}).content.decode()
@@ -849,12 +894,16 @@ def test_another_journal_database_is_picked_by_its_filter(journal: str, processo
     bogus = client.get(URL, {"processor": processor, "db": "postgresql"}).content.decode()
     assert listed(bogus, rows["default"], rows["mysql"]) == [True, False]
     # When the release action runs on the list of the other database
-    form = {"action": "release_stale_claims", "_selected_action": [rows["mysql"].pk],
-            "post": "yes"}  # fmt: skip
-    client.post(f"{URL}?db=mysql&processor={processor}", form)
+    form = {"action": "release_stale_claims", "_selected_action": [rows["mysql"].pk]}
+    on_mysql = f"{URL}?db=mysql&processor={processor}"
+    client.post(on_mysql, confirmation(client, on_mysql, form))
     # Then it released that database's claim, and the default one's is untouched
     assert Outcome.objects.using("mysql").get(pk=rows["mysql"].pk).status == "failed"
     assert Outcome.objects.using("default").get(pk=rows["default"].pk).status == "in_flight"
+    # And the admin's history names the database (its entry has only the row's pk, which
+    # may be another row's on the default database: a review)
+    assert [m.endswith("(journal database 'mysql')") for m in _log_messages(user, rows["mysql"])
+            ] == [True]  # fmt: skip
 
 
 def test_memo_display_masks_sensitive_keys_secret_keys_and_deep_values() -> None:

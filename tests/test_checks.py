@@ -168,6 +168,31 @@ def test_acks_late_off_is_W002(make_app: Callable[..., Celery]) -> None:
     assert ids(name) == {"celery_grousset.W002"}
 
 
+def test_W002_names_a_namespace_that_hides_the_acks_late_setting(
+    make_app: Callable[..., Celery],
+) -> None:
+    """With CELERY_TASK_ACKS_LATE = True in the settings and an app configured under
+    another namespace, W002's hint said to set CELERY_TASK_ACKS_LATE: already done."""
+    from django.test import override_settings
+
+    # Given the settings' CELERY_TASK_ACKS_LATE, and an app reading another namespace
+    app = make_app(task_acks_late=False)
+    app.namespace = "CELERYX"
+    name = guarded(app, max_processing_time=60)
+    with override_settings(CELERY_TASK_ACKS_LATE=True):
+        found = [m for m in checks.run_checks(tags=[TAG]) if m.obj == name]
+    # When the checks run / Then W002's hint names the namespace, not the setting
+    hint = next(m.hint for m in found if m.id == "celery_grousset.W002")
+    assert "does not read it" in (hint or "") and "'CELERYX'" in (hint or ""), hint
+    assert "namespace='CELERY'" in (hint or ""), hint
+    # (and without the setting, the usual fix)
+    with override_settings(CELERY_TASK_ACKS_LATE=False):
+        again = [m for m in checks.run_checks(tags=[TAG]) if m.obj == name]
+    assert next(m.hint for m in again if m.id == "celery_grousset.W002") == (
+        "Set acks_late=True on the task or CELERY_TASK_ACKS_LATE = True."
+    )
+
+
 def test_reject_on_worker_lost_off_is_W003(make_app: Callable[..., Celery]) -> None:
     # Given a late-acking task whose killed child's message would be acked as failed
     name = guarded(make_app(), max_processing_time=60, reject_on_worker_lost=False)

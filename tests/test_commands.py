@@ -420,6 +420,29 @@ def test_inspect_shows_control_characters_as_escapes(
     assert re.search(r"task id +t-1\\nstatus    completed\n", out)
 
 
+def test_release_stats_and_inspect_json_show_control_characters_as_escapes(
+    store: Store, alias: str, processor: str
+) -> None:
+    """grousset_release and grousset_stats printed a worker's or a task's name raw (an
+    escape sequence retitled and cleared the terminal); inspect --json a bidi override."""
+    evil = "\x1b]0;PWNED\x07\x1b[2J\u202e"
+    # Given an entry in flight, its worker and task names carrying escape sequences
+    fp = new_fp()
+    assert store.claim(req(processor, fp, worker=f"celery@host{evil}",
+                           task_name=f"tests.ops.evil{evil}")).owned  # fmt: skip
+    # When it is released without --force (refused, naming the holder), counted, inspected
+    with pytest.raises(CommandError) as refused:
+        run("grousset_release", fp, database=alias)
+    stats = run("grousset_stats", processor_id=processor, database=alias)
+    as_json = run("grousset_inspect", fp, json=True, database=alias)
+    # Then no control character reaches the terminal: each shows as its escape
+    for text in (str(refused.value), stats, as_json):
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f\u202e]", text), repr(text)
+    assert "celery@host\\x1b]0;PWNED\\x07" in str(refused.value)
+    assert "tests.ops.evil\\x1b]0;PWNED" in stats
+    assert json.loads(as_json)["worker"] == f"celery@host{evil}"  # (still the JSON of it)
+
+
 def test_inspect_finds_a_delivery_answered_as_a_duplicate(
     store: Store, alias: str, processor: str
 ) -> None:
@@ -499,9 +522,30 @@ def test_inspect_lists_several_matches(store: Store, alias: str, processor: str)
 def test_release_of_a_task_id_points_at_inspect(alias: str, processor: str) -> None:
     # When a task id (not a fingerprint) is given to grousset_release / Then the error
     # says where the fingerprint comes from
-    with pytest.raises(CommandError, match=r"no journal entry.*grousset_inspect <task id>"):
+    with pytest.raises(CommandError, match=r"not a fingerprint.*grousset_inspect <task id>"):
         run("grousset_release", "0b6d2c1e-9a1f-4c3e-8d2a-1f0e9c8b7a6d", processor_id=processor,
             database=alias)  # fmt: skip
+
+
+@pytest.mark.parametrize("needle", ["", "   ", "0b6d2c1"])
+def test_release_of_an_empty_or_short_fingerprint_touches_nothing(
+    store: Store, alias: str, processor: str, needle: str
+) -> None:
+    """``grousset_release "$FP" --force`` with FP empty forgot a protect() outcome (its task
+    id is empty, and every fingerprint starts with ""): the invoice was sent again."""
+    # Given a completed protect() outcome (no task id)
+    done = completed(store, processor)
+    rows(alias, processor).update(task_id="")
+    before = rows(alias, processor).get()
+    # When grousset_release is given an empty, blank or short fingerprint, forced
+    with pytest.raises(CommandError, match=r"not a fingerprint.*8 to 64 hex"):
+        run("grousset_release", needle, processor_id=processor, force=True, database=alias)
+    # Then nothing was forgotten: a duplicate still gets the memo
+    assert rows(alias, processor).get().expires_on == before.expires_on
+    assert store.claim(req(processor, done.fingerprint)).kind is Kind.COMPLETED
+    # And grousset_inspect finds nothing for an empty needle either
+    with pytest.raises(CommandError):
+        run("grousset_inspect", needle.strip() or " ", processor_id=processor, database=alias)
 
 
 def test_release_refuses_a_fresh_claim_without_force(

@@ -159,7 +159,8 @@ class Command(BaseCommand):
                 if len(records) == 1
                 else [story(rec, now, asked) for rec in records]
             )
-            self.stdout.write(json.dumps(data, indent=2, default=repr, ensure_ascii=False))
+            # (ASCII: a bidirectional override in the journal's text is an escape here)
+            self.stdout.write(json.dumps(data, indent=2, default=repr))
         elif len(records) == 1:
             self.stdout.write(self.render(story(records[0], now, asked)))
         else:

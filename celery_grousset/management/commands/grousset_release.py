@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from celery_grousset import journal
 from celery_grousset.management import (
     add_database_argument,
     database_errors,
@@ -28,6 +29,7 @@ from celery_grousset.management import (
     find,
     journal_alias,
     other_journals,
+    printable,
 )
 
 if TYPE_CHECKING:
@@ -57,11 +59,22 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         alias = journal_alias(options["database"])
-        with database_errors(alias, "release failed"):
-            self.handle_on(alias, **options)
+        try:
+            with database_errors(alias, "release failed"):
+                self.handle_on(alias, **options)
+        except CommandError as exc:  # (it quotes the journal's text: task, worker, processor)
+            raise CommandError(printable(str(exc))) from exc.__cause__
+
+    def say(self, text: str) -> None:
+        self.stdout.write(printable(text))
 
     def handle_on(self, alias: str, **options: Any) -> None:
         needle = str(options["fingerprint"]).strip().lower()
+        if not journal.fingerprint_like(needle):
+            raise CommandError(
+                f"{needle!r} is not a fingerprint or a prefix of one: give 8 to 64 hex "
+                "characters (`manage.py grousset_inspect <task id>` shows the fingerprint)"
+            )
         records = [
             r
             for r in find(alias, needle, options["processor_id"])
@@ -106,7 +119,7 @@ class Command(BaseCommand):
                 f"{rec.fingerprint} ({rec.processor_id}) is no longer held by that attempt: "
                 "it finished or was taken over meanwhile. Run grousset_inspect to see it."
             )
-        self.stdout.write(
+        self.say(
             f"released the in-flight claim on {rec.fingerprint} (processor {rec.processor_id}, "
             f"task {rec.task_name}, held by {rec.worker or 'unknown'}), which "
             f"{'was ' + why if stale else 'was still fresh (--force)'}: the next delivery runs "
@@ -120,7 +133,7 @@ class Command(BaseCommand):
 
         eligible, why = journal.forget_plan(rec, journal.now(alias))
         if not eligible:
-            self.stdout.write(
+            self.say(
                 f"{rec.fingerprint} ({rec.processor_id}) is {why}. Nothing to do."
             )
             return
@@ -138,7 +151,7 @@ class Command(BaseCommand):
         coming = ("a failed delivery was acknowledged: publish the call again if none is "
                   "coming" if rec.status == "failed" else "the delivery that completed it was "
                   "acknowledged: none comes unless the call is published again")  # fmt: skip
-        self.stdout.write(
+        self.say(
             f"forgot the {rec.status} outcome of {rec.fingerprint} (processor "
             f"{rec.processor_id}, task {rec.task_name}): the next delivery of the call runs the "
             f"task again with a higher fence ({coming})."

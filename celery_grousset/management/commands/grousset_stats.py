@@ -35,6 +35,7 @@ from celery_grousset.management import (
     duration_option,
     human_seconds,
     journal_alias,
+    printable,
     refuse_naive_clock,
 )
 
@@ -88,8 +89,7 @@ def window(since: object, every: bool) -> float | None:
 
 
 def _deliveries(counts: Mapping[str, Any]) -> dict[str, int]:
-    """Deliveries, the duplicates among them, and the rest beyond each entry's first claim
-    (redeliveries, requeues, re-claims), from ``n_entries``, ``n_deliveries``, ``n_duplicates``."""
+    """Deliveries, duplicates and the rest beyond each entry's first claim (``n_…``)."""
     entries, deliveries, duplicates = (
         int(counts[k] or 0) for k in ("n_entries", "n_deliveries", "n_duplicates")
     )
@@ -344,7 +344,7 @@ class Command(BaseCommand):
         if options["json"]:
             self.stdout.write(json.dumps(data, indent=2))
             return
-        self.stdout.write(self.render(data))
+        self.stdout.write(printable(self.render(data)))  # (task names are the journal's text)
 
     @staticmethod
     def render(data: dict[str, Any]) -> str:
