@@ -112,7 +112,7 @@ def hook(caller: Any, req: ClaimRequest, stale: float | None = None) -> Unwritte
     ``stale``: when the claim turns stale, Unix time); None (``protect()``, eager and
     direct calls): StoreUnavailable is raised."""
     requeue = getattr(caller, "carry", None)
-    if requeue is None:
+    if requeue is None or getattr(caller, "local", False):  # (nothing requeues a local call)
         return None
 
     def unwritten(completion: Completion, exc: StoreUnavailable) -> NoReturn:

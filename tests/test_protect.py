@@ -498,6 +498,45 @@ def test_sqlite_locked_fails_closed() -> None:
     assert ran == []
 
 
+def test_an_in_process_call_inside_the_sqlite_journals_own_transaction_names_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its completion waited for the caller's own write lock, then said 'another process
+    holds its write lock'; an eager task's logged 'requeued with its outcome' (nothing
+    requeues an eager call)."""
+    from django.db import connections, transaction
+
+    from celery_grousset import store as base
+    from celery_grousset.store.sqlite import SQLiteStore
+    from tests import services
+    from tests.tasks import effect
+
+    services.require_database("default")
+    reset_stores()
+    base._install("default", SQLiteStore("default", connections.settings["default"], timeout=0.5))
+    key = f"own-{uuid.uuid4().hex[:8]}"
+
+    def book() -> str:  # the effect writes to the database of the caller's transaction
+        return str(Effect.objects.using("default").create(key=key, value="booked").pk)
+
+    try:
+        # Given a guarded call run in this process inside a transaction on the journal's
+        # SQLite database, whose effect writes there (SQLite's one write lock is then ours)
+        for call in (lambda: protect(key, book, max_processing_time=5, database="default"),
+                     lambda: effect.apply((key,)).get()):  # fmt: skip
+            with caplog.at_level("WARNING", logger="celery_grousset"), \
+                    pytest.raises(StoreUnavailable) as raised, transaction.atomic():  # fmt: skip
+                call()
+            # Then the error names the caller's own transaction and the ways out
+            text = str(raised.value)
+            assert "this thread's own transaction.atomic() on 'default'" in text, text
+            assert "transaction.on_commit" in text and "another" not in text, text
+        # And nothing claims an eager call was requeued
+        assert not [m for m in caplog.messages if m.startswith("grousset.outcome_carried")]
+    finally:
+        reset_stores()
+
+
 def test_an_effect_inside_an_open_transaction_is_warned_about(
     alias: str, processor: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -9,6 +9,7 @@ SQLite's clock is the host's clock: SQLite serves one host.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -104,7 +105,7 @@ class SQLiteStore(LockingStore):
             if "locked" in text or "busy" in text:
                 raise StoreUnavailable(
                     f"the SQLite journal stayed locked for {self.timeout:g} s "
-                    "(STORE_TIMEOUT): another process holds its write lock"
+                    f"(STORE_TIMEOUT): {self._lock_holder()}"
                 ) from exc
             if refusals.table_missing(exc):
                 raise missing_table(self.alias, exc) from exc
@@ -115,6 +116,23 @@ class SQLiteStore(LockingStore):
         except sqlite3.Error as exc:
             self.discard()
             raise StoreUnavailable(f"SQLite journal {self.alias!r}: {exc}") from exc
+
+    def _lock_holder(self) -> str:
+        """Who holds the write lock: this thread's own ``transaction.atomic()`` on the same
+        file (a guarded call run in-process inside it waits for itself), or another."""
+        from django.db import connections
+
+        mine = os.path.realpath(str(self.settings_dict["NAME"]))
+        for conn in connections.all(initialized_only=True):
+            if (conn.vendor == "sqlite" and conn.in_atomic_block
+                    and os.path.realpath(str(conn.settings_dict["NAME"])) == mine):  # fmt: skip
+                return (
+                    f"this thread's own transaction.atomic() on {conn.alias!r} holds its "
+                    "write lock (SQLite has one writer): a guarded call run in this process "
+                    "inside it waits for itself; call it after the commit "
+                    "(transaction.on_commit) or with transactional=True"
+                )
+        return "another connection holds its write lock"
 
     def lock_for_batch(self, queryset: Any) -> Any:
         """SQLite has one writer: take the write lock before the batch is read."""
