@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 from contextvars import ContextVar
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from celery.signals import beat_init, before_task_publish
@@ -49,19 +49,32 @@ def slot_time(schedule: Any, last_run_at: datetime) -> datetime | None:
     to the nearest multiple of the interval since the Unix epoch: two beats whose runs
     round to the same multiple name the same slot (runs either side of the midpoint
     between two multiples do not, however close: docs/periodic.md), and one beat's runs
-    (at least an interval apart) never share one.
+    (at least an interval apart) never share one. A ``relative`` interval's due time is
+    rounded by Celery already (down to the interval's largest unit: its runs may come
+    less than an interval apart), so it is the slot as it is.
     """
     from celery.schedules import crontab, solar
     from celery.schedules import schedule as interval
+    from celery.utils.time import remaining
 
     try:
         now = schedule.maybe_make_aware(schedule.now())
-        due = (now + schedule.remaining_estimate(last_run_at)).astimezone(timezone.utc)
+        if isinstance(schedule, interval) and not isinstance(schedule, (crontab, solar)):
+            # as its remaining_estimate, with one reading of the clock (two readings
+            # moved a due time on the midpoint of the grid to one side or the other)
+            last, every = schedule.maybe_make_aware(last_run_at), schedule.seconds
+            due = now + remaining(last, timedelta(seconds=every), now, schedule.relative)
+            step = 1.0 if schedule.relative or every <= 0 else float(every)
+        else:
+            if isinstance(schedule, crontab):  # its fields read in its own zone (Celery
+                # 5.3 read an aware last_run_at's own: django-celery-beat's are in UTC)
+                zone: Any = schedule.tz
+                last_run_at = schedule.maybe_make_aware(last_run_at).astimezone(zone)
+            due = now + schedule.remaining_estimate(last_run_at)
+            step = 1.0
     except (AttributeError, NotImplementedError, TypeError):
         return None
-    step = 1.0
-    if isinstance(schedule, interval) and not isinstance(schedule, (crontab, solar)):
-        step = float(schedule.seconds) if schedule.seconds > 0 else 1.0
+    due = due.astimezone(timezone.utc)
     return datetime.fromtimestamp(math.floor(due.timestamp() / step + 0.5) * step, timezone.utc)
 
 

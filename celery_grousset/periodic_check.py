@@ -96,7 +96,11 @@ def beat_schedule_messages(guarded: Iterable[Guarded]) -> list[Any]:
             _, task, opts = hit
             if "once" in (entry.get("options") or {}):
                 found.append(_once_left(task, name))
-            every = maybe_schedule(entry.get("schedule"), entry.get("relative", False), app=app)
+            try:
+                every = maybe_schedule(entry.get("schedule"), entry.get("relative", False),
+                                       app=app)  # fmt: skip
+            except Exception:  # not a schedule: beat refuses the entry itself, naming it
+                continue
             why = _why_fixed(opts, every, entry.get("args"), entry.get("kwargs"))
             if why is not None:
                 found.append(_warning(task, name, "CELERY_BEAT_SCHEDULE", why, opts.expires_after))

@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CORE=(tests/test_store_contract.py tests/test_task.py tests/test_protect.py
       tests/test_fingerprint.py tests/test_migrations.py tests/test_pg_roundtrips.py
-      tests/test_partition_revert.py tests/test_poison.py)
+      tests/test_partition_revert.py tests/test_poison.py tests/test_periodic_slots.py)
 PG=(tests/test_store_contract.py tests/test_pg_roundtrips.py tests/test_pg_driver.py
     tests/test_poison.py tests/test_claim.py tests/test_partition_revert.py tests/test_pgbouncer.py)
 status=0

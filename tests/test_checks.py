@@ -229,6 +229,20 @@ def test_beat_task_whose_key_cannot_vary_is_W008(make_app: Callable[..., Celery]
     assert "'report'" in message.msg and "periodic_slot" in message.msg
 
 
+def test_a_beat_entry_whose_schedule_is_not_one_leaves_the_other_checks_running(
+    make_app: Callable[..., Celery],
+) -> None:
+    """``"schedule": "crontab(hour=6)"`` (a str) turned every task check into one E014
+    that named neither the entry nor the setting."""
+    app = make_app(task_acks_late=False)
+    name = guarded(app, max_processing_time=60)
+    # Given a beat entry of a guarded task whose schedule is a str
+    app.conf.beat_schedule = {"report": {"task": name, "schedule": "crontab(hour=6)"}}
+    # When the checks run / Then the task's own checks still do (W002), and no E014
+    found = {m.id for m in checks.run_checks(tags=[TAG])}
+    assert "celery_grousset.W002" in ids(name) and "celery_grousset.E014" not in found
+
+
 def test_a_beat_entry_left_with_celery_once_options_is_E022(
     make_app: Callable[..., Celery],
 ) -> None:
