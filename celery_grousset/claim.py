@@ -356,9 +356,12 @@ def codes(*writes: Write) -> str:
 
 def gave_up_message(takeovers: int | str) -> str:
     return (
-        f"GaveUp: the claim was taken over {takeovers} times (max_takeovers) and every "
-        "attempt died before completing; the task probably kills its worker (memory "
-        "limit, segfault, hard time limit). Fix the task, run "
-        "`manage.py grousset_release <fingerprint> --force`, then publish the call again: "
-        "the deliveries that gave up were acknowledged."
+        f"GaveUp: the claim was taken over {takeovers} times (max_takeovers, counted over "
+        "the record's whole life) by deliveries that found it stale: its attempts died, or "
+        "ran past max_processing_time, before completing. The task probably kills its "
+        "worker (memory limit, segfault, hard time limit) or runs longer than its "
+        "max_processing_time (an attempt still running records its outcome when it ends: "
+        "make sure none is before releasing). Fix the task, run `manage.py "
+        "grousset_release <fingerprint> --force`, then publish the call again: the "
+        "deliveries that gave up were acknowledged."
     )

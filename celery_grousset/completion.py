@@ -300,7 +300,7 @@ def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> 
     """Record a failed attempt: release the claim, or memoize the error. True when it was
     written. Never raises (the caller re-raises the task's own exception)."""
     try:
-        if opts.on_failure == "memoize" and not memo.control_flow(exc):
+        if opts.on_failure == "memoize" and not memo.never_memoized(exc):
             result, enc, error = memo.encode_exception(exc)
             completion = Completion(Status.FAILED.value, result, enc, error)
         else:

@@ -179,10 +179,20 @@ def poison_delivery(req: ClaimRequest, reason: str) -> None:
 
 def interrupted(req: ClaimRequest, exc: BaseException) -> None:
     """The process was stopped (``SystemExit``: a pool child's SIGTERM, a hard time
-    limit, ``revoke(terminate=True)``; ``KeyboardInterrupt``) while the effect ran: the
+    limit, ``revoke(terminate=True)``; ``KeyboardInterrupt``; or any other exception that
+    is no ``Exception``: ``asyncio.CancelledError``) while the effect ran: the
     claim is left in flight, for a takeover once stale — the effect may have happened."""
     _log(logging.WARNING, "grousset.interrupted", req, error=type(exc).__name__,
          action="claim left in flight until max_processing_time")  # fmt: skip
+
+
+def retry_not_raised(task: str, task_id: object) -> None:
+    """A guarded attempt called ``retry(throw=False)``: it goes on and completes, so its
+    retry, the same call when its arguments are the same, is answered from its memo."""
+    emit(logging.WARNING, "grousset.retry_not_raised", {"task": task, "task_id": task_id}, note=(
+        "retry(throw=False) in a guarded task: this attempt completes, and its retry, with "
+        "the same arguments the same call, is answered from its memo and does not run the "
+        "body again. Raise the retry (raise self.retry(...)) to run the call again"))
 
 
 def gave_up(req: ClaimRequest, res: ClaimResult) -> None:

@@ -159,13 +159,22 @@ def encode_exception(exc: BaseException) -> tuple[bytes, str, str]:
     payload: dict[str, Any] = {
         "exc_type": cls.__qualname__,
         "exc_module": cls.__module__,
-        "exc_message": redacted_text(args[0] if one else str(exc)),
+        "exc_message": redacted_text(args[0] if one else _text_of(exc)),
     }
     made = _made_with(exc)  # stored when nothing of its text is secret, whole or split
     builtin = cls.__module__ == "builtins" and not one and made and all(map(_scalar, made))
     if builtin and _unredacted(exc):
         payload["exc_args"] = [_arg(a) for a in made]  # KeyError(5), OSError(2, "…", "/x")
     return json.dumps(payload).encode(), ENC_EXCEPTION, error_summary(exc)
+
+
+def _text_of(exc: BaseException) -> str:
+    """``str(exc)``, or what says it could not be had: a ``__str__`` that raises still
+    leaves a failure to memoize (it was released instead: the effect ran again)."""
+    try:
+        return str(exc)
+    except Exception as broken:
+        return f"<str() of the {type(exc).__name__} raised {type(broken).__name__}>"
 
 
 def _made_with(exc: BaseException) -> tuple[Any, ...]:
@@ -313,6 +322,18 @@ def _known_exception(module: str, qualname: str) -> type[Exception] | None:
 def control_flow(exc: BaseException) -> bool:
     """Celery's Retry / Ignore / Reject and non-Exception exits never memoize."""
     return not isinstance(exc, Exception) or celery_exit(exc) is not None
+
+
+def never_memoized(exc: BaseException) -> bool:
+    """``exc`` is no failure of the call's own to replay, even with ``on_failure=
+    "memoize"``: Celery's control flow (:func:`control_flow`), or the journal's trouble
+    or a refusal a nested guarded call raised in the body (an outage, a key in flight, a
+    lost transaction, an unawaited body): replayed for the retention window, the call
+    would never run once the trouble passed."""
+    return control_flow(exc) or isinstance(exc, _NOT_THE_CALLS)
+
+
+_NOT_THE_CALLS = (exceptions.StoreUnavailable, exceptions.ClaimInFlight, exceptions.NotAwaited)
 
 
 def celery_exit(exc: BaseException) -> str | None:

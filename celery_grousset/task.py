@@ -1,9 +1,7 @@
-"""``GroussetTask``: a Celery task whose side effect happens once.
-
-Every delivery runs :func:`celery_grousset.guard.guarded` (docs/how-it-works.md);
-this module is the Celery glue around it: options, the hooks that re-queue a
-delivery, bypass, eager mode, and the publish-time checks.
-"""
+"""``GroussetTask``: a Celery task whose side effect happens once. Every delivery runs
+:func:`celery_grousset.guard.guarded` (docs/how-it-works.md); this module is the Celery
+glue around it: options, the hooks that re-queue a delivery, bypass, eager mode, and the
+publish-time checks."""
 
 from __future__ import annotations
 
@@ -216,10 +214,12 @@ class GroussetTaskMixin:
 
     def retry(self, args: Any = None, kwargs: Any = None, exc: Any = None, throw: bool = True,
               *a: Any, **options: Any) -> Any:  # fmt: skip
-        """Celery's retry; its message stays the call it retries, whatever its arguments
-        (``throw=False``: the attempt goes on and completes; its retry is a call of its own)."""
+        """Celery's retry; its message stays the call it retries, whatever its arguments."""
         current = _ATTEMPT.get()
-        held = [current[1].fingerprint] if throw and current and current[0] == self.name else []
+        mine = current is not None and current[0] == self.name
+        held = [current[1].fingerprint] if throw and current and mine else []
+        if mine and not throw:  # (its retry, with the same arguments, gets the memo)
+            events.retry_not_raised(self.name, self.request.id)
         token = _RETRYING.set(held)
         try:
             return super().retry(args, kwargs, exc, throw, *a, **options)  # type: ignore[misc]

@@ -23,6 +23,7 @@ from celery_grousset import memo, protect
 from celery_grousset.claim import ENC_EXCEPTION, ENC_NOT_STORED, PROTECT_NAME, ClaimRequest, Kind
 from celery_grousset.completion import finish_retrying
 from celery_grousset.exceptions import (
+    ClaimInFlight,
     MemoizedFailure,
     MemoNotAccepted,
     ResultNotStored,
@@ -532,3 +533,47 @@ def test_a_result_shaped_like_kombus_marker_is_not_stored_as_another_value(
     with pytest.raises(ResultNotStored, match="__type__"):
         task.apply().get()
     assert runs == [1]
+
+
+def test_a_failure_whose_str_raises_is_still_memoized(journal: str, temp_task: Any) -> None:
+    """on_failure="memoize" fell back to releasing the claim when the exception could not
+    be written as text: a duplicate ran the (partly done) effect again."""
+    runs: list[int] = []
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    def body(self: Any) -> None:
+        runs.append(1)
+        raise Unprintable("declined")
+
+    task = temp_task(body, max_processing_time=30, on_failure="memoize")
+    # Given a memoizing task that fails with an exception whose str() raises
+    assert task.apply().failed()
+    # Then the failure is memoized, and a duplicate gets it back instead of a second run
+    rec = Outcome.objects.using(journal).get(task_name=task.name)
+    assert (rec.status, rec.result_encoding) == ("failed", ENC_EXCEPTION), rec.error
+    replay = task.apply().result
+    assert isinstance(replay, MemoizedFailure) and "str() of the Unprintable" in str(replay)
+    assert runs == [1]
+
+
+def test_the_journals_trouble_in_a_body_is_never_memoized(journal: str, temp_task: Any) -> None:
+    """A nested guarded call's StoreUnavailable (or ClaimInFlight) raised out of a
+    memoizing body was replayed to every duplicate for the retention window: the call
+    never ran again once the journal was back."""
+    runs: list[int] = []
+
+    def body(self: Any) -> str:
+        runs.append(1)
+        if len(runs) == 1:
+            raise StoreUnavailable("the journal of a nested call is away")
+        return "done"
+
+    task = temp_task(body, max_processing_time=30, on_failure="memoize")
+    # Given a memoizing task whose first run fails with the journal's trouble
+    assert isinstance(task.apply().result, StoreUnavailable)
+    # Then its claim is released, not memoized: the next delivery runs it
+    assert task.apply().get() == "done" and runs == [1, 1]
+    assert memo.never_memoized(ClaimInFlight("k")) and not memo.never_memoized(ValueError())

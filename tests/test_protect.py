@@ -199,6 +199,53 @@ def test_a_fenced_out_attempt_says_how_long_it_ran_and_the_fix(
 
 
 @pytest.mark.parametrize("transactional", [False, True])
+def test_an_attempt_given_up_on_while_it_still_ran_records_its_outcome(
+    alias: str, processor: str, transactional: bool
+) -> None:
+    """max_takeovers=0 and an attempt slower than max_processing_time: the duplicate that
+    found its claim stale got GaveUp, then the attempt's completion was refused (FencedOut:
+    'the attempt that holds the claim now runs the effect too', though none did), and
+    released as GaveUp's text says, the call ran its effect again."""
+    import threading
+
+    from django.db import connections
+
+    from celery_grousset.exceptions import GaveUp
+
+    if transactional and connections[alias].vendor == "sqlite":
+        pytest.skip("SQLite: the attempt's transaction holds the write lock a give-up needs")
+    opts: dict[str, Any] = {"processor_id": processor, "database": alias, "max_takeovers": 0,
+                            "max_processing_time": 0.2, "transactional": transactional}  # fmt: skip
+    ran: list[int] = []
+    seen: list[BaseException] = []
+
+    def duplicate() -> None:
+        try:
+            protect("slow", lambda: "duplicate", **opts)
+        except BaseException as exc:
+            seen.append(exc)
+        finally:
+            connections.close_all()
+
+    def slow() -> str:  # a live attempt past its max_processing_time
+        time.sleep(0.5)
+        thread = threading.Thread(target=duplicate)
+        thread.start()
+        thread.join(30)
+        ran.append(1)
+        return "done"
+
+    # Given a duplicate that found the attempt's claim stale and gave up on it
+    # When the attempt then completes / Then its outcome is recorded, not refused
+    assert protect("slow", slow, **opts) == "done"
+    assert [type(e) for e in seen] == [GaveUp], seen
+    [rec] = Outcome.objects.using(alias).filter(processor_id=processor)
+    assert (rec.status, bytes(rec.result or b"")) == ("completed", b'"done"'), rec.error
+    # And the next call gets its memo: the effect ran once
+    assert protect("slow", lambda: "again", **opts) == "done" and ran == [1]
+
+
+@pytest.mark.parametrize("transactional", [False, True])
 def test_an_attempt_released_and_claimed_again_says_it_was_released(
     alias: str, processor: str, transactional: bool
 ) -> None:

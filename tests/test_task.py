@@ -764,3 +764,30 @@ def test_a_copy_sent_again_leaves_the_main_process_claim_and_decision_behind() -
         effect.pop_request()
     assert preclaim.DECIDED in plain.options["headers"]  # (what Celery would send)
     assert sig.options["headers"] == {"x-trace": "abc"}
+
+
+def test_a_retry_not_raised_in_a_guarded_task_is_warned_about(
+    journal: str, temp_task: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """self.retry(countdown=1, throw=False), then return: the attempt completed, and its
+    retry (the same call) was answered from the memo: a polling task stopped silently."""
+
+    def poll(self: Any, key: str) -> str:
+        self.retry(countdown=1, throw=False)
+        return "not ready yet"
+
+    def raised(self: Any, key: str) -> str:
+        if self.request.retries == 0:
+            raise self.retry(countdown=0)
+        return "ready"
+
+    not_raised = temp_task(poll, max_processing_time=30)
+    raising = temp_task(raised, max_processing_time=30)
+    # When a guarded task asks for a retry without raising it, and another raises it
+    with caplog.at_level(logging.WARNING, logger="celery_grousset"):
+        assert not_raised.apply(("k",)).get() == "not ready yet"
+        assert raising.apply(("k",)).get() == "ready"
+    # Then the first is warned about, naming the fix; the raised retry is not
+    lines = [m for m in caplog.messages if m.startswith("grousset.retry_not_raised")]
+    assert len(lines) == 1 and f"task={not_raised.name}" in lines[0], caplog.messages
+    assert "raise self.retry(...)" in lines[0]

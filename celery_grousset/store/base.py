@@ -30,9 +30,9 @@ from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import Any
 
-from celery_grousset.claim import ENC_NONE, ClaimRequest, Kind, Status
+from celery_grousset.claim import ENC_NONE, ClaimRequest, Kind
 from celery_grousset.exceptions import InvalidArgument, PoisonDelivery, StoreUnavailable
-from celery_grousset.store.rows import purgeable, purgeable_sql
+from celery_grousset.store.rows import finishable, purgeable, purgeable_sql
 
 #: the longest value each identifying column of a claim holds (the model's max_length)
 ID_LIMITS = {"task_id": 255, "task_name": 255, "processor_id": 128}
@@ -245,15 +245,12 @@ class Store(abc.ABC):
     def finish_in_transaction(self, req: ClaimRequest, completion: Completion) -> bool:
         """The fenced completion on Django's connection, inside the caller's open
         transaction (``transactional=True``): it commits or rolls back with the effect."""
-        from django.db.models import Q
-
         from celery_grousset.models import Outcome
 
         done = (
             Outcome.objects.using(self.alias)
-            .filter(  # FINISHABLE's first two rows (no re-send in a transaction)
-                Q(status=Status.IN_FLIGHT.value)
-                | Q(status=Status.FAILED.value, result_encoding=""),
+            .filter(
+                finishable(),
                 processor_id=req.processor_id,
                 fingerprint=req.fingerprint,
                 claim_token=req.token,

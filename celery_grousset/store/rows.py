@@ -7,19 +7,31 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from celery_grousset.claim import Status
+from celery_grousset.claim import ENC_GAVE_UP, Status
 
 #: the error text of a released claim
 RELEASED = "released: the claim was given up (revoked, retried or by an operator)"
 #: the rows a completion with the claim's token may write (SQL, ``{st}`` / ``{enc}``: the
-#: completion's status and encoding): its claim in flight; the same claim released and
-#: not claimed since (an operator's release, a revoke, while the attempt still ran: its
-#: outcome is the truth and no one else holds the key); or the same outcome again (a
-#: re-send after a lost answer). A claim taken since has another token: never matched.
+#: completion's status and encoding): its claim in flight; the same claim released, or
+#: given up on (``max_takeovers``: a duplicate found it stale once too often), and not
+#: claimed since (an operator's release, a revoke, an attempt slower than
+#: max_processing_time: it still ran, its outcome is the truth and no one else holds
+#: the key); or the same outcome again (a re-send after a lost answer). A claim taken
+#: since has another token: never matched.
 FINISHABLE = (
-    "(status = 'in_flight' OR (status = 'failed' AND result_encoding = '') "
-    "OR (status = {st} AND result_encoding = {enc}))"
+    "(status = 'in_flight' OR (status = 'failed' AND result_encoding IN ('', "
+    f"'{ENC_GAVE_UP}')) OR (status = {{st}} AND result_encoding = {{enc}}))"
 )
+
+
+def finishable() -> Any:
+    """:data:`FINISHABLE`'s first two rows as a ``Q`` (a completion inside the caller's
+    transaction, which is never a re-send)."""
+    from django.db.models import Q
+
+    return Q(status=Status.IN_FLIGHT.value) | Q(
+        status=Status.FAILED.value, result_encoding__in=("", ENC_GAVE_UP)
+    )
 
 
 def purgeable(cutoff: datetime) -> Any:
