@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from celery_grousset.exceptions import (
     ArgumentsMismatch,
@@ -210,10 +211,22 @@ def synchronous(fn: object, where: str) -> None:
     never happen, and the journal record the call as completed."""
     if not callable(fn):
         return
-    if inspect.iscoroutinefunction(fn):  # (a sync wrapper of one is not)
+    if _coroutine_function(fn):  # (a sync wrapper of one is not)
         raise NotAwaited(f"celery-grousset: {where} is an async def function. {_SYNC_FIX}")
     if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
         raise NotAwaited(f"celery-grousset: {where} is a generator function. {_GEN_FIX}")
+
+
+def _coroutine_function(fn: object) -> bool:
+    """``fn`` returns a coroutine when called: an ``async def`` function (or a partial of
+    one), asgiref's ``sync_to_async(…)`` (marked as one), or an object whose ``__call__``
+    is an ``async def``."""
+    from asgiref.sync import iscoroutinefunction
+
+    if inspect.iscoroutinefunction(fn) or iscoroutinefunction(fn):
+        return True
+    kind: Any = type(fn)  # (fn is callable: its class has a __call__)
+    return inspect.iscoroutinefunction(kind.__call__)
 
 
 def not_awaitable(value: object, where: str) -> object:
@@ -231,5 +244,6 @@ def not_awaitable(value: object, where: str) -> object:
         close()  # (no "coroutine was never awaited" warning: it is said here)
     raise NotAwaited(
         f"celery-grousset: {where} returned {type(value).__name__} {value!r:.80}, an "
-        f"awaitable it did not await: its effect did not happen. {_SYNC_FIX}"
+        "awaitable it did not await: what it awaits never ran (code before the return "
+        f"did; the claim is released, so the next delivery runs it again). {_SYNC_FIX}"
     )

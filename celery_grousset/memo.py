@@ -327,13 +327,14 @@ def control_flow(exc: BaseException) -> bool:
 def never_memoized(exc: BaseException) -> bool:
     """``exc`` is no failure of the call's own to replay, even with ``on_failure=
     "memoize"``: Celery's control flow (:func:`control_flow`), or the journal's trouble
-    or a refusal a nested guarded call raised in the body (an outage, a key in flight, a
-    lost transaction, an unawaited body): replayed for the retention window, the call
-    would never run once the trouble passed."""
+    that a nested guarded call raised in the body (an outage, a key in flight, a lost
+    transaction): replayed for the retention window, the call would never run once the
+    trouble passed. (A body returning an awaitable it did not await is memoized as asked:
+    code before its return ran.)"""
     return control_flow(exc) or isinstance(exc, _NOT_THE_CALLS)
 
 
-_NOT_THE_CALLS = (exceptions.StoreUnavailable, exceptions.ClaimInFlight, exceptions.NotAwaited)
+_NOT_THE_CALLS = (exceptions.StoreUnavailable, exceptions.ClaimInFlight)
 
 
 def celery_exit(exc: BaseException) -> str | None:

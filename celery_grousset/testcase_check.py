@@ -10,12 +10,16 @@ two kinds of test cannot contain its writes:
   database in your settings), and
 * a ``TestCase`` (pytest-django's ``django_db`` without ``transaction=True``): it rolls
   its transaction back at the end, but not the journal's commits, so a later test
-  meets the memo of an earlier one.
+  meets the memo of an earlier one; and
+* a test whose ``available_apps`` leave ``celery_grousset`` out: the tables emptied
+  after it are those of the apps listed, so the journal's rows outlive it too.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from django.apps import apps
 
 from celery_grousset.publish_check import from_testcase
 
@@ -33,6 +37,11 @@ ROLLED_BACK = (
     "its TestCase with the guard off: @override_settings(GROUSSET={**settings.GROUSSET, "
     "'BYPASS': True}) (no journal; the body runs on every call)."
 )
+HIDDEN = (
+    "this test's available_apps leave out 'celery_grousset', so the journal's table is not "
+    "emptied after it, and a later test would meet this test's memos: add "
+    "'celery_grousset' to its available_apps."
+)
 
 
 def refuse_leaks(alias: str, conn: Any = None) -> None:
@@ -48,6 +57,8 @@ def refuse_leaks(alias: str, conn: Any = None) -> None:
         raise forbidden(NOT_THIS_TESTS.format(alias=alias))
     if conn.atomic_blocks and any(from_testcase(b) for b in conn.atomic_blocks):
         raise forbidden(ROLLED_BACK)
+    if apps.stored_app_configs and not apps.is_installed("celery_grousset"):
+        raise forbidden(HIDDEN)  # (stored_app_configs: set_available_apps in force)
 
 
 def this_threads_connections() -> dict[str, Any]:

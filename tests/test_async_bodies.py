@@ -64,6 +64,34 @@ def test_an_async_def_function_is_refused_by_protect_before_it_claims(journal: s
     assert not Outcome.objects.using(journal).filter(args_repr__contains=key).exists()
 
 
+def test_an_async_callable_that_is_no_async_def_function_is_refused_before_it_claims(
+    journal: str,
+) -> None:
+    """sync_to_async(fn) and an object whose __call__ is async def passed the check: they
+    claimed, then failed NotAwaited, and with on_failure="memoize" the key kept replaying
+    NotAwaited after the code was fixed."""
+    from asgiref.sync import sync_to_async
+
+    class Booker:
+        async def __call__(self, key: str) -> str:
+            return f"booked {key}"
+
+    def book(key: str) -> str:
+        return f"booked {key}"
+
+    for body in (sync_to_async(book), Booker()):
+        key = f"async-{uuid.uuid4().hex[:8]}"
+        # When protect() is given it / Then it is refused before anything is claimed
+        with pytest.raises(NotAwaited, match="async def"):
+            protect(key, body, key, max_processing_time=30, database=journal,
+                    on_failure="memoize")  # fmt: skip
+        assert not Outcome.objects.using(journal).filter(args_repr__contains=key).exists()
+        # And the fixed call runs (nothing was memoized)
+        assert protect(key, book, key, max_processing_time=30, database=journal) == (
+            f"booked {key}"
+        )
+
+
 @pytest.mark.parametrize("options", [{}, {"transactional": True}, {"on_failure": "memoize"}])
 def test_a_body_that_returns_an_unawaited_coroutine_is_never_recorded_completed(
     journal: str, temp_task: Any, options: dict[str, Any]

@@ -292,6 +292,20 @@ def test_a_guarded_call_without_the_fixtures_is_refused_where_its_claims_would_l
         class DjangoTransactionTestCase(TransactionTestCase):
             def test_in_a_transactiontestcase(self):
                 assert send.apply((5,)).get() == 5
+
+        @pytest.mark.django_db
+        def test_transactional_db_fixture(transactional_db, grousset_journal):
+            assert send.apply((6,)).get() == 6
+
+        @pytest.mark.django_db(transaction=True, available_apps=["tests.ledger"])
+        def test_available_apps_without_the_journal():
+            send.apply((7,)).get()
+
+        class DjangoAvailableApps(TransactionTestCase):
+            available_apps = ["tests.ledger"]
+
+            def test_in_a_testcase_of_some_apps(self):
+                send.apply((8,)).get()
     """))
     pytester._monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(ROOT)]))
     pytester._monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.settings")
@@ -301,11 +315,15 @@ def test_a_guarded_call_without_the_fixtures_is_refused_where_its_claims_would_l
     # Then the two whose claims would outlive the test (or go to the settings' database)
     # fail, each naming the mark to use (a Django TestCase is one too); the transactional
     # ones pass
-    result.assert_outcomes(passed=2, failed=3)
+    # (a test that asks for transactional_db is transactional whatever its mark; one whose
+    # available_apps leave the journal's app out would leave its rows to the next test)
+    result.assert_outcomes(passed=3, failed=5)
     for line in (  # each its own line, in whatever order pytest lists the failures
         "*test_rollback_only*rolled-back test transaction*django_db(transaction=True)*",
         "*test_no_test_database*no test database*django_db(transaction=True)*",
         "*test_in_a_testcase*rolled-back test transaction*",
+        "*test_available_apps_without_the_journal*available_apps leave out 'celery_grousset'*",
+        "*test_in_a_testcase_of_some_apps*available_apps leave out 'celery_grousset'*",
     ):
         result.stdout.fnmatch_lines([line])
 
