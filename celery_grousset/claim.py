@@ -361,7 +361,8 @@ def gave_up_message(takeovers: int | str) -> str:
         "ran past max_processing_time, before completing. The task probably kills its "
         "worker (memory limit, segfault, hard time limit) or runs longer than its "
         "max_processing_time (an attempt still running records its outcome when it ends: "
-        "make sure none is before releasing). Fix the task, run `manage.py "
-        "grousset_release <fingerprint> --force`, then publish the call again: the "
-        "deliveries that gave up were acknowledged."
+        "if `manage.py grousset_inspect <fingerprint>` then reads completed, the call ran). "
+        "Otherwise, once none runs, fix the task, run `manage.py grousset_release "
+        "<fingerprint> --force`, then publish the call again: the deliveries that gave up "
+        "were acknowledged."
     )

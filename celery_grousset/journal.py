@@ -179,14 +179,16 @@ def forget_plan(rec: Outcome, at: datetime) -> tuple[bool, str]:
 
 def forget(rec: Outcome, alias: str) -> datetime | None:
     """End the retention window now (the row and its fence stay: the next claim gets
-    fence + 1). None: the row changed meanwhile (claimed again) and was left alone."""
+    fence + 1). None: the row changed meanwhile (claimed again, or a given-up row
+    completed by its attempt) and was left alone."""
     from celery_grousset.models import Outcome
 
     at = now(alias)
     done = (
         Outcome.objects.using(alias)
-        .filter(pk=rec.pk, fence=rec.fence, expires_on__gt=at)
-        .exclude(status=Status.IN_FLIGHT.value)
+        .filter(pk=rec.pk, fence=rec.fence, expires_on__gt=at, status=rec.status,
+                result_encoding=rec.result_encoding)  # (as read: a given-up row's holder
+        .exclude(status=Status.IN_FLIGHT.value)  # may have completed it since)
         .update(expires_on=at)
     )
     if done:

@@ -38,9 +38,9 @@ ROLLED_BACK = (
     "'BYPASS': True}) (no journal; the body runs on every call)."
 )
 HIDDEN = (
-    "this test's available_apps leave out 'celery_grousset', so the journal's table is not "
-    "emptied after it, and a later test would meet this test's memos: add "
-    "'celery_grousset' to its available_apps."
+    "this test's available_apps (or INSTALLED_APPS override) leave out 'celery_grousset', "
+    "so the journal's table is not emptied after it, and a later test would meet this "
+    "test's memos: add 'celery_grousset' to them."
 )
 
 

@@ -634,6 +634,30 @@ def test_release_refuses_completed_without_force(store: Store, alias: str, proce
     assert res.owned and res.kind is Kind.EXPIRED and res.fence > before.fence
 
 
+def test_forget_leaves_a_given_up_row_its_attempt_completed_since_it_was_read(
+    store: Store, alias: str, processor: str
+) -> None:
+    """A given-up row's holder may still complete it; a forget based on a read of the
+    given-up row wiped that completed outcome (a second charge once published again)."""
+    from celery_grousset import journal as ops
+
+    # Given a claim taken over max_takeovers (0) times: the duplicate gave up on it
+    fp = new_fp()
+    slow = req(processor, fp, max_takeovers=0)
+    assert store.claim(slow).owned
+    rows(alias, processor).update(stale_at=_db_now(alias) - timedelta(seconds=1))
+    assert store.claim(req(processor, fp, max_takeovers=0)).kind is Kind.GAVE_UP
+    read = rows(alias, processor).get()
+    # When its attempt, only slow, completes before the operator's forget lands
+    done = Completion("completed", b'"charged"', "application/json;utf-8")
+    assert store.finish(processor, fp, slow.token, done)
+    # Then the forget of the row as read leaves it: the completed outcome stands
+    assert ops.forget(read, alias) is None
+    after = rows(alias, processor).get()
+    assert (after.status, after.expires_on) == ("completed", read.expires_on)
+    assert store.claim(req(processor, fp)).kind is Kind.COMPLETED
+
+
 def test_release_needs_processor_when_several_hold_it(
     store: Store, alias: str, processor: str
 ) -> None:

@@ -297,6 +297,10 @@ def test_a_guarded_call_without_the_fixtures_is_refused_where_its_claims_would_l
         def test_transactional_db_fixture(transactional_db, grousset_journal):
             assert send.apply((6,)).get() == 6
 
+        @pytest.mark.django_db(reset_sequences=True)
+        def test_reset_sequences(grousset_journal):
+            assert send.apply((9,)).get() == 9
+
         @pytest.mark.django_db(transaction=True, available_apps=["tests.ledger"])
         def test_available_apps_without_the_journal():
             send.apply((7,)).get()
@@ -315,15 +319,16 @@ def test_a_guarded_call_without_the_fixtures_is_refused_where_its_claims_would_l
     # Then the two whose claims would outlive the test (or go to the settings' database)
     # fail, each naming the mark to use (a Django TestCase is one too); the transactional
     # ones pass
-    # (a test that asks for transactional_db is transactional whatever its mark; one whose
+    # (a test that asks for transactional_db, or resets sequences, is transactional whatever
+    # its mark's transaction=; one whose
     # available_apps leave the journal's app out would leave its rows to the next test)
-    result.assert_outcomes(passed=3, failed=5)
+    result.assert_outcomes(passed=4, failed=5)
     for line in (  # each its own line, in whatever order pytest lists the failures
         "*test_rollback_only*rolled-back test transaction*django_db(transaction=True)*",
         "*test_no_test_database*no test database*django_db(transaction=True)*",
         "*test_in_a_testcase*rolled-back test transaction*",
-        "*test_available_apps_without_the_journal*available_apps leave out 'celery_grousset'*",
-        "*test_in_a_testcase_of_some_apps*available_apps leave out 'celery_grousset'*",
+        "*test_available_apps_without_the_journal*available_apps*leave out 'celery_grousset'*",
+        "*test_in_a_testcase_of_some_apps*available_apps*leave out 'celery_grousset'*",
     ):
         result.stdout.fnmatch_lines([line])
 

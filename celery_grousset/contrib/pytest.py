@@ -172,6 +172,7 @@ def _refuse_rollback_only_db(request: pytest.FixtureRequest) -> None:
             _refuse(request, _NO_TEST_DATABASE)
         return
     transaction = marker.kwargs.get("transaction", marker.args[0] if marker.args else False)
+    transaction = transaction or marker.kwargs.get("reset_sequences", False)  # (implies it)
     # (a test that asks for transactional_db, or live_server, gets one whatever its mark)
     if not transaction and not {"transactional_db", "live_server"} & set(request.fixturenames):
         from celery_grousset.testcase_check import ROLLED_BACK
