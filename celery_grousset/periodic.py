@@ -50,8 +50,11 @@ def slot_time(schedule: Any, last_run_at: datetime) -> datetime | None:
     round to the same multiple name the same slot (runs either side of the midpoint
     between two multiples do not, however close: docs/periodic.md), and one beat's runs
     (at least an interval apart) never share one. A ``relative`` interval's due time is
-    rounded by Celery already (down to the interval's largest unit: its runs may come
-    less than an interval apart), so it is the slot as it is.
+    rounded down by Celery to the interval's largest unit (a day, an hour, a minute, a
+    second), so one beat's runs come as little as the interval rounded down to that unit
+    apart (a 90-minute entry: an hour): its slot is its due time rounded *down* to a grid
+    of that spacing, which two runs of one beat never share and two beats' due times in
+    one grid step agree on.
     """
     from celery.schedules import crontab, solar
     from celery.schedules import schedule as interval
@@ -64,18 +67,26 @@ def slot_time(schedule: Any, last_run_at: datetime) -> datetime | None:
             # moved a due time on the midpoint of the grid to one side or the other)
             last, every = schedule.maybe_make_aware(last_run_at), schedule.seconds
             due = now + remaining(last, timedelta(seconds=every), now, schedule.relative)
-            step = 1.0 if schedule.relative or every <= 0 else float(every)
+            step, nearest = (_relative_step(every), 0.0) if schedule.relative else (every, 0.5)
         else:
             if isinstance(schedule, crontab):  # its fields read in its own zone (Celery
                 # 5.3 read an aware last_run_at's own: django-celery-beat's are in UTC)
                 zone: Any = schedule.tz
                 last_run_at = schedule.maybe_make_aware(last_run_at).astimezone(zone)
             due = now + schedule.remaining_estimate(last_run_at)
-            step = 1.0
+            step, nearest = 1.0, 0.5
     except (AttributeError, NotImplementedError, TypeError):
         return None
-    due = due.astimezone(timezone.utc)
-    return datetime.fromtimestamp(math.floor(due.timestamp() / step + 0.5) * step, timezone.utc)
+    step = float(step) if step > 0 else 1.0
+    when = math.floor(due.astimezone(timezone.utc).timestamp() / step + nearest) * step
+    return datetime.fromtimestamp(when, timezone.utc)
+
+
+def _relative_step(every: float) -> float:
+    """The least spacing of a ``relative`` interval's runs: the interval rounded down to
+    its largest unit, as Celery's ``delta_resolution`` rounds its due times."""
+    unit = next(u for u in (86_400.0, 3_600.0, 60.0, 1.0) if every >= u or u == 1.0)
+    return max(unit * math.floor(every / unit), 1.0)
 
 
 def entry_slot(entry: Any) -> str | None:

@@ -55,6 +55,22 @@ def test_a_relative_intervals_runs_each_get_a_slot_of_their_own() -> None:
                          datetime(2026, 12, 7, 14, 0, tzinfo=UTC)]  # fmt: skip
 
 
+def test_two_beats_name_the_same_slot_of_a_relative_interval() -> None:
+    """Its due time as the slot, two beats 1.5 s apart on a relative 10 s entry named two
+    slots, and both runs happened."""
+    app = _app("UTC")
+    now = datetime(2026, 12, 7, 12, 0, 9, tzinfo=UTC)
+    every = schedule(timedelta(seconds=10), relative=True, nowfun=lambda: now, app=app)
+    # Given two beats that last ran the entry 1.5 s apart
+    a = slot_time(every, datetime(2026, 12, 7, 12, 0, 0, 200000, tzinfo=UTC))
+    b = slot_time(every, datetime(2026, 12, 7, 12, 0, 1, 700000, tzinfo=UTC))
+    # Then both name one slot, and one beat's next run the next one
+    assert a == b == datetime(2026, 12, 7, 12, 0, 10, tzinfo=UTC)
+    assert slot_time(every, datetime(2026, 12, 7, 12, 0, 10, 300000, tzinfo=UTC)) == (
+        datetime(2026, 12, 7, 12, 0, 20, tzinfo=UTC)
+    )
+
+
 def test_an_interval_due_on_the_grids_midpoint_rounds_the_same_way_every_time() -> None:
     """The due time was now + (end - a second reading of the clock): on the midpoint of
     the grid, whether the clock moved between the two readings chose the slot."""
