@@ -564,6 +564,8 @@ def test_a_router_that_refuses_the_journal_s_migrations_is_named_with_the_fix(
         hint = w009.hint or ""
         assert "allow_migrate() refuses app 'celery_grousset' on 'routed'" in hint
         assert "migrate celery_grousset zero --fake --database routed" in hint
+        # (and the other way out, where the router means the journal to live: "default")
+        assert "set GROUSSET['DATABASE'] = 'default'" in hint, hint
         # (and does not say that `migrate` is about to fix it: under this router it is not)
         assert "about to fix it" not in hint, hint
     # And those steps, once the router allows it, create the tables: W009 goes

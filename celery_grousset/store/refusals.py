@@ -126,11 +126,18 @@ def missing_table_fix(alias: str | None = None) -> str:
     if not apps.is_installed("celery_grousset"):
         return "add 'celery_grousset' to INSTALLED_APPS, then " + fix
     if alias is not None and not _router_allows(alias):
+        from django.db import connections
+
+        there = [a for a in connections.settings if a != alias and _router_allows(a)]
+        meant = (f" (or, if the router keeps the journal on {there[0]!r} on purpose, set "
+                 f"GROUSSET['DATABASE'] = {there[0]!r}, and each task's database option)"
+                 if len(there) == 1 else "")  # fmt: skip
         return (
             f"a DATABASE_ROUTERS router's allow_migrate() refuses app 'celery_grousset' on "
             f"{alias!r}, so `migrate` records its migrations there without creating its "
             f"tables: make it return True for that app on {alias!r}; then run `manage.py "
-            f"migrate celery_grousset zero --fake{on}` (forget the recorded ones) and {fix[4:]}"
+            f"migrate celery_grousset zero --fake{on}` (forget the recorded ones) and "
+            f"{fix[4:-1]}{meant}."
         )
     if alias is not None and _recorded_without_table(alias):
         return (
