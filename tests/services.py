@@ -203,16 +203,39 @@ def extra_database(alias: str, **settings: Any) -> Iterator[None]:
         reset_stores()
 
 
-def cut_broker_clients(redis_url: str) -> int:
-    """Kill every client of the broker's Redis database but this one (a lost broker
-    connection, as the workers see it); how many were killed (at least one)."""
+def cut_broker_clients(redis_url: str, pid: int | None = None) -> int:
+    """Kill the clients of the broker's Redis database but this one (a lost broker
+    connection, as the workers see it): only process ``pid``'s when given (a test's own
+    worker: cutting every client also cut the workers of the tests running beside it,
+    whose broadcast subscription, revoke's, did not come back); how many were killed
+    (at least one)."""
     import redis
 
     client = redis.Redis.from_url(redis_url)
     db = client.connection_pool.connection_kwargs.get("db", 0)
     mine = client.client_id()
-    cut = [c["id"] for c in client.client_list() if int(c["db"]) == db and c["id"] != mine]
+    ports = None if pid is None else _local_ports(pid)
+    cut = [c["id"] for c in client.client_list() if int(c["db"]) == db and c["id"] != mine
+           and (ports is None or int(str(c["addr"]).rsplit(":", 1)[1]) in ports)]  # fmt: skip
     for client_id in cut:
         client.client_kill_filter(_id=client_id)
     assert cut, "no client of the broker's database to cut"
     return len(cut)
+
+
+def _local_ports(pid: int) -> set[int]:
+    """The local TCP ports of process ``pid``'s sockets (Linux: /proc)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/net/{table}") as fh:
+            for line in fh.read().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 9 and fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports

@@ -505,7 +505,7 @@ def test_a_broker_connection_lost_gives_back_the_claims_of_requests_waiting_for_
     queue = f"q-{uuid.uuid4().hex[:10]}"
     extra = ["--grousset-batch", "-c", "1", "--prefetch-multiplier", "4"]
     keys = [f"lost-{uuid.uuid4().hex[:8]}-{i}" for i in range(4)]
-    with workers(queue, 1, database=alias, broker=redis_url, extra=extra):
+    with workers(queue, 1, database=alias, broker=redis_url, extra=extra) as [worker]:
         # Given the only child busy with a 3 s body, three requests claimed behind it
         results = [effect.apply_async((keys[0],), {"sleep": 3.0}, queue=queue)]
         wait_for(lambda: Effect.objects.using(alias).filter(key=keys[0]).exists(), 30, "a body")
@@ -514,7 +514,7 @@ def test_a_broker_connection_lost_gives_back_the_claims_of_requests_waiting_for_
         assert not Effect.objects.using(alias).filter(key__in=keys[1:]).exists()
         # When the worker's broker connection is lost
         started = time.monotonic()
-        services.cut_broker_clients(redis_url)
+        services.cut_broker_clients(redis_url, worker.proc.pid)
         # Then every call completes soon (max_processing_time is 30 s), each effect once,
         # none of them taken over
         for r in results:
@@ -543,7 +543,7 @@ def test_a_broker_connection_cut_loses_and_doubles_nothing(
     wait_for(lambda: Effect.objects.using(alias).filter(key__in=keys).exists(), 30, "a body")
     # When the worker's broker connections are cut mid-stream (its consumer restarts,
     # rebuilding the strategies; requests in flight come back from the broker)
-    services.cut_broker_clients(redis_url)
+    services.cut_broker_clients(redis_url, worker.proc.pid)
     # Then every call completes, each effect once, each claimed by the main process
     values = [r.get(timeout=120) for r in results]
     assert [v["key"] for v in values] == keys
