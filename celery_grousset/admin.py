@@ -362,15 +362,16 @@ class OutcomeAdmin(ReadOnlyAdmin):
             }  # fmt: skip
             template = "celery_grousset/admin/confirm_action.html"
             return TemplateResponse(request, template, context)
-        done, seen = 0, set(request.POST.getlist("grousset_seen"))
+        done, moved, seen = 0, 0, set(request.POST.getlist("grousset_seen"))
         on = f" (journal database {queryset.db!r})" if len(journal_databases_shown()) > 1 else ""
         for obj, eligible, _note in plan:
-            message = apply(obj) if eligible and _seen(obj) in seen else None
-            if message is not None:  # (on: a row's pk is another row's on another database)
-                self.log_change(request, obj, message + on)
+            if eligible and _seen(obj) not in seen:
+                moved += 1
+            elif eligible and (message := apply(obj)) is not None:
+                self.log_change(request, obj, message + on)  # (on: a pk is per database)
                 done += 1
         text = summary.format(done) + f"; {len(plan) - done} left as they were."
-        if moved := sum(1 for obj, eligible, _ in plan if eligible and _seen(obj) not in seen):
+        if moved:
             text += f" {moved} had changed since the confirmation page (or were not on it)."
         self.message_user(request, text, messages.SUCCESS if done else messages.WARNING)
         return None

@@ -221,9 +221,9 @@ def _coroutine_function(fn: object) -> bool:
     """``fn`` returns a coroutine when called: an ``async def`` function (or a partial of
     one), asgiref's ``sync_to_async(…)`` (marked as one), or an object whose ``__call__``
     is an ``async def``."""
-    from asgiref.sync import iscoroutinefunction
+    from asgiref.sync import iscoroutinefunction  # (inspect's, and asgiref's own marker)
 
-    if inspect.iscoroutinefunction(fn) or iscoroutinefunction(fn):
+    if iscoroutinefunction(fn):
         return True
     kind: Any = type(fn)  # (fn is callable: its class has a __call__)
     return inspect.iscoroutinefunction(kind.__call__)

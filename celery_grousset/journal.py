@@ -186,9 +186,10 @@ def forget(rec: Outcome, alias: str) -> datetime | None:
     at = now(alias)
     done = (
         Outcome.objects.using(alias)
+        # as read: a given-up row's attempt may have completed it since
         .filter(pk=rec.pk, fence=rec.fence, expires_on__gt=at, status=rec.status,
-                result_encoding=rec.result_encoding)  # (as read: a given-up row's holder
-        .exclude(status=Status.IN_FLIGHT.value)  # may have completed it since)
+                result_encoding=rec.result_encoding)
+        .exclude(status=Status.IN_FLIGHT.value)
         .update(expires_on=at)
     )
     if done:
