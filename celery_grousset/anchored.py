@@ -3,7 +3,7 @@ needs: every alternative of ``secret_patterns.SECRETS`` contains, at most :data:
 after its start, an *anchor* — ``=``, ``:``, ``<`` or ``%`` (a ``name=value`` pair, a
 URL, a header, an XML element, ``%3d``), the start of a run of digits (a card number),
 or ``bearer``, ``eyj`` (a JWT), ``-----beg`` (a PEM block), in any case, a quote and a
-dash (a quoted command-line flag), or the prefix
+dash (a quoted command-line flag), a quote and a comma (a ``('name', value)`` pair), or the prefix
 of an API key of a known form (``sk_live_``, ``AKIA``, ``ghp_``…: :data:`KEY_PREFIXES`).
 So a match can only start in the :data:`BACK` characters before an anchor: :func:`sub`
 tries the pattern there, and nowhere else. It gives exactly ``pattern.sub(repl, text)`` (a
@@ -28,8 +28,9 @@ _DIGITS = re.compile(r"[0-9]+")  # a run's start
 #: patterns match in exact case only, so a long s or a Kelvin sign never makes them match
 KEY_PREFIXES = ("sk_", "rk_", "whsec_", "akia", "asia", "ghp_", "gho_", "ghu_", "ghs_",
                 "ghr_", "github_pat_", "xox", "aiza", "glpat-", "sg.", "sk-")  # fmt: skip
-#: a command-line flag quoted in text (``'--password', 'x'``): its opening quote and dash
-QUOTED_FLAGS = ("'-", '"-')
+#: a command-line flag quoted in text (``'--password', 'x'``): its opening quote and dash;
+#: a pair quoted in text (``('password', 'x')``): the quote and comma after its name
+QUOTED_FLAGS = ("'-", '"-', "',", '",')
 #: words found in the lower-cased text (those matched in any case have no i, k or s,
 #: where lower() is not exact), overlapping ones too (``sk-----begin``)
 _WORDS = re.compile(

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery_grousset import signals
 from celery_grousset.claim import Kind
-from celery_grousset.memo import redacted_text
+from celery_grousset.memo import error_summary, redacted_text
 
 if TYPE_CHECKING:
     from celery_grousset.claim import ClaimRequest
@@ -70,7 +70,7 @@ def emit(
 def error_text(exc: BaseException) -> str:
     """An exception for a line's ``error`` field: its type and redacted text (a driver's
     text may quote a DSN), cut to 300 characters."""
-    return redacted_text(f"{type(exc).__name__}: {exc}", 300)
+    return error_summary(exc, 300)
 
 
 def claimed(req: ClaimRequest, res: ClaimResult, seconds: float) -> None:

@@ -93,15 +93,17 @@ def redacted_text(text: str, limit: int = ERROR_MAX) -> str:
     return clean_text(_without_secrets(redact_text(text[:_REDACT_MAX], keys)), limit)
 
 
-def error_summary(exc: BaseException | None) -> str:
-    """``Type: message`` of an exception, redacted; never raises (a ``__str__`` may)."""
+def error_summary(exc: BaseException | None, limit: int = ERROR_MAX) -> str:
+    """``Type: message`` of an exception, redacted; never raises (a ``__str__`` may).
+    The message is redacted on its own: after ``Type: ``, a ``password = …`` would be
+    read as the value of a pair named by the type."""
     if exc is None:
         return "an exception that could not be recorded"
     try:
-        text = f"{type(exc).__name__}: {exc}"
+        message = str(exc)
     except Exception:
-        text = f"{type(exc).__name__}: <str() of the exception raised>"
-    return redacted_text(text)
+        message = "<str() of the exception raised>"
+    return clean_text(f"{type(exc).__name__}: {redacted_text(message, _REDACT_MAX)}", limit)
 
 
 def _not_stored(why: str) -> tuple[None, str, str]:

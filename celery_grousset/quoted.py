@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from datetime import date, time
+from decimal import Decimal
 from urllib.parse import quote, quote_plus
 
 from celery_grousset.redact import (
@@ -49,6 +52,10 @@ def call_secrets(
     return secret_values((kwargs if bound is None else bound).items(), redact_keys)
 
 
+#: the values whose text a message may quote (a UUID, a Decimal, a date: as str() gives it)
+_SCALARS = (str, bytes, int, float, Decimal, uuid.UUID, date, time)
+
+
 def secret_values(
     named: Iterable[tuple[object, object]], redact_keys: Collection[str] = DEFAULT_REDACT_KEYS
 ) -> list[str]:
@@ -61,7 +68,7 @@ def secret_values(
     sensitive = is_sensitive_under(redact_keys)
 
     def walk(value: object, depth: int, secret: bool) -> None:
-        if secret and isinstance(value, (str, bytes, int)) and not isinstance(value, bool):
+        if secret and isinstance(value, _SCALARS) and not isinstance(value, bool):
             text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
             found.update(_as_quoted(text) if len(text) >= 4 else ())
         elif isinstance(value, Mapping) and depth < 8:

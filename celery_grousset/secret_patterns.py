@@ -61,9 +61,11 @@ SECRETS = re.compile(
     r"(?P<xvalue><!\[CDATA\[(?:[^\]]|\](?!\]>)){0,4096}\]\]>|[^<\n]{1,4096})(?=</(?P=xkey)>)"
     # a card number: 13-19 digits, spaced or dashed in groups (the Luhn check decides)
     rf"|(?<![0-9])(?P<pan>{_CARD})"
-    # '--name', 'value': a command line quoted in text (subprocess.CalledProcessError)
-    rf"|(?P<fname>(?P<fq>['\"])-{{1,2}}(?P<fkey>{_BARE_NAME})(?P=fq),\s{{0,8}})"
-    rf"(?P<fvalue>{_QUOTED})"
+    # '--name', 'value': a command line quoted in text (subprocess.CalledProcessError);
+    # 'name', 'value': a pair (a header list's ('Authorization', '…'), an error's args)
+    # (a pair's value is not a flag: '-v', '--password', 'x' is a flag and its value)
+    rf"|(?P<fname>(?P<fq>['\"])(?P<fdash>-{{1,2}})?(?P<fkey>{_BARE_NAME})(?P=fq),\s{{0,8}})"
+    rf"(?(fdash)|(?!['\"]-))(?P<fvalue>{_QUOTED})"
     # 'name': value / "name": value (reprs, JSON; 'name' => value: PHP, Ruby)
     # (a name with a path or an index: "db:password", "user[password]"; inside a JSON
     # string, its quotes escaped: \"password\": \"…\")
@@ -77,10 +79,14 @@ SECRETS = re.compile(
     rf"(?P<key>-{{0,2}}{_BARE_NAME}"
     r"|[A-Za-z_][A-Za-z0-9_]{0,24}\[[A-Za-z0-9_.\-]{1,24}\])"  # user[password]= (a form)
     r"\s{0,8}(?:[=:]|%3d)\s{0,8})"
-    # (the value may start with an auth scheme: token=Bearer <token>; never with a name,
-    # a colon and a space, which start a pair of their own: "ValueError: password: x";
-    # "password=dGVzdA==", "key=v1:abc" are values)
-    r"(?!(?:[A-Za-z_][A-Za-z0-9_.\-]{0,63}:(?:\s|\Z)|['\"][A-Za-z0-9_.\- ]{1,64}['\"]\s{0,8}:))"
+    # (the value may start with an auth scheme: token=Bearer <token>; never with a name
+    # and a colon and a space, or a space and a separator, which start a pair of their
+    # own: "ValueError: password: x", "FATAL: password = x"; nor with a pair whose value
+    # starts with an auth scheme: "Error: Authorization=Basic x". "password=dGVzdA==",
+    # "key=v1:abc" are values)
+    r"(?!(?:[A-Za-z_][A-Za-z0-9_.\-]{0,63}(?::(?:\s|\Z)|\s{1,8}(?:[=:]|%3d))"
+    rf"|[A-Za-z_][A-Za-z0-9_.\-]{{0,63}}\s{{0,8}}(?:[=:]|%3d)\s{{0,8}}(?:{_SCHEMES})\s"
+    r"|['\"][A-Za-z0-9_.\- ]{1,64}['\"]\s{0,8}:))"
     rf"(?P<kvalue>{_PEM}|{_QUOTED}|{_LONG_QUOTED}|{_CARD}|{_FLAT}|{_CALL}|{_BYTES}"
     rf"|(?:(?:{_SCHEMES})\s{{1,8}}(?![A-Za-z_][A-Za-z0-9_.\-]{{0,63}}[=:]))?(?![\[{{(])[^\s&,;)\]}}'\"]{{1,65536}})",
     re.IGNORECASE,

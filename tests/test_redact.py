@@ -607,6 +607,28 @@ def test_a_secret_quoted_in_another_argument_is_masked_there_too() -> None:
         assert "ERR01pwvalue" not in text and "login failed with ***" in text, text
 
 
+def test_a_sensitive_uuid_decimal_or_float_quoted_elsewhere_is_masked_too() -> None:
+    import uuid
+    from datetime import date
+    from decimal import Decimal
+
+    from celery_grousset import guard
+    from celery_grousset.quoted import call_secrets, without_values
+
+    token = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    kwargs = {"session_token": token, "account_number": Decimal("98765432101"),
+              "pin_code": 9876.5432, "secret_day": date(2031, 5, 17),
+              "note": f"renew {token} acct 98765432101 pin 9876.5432 on 2031-05-17"}  # fmt: skip
+    # Given sensitive arguments that are not str / When the call is shown
+    text = guard.redacted((), kwargs, None)
+    # Then their values are masked where another argument quotes them
+    for value in (str(token), "98765432101", "9876.5432", "2031-05-17"):
+        assert value not in text, (value, text)
+    # ... and where an exception's message quotes them (a body's f-string)
+    message = without_values(f"session {token} rejected", call_secrets(kwargs, None))
+    assert message == "session *** rejected"
+
+
 @given(
     text=st.text(alphabet=st.characters(max_codepoint=127), max_size=60),
     value=st.text(alphabet=st.characters(max_codepoint=127), min_size=1, max_size=6),
@@ -820,3 +842,52 @@ def test_a_secret_quoted_url_encoded_or_as_a_json_string_is_masked_too() -> None
                 assert form not in text and "/export?ref=***&x=1" in text, (form, text)
     finally:
         memo.SECRETS.reset(scope)
+
+
+@pytest.mark.parametrize(
+    ("message", "secret"),
+    [
+        ("password = hunter2pw", "hunter2pw"),
+        ("password\t=\ttabpw1234", "tabpw1234"),
+        ("settings: password = hunter2pw", "hunter2pw"),
+        ("FATAL:  password = x1234abc", "x1234abc"),
+        ("password : abcd1234", "abcd1234"),
+        ("auth: secret = s3cr3tvalue", "s3cr3tvalue"),
+        ("Authorization=Basic dXNlcjpwYXNz", "dXNlcjpwYXNz"),
+        ("token=Bearer abcdef123456", "abcdef123456"),
+    ],
+)
+def test_a_spaced_pair_after_a_word_and_a_colon_is_redacted(message: str, secret: str) -> None:
+    """``Type: message``: the type and its colon took the pair's name for their value,
+    and the secret after ``password = `` was kept (in the journal's error column, logs)."""
+    from celery_grousset import events
+    from celery_grousset.memo import encode_exception, error_summary
+    from celery_grousset.redact import redact_text
+
+    # Given an exception whose message is a pair with spaces, or a header pair
+    exc = RuntimeError(message)
+    # When it is summarized (the journal's error, a log line's error) or redacted in text
+    shown = [error_summary(exc), events.error_text(exc), redact_text(f"Error: {message}"),
+             encode_exception(exc)[2]]  # fmt: skip
+    # Then the secret is masked in each
+    for text in shown:
+        assert secret not in text and "***" in text, text
+
+
+def test_a_name_value_pair_quoted_in_text_is_redacted_anywhere_in_a_long_text() -> None:
+    from celery_grousset.memo import encode_exception
+    from celery_grousset.redact import redact_text
+
+    # Given a (name, value) pair written out (a header list, an error's two arguments)
+    # in a long text (scanned near its anchors only) and in a short one
+    tail = " " + "x" * 400
+    for text in ("headers were [('Authorization', 'Basic dXNlcjpwYXNz')]",
+                 '["password","vaultpw12"]', "('password', 'vaultpw12')"):  # fmt: skip
+        for whole in (text, text + tail):
+            # Then its value is masked, and a pair whose name is not sensitive is kept
+            assert "dXNlcjpwYXNz" not in redact_text(whole)
+            assert "vaultpw12" not in redact_text(whole)
+    assert redact_text("['user', 'bob']" + tail) == "['user', 'bob']" + tail
+    # ... and an exception made with the pair stores neither its message nor its args
+    memo = encode_exception(ValueError("password", "vaultpw12"))
+    assert b"vaultpw12" not in memo[0] and "vaultpw12" not in memo[2]
