@@ -51,8 +51,9 @@ DEFAULT_MAX_ATTEMPTS = 10
 DEFAULT_BACKOFF = 2.0
 DEFAULT_BACKOFF_MAX = 600.0
 DEFAULT_INTERVAL = 1.0
-#: the options a sent row drops with its arguments (either may carry a token)
-_SECRET_OPTIONS = frozenset(("headers", "idempotency_key"))
+#: the options a sent row drops with its arguments (either may carry a token; a linked
+#: signature carries arguments of its own)
+_SECRET_OPTIONS = frozenset(("headers", "idempotency_key", "link", "link_error"))
 #: seconds a publish waits for the broker's confirm before it counts as failed
 DEFAULT_CONFIRM_TIMEOUT = 10.0
 

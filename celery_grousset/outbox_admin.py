@@ -93,7 +93,11 @@ def arguments_text(obj: OutboxMessage) -> str:
     from celery_grousset.published import arguments
 
     args, kwargs = arguments(obj)
-    bound = _bound(obj.task_name, args, kwargs)
+    return _call_text(obj.task_name, args, kwargs)
+
+
+def _call_text(task_name: str, args: list[Any], kwargs: dict[str, Any]) -> str:
+    bound = _bound(task_name, args, kwargs)
     if bound is None and args:
         return redacted(["***"] * len(args), kwargs, None) + (
             " (positional arguments not shown: the task is not registered in this "
@@ -102,10 +106,40 @@ def arguments_text(obj: OutboxMessage) -> str:
     return redacted(args, kwargs, bound)
 
 
+#: the options that hold signatures (``link=task.s(…)``), each with its own arguments
+_LINKS = ("link", "link_error")
+
+
 def options_text(obj: OutboxMessage) -> str:
-    """The row's ``apply_async`` options as JSON, headers included, redacted by name."""
-    shown = shown_json(obj.options if isinstance(obj.options, dict) else {}, redact_keys())
+    """The row's ``apply_async`` options as JSON, headers included, redacted by name; a
+    linked signature's arguments shown as the row's are (bound to its task by name)."""
+    options = dict(obj.options) if isinstance(obj.options, dict) else {}
+    for name in _LINKS:
+        if name in options:
+            options[name] = _linked(options[name], 0)
+    shown = shown_json(options, redact_keys())
     return json.dumps(shown, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def _linked(value: Any, depth: int) -> Any:
+    """A signature (a list of them) with its ``args`` and ``kwargs`` replaced by their
+    redacted text: a positional secret has no name in JSON to be judged by."""
+    if isinstance(value, list):
+        return [_linked(item, depth) for item in value]
+    if not isinstance(value, dict) or "args" not in value and "kwargs" not in value:
+        return value
+    args, kwargs = value.get("args") or [], value.get("kwargs") or {}
+    shown = {k: v for k, v in value.items() if k not in ("args", "kwargs")}
+    task = value.get("task")
+    if isinstance(task, str) and isinstance(args, list) and isinstance(kwargs, dict):
+        shown["arguments"] = _call_text(task, args, kwargs)
+    else:
+        shown["arguments"] = "(not shown)"
+    nested = shown.get("options")
+    if isinstance(nested, dict) and depth < 8:
+        shown["options"] = {k: _linked(v, depth + 1) if k in _LINKS else v
+                            for k, v in nested.items()}  # fmt: skip
+    return shown
 
 
 @admin.register(OutboxMessage)

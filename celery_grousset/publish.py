@@ -143,8 +143,10 @@ def as_call(task: GroussetTaskMixin, item: Any, validate_payload: bool = True) -
         try:
             check(*args, **kwargs)
         except TypeError as exc:
-            raise InvalidArgument(f"{task.name}.publish_unique: the call {item!r} does not fit "
-                                  f"the task's parameters: {exc}") from exc  # fmt: skip
+            raise InvalidArgument(  # (the call's values not quoted: one may be a secret)
+                f"{task.name}.publish_unique: a call with {len(args)} positional and "
+                f"keyword arguments {sorted(kwargs)} does not fit the task's parameters: {exc}"
+            ) from exc
     fp, payload = fingerprint_and_payload(task.grousset_call(args, kwargs, key), validate_payload)
     return Call(args, kwargs, key, fp, payload)
 

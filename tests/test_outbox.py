@@ -70,8 +70,9 @@ def messages(queue: str) -> list[dict[str, Any]]:
         if client.type(name) == b"list":
             for raw in client.lrange(name, 0, -1):
                 msg = json.loads(raw)
-                args, kwargs, _ = json.loads(base64.b64decode(msg["body"]))
-                out.append({**msg["headers"], "args": args, "kwargs": kwargs})
+                args, kwargs, embed = json.loads(base64.b64decode(msg["body"]))
+                out.append({**msg["headers"], "args": args, "kwargs": kwargs,
+                            "callbacks": embed.get("callbacks")})  # fmt: skip
     return out
 
 
@@ -92,7 +93,8 @@ def test_only_committed_messages_are_published_once_each(alias: str, queue: str)
         outbox.enqueue(effect, ("lost",), using=alias, queue=queue)
         raise RuntimeError("rollback")
     with transaction.atomic(using=alias):
-        outbox.enqueue("tests.tasks.effect", ("c",), using=alias, queue=queue, idempotency_key="k")
+        outbox.enqueue("tests.tasks.effect", ("c",), using=alias, queue=queue, idempotency_key="k",
+                       link=effect.s("LinkArg_3"))  # fmt: skip
     assert mine.count() == 3 and mine.filter(status="pending").count() == 3
     first.refresh_from_db(using=alias)
     assert first.created_at is not None and first.available_at <= _db_now(alias)
@@ -109,10 +111,12 @@ def test_only_committed_messages_are_published_once_each(alias: str, queue: str)
     keys = {m["args"][0]: m.get(KEY_HEADER) for m in got}
     assert keys == {"a": None, "b": None, "c": "k"}
     assert [m.get("x-auth") for m in got] == [None, "HeaderTok_9", None]
-    # ... and the rows are sent, their arguments, headers and keys dropped (either may be
-    # a token), the rest kept
+    assert [m["callbacks"][0]["args"] for m in got if m["callbacks"]] == [["LinkArg_3"]]
+    # ... and the rows are sent, their arguments, headers, keys and linked signatures
+    # dropped (each may hold a token), the rest kept
     assert all(r.status == "sent" and r.sent_at and r.args == [] and r.attempts == 1
                and "headers" not in r.options and "idempotency_key" not in r.options
+               and "link" not in r.options
                and r.options["queue"] == queue for r in rows.values())  # fmt: skip
 
 
