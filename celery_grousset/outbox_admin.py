@@ -126,7 +126,7 @@ def _linked(value: Any, depth: int) -> Any:
     redacted text: a positional secret has no name in JSON to be judged by."""
     if isinstance(value, list):
         return [_linked(item, depth) for item in value]
-    if not isinstance(value, dict) or "args" not in value and "kwargs" not in value:
+    if not isinstance(value, dict) or ("args" not in value and "kwargs" not in value):
         return value
     args, kwargs = value.get("args") or [], value.get("kwargs") or {}
     shown = {k: v for k, v in value.items() if k not in ("args", "kwargs")}
