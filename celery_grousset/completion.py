@@ -179,7 +179,7 @@ def _run_transactional(
     conn, raw, started, body = connections[store.alias], None, time.monotonic(), txbody.Body()
     try:
         with transaction.atomic(using=store.alias):
-            raw = conn.connection  # the connection this transaction runs on
+            raw = _begin(store, conn)  # the connection this transaction runs on
             value = txbody.run(body, conn, store.alias, req, fn)
             fault("after_effect")
             t0 = time.perf_counter()
@@ -202,7 +202,7 @@ def _run_transactional(
         if conflict or (refused and not connection_lost(conn, raw, exc)):
             release_lost(store, req, res.fence, exc)  # never the task's failure
             why = ("rolled the transaction back for a conflict with another transaction"
-                   if conflict else "did not take the transaction's completion (a lock "
+                   if conflict else f"did not take the transaction's {_part(caught)} (a lock "
                    "wait timeout, a refusal)")  # fmt: skip
             raise TransactionLost(
                 f"{req.task_name}: the journal database {store.alias!r} {why}: "
@@ -234,8 +234,28 @@ def _committed(req: ClaimRequest, completion: Completion, t0: float, started: fl
 
 
 class _NotTaken(Exception):
-    """The transactional completion's own statement raised (the journal's trouble: a
+    """A statement of the journal's own in the body's transaction raised (its trouble: a
     lock wait timeout, a permission refused), as the cause: not the body's failure."""
+
+    def __init__(self, message: str, what: str = "completion") -> None:
+        super().__init__(message)
+        self.what = what  # the statement's part: "completion", "write lock"
+
+
+def _part(exc: BaseException) -> str:
+    return exc.what if isinstance(exc, _NotTaken) else "completion"
+
+
+def _begin(store: Store, conn: Any) -> Any:
+    """The store's first statement in the body's transaction (SQLite: its one write lock,
+    so that a body that reads before it writes is not refused its first write for a
+    commit made since its read); whatever it raises is the journal's trouble. Returns
+    the DB-API connection the transaction runs on."""
+    try:
+        store.begin_transactional()
+    except Exception as exc:
+        raise _NotTaken(str(exc).rstrip(". \n"), "write lock") from exc
+    return conn.connection
 
 
 def _finish_in_transaction(store: Store, req: ClaimRequest, completion: Completion) -> bool:

@@ -177,8 +177,12 @@ def another_caller(call: Any) -> Any:
 def test_a_fenced_out_attempt_says_how_long_it_ran_and_the_fix(
     alias: str, processor: str, transactional: bool
 ) -> None:
+    from django.db import connections
+
     from celery_grousset.exceptions import FencedOut
 
+    if transactional and connections[alias].vendor == "sqlite":
+        pytest.skip("SQLite: the attempt's transaction holds the write lock a takeover needs")
     opts = {"processor_id": processor, "database": alias, "transactional": transactional}
 
     def zombie() -> str:  # runs past max_processing_time: the next call takes it over

@@ -137,6 +137,51 @@ def test_an_on_commit_callback_that_raises_leaves_the_call_committed(
     assert Effect.objects.using(alias).filter(key=key).count() == 1 and sent == []
 
 
+def test_a_body_that_reads_then_writes_is_not_refused_for_a_commit_made_in_between(
+    alias: str, processor: str
+) -> None:
+    """SQLite (WAL) refused a transaction's first write at once when another connection
+    had committed since its first read: the body failed (and with on_failure="memoize"
+    its call never ran). Its transaction now takes the write lock first."""
+    key, read, other_done, other = f"rw-{uuid.uuid4().hex[:8]}", threading.Event(), [], []
+
+    def body() -> str:
+        seen = Effect.objects.using(alias).filter(key=key).count()  # read (an order)
+        read.set()
+        for _ in range(40):  # then wait for the other call (or, blocked behind us, 1 s)
+            if other_done:
+                break
+            time.sleep(0.025)
+        Effect.objects.using(alias).create(key=f"{key}-{seen}")  # then write
+        return "booked"
+
+    def unrelated() -> None:
+        try:
+            read.wait(10)
+            other.append(protect(f"{key}-other", lambda: "other", max_processing_time=30,
+                                 processor_id=processor, database=alias))  # fmt: skip
+        except Exception as exc:  # reported by the assertion below
+            other.append(exc)
+        finally:
+            other_done.append(True)
+            connections.close_all()
+
+    # Given an unrelated guarded call that commits between the body's read and its write
+    thread = threading.Thread(target=unrelated)
+    thread.start()
+    try:
+        # When the transactional body runs
+        result = protect(key, body, max_processing_time=30, processor_id=processor,
+                         database=alias, transactional=True, on_failure="memoize")  # fmt: skip
+    finally:
+        thread.join(30)
+    # Then both calls complete, the body's write made once
+    assert result == "booked" and other == ["other"]
+    assert Effect.objects.using(alias).filter(key=f"{key}-0").count() == 1
+    rows = Outcome.objects.using(alias).filter(processor_id=processor)
+    assert sorted(rows.values_list("status", flat=True)) == ["completed", "completed"]
+
+
 def _waiting(alias: str) -> bool:
     """A row lock wait is under way on ``alias``'s server (asked on a connection of its
     own: MariaDB answers a transaction that has read its lock tables once from a snapshot

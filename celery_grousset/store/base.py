@@ -365,6 +365,11 @@ class Store(abc.ABC):
         qs = Outcome.objects.using(self.alias).order_by(column).values_list(column, flat=True)
         return [str(v) for v in qs.distinct()[:limit]]
 
+    def begin_transactional(self) -> None:
+        """The first statement of a transactional body's transaction (on Django's
+        connection to the journal): none here; row locks are taken as the body goes."""
+        return None
+
     def lock_for_batch(self, queryset: Any) -> Any:
         """``queryset`` locked for a batch in the current transaction (outbox relay, purge):
         ``FOR UPDATE SKIP LOCKED`` where the database has it."""

@@ -136,11 +136,22 @@ class SQLiteStore(LockingStore):
 
     def lock_for_batch(self, queryset: Any) -> Any:
         """SQLite has one writer: take the write lock before the batch is read."""
+        self._write_lock(queryset.model._meta.db_table)
+        return queryset
+
+    def begin_transactional(self) -> None:
+        """SQLite has one writer: a transactional body holds the write lock from its start
+        (a body that read first had its first write refused at once when another
+        connection had committed since: WAL's snapshot rule)."""
+        self._write_lock(TABLE)
+
+    def _write_lock(self, table: str) -> None:
+        """This transaction takes the database's write lock (a no-op write), waiting
+        for it up to the connection's ``timeout``."""
         from django.db import connections
 
         with connections[self.alias].cursor() as cur:
-            cur.execute(f"UPDATE {queryset.model._meta.db_table} SET id = id WHERE 1 = 0")
-        return queryset
+            cur.execute(f"UPDATE {table} SET id = id WHERE 1 = 0")
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
