@@ -48,11 +48,18 @@ def watched(journal: str, processor_id: str, task_name: str) -> Iterator[None]:
     from django.db import connections
 
     seen: set[str] = set()
-    with contextlib.ExitStack() as stack:
-        for alias in connections:
-            if alias != journal:
-                stack.enter_context(connections[alias].execute_wrapper(_watcher(alias, seen)))
-        yield
+    try:
+        with contextlib.ExitStack() as stack:
+            for alias in connections:
+                if alias != journal:
+                    stack.enter_context(connections[alias].execute_wrapper(_watcher(alias,
+                                                                                    seen)))
+            yield
+    finally:  # a body that raised too: its writes there stand, and run again
+        _say(seen, journal, processor_id, task_name)
+
+
+def _say(seen: set[str], journal: str, processor_id: str, task_name: str) -> None:
     for alias in sorted(seen):
         if (processor_id, task_name, alias) not in _said:
             _said.add((processor_id, task_name, alias))

@@ -906,3 +906,25 @@ def test_a_transactional_body_writing_to_another_database_is_said_once(
     assert (record.grousset_database, record.grousset_journal) == (other, alias)  # type: ignore[attr-defined]
     # And the writes themselves stood (nothing is refused)
     assert ledger(other, f"{name}-other-1") == 1 and ledger(alias, f"{name}-own-1") == 1
+
+
+def test_a_transactional_body_that_wrote_elsewhere_and_raised_is_said_too(
+    journal_db: str, processor: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The failing body is the one whose writes there run again: it was never said."""
+    other = "postgresql" if journal_db != "postgresql" else "default"
+    services.require_database(other)
+    key = f"elsewhere-raised-{uuid.uuid4().hex[:8]}"
+
+    def body() -> str:
+        Effect.objects.using(other).create(key=key, value="booked")
+        raise RuntimeError("card declined")
+
+    # When a transactional body writes to another database, then raises
+    with caplog.at_level(logging.WARNING, logger="celery_grousset"), pytest.raises(RuntimeError):
+        protect(key, body, processor_id=key, max_processing_time=30, database=journal_db,
+                transactional=True)  # fmt: skip
+    # Then the write elsewhere stood, and it is said, naming that database
+    assert ledger(other, key) == 1
+    record = one_line(caplog, "grousset.transactional_elsewhere")
+    assert record.grousset_database == other  # type: ignore[attr-defined]
