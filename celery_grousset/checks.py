@@ -95,14 +95,33 @@ def settings_messages() -> list[checks.CheckMessage]:
                      obj=None if p.setting == "GROUSSET" else f"GROUSSET[{p.setting!r}]")
         for p in problems
     ]  # fmt: skip
-    return found + [
-        checks.Error(f"settings.{name} is not read: celery-grousset's settings are "
-                     "settings.GROUSSET, so its values are ignored.",
-                     hint="Rename it to GROUSSET.", obj=name, id="celery_grousset.E018")
-        for name in dir(settings)
-        if name.isupper() and not name.startswith("_")  # (_GROUSSET: a module's own alias)
-        and (reads_like(name, ("GROUSSET",)) or name.endswith("_GROUSSET"))
-    ]  # fmt: skip
+    for name in dir(settings):
+        if not name.isupper() or name.startswith("_"):  # (_GROUSSET: a module's own alias)
+            continue
+        if reads_like(name, ("GROUSSET",)) or name.endswith("_GROUSSET"):
+            found.append(checks.Error(
+                f"settings.{name} is not read: celery-grousset's settings are "
+                "settings.GROUSSET, so its values are ignored.",
+                hint="Rename it to GROUSSET.", obj=name, id="celery_grousset.E018"))
+        elif key := _flat_key(name):
+            found.append(checks.Error(
+                f"settings.{name} is not read: celery-grousset reads its settings from the "
+                f"one dict settings.GROUSSET, so this value is ignored.",
+                hint=f"Move it to GROUSSET[{key!r}].", obj=name, id="celery_grousset.E018"))
+    return found
+
+
+def _flat_key(name: str) -> str | None:
+    """The GROUSSET key a flat ``GROUSSET_<KEY>`` / ``CELERY_GROUSSET_<KEY>`` setting
+    names (or reads like a misspelling of), else None."""
+    from celery_grousset.conf import SETTINGS
+    from celery_grousset.options import reads_like
+
+    for prefix in ("CELERY_GROUSSET_", "GROUSSET_"):
+        if name.startswith(prefix):
+            key = name[len(prefix):]
+            return key if key in SETTINGS else reads_like(key, SETTINGS)
+    return None
 
 
 @checks.register("celery_grousset")
@@ -272,12 +291,19 @@ def _resolved_tasks(errors: list[checks.CheckMessage]) -> list[tuple[Any, Any, A
     return resolved
 
 
+#: kombu's visibility_timeout when the transport options leave it unset
+_VISIBILITY_DEFAULTS = {"redis": 3600.0, "rediss": 3600.0, "sentinel": 3600.0, "sqs": 1800.0}
+
+
 def _visibility_timeout(app: Any) -> float | None:
-    url = str(app.conf.broker_url or "")
-    if not url.startswith(("redis", "rediss", "sentinel", "sqs")):
+    url = app.conf.broker_url or ""
+    if isinstance(url, (list, tuple)):  # failover URLs: the first is used first
+        url = url[0] if url else ""
+    scheme = str(url).split(";")[0].strip().split(":", 1)[0].split("+")[-1].lower()
+    if scheme not in _VISIBILITY_DEFAULTS:
         return None
     options = app.conf.broker_transport_options or {}
-    return float(options.get("visibility_timeout", 3600))
+    return float(options.get("visibility_timeout", _VISIBILITY_DEFAULTS[scheme]))
 
 
 def _check_database(resolved: list[tuple[Any, Any, Any]]) -> list[checks.CheckMessage]:

@@ -92,7 +92,9 @@ def _table() -> Mapping[str, Mapping[str, Any]]:
 
         raw = getattr(settings, "GROUSSET", None)
         tasks = raw.get("TASKS") if isinstance(raw, Mapping) else None
-        if not isinstance(tasks, Mapping):
+        if isinstance(tasks, (list, tuple, set, frozenset)):  # names, or (name, options)
+            tasks = [t[0] if isinstance(t, (list, tuple)) and t else t for t in tasks]
+        elif not isinstance(tasks, Mapping):
             return {}
         return {key: {} for key in tasks if isinstance(key, str) and key}
 
@@ -312,7 +314,8 @@ def app_missing(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     return [checks.Error(
         "celery-grousset is used (settings.GROUSSET, or a GroussetTask) but 'celery_grousset' "
         "is not in INSTALLED_APPS: GROUSSET['TASKS'] guards nothing (every delivery runs "
-        "its effect), and a GroussetTask's claims fail.",
+        "its effect), and a GroussetTask's claims fail unless its tables were migrated "
+        "before the app was removed.",
         hint="Add 'celery_grousset' to INSTALLED_APPS, then run "
         "`manage.py migrate celery_grousset`.", id="celery_grousset.E020",
     )]  # fmt: skip

@@ -98,13 +98,19 @@ def repeatable_read(alias: str) -> list[checks.CheckMessage]:
         vendor = store_class(settings["ENGINE"]).vendor
     except Exception:  # not in DATABASES, or not a journal engine: E003 says so
         return []
-    level = str((settings.get("OPTIONS") or {}).get("isolation_level", "")).lower()
-    if vendor != "mysql" or level != "repeatable read":
+    options = settings.get("OPTIONS") or {}
+    level = str(options.get("isolation_level", "")).lower()
+    # (None: Django sets none, so the server's default applies: REPEATABLE READ unless
+    # the server is configured otherwise)
+    server = "isolation_level" in options and options["isolation_level"] is None
+    if vendor != "mysql" or (level != "repeatable read" and not server):
         return []
     return [
         checks.Warning(
-            f"The journal database {alias!r} runs at REPEATABLE READ: transactional tasks "
-            "read a snapshot older than their claim.",
+            f"The journal database {alias!r} runs at REPEATABLE READ"
+            + (" (OPTIONS['isolation_level'] is None: the server's default, REPEATABLE "
+               "READ unless it sets another)" if server else "")
+            + ": transactional tasks read a snapshot older than their claim.",
             hint="Remove OPTIONS['isolation_level'] (Django's default is READ COMMITTED).",
             id="celery_grousset.W004",
         )

@@ -225,6 +225,12 @@ def _text(max_length: int, *, optional: bool) -> Callable[[str, object], str | N
                 f"got {_shown(value)}.",
                 f"Write e.g. {name}={'billing' if optional else 'default'!r}.",
             )
+        if optional and value.strip() != value:  # a processor id (MySQL's PAD SPACE: "a "
+            raise _fail(  # is "a", " " is "")
+                name,
+                f"{name} must not start or end with white space, got {_shown(value)}.",
+                f"Write {name}={value.strip() or 'billing'!r}.",
+            )
         return value
 
     return check

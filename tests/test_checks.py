@@ -154,6 +154,21 @@ def test_visibility_timeout_below_max_processing_time_is_W001(
     assert ids(short_claim) == set()
 
 
+@pytest.mark.parametrize(
+    ("broker_url", "options"),
+    [("sqs://", {}),  # kombu's SQS default is 1800 s, not Redis's 3600 s
+     (["redis://127.0.0.1:6379/13", "redis://127.0.0.1:6380/13"], {"visibility_timeout": 10}),
+     ("redis://127.0.0.1:6379/13;redis://127.0.0.1:6380/13", {"visibility_timeout": 10})],
+)  # fmt: skip
+def test_w001_reads_sqs_default_and_failover_urls(
+    make_app: Callable[..., Celery], broker_url: Any, options: dict[str, Any]
+) -> None:
+    # Given an SQS broker with its default visibility timeout, or failover Redis URLs
+    app = make_app(broker_url=broker_url, broker_transport_options=options)
+    # When a task's claim outlasts it / Then W001 says so
+    assert ids(guarded(app, max_processing_time=3000)) == {"celery_grousset.W001"}
+
+
 def test_acks_late_off_is_W002(make_app: Callable[..., Celery]) -> None:
     # Given a guarded task that acknowledges before running (app default), on a Redis
     # broker whose visibility_timeout is shorter than its claim
@@ -1015,6 +1030,10 @@ def test_mysql_repeatable_read_is_W004() -> None:
     with database("mysql_rr", **rr), override_settings(GROUSSET={"DATABASE": "mysql_rr"}):
         # When the checks run / Then it is a warning
         assert ids(None) == {"celery_grousset.W004"}
+    # ... and so is None, which leaves the server's default (REPEATABLE READ) in force
+    server = {**mysql, "OPTIONS": {**mysql["OPTIONS"], "isolation_level": None}}
+    with database("mysql_rr", **server), override_settings(GROUSSET={"DATABASE": "mysql_rr"}):
+        assert ids(None) == {"celery_grousset.W004"}
     # And the test settings' READ COMMITTED is fine
     with override_settings(GROUSSET={"DATABASE": "mysql"}):
         assert ids(None) == set()
@@ -1235,6 +1254,25 @@ def test_a_misspelt_grousset_setting_is_E018(name: str) -> None:
         assert "Rename it to GROUSSET" in (message.hint or "")
     # And the project's own settings are not taken for one
     assert not [m for m in checks.run_checks(tags=[TAG]) if m.id == "celery_grousset.E018"]
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [("GROUSSET_TASKS", "TASKS"), ("GROUSSET_DATABASE", "DATABASE"),
+     ("CELERY_GROUSSET_TASKS", "TASKS"), ("GROUSSET_PROCESOR_ID", "PROCESSOR_ID")],
+)  # fmt: skip
+def test_a_grousset_setting_written_flat_is_E018_naming_its_key(name: str, key: str) -> None:
+    """GROUSSET_TASKS = {...} (as CELERY_* settings are written) was ignored in silence:
+    the tasks it named ran unguarded."""
+    # Given one of celery-grousset's settings written as a setting of its own
+    with override_settings(**{name: {"tests.tasks.effect": {"max_processing_time": 30}}}):
+        # When the checks run / Then it is an error naming the key of GROUSSET it belongs in
+        [message] = [m for m in checks.run_checks(tags=[TAG]) if m.obj == name]
+        assert message.id == "celery_grousset.E018"
+        assert f"GROUSSET[{key!r}]" in (message.hint or ""), message
+    # And a setting of the project's own that starts so is not taken for one
+    with override_settings(GROUSSET_DASHBOARD_URL="/x/"):
+        assert not [m for m in checks.run_checks(tags=[TAG]) if m.id == "celery_grousset.E018"]
 
 
 _FALLBACK_APP = """

@@ -108,6 +108,8 @@ def test_redact_keys_read_back_as_a_tuple(value: object, expected: tuple[str, ..
         ("PROCESSOR_ID", ""),
         ("PROCESSOR_ID", 5),
         ("PROCESSOR_ID", "x" * 129),  # the column holds 128
+        ("PROCESSOR_ID", " "),  # MySQL's PAD SPACE collations: " " is ""
+        ("PROCESSOR_ID", "billing "),  # ... and "billing " is "billing"
         ("ON_IN_FLIGHT", "RETRY"),
         ("ON_FAILURE", None),
         ("CLAIM_COMMIT", "fast"),
@@ -218,3 +220,19 @@ def test_seconds_accepts_numbers_and_timedeltas() -> None:
     assert seconds(None, name="x") is None
     assert seconds(1, name="x") == 1.0
     assert seconds(timedelta(hours=1), name="x") == 3600.0
+
+
+def test_a_journal_database_not_in_databases_is_named_at_the_call() -> None:
+    """An eager call with GROUSSET['DATABASE'] naming no database failed with Django's
+    bare "The connection 'nope' doesn't exist": neither the setting nor the fix."""
+    import uuid
+
+    from celery_grousset.exceptions import ConfigurationError
+    from tests.tasks import effect
+
+    # Given a journal database that is not in DATABASES / When a guarded task is called
+    with override_settings(GROUSSET={"DATABASE": "nope"}), pytest.raises(ConfigurationError) as got:
+        effect.apply((f"nope-{uuid.uuid4().hex[:8]}",)).get()
+    # Then the error names the setting and the databases there are (nothing ran)
+    assert "GROUSSET['DATABASE'] is 'nope'" in str(got.value)
+    assert "not in settings.DATABASES" in str(got.value)

@@ -90,6 +90,8 @@ def documented(name: str, value: object) -> object:
         if value is None and optional:
             return None
         ok = isinstance(value, str) and 1 <= len(value) <= longest
+        if ok and optional:  # a processor id: no white space at its ends
+            ok = value.strip() == value  # type: ignore[union-attr]
         return value if ok else _REFUSED
     if name == "TASKS":
         return documented_tasks(value)

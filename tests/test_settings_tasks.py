@@ -353,6 +353,26 @@ def test_a_matched_task_fails_closed_while_grousset_is_invalid(
     assert effects(key) == 0
 
 
+@pytest.mark.parametrize("shape", ["pairs", "names"])
+def test_a_matched_task_fails_closed_while_tasks_is_not_a_dict(
+    make_app: Callable[[], Celery], prefix: str, journal: str, shape: str
+) -> None:
+    """TASKS given as a list (of (name, options) pairs, of names) guarded nothing: its
+    tasks ran unguarded in eager and direct calls, twice for the same call."""
+    app = make_app()
+    name = f"{prefix}.listed"
+    task = plain(app, name)
+    listed = [(name, {"max_processing_time": 60})] if shape == "pairs" else [name]
+    # Given TASKS that is not a dict (refused), listing the task
+    with grousset(listed):
+        # Then it is guarded all the same, and refuses to run (no effect)
+        assert isinstance(task, GroussetTaskMixin)
+        key = f"listed-{uuid.uuid4().hex[:8]}"
+        with pytest.raises(ConfigurationError, match="TASKS"):
+            task.apply((key,)).get()
+    assert effects(key) == 0
+
+
 # -- validation and checks ----------------------------------------------------------------
 
 
