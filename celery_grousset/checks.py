@@ -87,7 +87,7 @@ def settings_messages() -> list[checks.CheckMessage]:
     from django.conf import settings
 
     from celery_grousset.conf import validate
-    from celery_grousset.options import reads_like
+    from celery_grousset.options import flat_setting_key, reads_like
 
     _, problems = validate(getattr(settings, "GROUSSET", None))
     found: list[checks.CheckMessage] = [
@@ -103,25 +103,12 @@ def settings_messages() -> list[checks.CheckMessage]:
                 f"settings.{name} is not read: celery-grousset's settings are "
                 "settings.GROUSSET, so its values are ignored.",
                 hint="Rename it to GROUSSET.", obj=name, id="celery_grousset.E018"))
-        elif key := _flat_key(name):
+        elif key := flat_setting_key(name):
             found.append(checks.Error(
                 f"settings.{name} is not read: celery-grousset reads its settings from the "
                 f"one dict settings.GROUSSET, so this value is ignored.",
                 hint=f"Move it to GROUSSET[{key!r}].", obj=name, id="celery_grousset.E018"))
     return found
-
-
-def _flat_key(name: str) -> str | None:
-    """The GROUSSET key a flat ``GROUSSET_<KEY>`` / ``CELERY_GROUSSET_<KEY>`` setting
-    names (or reads like a misspelling of), else None."""
-    from celery_grousset.conf import SETTINGS
-    from celery_grousset.options import reads_like
-
-    for prefix in ("CELERY_GROUSSET_", "GROUSSET_"):
-        if name.startswith(prefix):
-            key = name[len(prefix):]
-            return key if key in SETTINGS else reads_like(key, SETTINGS)
-    return None
 
 
 @checks.register("celery_grousset")
@@ -187,6 +174,8 @@ def _task_options(task: Any) -> tuple[Any, list[checks.CheckMessage]]:
 
 def _task_conflicts(app: Any, task: Any, opts: Any) -> list[checks.CheckMessage]:
     """A guarded task's settings that fight its max_processing_time."""
+    from celery_grousset.delivery import visibility_timeout
+
     errors: list[checks.CheckMessage] = []
     mpt = opts.max_processing_time
     hard = task.time_limit if task.time_limit is not None else app.conf.task_time_limit
@@ -201,7 +190,7 @@ def _task_conflicts(app: Any, task: Any, opts: Any) -> list[checks.CheckMessage]
             )
         )
     errors.extend(_short_window(task, opts))
-    vt = _visibility_timeout(app)
+    vt = visibility_timeout(app)
     if vt is not None and vt < mpt and task.acks_late:  # (acked at start: never redelivered)
         errors.append(
             checks.Warning(
@@ -289,21 +278,6 @@ def _resolved_tasks(errors: list[checks.CheckMessage]) -> list[tuple[Any, Any, A
         if opts is not None:
             resolved.append((app, task, opts))
     return resolved
-
-
-#: kombu's visibility_timeout when the transport options leave it unset
-_VISIBILITY_DEFAULTS = {"redis": 3600.0, "rediss": 3600.0, "sentinel": 3600.0, "sqs": 1800.0}
-
-
-def _visibility_timeout(app: Any) -> float | None:
-    url = app.conf.broker_url or ""
-    if isinstance(url, (list, tuple)):  # failover URLs: the first is used first
-        url = url[0] if url else ""
-    scheme = str(url).split(";")[0].strip().split(":", 1)[0].split("+")[-1].lower()
-    if scheme not in _VISIBILITY_DEFAULTS:
-        return None
-    options = app.conf.broker_transport_options or {}
-    return float(options.get("visibility_timeout", _VISIBILITY_DEFAULTS[scheme]))
 
 
 def _check_database(resolved: list[tuple[Any, Any, Any]]) -> list[checks.CheckMessage]:

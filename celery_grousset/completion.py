@@ -89,7 +89,14 @@ def run_owned(
         raise
     fault("after_effect")
     completion = _completed(opts, value, serializer)
-    if not complete(store, req, completion, res.fence, unwritten):
+    try:
+        done = complete(store, req, completion, res.fence, unwritten)
+    except Exception:
+        raise
+    except BaseException as exc:  # stopped while the outcome was being written
+        events.interrupted(req, exc)
+        raise
+    if not done:
         raise FencedOut(_fenced_text(req, res, started, "its result was discarded; the "
                                      "attempt that holds the claim now runs the effect too"))
     fault("after_complete")
@@ -356,15 +363,19 @@ def finish_retrying(store: Store, req: ClaimRequest, completion: Completion) -> 
             events.store_error(req, "complete", exc, retried=not last)
             if last or delay is None:
                 raise
-            time.sleep(delay)
+            try:
+                time.sleep(delay)
+            except Exception as interrupt:  # (a soft time limit): the outcome is not lost
+                raise exc from interrupt  # but handed on, as when the retries run out
         except PoisonDelivery:  # refused for its data: sending it again cannot help
             raise
         except Exception as exc:
             # Interrupted while waiting for the answer (e.g. SoftTimeLimitExceeded): the
             # write may or may not have committed. Drop the connection and send it again
             # once on a fresh one; the same token makes the re-send idempotent.
-            if interrupted:
-                raise
+            if interrupted:  # its outcome handed on (a task carries it), not dropped
+                raise StoreUnavailable(f"the completion was interrupted twice ({exc!r}); "
+                                       "whether it committed is unknown") from exc  # fmt: skip
             interrupted = True
             events.store_error(req, "complete", exc, action="outcome unknown: sent again")
             try:

@@ -155,6 +155,19 @@ def in_flight_countdown(request: Any, retry_in: float) -> float:
     return max(0.0, min(backoff, retry_in))
 
 
+def wait_within(task: Any, request: Any) -> float | None:
+    """Seconds a delivery may wait for another attempt (``on_in_flight="wait"``): half of
+    its shortest time limit (its own, the task's or the app's), so that a wait that
+    outlasts it requeues instead of being killed waiting (nothing would then take the
+    claim over when it turns stale). None: no time limit."""
+    conf = task.app.conf
+    limits = [*(getattr(request, "timelimit", None) or ()), getattr(task, "time_limit", None),
+              getattr(task, "soft_time_limit", None), conf.task_time_limit,
+              conf.task_soft_time_limit]  # fmt: skip
+    positive = [float(v) for v in limits if isinstance(v, (int, float)) and v > 0]
+    return min(positive) / 2 if positive else None
+
+
 def store_countdown(request: Any) -> float:
     """A requeue's delay after a journal outage: ``STORE_RETRY_BACKOFF`` doubling by the
     delivery's requeues up to ``STORE_RETRY_BACKOFF_MAX``, jittered (times 0.5 to 1)."""
@@ -243,3 +256,20 @@ def stop_canvas(request: Any, req: Any, encoding: str) -> None:
     if steps or callbacks:
         request.chain = request.callbacks = None
         events.canvas_stopped(req, steps, callbacks)
+
+
+#: kombu's visibility_timeout when the transport options leave it unset
+_VISIBILITY_DEFAULTS = {"redis": 3600.0, "rediss": 3600.0, "sentinel": 3600.0, "sqs": 1800.0}
+
+
+def visibility_timeout(app: Any) -> float | None:
+    """The broker's redelivery timeout for an unacknowledged message (Redis, SQS), else
+    None."""
+    url = app.conf.broker_url or ""
+    if isinstance(url, (list, tuple)):  # failover URLs: the first is used first
+        url = url[0] if url else ""
+    scheme = str(url).split(";")[0].strip().split(":", 1)[0].split("+")[-1].lower()
+    if scheme not in _VISIBILITY_DEFAULTS:
+        return None
+    options = app.conf.broker_transport_options or {}
+    return float(options.get("visibility_timeout", _VISIBILITY_DEFAULTS[scheme]))

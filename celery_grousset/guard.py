@@ -34,6 +34,7 @@ from celery_grousset.exceptions import (
 )
 from celery_grousset.faults import fault
 from celery_grousset.fingerprint import bind_arguments, fingerprint_bound, payload_hash
+from celery_grousset.inflight import wait_until_settled
 from celery_grousset.options import Options
 from celery_grousset.publish_check import effect_in_transaction
 from celery_grousset.quoted import call_secrets, redacted_call
@@ -83,13 +84,14 @@ class Caller(Protocol):
     """How one kind of caller differs: its options, its in-flight policy, what happens
     when the claim must wait or the store is down, and how its body runs.
 
-    Five hooks are optional: ``accept`` (the serializers a duplicate's memo may be decoded
+    Six hooks are optional: ``accept`` (the serializers a duplicate's memo may be decoded
     with; without it, only the call's own ``serializer``), ``poison(exc)`` (a call the
     journal can never record: a task rejects its delivery; without it, it is raised),
     ``carry(outcome, exc)`` (the completion could not be written: a task requeues its
     delivery carrying the outcome; without it, StoreUnavailable is raised), ``carried``
-    (the outcome a requeued delivery carries: :mod:`celery_grousset.carry`) and
-    ``stop_canvas(req, res)`` (a duplicate: one with no memo sends no task callback)."""
+    (the outcome a requeued delivery carries: :mod:`celery_grousset.carry`),
+    ``stop_canvas(req, res)`` (a duplicate: one with no memo sends no task callback) and
+    ``wait_within`` (the seconds a "wait" may take: a task's time limit; None: any)."""
 
     def options(self) -> Options: ...
 
@@ -134,9 +136,11 @@ def guarded(caller: Caller, call: Call) -> Any:
             check_payload(req, res)  # held for other arguments: refused, never waited for
             policy = caller.in_flight_policy(opts)
             events.in_flight(req, res, policy)
-            if policy != "wait":
+            if policy == "wait":
+                within = getattr(caller, "wait_within", None)  # (a task's time limit)
+                res = wait_until_settled(store, req, res, lambda r: claim(store, [r])[0], within)
+            if res.kind is Kind.IN_FLIGHT:  # not waited for, or not settled in time
                 caller.defer(req, res)
-            res = wait_until_settled(store, req, res)
     except StoreUnavailable as exc:
         carry.claim_unavailable(caller, unsettled if store.remote else None, exc)
     except PoisonDelivery as exc:
@@ -376,20 +380,3 @@ def poisoned(caller: Caller, req: ClaimRequest, exc: PoisonDelivery) -> NoReturn
     if callable(hook):
         hook(exc)
     raise exc
-
-
-def wait_until_settled(store: Store, req: ClaimRequest, res: ClaimResult) -> ClaimResult:
-    """``on_in_flight="wait"``: poll with capped backoff until the holder finishes or its
-    claim turns stale, then claim again (bounded by the holder's ``stale_at``)."""
-    delay = 0.005
-    while res.kind is Kind.IN_FLIGHT:
-        stale_at = time.monotonic() + res.retry_in
-        # Read-only polls (not counted as deliveries) until the record changes hands
-        # or the claim turns stale; then one claim decides.
-        while time.monotonic() < stale_at:
-            time.sleep(min(delay, max(stale_at - time.monotonic(), 0.001)))
-            delay = min(delay * 2, 0.5)
-            if store.holder(req.processor_id, req.fingerprint) != ("in_flight", res.fence):
-                break
-        [res] = claim(store, [req])
-    return res

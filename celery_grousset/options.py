@@ -93,3 +93,15 @@ def reads_like(name: str, meant: Iterable[str]) -> str | None:
     near = [m for m in meant if 2 * min(len(name), len(m)) >= 0.85 * (len(name) + len(m))]
     close = difflib.get_close_matches(name, near, n=1, cutoff=0.85) if near else []
     return close[0] if close and name not in close[0] else None
+
+
+def flat_setting_key(name: str) -> str | None:
+    """The GROUSSET key a flat ``GROUSSET_<KEY>`` / ``CELERY_GROUSSET_<KEY>`` setting
+    names (or reads like a misspelling of), else None."""
+    from celery_grousset.conf import SETTINGS
+
+    for prefix in ("CELERY_GROUSSET_", "GROUSSET_"):
+        if name.startswith(prefix):
+            key = name[len(prefix):]
+            return key if key in SETTINGS else reads_like(key, SETTINGS)
+    return None

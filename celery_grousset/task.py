@@ -31,6 +31,7 @@ from celery_grousset.delivery import (
     republished,
     stop_canvas,
     store_countdown,
+    wait_within,
 )
 from celery_grousset.delivery import header as _header
 from celery_grousset.exceptions import PoisonDelivery, StoreUnavailable
@@ -168,12 +169,8 @@ class GroussetTaskMixin:
             slot=periodic.run_slot(self, _header(request, periodic.SLOT_HEADER)),
         )
 
-    def grousset_fingerprint(
-        self,
-        args: Sequence[Any] = (),
-        kwargs: dict[str, Any] | None = None,
-        idempotency_key: str | None = None,
-    ) -> str:
+    def grousset_fingerprint(self, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
+                             idempotency_key: str | None = None) -> str:  # fmt: skip
         """The fingerprint of one call of this task: ``grousset_fingerprint((42,),
         {"email": "a@b"})``, as ``apply_async`` takes ``args`` and ``kwargs``."""
         binding.check_call_arguments(f"{self.name}.grousset_fingerprint", args, kwargs)
@@ -303,6 +300,7 @@ class _TaskCaller:
     __slots__ = ("body", "local", "request", "task")
     accept = property(lambda c: memo.app_accept(c.task.app))  # memos: what the app accepts
     carried = property(lambda c: _header(c.request, carry.HEADER))  # an outcome to write
+    wait_within = property(lambda c: None if c.local else wait_within(c.task, c.request))
 
     def __init__(self, task: GroussetTaskMixin, request: Any, body: Callable[[], Any]) -> None:
         self.task, self.request, self.body = task, request, body
@@ -315,6 +313,7 @@ class _TaskCaller:
 
     def in_flight_policy(self, opts: Options) -> str:
         return "wait" if opts.on_in_flight == "wait" or self.local else "retry"
+
 
     def defer(self, req: ClaimRequest, res: ClaimResult) -> NoReturn:
         countdown = in_flight_countdown(self.request, res.retry_in)

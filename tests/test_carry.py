@@ -313,3 +313,167 @@ def test_a_refused_requeue_waits_within_its_bounds_and_a_soft_limit_ends_only_th
     # A republish that goes through starts the doubling again
     delivery.republished()
     assert delivery.republish_failed("t", 0.0, refused) <= 0.5
+
+
+def test_a_soft_time_limit_in_a_completion_retry_carries_the_outcome(
+    alias: str, processor: str
+) -> None:
+    """The task's soft time limit, firing while the completion waited to be tried again,
+    escaped: the outcome of the effect that ran was dropped, the claim left in flight,
+    and a later delivery ran the effect again."""
+    import signal
+
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    fired: list[str] = []
+
+    def soft_limit(signum: int, frame: Any) -> None:  # as billiard raises it (a signal)
+        if frame is not None and frame.f_code.co_name == "finish_retrying" and not fired:
+            fired.append(frame.f_code.co_name)  # (there: waiting to try again)
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            raise SoftTimeLimitExceeded()
+
+    key, locked = f"order-{uuid.uuid4().hex}", contextlib.ExitStack()
+
+    def effect() -> dict[str, Any]:
+        locked.enter_context(_row_locked(alias, processor))
+        signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
+        return {"receipt": key}
+
+    opts = Options.resolve("test", {"processor_id": processor, "max_processing_time": 20,
+                                    "database": alias}, default_processor=processor)  # fmt: skip
+    caller = TaskLikeCaller(opts, effect)
+    previous = signal.signal(signal.SIGALRM, soft_limit)
+    # Given an attempt whose effect ran and whose completion the journal refuses
+    try:
+        with (override_settings(GROUSSET={"DATABASE": alias, "STORE_TIMEOUT": 0.5}), locked,
+              pytest.raises(Requeued) as requeued):  # fmt: skip
+            # When its soft time limit fires while the completion waits to be tried again
+            guard.guarded(caller, _call(key))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    # Then the delivery is requeued carrying the outcome (written by the next delivery)
+    assert fired and caller.runs == 1
+    assert requeued.value.header["status"] == "completed"
+    assert Outcome.objects.using(alias).get(processor_id=processor).status == "in_flight"
+
+
+def test_a_process_stopped_while_its_outcome_is_written_says_so(
+    alias: str, processor: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hard time limit (SystemExit) or a stop landing in the completion, not in the
+    body, left the claim in flight without the grousset.interrupted line that says why."""
+    import logging
+    import signal
+
+    def hard_limit(signum: int, frame: Any) -> None:
+        if frame is not None and frame.f_code.co_name == "finish_retrying":
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            raise SystemExit(1)
+
+    key, locked = f"order-{uuid.uuid4().hex}", contextlib.ExitStack()
+
+    def effect() -> dict[str, Any]:
+        locked.enter_context(_row_locked(alias, processor))
+        signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
+        return {"receipt": key}
+
+    opts = Options.resolve("test", {"processor_id": processor, "max_processing_time": 20,
+                                    "database": alias}, default_processor=processor)  # fmt: skip
+    previous = signal.signal(signal.SIGALRM, hard_limit)
+    # When the process is stopped while the completion waits to be tried again
+    try:
+        with (override_settings(GROUSSET={"DATABASE": alias, "STORE_TIMEOUT": 0.5}), locked,
+              caplog.at_level(logging.WARNING, logger="celery_grousset"),
+              pytest.raises(SystemExit)):  # fmt: skip
+            guard.guarded(TaskLikeCaller(opts, effect), _call(key))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    # Then the attempt says it was interrupted (its claim stays in flight until stale)
+    assert any(r.getMessage().startswith("grousset.interrupted") for r in caplog.records)
+    assert Outcome.objects.using(alias).get(processor_id=processor).status == "in_flight"
+
+
+class Deferred(Exception):
+    """What the waiting test caller raises instead of re-queueing."""
+
+
+class WaitingCaller(TaskLikeCaller):
+    """A task with on_in_flight="wait" whose time limit allows 0.3 s of waiting."""
+
+    wait_within = 0.3
+
+    def in_flight_policy(self, opts: Options) -> str:
+        return "wait"
+
+    def defer(self, req: ClaimRequest, res: ClaimResult) -> NoReturn:
+        raise Deferred()
+
+
+def test_a_wait_its_time_limit_would_kill_defers_instead(alias: str, processor: str) -> None:
+    """on_in_flight="wait" waited up to the holder's stale_at whatever the delivery's own
+    time limit: killed waiting (acked), it left nothing to take the claim over."""
+    import threading
+    import time
+
+    from django.db import connections
+
+    key, release, ran = f"order-{uuid.uuid4().hex}", threading.Event(), []
+    opts = Options.resolve("test", {"processor_id": processor, "max_processing_time": 20,
+                                    "database": alias}, default_processor=processor)  # fmt: skip
+
+    def hold() -> None:
+        try:
+            guard.guarded(TaskLikeCaller(opts, lambda: ran.append(release.wait(10))), _call(key))
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        # Given another attempt that holds the call's claim (fresh for 20 s)
+        for _ in range(200):
+            if Outcome.objects.using(alias).filter(processor_id=processor).exists():
+                break
+            time.sleep(0.01)
+        waiter = WaitingCaller(opts, lambda: "duplicate ran")
+        started = time.monotonic()
+        # When a delivery that waits, but may wait only 0.3 s, comes
+        with pytest.raises(Deferred):
+            guard.guarded(waiter, _call(key))
+        # Then it defers (re-queued) once its time is up, without running the body
+        assert time.monotonic() - started < 5 and waiter.runs == 0
+    finally:
+        release.set()
+        holder.join(15)
+    assert ran == [True]
+
+
+def test_a_deliverys_wait_is_bounded_by_its_shortest_time_limit() -> None:
+    from celery import Celery
+    from celery.app.task import Context
+
+    from celery_grousset.delivery import wait_within
+
+    app = Celery("limits", set_as_current=False)
+    app.conf.task_soft_time_limit = 30
+
+    @app.task(time_limit=50)
+    def task() -> None: ...
+
+    # The shortest of the delivery's own, the task's and the app's limits, halved
+    assert wait_within(task, Context(timelimit=(None, None))) == 15.0
+    assert wait_within(task, Context(timelimit=(8, None))) == 4.0
+    other = Celery("nolimits", set_as_current=False)
+
+    @other.task(time_limit=50)
+    def limited() -> None: ...
+
+    @other.task
+    def plain() -> None: ...
+
+    assert wait_within(limited, Context()) == 25.0
+    # ... and no limit: no bound
+    assert wait_within(plain, Context()) is None
