@@ -315,23 +315,21 @@ def test_a_refused_requeue_waits_within_its_bounds_and_a_soft_limit_ends_only_th
     assert delivery.republish_failed("t", 0.0, refused) <= 0.5
 
 
-def test_a_soft_time_limit_in_a_completion_retry_carries_the_outcome(
-    alias: str, processor: str
-) -> None:
-    """The task's soft time limit, firing while the completion waited to be tried again,
-    escaped: the outcome of the effect that ran was dropped, the claim left in flight,
-    and a later delivery ran the effect again."""
+def _stopped_in_completion(
+    alias: str, processor: str, stop: BaseException
+) -> tuple[TaskLikeCaller, BaseException, list[str]]:
+    """Run a call whose effect ran and whose completion the journal refuses; ``stop`` is
+    raised, as billiard raises a time limit (a signal), while the completion waits to be
+    tried again. What the guard raised, and where ``stop`` was raised."""
     import signal
-
-    from celery.exceptions import SoftTimeLimitExceeded
 
     fired: list[str] = []
 
-    def soft_limit(signum: int, frame: Any) -> None:  # as billiard raises it (a signal)
+    def limit(signum: int, frame: Any) -> None:
         if frame is not None and frame.f_code.co_name == "finish_retrying" and not fired:
             fired.append(frame.f_code.co_name)  # (there: waiting to try again)
             signal.setitimer(signal.ITIMER_REAL, 0)
-            raise SoftTimeLimitExceeded()
+            raise stop
 
     key, locked = f"order-{uuid.uuid4().hex}", contextlib.ExitStack()
 
@@ -342,20 +340,32 @@ def test_a_soft_time_limit_in_a_completion_retry_carries_the_outcome(
 
     opts = Options.resolve("test", {"processor_id": processor, "max_processing_time": 20,
                                     "database": alias}, default_processor=processor)  # fmt: skip
-    caller = TaskLikeCaller(opts, effect)
-    previous = signal.signal(signal.SIGALRM, soft_limit)
-    # Given an attempt whose effect ran and whose completion the journal refuses
+    caller, previous = TaskLikeCaller(opts, effect), signal.signal(signal.SIGALRM, limit)
     try:
-        with (override_settings(GROUSSET={"DATABASE": alias, "STORE_TIMEOUT": 0.5}), locked,
-              pytest.raises(Requeued) as requeued):  # fmt: skip
-            # When its soft time limit fires while the completion waits to be tried again
+        with override_settings(GROUSSET={"DATABASE": alias, "STORE_TIMEOUT": 0.5}), locked:
             guard.guarded(caller, _call(key))
+    except BaseException as exc:  # what the guard raised is the result
+        return caller, exc, fired
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+    raise AssertionError("the guarded call returned")
+
+
+def test_a_soft_time_limit_in_a_completion_retry_carries_the_outcome(
+    alias: str, processor: str
+) -> None:
+    """The task's soft time limit, firing while the completion waited to be tried again,
+    escaped: the outcome of the effect that ran was dropped, the claim left in flight,
+    and a later delivery ran the effect again."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    # When the soft time limit fires while the refused completion waits to be tried again
+    caller, raised, fired = _stopped_in_completion(alias, processor, SoftTimeLimitExceeded())
     # Then the delivery is requeued carrying the outcome (written by the next delivery)
     assert fired and caller.runs == 1
-    assert requeued.value.header["status"] == "completed"
+    assert isinstance(raised, Requeued), repr(raised)
+    assert raised.header["status"] == "completed"
     assert Outcome.objects.using(alias).get(processor_id=processor).status == "in_flight"
 
 
@@ -365,33 +375,12 @@ def test_a_process_stopped_while_its_outcome_is_written_says_so(
     """A hard time limit (SystemExit) or a stop landing in the completion, not in the
     body, left the claim in flight without the grousset.interrupted line that says why."""
     import logging
-    import signal
 
-    def hard_limit(signum: int, frame: Any) -> None:
-        if frame is not None and frame.f_code.co_name == "finish_retrying":
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            raise SystemExit(1)
-
-    key, locked = f"order-{uuid.uuid4().hex}", contextlib.ExitStack()
-
-    def effect() -> dict[str, Any]:
-        locked.enter_context(_row_locked(alias, processor))
-        signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
-        return {"receipt": key}
-
-    opts = Options.resolve("test", {"processor_id": processor, "max_processing_time": 20,
-                                    "database": alias}, default_processor=processor)  # fmt: skip
-    previous = signal.signal(signal.SIGALRM, hard_limit)
     # When the process is stopped while the completion waits to be tried again
-    try:
-        with (override_settings(GROUSSET={"DATABASE": alias, "STORE_TIMEOUT": 0.5}), locked,
-              caplog.at_level(logging.WARNING, logger="celery_grousset"),
-              pytest.raises(SystemExit)):  # fmt: skip
-            guard.guarded(TaskLikeCaller(opts, effect), _call(key))
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    with caplog.at_level(logging.WARNING, logger="celery_grousset"):
+        _, raised, fired = _stopped_in_completion(alias, processor, SystemExit(1))
     # Then the attempt says it was interrupted (its claim stays in flight until stale)
+    assert fired and isinstance(raised, SystemExit), repr(raised)
     assert any(r.getMessage().startswith("grousset.interrupted") for r in caplog.records)
     assert Outcome.objects.using(alias).get(processor_id=processor).status == "in_flight"
 
