@@ -81,7 +81,7 @@ def run_owned(
     try:
         value = not_awaitable(fn(), req.task_name)
     except Exception as exc:
-        if fail(store, opts, req, exc):
+        if fail(store, opts, req, exc, res.fence):
             overran(req, started)
         raise
     except BaseException as exc:  # the process is being stopped: the effect may have
@@ -218,7 +218,7 @@ def _run_transactional(
                 "delivery sent again."
             ) from exc
         if not connection_lost(conn, raw, exc):
-            if fail(store, opts, req, exc):
+            if fail(store, opts, req, exc, res.fence):
                 overran(req, started)
             raise
         released = release_lost(store, req, res.fence, exc)
@@ -323,9 +323,12 @@ def connection_lost(conn: Any, raw: Any, exc: BaseException) -> bool:
         return True
 
 
-def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> bool:
-    """Record a failed attempt: release the claim, or memoize the error. True when it was
-    written. Never raises (the caller re-raises the task's own exception)."""
+def fail(
+    store: Store, opts: Options, req: ClaimRequest, exc: BaseException, fence: int = 0
+) -> bool:
+    """Record a failed attempt (of ``fence``): release the claim, or memoize the error.
+    True when it was written. Never raises (the caller re-raises the task's own
+    exception)."""
     try:
         if opts.on_failure == "memoize" and not memo.never_memoized(exc):
             result, enc, error = memo.encode_exception(exc)
@@ -340,7 +343,7 @@ def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException) -> 
         outcome = (memo.celery_exit(exc) or "failed") if done else "fenced_out"
         events.finished(req, outcome, time.perf_counter() - t0)
         if not done:
-            events.fenced(req, 0)
+            events.fenced(req, fence)
         return done
     except (StoreUnavailable, PoisonDelivery) as store_exc:
         # The claim stays in flight; it turns stale at its stale_at.

@@ -149,8 +149,8 @@ class Recorder:
         )
         self.completions = counter(
             "grousset_completions",
-            "Owned attempts by how their completion write ended: completed, failed, retried, "
-            "fenced_out.",
+            "Owned attempts by how their completion write ended: "
+            + ", ".join(COMPLETION_OUTCOMES) + ".",
             "outcome",
         )
         self.overruns = counter(

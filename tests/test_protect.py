@@ -202,6 +202,30 @@ def test_a_fenced_out_attempt_says_how_long_it_ran_and_the_fix(
     assert ("rolled back" if transactional else "runs the effect too") in text, text
 
 
+def test_a_failing_attempt_fenced_out_logs_its_own_fence(
+    alias: str, processor: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failing zombie's grousset.fenced_out line said fence=0, not its own fence."""
+    import logging
+
+    opts = {"processor_id": processor, "database": alias}
+
+    def zombie() -> str:  # runs past max_processing_time, taken over, then fails
+        time.sleep(0.5)
+        taker = another_caller(lambda: protect("zombie-fails", lambda: "taker",
+                                               max_processing_time=0.2, **opts))  # fmt: skip
+        assert taker == "taker"
+        raise RuntimeError("late failure")
+
+    # When an attempt that overran and was taken over then fails
+    with caplog.at_level(logging.ERROR, logger="celery_grousset"), pytest.raises(RuntimeError):
+        protect("zombie-fails", zombie, max_processing_time=0.2, **opts)
+    # Then its fenced-out line names its own fence: one the journal gave a claim, not 0
+    [line] = [r for r in caplog.records if r.getMessage().startswith("grousset.fenced_out")]
+    fence = line.grousset_fence  # type: ignore[attr-defined]
+    assert fence != 0 and fence < Outcome.objects.using(alias).get(processor_id=processor).fence
+
+
 @pytest.mark.parametrize("transactional", [False, True])
 def test_an_attempt_given_up_on_while_it_still_ran_records_its_outcome(
     alias: str, processor: str, transactional: bool
