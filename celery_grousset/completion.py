@@ -323,12 +323,9 @@ def connection_lost(conn: Any, raw: Any, exc: BaseException) -> bool:
         return True
 
 
-def fail(
-    store: Store, opts: Options, req: ClaimRequest, exc: BaseException, fence: int = 0
-) -> bool:
-    """Record a failed attempt (of ``fence``): release the claim, or memoize the error.
-    True when it was written. Never raises (the caller re-raises the task's own
-    exception)."""
+def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException, fence: int) -> bool:
+    """Record a failed attempt (of ``fence``): release the claim, or memoize the error. True
+    when it was written. Never raises (the caller re-raises the task's own exception)."""
     try:
         if opts.on_failure == "memoize" and not memo.never_memoized(exc):
             result, enc, error = memo.encode_exception(exc)

@@ -26,7 +26,6 @@ from typing import Any
 from celery_grousset import events
 from celery_grousset.claim import ClaimRequest, Kind, Status
 from celery_grousset.conf import grousset_settings
-from celery_grousset.exceptions import StoreUnavailable
 from celery_grousset.store import ClaimResult, Store
 
 #: the request field (``request_dict`` key) that carries a main-process claim
@@ -168,20 +167,7 @@ def adopt(caller: Any, store: Store, req: ClaimRequest) -> tuple[ClaimRequest, C
 def renew(store: Store, req: ClaimRequest) -> bool:
     """Push an in-flight claim's ``stale_at`` to now + ``max_processing_time`` (database
     clock) if ``req.token`` still holds it: the compare-and-set of a late start."""
-    from django.db import DatabaseError
-
-    from celery_grousset.models import Outcome
-
-    held = Outcome.objects.using(store.alias).filter(
-        processor_id=req.processor_id,
-        fingerprint=req.fingerprint,
-        claim_token=req.token,
-        status=Status.IN_FLIGHT.value,
-    )
-    try:
-        return held.update(stale_at=store.now_expression(plus=req.max_processing_time)) == 1
-    except DatabaseError as exc:
-        raise StoreUnavailable(f"celery-grousset could not renew a claim: {exc}") from exc
+    return store.renew(req)
 
 
 def _result(

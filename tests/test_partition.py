@@ -406,6 +406,29 @@ def test_retention_drops_whole_generations_never_one_with_a_live_claim(
     assert not exists(part, held)
 
 
+def test_a_renewed_claim_moves_into_the_current_generation(part: str, processor: str) -> None:
+    """WORKER_CLAIM's late-start renewal updated stale_at in place: a claim left in a past
+    generation became live there, where retention may have checked it and be detaching
+    it (a duplicate then claimed it NEW, and the effect ran twice)."""
+    import dataclasses
+
+    from celery_grousset import preclaim
+
+    store, now = get_store(part), pgpartops.current_generation(part)
+    # Given an in-flight claim whose row was left in a past generation
+    flying = req(processor)
+    store.claim(flying)
+    into_generation(part, now - 5, processor_id=processor)
+    # When its holder renews it
+    assert preclaim.renew(store, flying)
+    # Then its row is in the current generation, and a renewal by another token changes
+    # nothing
+    with connections[part].cursor() as cur:
+        cur.execute("SELECT gen FROM celery_grousset_outcome WHERE processor_id = %s", [processor])
+        assert [row[0] for row in cur.fetchall()] == [now]
+    assert not preclaim.renew(store, dataclasses.replace(flying, token=uuid.uuid4().hex))
+
+
 def aged(alias: str, days: int = 2, **where: Any) -> None:
     """Rows as if claimed ``days`` days earlier (and their stale_at, 60 s after the
     claim, long past): a day's generation as retention meets it."""

@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import Any
 
-from celery_grousset.claim import ENC_NONE, ClaimRequest, Kind
+from celery_grousset.claim import ENC_NONE, ClaimRequest, Kind, Status
 from celery_grousset.exceptions import InvalidArgument, PoisonDelivery, StoreUnavailable
 from celery_grousset.store.rows import finishable, purgeable, purgeable_sql
 
@@ -364,6 +364,21 @@ class Store(abc.ABC):
             raise InvalidArgument(f"not an indexed filter column: {column!r}")
         qs = Outcome.objects.using(self.alias).order_by(column).values_list(column, flat=True)
         return [str(v) for v in qs.distinct()[:limit]]
+
+    def renew(self, req: ClaimRequest) -> bool:
+        """Push ``req``'s in-flight claim's ``stale_at`` to now + ``max_processing_time``
+        (database clock) if ``req.token`` still holds it (a compare-and-set)."""
+        from django.db import DatabaseError
+
+        from celery_grousset.models import Outcome
+
+        held = Outcome.objects.using(self.alias).filter(
+            processor_id=req.processor_id, fingerprint=req.fingerprint, claim_token=req.token,
+            status=Status.IN_FLIGHT.value)  # fmt: skip
+        try:
+            return held.update(stale_at=self.now_expression(plus=req.max_processing_time)) == 1
+        except DatabaseError as exc:
+            raise StoreUnavailable(f"celery-grousset could not renew a claim: {exc}") from exc
 
     def begin_transactional(self) -> None:
         """The first statement of a transactional body's transaction (on Django's

@@ -32,9 +32,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
+from celery_grousset.claim import ClaimRequest
 from celery_grousset.exceptions import InvalidArgument, StoreUnavailable
 from celery_grousset.store.pgdriver import driver, sqlstate
-from celery_grousset.store.pgpartsql import BATCH_CALL_SQL, CALL_SQL
+from celery_grousset.store.pgpartsql import BATCH_CALL_SQL, CALL_SQL, RENEW_SQL
 from celery_grousset.store.postgresql import PostgresStore
 
 T = TypeVar("T")
@@ -78,6 +79,12 @@ class PartitionedStore(PostgresStore):
             if state != _SERIALIZATION:
                 raise
         return super()._watched(op, conn)  # once more: the moved row is in its new place
+
+    def renew(self, req: ClaimRequest) -> bool:
+        """The renewal moves the claim's row into the current generation (RENEW_SQL)."""
+        params = {"p": req.processor_id, "f": req.fingerprint, "tok": req.token,
+                  "mpt": float(req.max_processing_time)}  # fmt: skip
+        return self._run(lambda conn: int(self._send(conn, RENEW_SQL, params).rowcount)) == 1
 
     def purge_expired(
         self,

@@ -225,41 +225,97 @@ def _retire(alias: str, cutoff: datetime) -> int:
     with _cursor(alias) as cur:  # one look for the index, not one per partition
         cur.execute("SELECT to_regclass(%s) IS NOT NULL", [ABANDON_INDEX])
         indexed = bool(cur.fetchone()[0])
-    for gen, name, pending, estimate in partitions(alias):
+    for gen, name in _left_detached(alias):  # a run killed after its detach, or its drop
+        with _cursor(alias) as cur:
+            dropped += _drop_detached(alias, cur, gen, name, cutoff, indexed, time.perf_counter())
+    for gen, name, pending, _ in partitions(alias):
         with _cursor(alias) as cur:
             start = time.perf_counter()
-            if pending:  # a detach interrupted earlier
+            if pending:  # a detach interrupted earlier (its wait cut short, a kill)
                 cur.execute(f"ALTER TABLE {TABLE} DETACH PARTITION {name} FINALIZE")
-                cur.execute(f"DROP TABLE {name}")
+                dropped += _drop_detached(alias, cur, gen, name, cutoff, indexed, start)
                 continue
             if gen >= _generation(cur):
                 break
             if not _past_barrier(alias, cur, gen, name, cutoff, timeout):
                 continue
             clear, may_change, rows = _clear(alias, cur, name, cutoff, indexed)
-            if not clear:
+            if not clear or not _detached(alias, cur, gen, name):
                 continue
-            cur.execute(f"ALTER TABLE {TABLE} DETACH PARTITION {name} CONCURRENTLY")
             # An abandoned claim in it may have been renewed since the check; detached, no
             # statement on the journal reaches it now: check its final rows once more.
-            if may_change and not _clear(alias, cur, name, cutoff, indexed)[0]:
-                # put it back: its bound is already checked by DETACH's constraint
-                cur.execute(
-                    f"ALTER TABLE {TABLE} ATTACH PARTITION {name} "
-                    f"FOR VALUES FROM ({gen}) TO ({gen + 1})"
-                )
-                continue
-            if rows is None:  # counted when small; beyond, the planner's estimate (a
-                # count of millions of rows would compete with the claims for the disk)
-                rows = estimate
-                if estimate < EXACT_COUNT_UP_TO:
-                    cur.execute(f"SELECT count(*) FROM {name}")
-                    rows = int(cur.fetchone()[0])
-            detached = time.perf_counter()
-            cur.execute(f"DROP TABLE {name}")  # the file system frees its files meanwhile
-            dropped += rows
-            _retired(alias, gen, rows, detached - start, time.perf_counter() - detached)
+            recheck = may_change or rows is None
+            dropped += _drop_detached(alias, cur, gen, name, cutoff, indexed, start,
+                                      rows=None if recheck else rows)  # fmt: skip
     return dropped
+
+
+#: the longest ``DETACH … CONCURRENTLY`` waits for the transactions that may still read
+#: the partition (a report left open on the journal); then it is left pending, and the
+#: next run finishes it (``FINALIZE``) and checks it again
+DETACH_MS = 30_000
+_QUERY_CANCELED = "57014"
+LEFT_DETACHED_SQL = (
+    "SELECT c.relname FROM pg_class AS c WHERE c.relname ~ '^celery_grousset_outcome_g-?[0-9]+$' "
+    "AND c.relkind = 'r' AND NOT c.relispartition "
+    "AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())"
+)
+
+
+def _detached(alias: str, cur: Any, gen: int, name: str) -> bool:
+    """``DETACH … CONCURRENTLY`` within :data:`DETACH_MS`; False (said, kept pending for
+    the next run) when old transactions held it longer."""
+    try:
+        cur.execute(f"SET statement_timeout = {DETACH_MS}")
+        cur.execute(f"ALTER TABLE {TABLE} DETACH PARTITION {name} CONCURRENTLY")
+        return True
+    except DatabaseError as exc:
+        if sqlstate(exc.__cause__ or exc) not in (_QUERY_CANCELED, _LOCK_NOT_AVAILABLE):
+            raise
+    finally:
+        cur.execute("RESET statement_timeout")
+    from celery_grousset import events
+
+    events.emit(logging.WARNING, "grousset.generation_busy", {
+        "generation": gen, "waited_ms": DETACH_MS, "database": alias,
+    })  # fmt: skip
+    return False
+
+
+def _left_detached(alias: str) -> list[tuple[int, str]]:
+    """Generations detached by a run that did not drop them (killed after its detach or
+    during its drop): ``(gen, table)``."""
+    with _cursor(alias) as cur:
+        cur.execute(LEFT_DETACHED_SQL)
+        return sorted((int(name.rsplit("_g", 1)[1]), name) for (name,) in cur.fetchall())
+
+
+def _drop_detached(
+    alias: str, cur: Any, gen: int, name: str, cutoff: datetime, indexed: bool, start: float,
+    rows: int | None = None,
+) -> int:
+    """Drop a detached generation whose rows are all purgeable (checked again unless
+    ``rows`` is given: counted when the first check was final), and say it; one with a
+    row made live meanwhile goes back (``ATTACH``: its bound was checked by the detach's
+    constraint). The rows dropped."""
+    if rows is None:
+        clear, _, rows = _clear(alias, cur, name, cutoff, indexed)
+        if not clear:
+            cur.execute(f"ALTER TABLE {TABLE} ATTACH PARTITION {name} "
+                        f"FOR VALUES FROM ({gen}) TO ({gen + 1})")  # fmt: skip
+            return 0
+    if rows is None:  # counted when small; beyond, the planner's estimate (a count of
+        # millions of rows would compete with the claims for the disk)
+        cur.execute("SELECT greatest(reltuples, 0)::int8 FROM pg_class WHERE oid = to_regclass(%s)",
+                    [name])  # fmt: skip
+        rows = int(cur.fetchone()[0])
+        if rows < EXACT_COUNT_UP_TO:
+            cur.execute(f"SELECT count(*) FROM {name}")
+            rows = int(cur.fetchone()[0])
+    detached = time.perf_counter()
+    cur.execute(f"DROP TABLE {name}")  # the file system frees its files meanwhile
+    _retired(alias, gen, rows, detached - start, time.perf_counter() - detached)
+    return rows
 
 
 def _retired(alias: str, gen: int, rows: int, detach_s: float, drop_s: float) -> None:

@@ -40,6 +40,16 @@ _MOVE_KEY = re.sub(r"%\((\w+)\)s", r"_\1", KEY.format(t=""))
 #: into the current one (one probe per non-empty past generation, on ``PROBE_INDEX``)
 MOVE_SQL = f"UPDATE {TABLE} SET gen = _cur WHERE {_MOVE_KEY} AND gen <> _cur"
 
+#: A claim's renewal (``WORKER_CLAIM``'s late start): its row moves into the current
+#: generation with it, as a claim's does, never made live again in a past one (which
+#: retention may have checked and be detaching)
+RENEW_SQL = (
+    f"UPDATE {TABLE} SET gen = grousset_generation(), "
+    "stale_at = clock_timestamp() + make_interval(secs => %(mpt)s) "
+    "WHERE processor_id = %(p)s AND fingerprint = %(f)s AND claim_token = %(tok)s "
+    "AND status = 'in_flight'"
+)
+
 #: The advisory lock of a key (``p``, ``f``: SQL for its processor id and fingerprint):
 #: claims of one key queue on it until the holder commits.
 LOCK_KEY = "hashtextextended({p} || chr(31) || {f}, 7)"

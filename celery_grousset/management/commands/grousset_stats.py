@@ -284,8 +284,7 @@ def _stale_lines(data: dict[str, Any]) -> list[str]:
     if not data["stale"]:
         of = f" for processor {data['processor_id']!r}" if data["processor_id"] else ""
         return [f"  stale now    none in the whole journal{of}"]
-    more = f"more than {STALE_LISTED}, any" if data["stale_capped"] else "all"  # (no order:
-    # a sort would read every in-flight row; --all lists them all)
+    more = f"more than {STALE_LISTED}, any" if data["stale_capped"] else "all"  # (no sort)
     lines = [f"  stale now    in the whole journal ({more} {len(data['stale'])}; "
              "grousset_release <fingerprint> frees one):"]  # fmt: skip
     lines += [f"    {r['fingerprint'][:16]}  {r['task_name']}  started {r['started_at']}"
