@@ -103,6 +103,10 @@ def error_summary(exc: BaseException | None, limit: int = ERROR_MAX) -> str:
         message = str(exc)
     except Exception:
         message = "<str() of the exception raised>"
+    inner = exc.__cause__ or exc.__context__
+    if not message.strip() and inner is not None and inner is not exc:  # (kombu wraps a
+        # broker's refusal in an OperationalError of its empty text)
+        message = f"(raised from {error_summary(inner, limit)})"
     return clean_text(f"{type(exc).__name__}: {redacted_text(message, _REDACT_MAX)}", limit)
 
 

@@ -198,8 +198,10 @@ class Relay:
         confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT,
         fault: Callable[[str], None] | None = None,
     ) -> None:
-        if batch_size < 1 or max_attempts < 1:
-            raise InvalidArgument("batch_size and max_attempts must be at least 1")
+        for name, value in (("batch_size", batch_size), ("max_attempts", max_attempts)):
+            if value < 1:
+                raise InvalidArgument(f"{name} (--{name.replace('_', '-')}) must be at least "
+                                      f"1, got {value}")  # fmt: skip
         check_seconds(backoff=backoff, backoff_max=backoff_max, interval=interval,
                        confirm_timeout=confirm_timeout)  # fmt: skip
         if backoff_max < backoff:

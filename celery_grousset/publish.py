@@ -267,6 +267,12 @@ def _one_key_for_all(task: GroussetTaskMixin, options: dict[str, Any]) -> None:
             "the options would give every call one key. Give each call its own: an "
             "(args, kwargs, idempotency_key) triple, or the key alone as a str call."
         )
+    if options.get("task_id") is not None:
+        raise InvalidArgument(
+            f"{task.name}.publish_unique: a task_id in the options would give every call "
+            "one task id (their results overwrite each other, a revoke stops them all). "
+            "Leave it out: each call gets its own."
+        )
 
 
 def publish_unique(

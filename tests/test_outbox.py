@@ -935,3 +935,31 @@ def test_a_publish_error_is_stored_redacted(
     assert msg.attempts == 0 and "ConnectionError" in msg.last_error
     assert "hunter2" not in msg.last_error and "abc.def" not in msg.last_error
     OutboxMessage.objects.using(alias).filter(pk=msg.pk).delete()
+
+
+@pytest.mark.parametrize("flag", ["batch_size", "max_attempts"])
+def test_a_relay_option_below_one_is_refused_naming_its_flag(flag: str) -> None:
+    # When a relay is made with one of them 0 / Then the error names that one, and its flag
+    with pytest.raises(InvalidArgument, match=rf"^{flag} \(--{flag.replace('_', '-')}\) must be"):
+        outbox.Relay(app, using="default", **{flag: 0})
+
+
+def test_a_publish_the_broker_refuses_in_an_empty_error_names_the_refusal() -> None:
+    """kombu wraps a broker's nack (py-amqp's MessageNacked) in an OperationalError of
+    empty text: the row's last_error and the log line said only "OperationalError: "."""
+    from amqp.exceptions import MessageNacked
+    from kombu.exceptions import OperationalError
+
+    from celery_grousset.memo import error_summary
+
+    # Given the error a refused publish raises / When it is summarized for the row and log
+    try:
+        try:
+            raise MessageNacked()
+        except MessageNacked as nack:
+            raise OperationalError(str(nack)) from nack
+    except OperationalError as exc:
+        text = error_summary(exc)
+    # Then it names what was refused under it
+    assert text == "OperationalError: (raised from MessageNacked: )", text
+

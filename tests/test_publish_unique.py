@@ -153,6 +153,9 @@ def test_a_key_for_every_call_and_malformed_calls_are_refused_before_any_publish
         task.publish_unique([(("a",), {}), (("b",), {})], queue=queue, idempotency_key="same")
     with pytest.raises(InvalidArgument, match="every call one key"):
         task.publish_unique([(("a",), {})], queue=queue, headers={"grousset_key": "same"})
+    # (and a task_id there: distinct calls shared it, their results overwrote each other)
+    with pytest.raises(InvalidArgument, match="every call one task id"):
+        task.publish_unique([(("a",), {}), (("b",), {})], queue=queue, task_id="fixed-id")
     for call in [("abc", {}), (("a",), 1)]:
         with pytest.raises(InvalidArgument, match="args a list or tuple, kwargs a dict"):
             task.publish_unique([call], queue=queue)
