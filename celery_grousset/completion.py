@@ -91,10 +91,9 @@ def run_owned(
     completion = _completed(opts, value, serializer)
     try:
         done = complete(store, req, completion, res.fence, unwritten)
-    except Exception:
-        raise
-    except BaseException as exc:  # stopped while the outcome was being written
-        events.interrupted(req, exc)
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # stopped while the outcome was being written
+            events.interrupted(req, exc)
         raise
     if not done:
         raise FencedOut(_fenced_text(req, res, started, "its result was discarded; the "
@@ -206,31 +205,42 @@ def _run_transactional(
         refused = isinstance(caught, _NotTaken)
         exc = caught.__cause__ or caught if refused else caught
         conflict = refusals.rolled_back(exc) and not memo.control_flow(caught)  # (a retry)
-        if conflict or (refused and not connection_lost(conn, raw, exc)):
+        if conflict or (refused and not txbody.connection_lost(conn, raw, exc)):
             release_lost(store, req, res.fence, exc)  # never the task's failure
             why = ("rolled the transaction back for a conflict with another transaction"
-                   if conflict else f"did not take the transaction's {_part(caught)} (a lock "
-                   "wait timeout, a refusal)")  # fmt: skip
+                   if conflict else f"did not take the transaction's "
+                   f"{getattr(caught, 'what', '')} (a lock wait timeout, a refusal)")  # fmt: skip
             raise TransactionLost(
                 f"{req.task_name}: the journal database {store.alias!r} {why}: "
                 f"{str(exc).rstrip('. ')}. "
                 "The effect was rolled back with it; the claim is released and the "
                 "delivery sent again."
             ) from exc
-        if not connection_lost(conn, raw, exc):
+        if not txbody.connection_lost(conn, raw, exc):
             if fail(store, opts, req, exc, res.fence):
                 overran(req, started)
             raise
         released = release_lost(store, req, res.fence, exc)
-        raise TransactionLost(
-            f"{req.task_name}: the connection to the journal database {store.alias!r} broke "
-            f"before the transaction's commit was confirmed ({exc}); the delivery is sent "
-            "again and the journal says whether it committed. (A connection kept across a "
-            "database restart fails so at its first use: CONN_HEALTH_CHECKS=True tests it.)",
-            dropped=released and time.monotonic() - started >= DROPPED_AFTER,
-        ) from exc
+        if released is not None:  # (None: the commit reached the server: completed)
+            raise _unconfirmed(req, store.alias, exc, released, started) from exc
     _committed(req, completion, t0, started)
     return value
+
+
+def _unconfirmed(
+    req: ClaimRequest, alias: str, exc: BaseException, released: bool, started: float
+) -> TransactionLost:
+    """The error of a transaction whose connection broke before its commit was confirmed,
+    and which the journal does not show committed."""
+    then = ("nothing of it committed: its claim is released, and it runs when sent (or "
+            "called) again" if released else "the next delivery (or call) finds out from "
+            "the journal whether it committed")  # fmt: skip
+    return TransactionLost(
+        f"{req.task_name}: the connection to the journal database {alias!r} broke before "
+        f"the transaction's commit was confirmed ({exc}); {then}. (A connection kept across "
+        "a database restart fails so at its first use: CONN_HEALTH_CHECKS=True tests it.)",
+        dropped=released and time.monotonic() - started >= DROPPED_AFTER,
+    )
 
 
 def _committed(req: ClaimRequest, completion: Completion, t0: float, started: float) -> None:
@@ -247,10 +257,6 @@ class _NotTaken(Exception):
     def __init__(self, message: str, what: str = "completion") -> None:
         super().__init__(message)
         self.what = what  # the statement's part: "completion", "write lock"
-
-
-def _part(exc: BaseException) -> str:
-    return exc.what if isinstance(exc, _NotTaken) else "completion"
 
 
 def _begin(store: Store, conn: Any) -> Any:
@@ -280,13 +286,13 @@ def _finish_in_transaction(store: Store, req: ClaimRequest, completion: Completi
 DROPPED_AFTER = 1.0
 
 
-def release_lost(store: Store, req: ClaimRequest, fence: int, exc: BaseException) -> bool:
+def release_lost(store: Store, req: ClaimRequest, fence: int, exc: BaseException) -> bool | None:
     """A transaction's connection broke before its commit was confirmed: not the task's
     failure. Release the claim (never memoize the outage) on the store's own connection:
     True when released (the transaction did not commit). When it is no longer ours to
     release, the commit reached the server (the record is completed at this attempt's
-    fence: logged, not fenced out) or the claim was taken over meanwhile (fenced out).
-    Never raises; the caller raises TransactionLost."""
+    fence: logged, not fenced out; None) or the claim was taken over meanwhile (fenced
+    out; False). Never raises."""
     completion = Completion(Status.FAILED.value, None, ENC_NONE, memo.error_summary(exc))
     try:
         t0 = time.perf_counter()
@@ -300,27 +306,10 @@ def release_lost(store: Store, req: ClaimRequest, fence: int, exc: BaseException
         return False
     if holder == (Status.COMPLETED.value, fence):
         events.transaction_lost(req, committed=True)
-        return False
+        return None
     events.finished(req, "fenced_out", time.perf_counter() - t0)
     events.fenced(req, fence)
     return False
-
-
-def connection_lost(conn: Any, raw: Any, exc: BaseException) -> bool:
-    """``exc`` left the transactional block because the connection it ran on (``raw``,
-    Django's ``conn`` then) broke, not for a failure of the task's own: it never
-    opened, Django dropped it as broken (it connects anew after a failed rollback), or
-    it no longer answers."""
-    from django.db import InterfaceError, OperationalError
-
-    if not isinstance(exc, (OperationalError, InterfaceError)):
-        return False
-    if raw is None or conn.connection is not raw:
-        return True
-    try:
-        return not conn.is_usable()
-    except Exception:  # the connection is in no state to say
-        return True
 
 
 def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException, fence: int) -> bool:

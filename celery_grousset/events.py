@@ -231,11 +231,11 @@ def lost_claim(req: ClaimRequest, released: bool) -> None:
 
 
 def transaction_lost(req: ClaimRequest, committed: bool) -> None:
-    """A transactional attempt's connection broke before its commit was confirmed; the
-    delivery is requeued. ``committed``: the journal shows the commit landed (the next
-    delivery answers from it); else the claim was released (the next one runs it)."""
+    """A transactional attempt's connection broke before its commit was confirmed.
+    ``committed``: the journal shows the commit landed (the call returns its value);
+    else the delivery is requeued (the claim released: the next one runs it)."""
     _log(logging.WARNING, "grousset.transaction_lost", req, committed=committed,
-         action="requeued")  # fmt: skip
+         action="completed" if committed else "requeued")  # fmt: skip
 
 
 def callback_failed(req: ClaimRequest, exc: BaseException) -> None:

@@ -181,3 +181,20 @@ def broken(
     )
     error.__cause__ = cause
     return error
+
+
+def connection_lost(conn: Any, raw: Any, exc: BaseException) -> bool:
+    """``exc`` left the transactional block because the connection it ran on (``raw``,
+    Django's ``conn`` then) broke, not for a failure of the task's own: it never
+    opened, Django dropped it as broken (it connects anew after a failed rollback), or
+    it no longer answers."""
+    from django.db import InterfaceError, OperationalError
+
+    if not isinstance(exc, (OperationalError, InterfaceError)):
+        return False
+    if raw is None or conn.connection is not raw:
+        return True
+    try:
+        return not conn.is_usable()
+    except Exception:  # the connection is in no state to say
+        return True
