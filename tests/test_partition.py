@@ -212,8 +212,22 @@ def test_convert_keeps_the_rows_and_their_decisions(processor: str) -> None:
     assert store.finish(processor, done.fingerprint, done.token, DONE)
     store.claim(flying)
     top = Outcome.objects.using("pgconvert").order_by("-id").values_list("id", flat=True)[0]
-    # When it is converted (generations of a minute)
-    text = run("grousset_partition", "convert", "--generation", "60", database="pgconvert")
+    # And another schema of the database with a journal of its own (a schema per tenant:
+    # its indexes have the same names; convert took them for this one's)
+    with connections["pgconvert"].cursor() as cur:
+        cur.execute("DROP SCHEMA IF EXISTS tenant_b CASCADE; CREATE SCHEMA tenant_b; "
+                    "CREATE TABLE tenant_b.celery_grousset_outcome "
+                    "(LIKE public.celery_grousset_outcome)")  # fmt: skip
+        cur.execute("SELECT indexdef FROM pg_indexes WHERE schemaname = 'public' "
+                    "AND tablename = 'celery_grousset_outcome'")  # fmt: skip
+        for (sql,) in cur.fetchall():
+            cur.execute(sql.replace(" ON public.", " ON tenant_b."))
+    try:
+        # When it is converted (generations of a minute)
+        text = run("grousset_partition", "convert", "--generation", "60", database="pgconvert")
+    finally:
+        with connections["pgconvert"].cursor() as cur:
+            cur.execute("DROP SCHEMA tenant_b CASCADE")
     assert "(2 rows copied)" in text
     # Then, on the partitioned store, the completed key answers its memo, same fence
     with layout("pgconvert"):

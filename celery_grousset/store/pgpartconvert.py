@@ -33,6 +33,7 @@ from celery_grousset.store.pgpartops import (
     _cursor,
     _generation,
     add_generation,
+    ddl_lock,
     lock_timeout_ms,
     rows_within,
 )
@@ -99,17 +100,13 @@ def prepare(alias: str, *, seconds: int | None = None) -> tuple[int, list[str]]:
     """Ready the single table for a :func:`convert` that copies nothing, with claims going
     on (see the module doc). Runs again where an earlier run stopped. Returns ``(g0, the
     steps it did)``. Must run outside a transaction (``CREATE INDEX CONCURRENTLY``)."""
-    with _cursor(alias) as cur:
-        cur.execute(f"SELECT pg_try_advisory_lock({DDL_LOCK})")
-        if not cur.fetchone()[0]:
+    with ddl_lock(alias) as held, _cursor(alias) as cur:
+        if not held:
             raise InvalidArgument(
                 f"another grousset_partition run is converting the journal of {alias!r}: "
                 "wait for it to finish, then run prepare again"
             )
-        try:
-            return _prepare(alias, cur, seconds)
-        finally:
-            cur.execute(f"SELECT pg_advisory_unlock({DDL_LOCK})")
+        return _prepare(alias, cur, seconds)
 
 
 def _prepare(alias: str, cur: Any, seconds: int | None) -> tuple[int, list[str]]:
@@ -251,7 +248,7 @@ def _plain_indexes(cur: Any) -> list[str]:
     """The single table's own non-unique indexes (Django's), to be made on the parent."""
     cur.execute(
         "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s AND indexdef NOT LIKE "
-        "'CREATE UNIQUE%%'",
+        "'CREATE UNIQUE%%' AND schemaname = current_schema()",  # (a schema per tenant)
         [TABLE],
     )
     return [sql for name, sql in cur.fetchall() if name not in PREPARED]

@@ -28,6 +28,7 @@ import contextlib
 import logging
 import re
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -203,6 +204,16 @@ def retire(alias: str, cutoff: datetime) -> int:
     held by a transaction on a connection of its own (``DETACH … CONCURRENTLY`` runs
     outside any): a pooler in transaction mode keeps one server session for it, and it
     ends with the run, or with its connection."""
+    with ddl_lock(alias) as held:
+        return _retire(alias, cutoff) if held else 0
+
+
+@contextlib.contextmanager
+def ddl_lock(alias: str) -> Iterator[bool]:
+    """The DDL lock (one run at a time), tried once: held by a transaction on a connection
+    of its own until the block ends (a session lock taken through a pooler in transaction
+    mode could be unlocked on another server session, and stay held); False: another run
+    holds it."""
     from django.db import connections
 
     own = connections.create_connection(alias)
@@ -210,9 +221,8 @@ def retire(alias: str, cutoff: datetime) -> int:
         own.set_autocommit(False)
         with own.cursor() as cur:
             cur.execute(f"SELECT pg_try_advisory_xact_lock({DDL_LOCK})")
-            if not cur.fetchone()[0]:
-                return 0
-        return _retire(alias, cutoff)
+            held = bool(cur.fetchone()[0])
+        yield held
     finally:
         with contextlib.suppress(Exception):
             own.rollback()
