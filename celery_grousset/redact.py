@@ -24,8 +24,11 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from itertools import takewhile
 
 from celery_grousset import anchored
+from celery_grousset.secret_patterns import _BARE_NAME_RE, luhn, nested_values
 from celery_grousset.secret_patterns import SECRETS as _SECRETS
-from celery_grousset.secret_patterns import luhn, nested_values
+from celery_grousset.secret_patterns import SPACED as _SPACED
+from celery_grousset.secret_patterns import SPACED_AFTER as _SPACED_AFTER
+from celery_grousset.secret_patterns import SPACED_HINT as _SPACED_HINT
 from celery_grousset.sensitive import (
     DEFAULT_REDACT_KEYS,
     _matches,
@@ -238,7 +241,10 @@ def _redact_text(text: str, rules: _Rules, depth: int = 0) -> str:
             text = _without_nested(text, rules)
         if depth:  # the value of a pair, re-scanned: short, and scanned whole
             return _SECRETS.sub(_replacer(rules, depth), text)
-        return anchored.sub(_SECRETS, _replacer(rules, depth), text)
+        text = anchored.sub(_SECRETS, _replacer(rules, depth), text)
+        if _SPACED_HINT.search(text):  # "Error: password = x": a second pass (rare text)
+            text = anchored.sub(_SPACED, _replacer(rules, depth), text)
+        return text
     except Exception:  # never fail the caller; when in doubt, show nothing
         return TEXT_REDACTED if text else text
 
@@ -296,6 +302,10 @@ def _replacer(rules: _Rules, depth: int) -> Callable[[re.Match[str]], str]:
                 return match.group("qname") + _masked(match.group("qvalue"))
             return match.group("qname") + inner(match.group("qvalue"))
         key, colon = match.group("key"), match.group("kname").rstrip().endswith(":")
+        value = match.group("kvalue")
+        if (_BARE_NAME_RE.fullmatch(value) and _SPACED_AFTER.match(match.string, match.end())
+                and _matches(value, rules)):  # "auth: secret = x": the name of a pair of
+            return match.group(0)  # its own, masked by the second pass (_SPACED)
         if _matches(key, rules) and not (colon and _EXCEPTION_NAME.fullmatch(key)):
             return match.group("kname") + _masked(match.group("kvalue"))
         return match.group("kname") + inner(match.group("kvalue"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 
-__all__ = ["SECRETS", "luhn", "nested_values"]
+__all__ = ["SECRETS", "SPACED", "SPACED_AFTER", "SPACED_HINT", "luhn", "nested_values"]
 
 _TOKEN = r"[A-Za-z0-9\-._~+/]+=*"  # RFC 6750 b64token
 _SCHEMES = r"basic|bearer|digest|negotiate|ntlm|token|aws4-hmac-sha256"
@@ -41,56 +41,69 @@ _BARE_NAME = r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}"
 
 # Leftmost match first; each repetition bounded, so the scan stays linear on any input.
 # Tried only near an anchor (anchored.py): a new alternative must contain one of them.
-SECRETS = re.compile(
-    # an Authorization header (its scheme kept)
-    rf"(?P<header>(?<![A-Za-z0-9_-])(?:proxy-)?authorization[\"']?\s{{0,8}}[:=]\s{{0,8}}[\"']?)"
-    rf"(?:(?P<scheme>(?:{_SCHEMES}))(?P<gap>\s{{1,8}}))?(?P<credentials>[^\s\"',;&]+)"
-    # a bearer token anywhere
-    rf"|(?P<bearer>(?<![A-Za-z0-9_-])bearer\s{{1,8}})(?![A-Za-z_][A-Za-z0-9_-]{{0,63}}=\")"
-    rf"(?P<bearer_token>{_TOKEN})"
-    # the password of a URL: scheme://user:password@host
-    r"|(?P<url>[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s:/?#@]{0,256}:)(?P<password>[^\s/?#]{0,512})(?=@)"
-    # a JWT: header.payload.signature, base64url, the header a JSON object
-    r"|(?<![A-Za-z0-9_-])(?P<jwt>eyJ[A-Za-z0-9_-]{2,8192}(?:\.[A-Za-z0-9_-]{2,65536}(?:\.[A-Za-z0-9_-]{0,8192}|\Z)|\Z))"
-    rf"|(?P<pem>{_PEM})"
-    # an API key whose form says what it is (Stripe, AWS, GitHub, Slack, Google, GitLab,
-    # SendGrid, OpenAI): in exactly this case, whatever its name; whole, and not a name
-    rf"|(?<![A-Za-z0-9_-])(?P<known>(?-i:{_KNOWN_KEYS}))(?![A-Za-z0-9_-]|\s{{0,8}}(?:[=:]|%3d))"
-    # <password>value</password> (XML, SOAP; with attributes too)
-    r"|(?P<xname><(?P<xkey>[A-Za-z_][A-Za-z0-9_.:\-]{0,63})(?:\s[^<>\n]{0,256})?>)"
-    r"(?P<xvalue><!\[CDATA\[(?:[^\]]|\](?!\]>)){0,4096}\]\]>|[^<\n]{1,4096})(?=</(?P=xkey)>)"
-    # a card number: 13-19 digits, spaced or dashed in groups (the Luhn check decides)
-    rf"|(?<![0-9])(?P<pan>{_CARD})"
-    # '--name', 'value': a command line quoted in text (subprocess.CalledProcessError);
-    # 'name', 'value': a pair (a header list's ('Authorization', '…'), an error's args)
-    # (a pair's value is not a flag: '-v', '--password', 'x' is a flag and its value)
-    rf"|(?P<fname>(?P<fq>['\"])(?P<fdash>-{{1,2}})?(?P<fkey>{_BARE_NAME})(?P=fq),\s{{0,8}})"
-    rf"(?(fdash)|(?!['\"]-))(?P<fvalue>{_QUOTED})"
-    # 'name': value / "name": value (reprs, JSON; 'name' => value: PHP, Ruby)
-    # (a name with a path or an index: "db:password", "user[password]"; inside a JSON
-    # string, its quotes escaped: \"password\": \"…\")
-    rf"|(?P<qname>(?P<q>['\"])(?P<qkey>{_QUOTED_NAME})\\?(?P=q)"
-    r"\s{0,8}(?::|=>)\s{0,8})"
-    rf"(?P<qvalue>{_QUOTED}|{_LONG_QUOTED}|{_CARD}|{_FLAT}|{_CALL}|{_BYTES}"
-    r"|(?![\[{(])[^\s,}\]]{1,65536})"
-    # name=value, name: value (libpq DSNs, query strings, keyword reprs, --flags, headers)
-    # (after a URL-encoded separator too: %26 &, %3F ?)
-    r"|(?P<kname>(?:(?<![A-Za-z0-9_.\-<])(?<!</)|(?<=%26)|(?<=%3f))"
-    rf"(?P<key>-{{0,2}}{_BARE_NAME}"
-    r"|[A-Za-z_][A-Za-z0-9_]{0,24}\[[A-Za-z0-9_.\-]{1,24}\])"  # user[password]= (a form)
-    r"\s{0,8}(?:[=:]|%3d)\s{0,8})"
-    # (the value may start with an auth scheme: token=Bearer <token>; never with a name
-    # and a colon and a space, or a space and a separator, which start a pair of their
-    # own: "ValueError: password: x", "FATAL: password = x"; nor with a pair whose value
-    # starts with an auth scheme: "Error: Authorization=Basic x". "password=dGVzdA==",
-    # "key=v1:abc" are values)
-    r"(?!(?:[A-Za-z_][A-Za-z0-9_.\-]{0,63}(?::(?:\s|\Z)|\s{1,8}(?:[=:]|%3d))"
-    rf"|[A-Za-z_][A-Za-z0-9_.\-]{{0,63}}\s{{0,8}}(?:[=:]|%3d)\s{{0,8}}(?:{_SCHEMES})\s"
-    r"|['\"][A-Za-z0-9_.\- ]{1,64}['\"]\s{0,8}:))"
-    rf"(?P<kvalue>{_PEM}|{_QUOTED}|{_LONG_QUOTED}|{_CARD}|{_FLAT}|{_CALL}|{_BYTES}"
-    rf"|(?:(?:{_SCHEMES})\s{{1,8}}(?![A-Za-z_][A-Za-z0-9_.\-]{{0,63}}[=:]))?(?![\[{{(])[^\s&,;)\]}}'\"]{{1,65536}})",
-    re.IGNORECASE,
-)
+def _compiled(spaced: str) -> re.Pattern[str]:
+    return re.compile(
+        # an Authorization header (its scheme kept)
+        rf"(?P<header>(?<![A-Za-z0-9_-])(?:proxy-)?authorization[\"']?\s{{0,8}}[:=]\s{{0,8}}[\"']?)"
+        rf"(?:(?P<scheme>(?:{_SCHEMES}))(?P<gap>\s{{1,8}}))?(?P<credentials>[^\s\"',;&]+)"
+        # a bearer token anywhere
+        rf"|(?P<bearer>(?<![A-Za-z0-9_-])bearer\s{{1,8}})(?![A-Za-z_][A-Za-z0-9_-]{{0,63}}=\")"
+        rf"(?P<bearer_token>{_TOKEN})"
+        # the password of a URL: scheme://user:password@host
+        r"|(?P<url>[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s:/?#@]{0,256}:)(?P<password>[^\s/?#]{0,512})(?=@)"
+        # a JWT: header.payload.signature, base64url, the header a JSON object
+        r"|(?<![A-Za-z0-9_-])(?P<jwt>eyJ[A-Za-z0-9_-]{2,8192}(?:\.[A-Za-z0-9_-]{2,65536}(?:\.[A-Za-z0-9_-]{0,8192}|\Z)|\Z))"
+        rf"|(?P<pem>{_PEM})"
+        # an API key whose form says what it is (Stripe, AWS, GitHub, Slack, Google, GitLab,
+        # SendGrid, OpenAI): in exactly this case, whatever its name; whole, and not a name
+        rf"|(?<![A-Za-z0-9_-])(?P<known>(?-i:{_KNOWN_KEYS}))(?![A-Za-z0-9_-]|\s{{0,8}}(?:[=:]|%3d))"
+        # <password>value</password> (XML, SOAP; with attributes too)
+        r"|(?P<xname><(?P<xkey>[A-Za-z_][A-Za-z0-9_.:\-]{0,63})(?:\s[^<>\n]{0,256})?>)"
+        r"(?P<xvalue><!\[CDATA\[(?:[^\]]|\](?!\]>)){0,4096}\]\]>|[^<\n]{1,4096})(?=</(?P=xkey)>)"
+        # a card number: 13-19 digits, spaced or dashed in groups (the Luhn check decides)
+        rf"|(?<![0-9])(?P<pan>{_CARD})"
+        # '--name', 'value': a command line quoted in text (subprocess.CalledProcessError);
+        # 'name', 'value': a pair (a header list's ('Authorization', '…'), an error's args)
+        # (a pair's value is not a flag: '-v', '--password', 'x' is a flag and its value)
+        rf"|(?P<fname>(?P<fq>['\"])(?P<fdash>-{{1,2}})?(?P<fkey>{_BARE_NAME})(?P=fq),\s{{0,8}})"
+        rf"(?(fdash)|(?!['\"]-))(?P<fvalue>{_QUOTED})"
+        # 'name': value / "name": value (reprs, JSON; 'name' => value: PHP, Ruby)
+        # (a name with a path or an index: "db:password", "user[password]"; inside a JSON
+        # string, its quotes escaped: \"password\": \"…\")
+        rf"|(?P<qname>(?P<q>['\"])(?P<qkey>{_QUOTED_NAME})\\?(?P=q)"
+        r"\s{0,8}(?::|=>)\s{0,8})"
+        rf"(?P<qvalue>{_QUOTED}|{_LONG_QUOTED}|{_CARD}|{_FLAT}|{_CALL}|{_BYTES}"
+        r"|(?![\[{(])[^\s,}\]]{1,65536})"
+        # name=value, name: value (libpq DSNs, query strings, keyword reprs, --flags, headers)
+        # (after a URL-encoded separator too: %26 &, %3F ?)
+        r"|(?P<kname>(?:(?<![A-Za-z0-9_.\-<])(?<!</)|(?<=%26)|(?<=%3f))"
+        rf"(?P<key>-{{0,2}}{_BARE_NAME}"
+        r"|[A-Za-z_][A-Za-z0-9_]{0,24}\[[A-Za-z0-9_.\-]{1,24}\])"  # user[password]= (a form)
+        r"\s{0,8}(?:[=:]|%3d)\s{0,8})"
+        # (the value may start with an auth scheme: token=Bearer <token>; never with a name
+        # and a colon and a space, which start a pair of their own: "ValueError: password:
+        # x" — in the second pass (SPACED), a name and a spaced separator either: "FATAL:
+        # password = x"; nor with a pair whose value starts with an auth scheme: "Error:
+        # Authorization=Basic x". "password=dGVzdA==", "key=v1:abc" are values; a value
+        # is taken whole, however long: its tail is never shown)
+        r"(?!(?:[A-Za-z_][A-Za-z0-9_.\-]{0,63}(?::(?:\s|\Z)" + spaced + ")"
+        rf"|[A-Za-z_][A-Za-z0-9_.\-]{{0,63}}\s{{0,8}}(?:[=:]|%3d)\s{{0,8}}(?:{_SCHEMES})\s"
+        r"|['\"][A-Za-z0-9_.\- ]{1,64}['\"]\s{0,8}:))"
+        rf"(?P<kvalue>{_PEM}|{_QUOTED}|{_LONG_QUOTED}|{_CARD}|{_FLAT}|{_CALL}|{_BYTES}"
+        rf"|(?:(?:{_SCHEMES})\s{{1,8}}(?![A-Za-z_][A-Za-z0-9_.\-]{{0,63}}[=:]))?(?![\[{{(])[^\s&,;)\]}}'\"]+)",
+        re.IGNORECASE,
+    )
+
+
+SECRETS = _compiled("")
+#: The pattern for a second pass over text the first left with a name, spaces and a
+#: separator in it ("Error: password = x"): a value is never such a name there (in the
+#: first pass, "password=x : failed" keeps x the value of password). Run only where
+#: :data:`SPACED_HINT` finds one.
+SPACED = _compiled(r"|\s{1,8}(?:[=:]|%3d)")
+SPACED_HINT = re.compile(r"[A-Za-z0-9_.\-]\s{1,8}(?:[=:]|%3d)", re.IGNORECASE)
+#: what follows a value that is the name of a pair of its own ("auth: secret = x")
+SPACED_AFTER = re.compile(r"\s{1,8}(?:[=:]|%3d)", re.IGNORECASE)
 
 
 def luhn(number: str) -> bool:

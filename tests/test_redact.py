@@ -891,3 +891,36 @@ def test_a_name_value_pair_quoted_in_text_is_redacted_anywhere_in_a_long_text() 
     # ... and an exception made with the pair stores neither its message nor its args
     memo = encode_exception(ValueError("password", "vaultpw12"))
     assert b"vaultpw12" not in memo[0] and "vaultpw12" not in memo[2]
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("password=hunter2 : authentication failed", "hunter2"),
+        ("token=abc123 = bad", "abc123"),
+        ("password: hunter2 : rejected", "hunter2"),
+        ("api_key=AK123 : quota exceeded", "AK123"),
+        ("auth: secret = s3cr3tvalue", "s3cr3tvalue"),
+        ("token: password = x9x9x9", "x9x9x9"),
+    ],
+)
+def test_a_value_followed_by_a_spaced_separator_is_still_masked(text: str, secret: str) -> None:
+    """A review of the spaced-pair fix: taking every name before " :" or " =" for a pair
+    of its own left "password=hunter2 : failed" unmasked."""
+    from celery_grousset.memo import error_summary
+    from celery_grousset.redact import redact_text
+
+    # When text with a sensitive pair and a spaced separator after it is redacted
+    # Then the secret is masked, on its own and in an exception's summary
+    assert secret not in redact_text(text), redact_text(text)
+    assert secret not in error_summary(RuntimeError(text))
+
+
+def test_a_value_longer_than_the_scan_window_is_masked_whole() -> None:
+    from celery_grousset.redact import redact_text, safe_repr
+
+    # Given a password value of 70,000 characters / When it is redacted
+    text = "password=" + "A" * 70_000 + " tail"
+    # Then none of it shows, in text or in an argument's repr
+    assert redact_text(text) == "password=*** tail"
+    assert "AAAA" not in safe_repr((text,), {})
