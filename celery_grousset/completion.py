@@ -116,7 +116,7 @@ def complete(
     raise StoreUnavailable). False: the claim was taken over (logged fenced out)."""
     t0 = time.perf_counter()
     try:
-        done = finish_retrying(store, req, completion)
+        done = finish_retrying(store, req, completion, carried=unwritten is not None)
     except StoreUnavailable as exc:
         if unwritten is None:
             raise
@@ -185,7 +185,7 @@ def _run_transactional(
     conn, raw, started, body = connections[store.alias], None, time.monotonic(), txbody.Body()
     try:
         with transaction.atomic(using=store.alias):
-            raw = _begin(store, conn)  # the connection this transaction runs on
+            _begin(store, raw := conn.connection)  # (raw: the connection it runs on)
             value = txbody.run(body, conn, store.alias, req, fn)
             fault("after_effect")
             t0 = time.perf_counter()
@@ -259,16 +259,16 @@ class _NotTaken(Exception):
         self.what = what  # the statement's part: "completion", "write lock"
 
 
-def _begin(store: Store, conn: Any) -> Any:
+def _begin(store: Store, raw: Any) -> None:
     """The store's first statement in the body's transaction (SQLite: its one write lock,
     so that a body that reads before it writes is not refused its first write for a
-    commit made since its read); whatever it raises is the journal's trouble. Returns
-    the DB-API connection the transaction runs on."""
+    commit made since its read) on ``raw``, the DB-API connection the transaction runs on
+    (the caller's, read before: a refusal is not taken for a lost connection). Whatever
+    it raises is the journal's trouble."""
     try:
         store.begin_transactional()
     except Exception as exc:
         raise _NotTaken(str(exc).rstrip(". \n"), "write lock") from exc
-    return conn.connection
 
 
 def _finish_in_transaction(store: Store, req: ClaimRequest, completion: Completion) -> bool:
@@ -337,11 +337,15 @@ def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException, fen
         return False
 
 
-def finish_retrying(store: Store, req: ClaimRequest, completion: Completion) -> bool:
+def finish_retrying(
+    store: Store, req: ClaimRequest, completion: Completion, carried: bool = False
+) -> bool:
     """Write the completion; when the store is briefly unavailable (a restart, a lost
     connection) try again while the claim is still ours. Re-sending with the same token is
     idempotent. Gives up (raises StoreUnavailable) within half of max_processing_time: the
-    claim then stays in flight and a later delivery takes it over."""
+    claim then stays in flight and a later delivery takes it over. ``carried``: the
+    caller hands an unwritten outcome on (a task requeues carrying it), so an interrupt
+    (a soft time limit) is raised as StoreUnavailable too; else as itself."""
     deadline = time.monotonic() + req.max_processing_time / 2
     interrupted = False
     for delay in (*COMPLETION_RETRY_DELAYS, None):
@@ -355,13 +359,17 @@ def finish_retrying(store: Store, req: ClaimRequest, completion: Completion) -> 
             try:
                 time.sleep(delay)
             except Exception as interrupt:  # (a soft time limit): the outcome is not lost
-                raise exc from interrupt  # but handed on, as when the retries run out
+                if not carried:  # but handed on, as when the retries run out
+                    raise
+                raise exc from interrupt
         except PoisonDelivery:  # refused for its data: sending it again cannot help
             raise
         except Exception as exc:
             # Interrupted while waiting for the answer (e.g. SoftTimeLimitExceeded): the
             # write may or may not have committed. Drop the connection and send it again
             # once on a fresh one; the same token makes the re-send idempotent.
+            if interrupted and not carried:
+                raise
             if interrupted:  # its outcome handed on (a task carries it), not dropped
                 raise StoreUnavailable(f"the completion was interrupted twice ({exc!r}); "
                                        "whether it committed is unknown") from exc  # fmt: skip

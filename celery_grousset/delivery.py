@@ -268,7 +268,7 @@ def visibility_timeout(app: Any) -> float | None:
     url = app.conf.broker_url or ""
     if isinstance(url, (list, tuple)):  # failover URLs: the first is used first
         url = url[0] if url else ""
-    scheme = str(url).split(";")[0].strip().split(":", 1)[0].split("+")[-1].lower()
+    scheme = str(url).split(";")[0].strip().split(":", 1)[0].split("+")[0].lower()
     if scheme not in _VISIBILITY_DEFAULTS:
         return None
     options = app.conf.broker_transport_options or {}

@@ -131,7 +131,11 @@ def _linked(value: Any, depth: int) -> Any:
     args, kwargs = value.get("args") or [], value.get("kwargs") or {}
     shown = {k: v for k, v in value.items() if k not in ("args", "kwargs")}
     task = value.get("task")
-    if isinstance(task, str) and isinstance(args, list) and isinstance(kwargs, dict):
+    if isinstance(task, str) and task.startswith("celery.") and isinstance(kwargs, dict):
+        # a chain, group or chord: the signatures it holds, each shown the same way
+        shown["kwargs"] = {k: _linked(v, depth + 1) if depth < 8 else "(not shown)"
+                           for k, v in kwargs.items()}  # fmt: skip
+    elif isinstance(task, str) and isinstance(args, list) and isinstance(kwargs, dict):
         shown["arguments"] = _call_text(task, args, kwargs)
     else:
         shown["arguments"] = "(not shown)"

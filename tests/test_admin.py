@@ -684,6 +684,8 @@ OUTBOX_URL = "/admin/celery_grousset/outboxmessage/"
 
 
 def test_outbox_detail_redacts_positional_secrets_and_option_headers(journal: str) -> None:
+    from celery import chain
+
     from celery_grousset import outbox
     from celery_grousset.models import OutboxMessage
     from tests.tasks import login
@@ -694,7 +696,8 @@ def test_outbox_detail_redacts_positional_secrets_and_option_headers(journal: st
     known = outbox.enqueue(
         login, ("alice-7f2c", "Tr0ub4dor-pw-61"), using=journal, queue=queue,
         headers={"Authorization": "Token tk-9b1e77aa", "X-Request-Id": "req-5d0c"},
-        link=login.s("carol-4d2a", "LinkPw-98765"),
+        link=[login.s("carol-4d2a", "LinkPw-98765"),
+              chain(login.s("dave-1b2c", "ChainPw-4321"), login.s("erin-9f8e", "ChainPw-8765"))],
     )  # fmt: skip
     unknown = outbox.enqueue(
         "elsewhere.login", ("bob-3e1a",), {"password": "Hunter2-pw-88"}, using=journal,
@@ -713,6 +716,8 @@ def test_outbox_detail_redacts_positional_secrets_and_option_headers(journal: st
         assert "req-5d0c" in html[0] and queue in html[0]
         # ... nor a linked signature's positional password (bound to its task the same way)
         assert "LinkPw-98765" not in html[0] and "carol-4d2a" in html[0]
+        assert "ChainPw-4321" not in html[0] and "ChainPw-8765" not in html[0]  # (in a chain)
+        assert "dave-1b2c" in html[0]
         # ... and an unregistered task's keyword arguments are redacted by name, its
         # positional ones (no name to judge them by) not shown at all
         assert "Hunter2-pw-88" not in html[1] and "bob-3e1a" not in html[1]

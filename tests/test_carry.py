@@ -316,7 +316,7 @@ def test_a_refused_requeue_waits_within_its_bounds_and_a_soft_limit_ends_only_th
 
 
 def _stopped_in_completion(
-    alias: str, processor: str, stop: BaseException
+    alias: str, processor: str, stop: BaseException, local: bool = False
 ) -> tuple[TaskLikeCaller, BaseException, list[str]]:
     """Run a call whose effect ran and whose completion the journal refuses; ``stop`` is
     raised, as billiard raises a time limit (a signal), while the completion waits to be
@@ -341,6 +341,7 @@ def _stopped_in_completion(
     opts = Options.resolve("test", {"processor_id": processor, "max_processing_time": 20,
                                     "database": alias}, default_processor=processor)  # fmt: skip
     caller, previous = TaskLikeCaller(opts, effect), signal.signal(signal.SIGALRM, limit)
+    caller.local = local  # type: ignore[attr-defined]  # (protect(), an eager call: no carry)
     try:
         with override_settings(GROUSSET={"DATABASE": alias, "STORE_TIMEOUT": 0.5}), locked:
             guard.guarded(caller, _call(key))
@@ -367,6 +368,17 @@ def test_a_soft_time_limit_in_a_completion_retry_carries_the_outcome(
     assert isinstance(raised, Requeued), repr(raised)
     assert raised.header["status"] == "completed"
     assert Outcome.objects.using(alias).get(processor_id=processor).status == "in_flight"
+
+
+def test_a_soft_time_limit_in_a_local_calls_completion_is_raised_as_itself(
+    alias: str, processor: str
+) -> None:
+    """A caller that carries no outcome (protect(), an eager call) got StoreUnavailable
+    for its own soft time limit: its `except SoftTimeLimitExceeded` cleanup never ran."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    _, raised, fired = _stopped_in_completion(alias, processor, SoftTimeLimitExceeded(), True)
+    assert fired and isinstance(raised, SoftTimeLimitExceeded), repr(raised)
 
 
 def test_a_process_stopped_while_its_outcome_is_written_says_so(

@@ -158,7 +158,8 @@ def test_visibility_timeout_below_max_processing_time_is_W001(
     ("broker_url", "options"),
     [("sqs://", {}),  # kombu's SQS default is 1800 s, not Redis's 3600 s
      (["redis://127.0.0.1:6379/13", "redis://127.0.0.1:6380/13"], {"visibility_timeout": 10}),
-     ("redis://127.0.0.1:6379/13;redis://127.0.0.1:6380/13", {"visibility_timeout": 10})],
+     ("redis://127.0.0.1:6379/13;redis://127.0.0.1:6380/13", {"visibility_timeout": 10}),
+     ("redis+socket:///tmp/redis.sock", {"visibility_timeout": 10})],  # (kombu: redis)
 )  # fmt: skip
 def test_w001_reads_sqs_default_and_failover_urls(
     make_app: Callable[..., Celery], broker_url: Any, options: dict[str, Any]

@@ -97,13 +97,14 @@ class PartitionedStore(PostgresStore):
         one whose every row is purgeable (no ``DELETE`` of rows), then create the next
         generations ahead. A row therefore outlives its expiry by up to a generation (and
         while a live claim shares its generation). Returns the rows dropped."""
-        from celery_grousset.store import pgpartops
+        from celery_grousset.store import pgpartops, pgpartretire
 
         if batch_size < 1:
             raise InvalidArgument("batch_size must be at least 1")
         now = self.now()
+        cutoff = min(before, now) if before is not None else now
         try:
-            dropped = pgpartops.retire(self.alias, min(before, now) if before is not None else now)
+            dropped = pgpartretire.retire(self.alias, cutoff)
         finally:  # the generations ahead, whatever became of retention
             pgpartops.create_ahead(self.alias)
         if progress is not None and dropped:
