@@ -73,7 +73,7 @@ def _compiled(spaced: str) -> re.Pattern[str]:
         rf"|(?P<qname>(?P<q>['\"])(?P<qkey>{_QUOTED_NAME})\\?(?P=q)"
         r"\s{0,8}(?::|=>)\s{0,8})"
         rf"(?P<qvalue>{_QUOTED}|{_LONG_QUOTED}|{_CARD}|{_FLAT}|{_CALL}|{_BYTES}"
-        r"|(?![\[{(])[^\s,}\]]{1,65536})"
+        r"|(?![\[{(])[^\s,}\]]+)"
         # name=value, name: value (libpq DSNs, query strings, keyword reprs, --flags, headers)
         # (after a URL-encoded separator too: %26 &, %3F ?)
         r"|(?P<kname>(?:(?<![A-Za-z0-9_.\-<])(?<!</)|(?<=%26)|(?<=%3f))"

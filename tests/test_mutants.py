@@ -173,6 +173,8 @@ def test_transactional_fenced_out_attempt_rolls_its_effect_back(
     journal_db: str, temp_task: Any, other_store: Store
 ) -> None:
     alias = journal_db
+    if connections[alias].vendor == "sqlite":
+        pytest.skip("SQLite: the attempt's transaction holds the write lock a takeover needs")
     key = f"zombie-{uuid.uuid4().hex[:8]}"
     taker: list[ClaimRequest] = []
 

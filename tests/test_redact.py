@@ -921,6 +921,7 @@ def test_a_value_longer_than_the_scan_window_is_masked_whole() -> None:
 
     # Given a password value of 70,000 characters / When it is redacted
     text = "password=" + "A" * 70_000 + " tail"
-    # Then none of it shows, in text or in an argument's repr
+    # Then none of it shows, in text or in an argument's repr, nor as a quoted name's
     assert redact_text(text) == "password=*** tail"
+    assert redact_text("'password': " + "A" * 70_000 + " tail") == "'password': *** tail"
     assert "AAAA" not in safe_repr((text,), {})

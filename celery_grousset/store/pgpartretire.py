@@ -106,6 +106,7 @@ def _detached(alias: str, cur: Any, gen: int, name: str, how: str) -> bool:
     """``DETACH … CONCURRENTLY`` (or ``FINALIZE``, of one left pending) within
     :data:`DETACH_MS`; False (said, left pending for the next run) when old transactions
     held it longer."""
+    started = time.perf_counter()
     try:
         cur.execute(f"SET statement_timeout = {DETACH_MS}")
         cur.execute(f"ALTER TABLE {TABLE} DETACH PARTITION {name} {how}")
@@ -118,7 +119,8 @@ def _detached(alias: str, cur: Any, gen: int, name: str, how: str) -> bool:
     from celery_grousset import events
 
     events.emit(logging.WARNING, "grousset.generation_busy", {
-        "generation": gen, "waited_ms": DETACH_MS, "database": alias,
+        "generation": gen, "waited_ms": round((time.perf_counter() - started) * 1000),
+        "database": alias,
     })  # fmt: skip
     return False
 
