@@ -37,7 +37,7 @@ from celery_grousset.fingerprint import bind_arguments, fingerprint_bound, paylo
 from celery_grousset.inflight import wait_until_settled
 from celery_grousset.options import Options
 from celery_grousset.publish_check import effect_in_transaction
-from celery_grousset.quoted import call_secrets, redacted_call
+from celery_grousset.quoted import call_secrets, redacted_call, without_values
 from celery_grousset.store import ClaimResult, Store, check_claimable, get_store
 
 __all__ = [
@@ -178,8 +178,10 @@ def identity(call: Call, payload: bool = True) -> tuple[str, str, str]:
     payload hash, all from ONE binding of its arguments."""
     fp, bound = _fingerprint(call)
     ph = _payload_hash(call, bound) if payload else ""
-    if call.args_repr is not None:
-        return fp, call.args_repr, ph
+    if call.args_repr is not None:  # protect()'s key: its arguments' secrets masked there
+        masked = call.args or call.kwargs
+        shown = without_values(call.args_repr, secrets_of(call)) if masked else call.args_repr
+        return fp, shown, ph
     shown = redacted(call.args, call.kwargs, bound if call.signature is not None else None)
     return fp, shown, ph
 

@@ -62,6 +62,26 @@ def test_runs_once_and_returns_memo(alias: str, processor: str) -> None:
     assert not Delivery.objects.using(alias).filter(processor_id=processor).exists()
 
 
+def test_a_key_that_quotes_a_sensitive_argument_is_stored_with_it_masked(
+    alias: str, processor: str
+) -> None:
+    """protect()'s key was masked by the secret patterns alone: a key built from the call's
+    own card token (a sensitive argument, positional or by name) was stored in clear."""
+
+    def charge(card_token: str, amount: int) -> str:
+        return "charged"
+
+    # Given keys built from the call's sensitive arguments / When protect() journals them
+    protect("charge:tokcard9x8y7z6w", charge, "tokcard9x8y7z6w", 10, max_processing_time=60,
+            processor_id=processor, database=alias)  # fmt: skip
+    protect("reset:pw-in-kw-1234", lambda password: 1, password="pw-in-kw-1234",
+            max_processing_time=60, processor_id=processor, database=alias)  # fmt: skip
+    stored = sorted(Outcome.objects.using(alias).filter(processor_id=processor)
+                    .values_list("args_repr", flat=True))  # fmt: skip
+    # Then the argument's value is masked in the stored key, the rest kept
+    assert stored == ["key='charge:***'", "key='reset:***'"], stored
+
+
 def test_a_key_that_quotes_a_secret_is_stored_redacted_and_cut(alias: str, processor: str) -> None:
     from django.test import override_settings
 
