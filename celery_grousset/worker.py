@@ -126,6 +126,8 @@ class GroussetStep(bootsteps.StartStopStep):
         **kwargs: Any,
     ) -> None:
         super().__init__(parent, **kwargs)
+        from django.core.exceptions import ImproperlyConfigured
+
         from celery_grousset.conf import seconds
 
         app = parent.app
@@ -133,9 +135,13 @@ class GroussetStep(bootsteps.StartStopStep):
         if grousset_processor_id:
             defaults["processor_id"] = str(grousset_processor_id)
         if grousset_max_processing_time is not None:
-            defaults["max_processing_time"] = seconds(
-                grousset_max_processing_time, name="--grousset-max-processing-time"
-            )
+            try:
+                defaults["max_processing_time"] = seconds(
+                    grousset_max_processing_time, name="--grousset-max-processing-time"
+                )
+            except ImproperlyConfigured as exc:  # (a traceback named the flag last)
+                logger.critical("celery-grousset: this worker does not start: %s", exc)
+                raise SystemExit(1) from None
         if defaults:
             app.conf.grousset_worker = defaults
         if grousset_bypass:

@@ -225,3 +225,18 @@ def test_bypass_flag_runs_unguarded_and_logs_loudly(pg: str, redis_url: str) -> 
         assert f"grousset.BYPASS task=tests.flagtasks.probe task_id={r.id}" in log  # type: ignore[attr-defined]
     task_ids = [r.id for r in results]  # type: ignore[attr-defined]
     assert not Outcome.objects.using(pg).filter(task_id__in=task_ids).exists()
+
+
+@pytest.mark.slow
+def test_a_bad_max_processing_time_flag_stops_the_worker_naming_it(pg: str, redis_url: str) -> None:
+    """--grousset-max-processing-time -5 ended the worker in a traceback."""
+    queue = f"q-{uuid.uuid4().hex[:10]}"
+    # When a worker starts with a negative default claim time
+    with pytest.raises(RuntimeError, match="worker exited with 1") as refused:
+        start_flag_worker(queue, database=pg, broker=redis_url,
+                          extra=["--grousset-max-processing-time", "-5"]).kill()  # fmt: skip
+    # Then it does not start, and says why in one line, naming the flag: no traceback
+    text = str(refused.value)
+    assert "this worker does not start" in text and "--grousset-max-processing-time" in text
+    assert "Traceback" not in text, text
+
