@@ -93,8 +93,17 @@ def job_of(req: Any, handle: Callable[[Any], Any]) -> Job | None:
 
 
 def claim_pass(store_of: Callable[[str], Store], batch: list[Job]) -> None:
-    """Claim a batch: one claim per key and database (``claim_all``); each job's
-    ``action`` says what the event loop does with it."""
+    """Claim a batch: one claim per key and database (``claim_all``) a round; each job's
+    ``action`` says what the event loop does with it. The other copies of a completed key
+    in the pass send their own claims in the next round: each is a duplicate the journal
+    counts and records (``grousset_inspect <task id>``), as it would be alone."""
+    while batch:
+        batch = _claim_round(store_of, batch)
+
+
+def _claim_round(store_of: Callable[[str], Store], batch: list[Job]) -> list[Job]:
+    """One round of :func:`claim_pass`; returns the jobs whose own claim is still due."""
+    again: list[Job] = []
     keys: dict[tuple[str, str, str], list[Job]] = {}
     for job in batch:
         c = job.claim
@@ -125,9 +134,10 @@ def claim_pass(store_of: Callable[[str], Store], batch: list[Job]) -> None:
                 )
                 for job in jobs[1:]:  # (sent no claim: not counted yet)
                     in_flight(job, held, counted=False)
-            elif res.kind is Kind.COMPLETED:
-                for job in jobs:
-                    answer(job, res)
+            elif res.kind is Kind.COMPLETED:  # (the others: their own claims, next round)
+                answer(jobs[0], res)
+                again += jobs[1:]
+                jobs = jobs[:1]
             elif res.kind is Kind.IN_FLIGHT:  # only the first one's claim was sent
                 for i, job in enumerate(jobs):
                     in_flight(job, res, counted=i == 0)
@@ -138,6 +148,7 @@ def claim_pass(store_of: Callable[[str], Store], batch: list[Job]) -> None:
             if first.action == PER_TASK and res.kind in preclaim.SETTLED:  # the child acts on it
                 reported = None if acted else seconds  # (reported here: not again there)
                 preclaim.carry_decided(first.req.request_dict, first.claim, res, reported)
+    return again
 
 
 def lost(job: Job) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from celery_grousset.models import Outcome
+from celery_grousset.models import Delivery, Outcome
 from tests import services
 from tests.ledger.models import Effect
 from tests.test_worker_integration import record_of, wait_for
@@ -212,6 +212,29 @@ def test_copies_in_the_pass_that_claims_their_key_count_as_duplicates(redis_url:
     assert Effect.objects.using("postgresql").filter(key=key).count() == 1
     rec = record_of("postgresql", effect, (key,), {"sleep": 0.5})
     assert rec.status == "completed" and rec.duplicates == 9
+
+
+def test_copies_of_a_completed_key_in_one_pass_each_count_as_a_duplicate(
+    redis_url: str,
+) -> None:
+    from tests.tasks import effect
+
+    queue, key = f"q-{uuid.uuid4().hex[:10]}", f"done-{uuid.uuid4().hex[:8]}"
+    extra = ["--grousset-batch", "--prefetch-multiplier", "50"]
+    env = {"GROUSSET_TEST_WORKER_CLAIM_FLUSH_DELAY": "0.5"}
+    with workers(queue, 1, database="postgresql", broker=redis_url, extra=extra, env=env) as ws:
+        first = effect.apply_async((key,), queue=queue).get(timeout=30)
+        # Given 8 copies of the completed call gathered into one claim pass
+        results = [effect.apply_async((key,), queue=queue) for _ in range(8)]
+        # When they are answered
+        assert [r.get(timeout=30) for r in results] == [first] * 8
+    text = ws[0].text()  # (its claim statistics: logged at shutdown)
+    assert "requests=9" in text and re.search(r"worker_claim_stats passes=[23] ", text), text
+    # Then each is one duplicate in the journal, found by its task id (grousset_inspect)
+    assert record_of("postgresql", effect, (key,)).duplicates == 8
+    found = Delivery.objects.using("postgresql").filter(task_id__in=[r.id for r in results])
+    assert sorted(found.values_list("task_id", flat=True)) == sorted(r.id for r in results)
+    assert Effect.objects.using("postgresql").filter(key=key).count() == 1
 
 
 def test_copies_that_wait_in_the_main_process_count_once_each(
