@@ -632,6 +632,37 @@ def test_an_in_process_call_inside_the_sqlite_journals_own_transaction_names_it(
         reset_stores()
 
 
+@pytest.mark.parametrize("alias", ["default", "postgresql", "mysql"])
+def test_a_key_called_twice_transactionally_in_one_transaction_names_it(alias: str) -> None:
+    """PostgreSQL and MariaDB said only "did not answer within 0.5 s (STORE_TIMEOUT)",
+    which reads as an outage; SQLite advised transactional=True to a transactional call."""
+    from django.db import transaction
+    from django.test import override_settings
+
+    from tests import services
+
+    services.require_database(alias)
+    key = f"twice-{uuid.uuid4().hex[:8]}"
+
+    def book() -> str:
+        return str(Effect.objects.using(alias).create(key=key, value="booked").pk)
+
+    short = override_settings(GROUSSET={"DATABASE": alias, "STORE_TIMEOUT": 0.5})
+    # Given a transactional call of a key inside a transaction on its journal database
+    with short, pytest.raises(StoreUnavailable) as raised, transaction.atomic(using=alias):
+        protect(key, book, max_processing_time=30, database=alias, transactional=True)
+        # When the same key is called again inside it
+        protect(key, book, max_processing_time=30, database=alias, transactional=True)
+    # Then the error names the caller's own open transaction and the ways out
+    text = str(raised.value)
+    assert f"this thread's own transaction.atomic() on {alias!r}" in text, text
+    assert "transaction.on_commit" in text, text
+    fix = "twice in one transaction" if alias == "default" else "once per transaction"
+    assert fix in text, text
+    # And nothing ran: the transaction rolled back
+    assert not Effect.objects.using(alias).filter(key=key).exists()
+
+
 def test_an_effect_inside_an_open_transaction_is_warned_about(
     alias: str, processor: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -159,10 +159,7 @@ class MySQLStore(LockingStore):
                         self.discard()  # the server has closed the connection
                     raise data_error(self.alias, exc) from exc
                 if code in _TIMEOUT:
-                    raise StoreUnavailable(
-                        f"the journal database {self.alias!r} did not answer within "
-                        f"{self.timeout:g} s (STORE_TIMEOUT): {exc}"
-                    ) from exc
+                    raise refusals.timed_out(self.alias, self.timeout, exc) from exc
                 if refusals.table_missing(exc):
                     raise missing_table(self.alias, exc) from exc
                 if code == 1054:  # unknown column

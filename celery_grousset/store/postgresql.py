@@ -193,10 +193,7 @@ class PostgresStore(PostgresOperations, Store):
         except db.DataError as exc:  # too long, a NUL…: permanent, not an outage
             raise data_error(self.alias, exc) from exc
         except (db.QueryCanceled, db.LockNotAvailable) as exc:
-            raise StoreUnavailable(
-                f"the journal database {self.alias!r} did not answer within "
-                f"{self.timeout:g} s (STORE_TIMEOUT): {exc}"
-            ) from exc
+            raise refusals.timed_out(self.alias, self.timeout, exc) from exc
         except (db.OperationalError, db.InterfaceError) as exc:
             self.discard()
             if fresh:

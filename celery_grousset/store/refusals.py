@@ -38,6 +38,28 @@ def refused(alias: str, exc: BaseException, why: str) -> StoreUnavailable:
 _ROLLED_BACK = {"40001", "40P01", 1213, 1020}
 
 
+def timed_out(alias: str, timeout: float, exc: BaseException) -> StoreUnavailable:
+    """A statement of the store not answered within ``STORE_TIMEOUT`` (a statement or
+    lock wait timeout), naming this thread's own open transaction on the journal's
+    database when there is one: a transactional call of the same key earlier in it holds
+    the row's lock until it ends, and a claim of that key waits for it."""
+    from django.db import connections
+
+    own = ""
+    conn = connections[alias] if alias in connections.settings else None
+    if conn is not None and conn.connection is not None and conn.in_atomic_block:
+        own = (
+            f" — this thread's own transaction.atomic() on {alias!r} is open and may hold "
+            "the row's lock (a transactional call of the same key earlier in it holds it "
+            "until the transaction ends): call each key once per transaction, or after "
+            "the commit (transaction.on_commit)"
+        )
+    return StoreUnavailable(
+        f"the journal database {alias!r} did not answer within {timeout:g} s "
+        f"(STORE_TIMEOUT): {exc}{own}"
+    )
+
+
 #: the journal refusing a statement of its own, whoever's transaction it runs in: a lock
 #: wait or statement timeout (PostgreSQL 55P03, 57014; MySQL/MariaDB 1205), a permission
 #: refused (42501; 1142), a read-only server (25006; 1290, 1792)

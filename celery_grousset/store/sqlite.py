@@ -130,7 +130,9 @@ class SQLiteStore(LockingStore):
                     f"this thread's own transaction.atomic() on {conn.alias!r} holds its "
                     "write lock (SQLite has one writer): a guarded call run in this process "
                     "inside it waits for itself; call it after the commit "
-                    "(transaction.on_commit) or with transactional=True"
+                    "(transaction.on_commit), or make it transactional=True (its claim "
+                    "then joins that transaction; a key called twice in one transaction "
+                    "waits for itself either way)"
                 )
         return "another connection holds its write lock"
 
