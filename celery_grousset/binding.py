@@ -19,6 +19,7 @@ _VAR_POSITIONAL = inspect.Parameter.VAR_POSITIONAL
 _VAR_KEYWORD = inspect.Parameter.VAR_KEYWORD
 _KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
 _POSITIONAL_ONLY = inspect.Parameter.POSITIONAL_ONLY
+_POSITIONAL_OR_KEYWORD = inspect.Parameter.POSITIONAL_OR_KEYWORD
 
 
 def _fast_bind(
@@ -90,6 +91,41 @@ def bind_arguments(
         result[name] = (list if kind is _VAR_POSITIONAL else dict)(value) if is_var else value
     return result
 
+
+class _Unnamed:
+    """A positional value that no parameter of the signature names: not shown (it may
+    be a secret)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<not shown: no parameter at its position>"
+
+
+UNNAMED = _Unnamed()
+
+
+def loose_bind(
+    signature: inspect.Signature, args: Sequence[object], kwargs: Mapping[str, object]
+) -> dict[str, object]:
+    """Arguments that do not fit ``signature`` (a call its idempotency key names, say a
+    message sent before a deploy changed the task), named as far as the signature names
+    them, for redaction alone: a positional value by the parameter at its position (so a
+    positional secret is redacted by its name), a keyword one by its own name; a
+    positional value no parameter names is not shown (:data:`UNNAMED`)."""
+    params = list(signature.parameters.values())
+    positional = [p.name for p in params if p.kind in (_POSITIONAL_ONLY, _POSITIONAL_OR_KEYWORD)]
+    star = next((p.name for p in params if p.kind is _VAR_POSITIONAL), None)
+    named: dict[str, object] = dict(zip(positional, args, strict=False))
+    extra = list(args[len(positional):])
+    if extra:
+        if star is not None:
+            named[star] = extra
+        else:
+            named.update((f"<{len(positional) + i}>", UNNAMED) for i in range(len(extra)))
+    for name, value in kwargs.items():
+        named.setdefault(name, value)
+    return named
 
 def validate_key_names(
     signature: inspect.Signature | None, key: Sequence[str] | Callable[..., object] | None

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
 from celery_grousset import carry, events, memo, preclaim, testcase_check
+from celery_grousset.binding import loose_bind
 from celery_grousset.claim import PROTECT_NAME, ClaimRequest, Kind, payload_differs
 from celery_grousset.completion import fail, not_running, run_owned
 from celery_grousset.conf import grousset_settings, redact_keys
@@ -182,6 +183,8 @@ def identity(call: Call, payload: bool = True) -> tuple[str, str, str]:
         masked = call.args or call.kwargs
         shown = without_values(call.args_repr, secrets_of(call)) if masked else call.args_repr
         return fp, shown, ph
+    if call.signature is not None and bound is None:  # they do not fit it (a key names them)
+        bound = loose_bind(call.signature, call.args, call.kwargs)
     shown = redacted(call.args, call.kwargs, bound if call.signature is not None else None)
     return fp, shown, ph
 
@@ -256,14 +259,15 @@ def _fingerprint(call: Call) -> tuple[str, dict[str, object] | None]:
 
 def named(call: Call) -> dict[str, object] | None:
     """The call's arguments bound by name to its task's signature, so that a positional
-    secret is known by its name; None without a signature or when they do not fit it."""
+    secret is known by its name (loosely when they do not fit it:
+    :func:`~celery_grousset.binding.loose_bind`); None without a signature."""
     signature = call.signature or call.names
     if signature is None:
         return None
     try:
         return bind_arguments(signature, call.args, call.kwargs)
-    except FingerprintError:
-        return None
+    except FingerprintError:  # named as far as the signature names them
+        return loose_bind(signature, call.args, call.kwargs)
 
 
 def secrets_of(call: Call) -> list[str]:

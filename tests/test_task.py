@@ -105,6 +105,28 @@ def test_positional_and_keyword_calls_are_the_same(journal: str) -> None:
     assert (rec.status, rec.deliveries, rec.task_id) == ("completed", 2, first.id)
 
 
+def test_a_positional_secret_of_a_call_that_does_not_fit_its_task_is_not_stored(
+    journal: str,
+) -> None:
+    """A call its idempotency key names need not fit the task (a message sent before a
+    deploy changed the task's parameters): its arguments were stored call-like, the
+    positional password unredacted."""
+    from tests.tasks import login
+
+    key = f"loose-{uuid.uuid4().hex[:8]}"
+    # Given a call of login(user, password) with one positional argument too many
+    result = login.apply(("bob", "Hunter2-secret-77", "extra-value-9"), idempotency_key=key)
+    # When it has run (its body refuses the arguments)
+    assert result.failed()
+    rec = Outcome.objects.using(journal).get(task_id=result.id)
+    # Then the stored arguments name the password by its parameter and mask it, and do
+    # not show the value no parameter names
+    assert "Hunter2-secret-77" not in rec.args_repr, rec.args_repr
+    assert "extra-value-9" not in rec.args_repr, rec.args_repr
+    assert rec.args_repr.startswith("user='bob', password='***', "), rec.args_repr
+    assert "Hunter2-secret-77" not in rec.error, rec.error
+
+
 def test_grousset_key_selects_arguments(journal: str) -> None:
     from tests.tasks import charge
 
