@@ -152,11 +152,12 @@ def release_plan(rec: Outcome, at: datetime) -> tuple[bool, str]:
     return True, f"stale since {rec.stale_at:%Y-%m-%d %H:%M:%S %Z}"
 
 
-def release(rec: Outcome, alias: str, *, token: str | None = None) -> bool:
+def release(rec: Outcome, alias: str, *, token: str | None = None, stale: bool = False) -> bool:
     """Free an in-flight claim (marked failed; the next delivery runs). With ``token``,
-    only if that attempt still holds it. Logged (``grousset.released``); ``rec`` then
+    only if that attempt still holds it; ``stale``: only while it is stale (a claim
+    renewed since the plan read it stays). Logged (``grousset.released``); ``rec`` then
     reads ``failed``, as the row does (the admin's history shows it)."""
-    done = get_store(alias).release(rec.processor_id, rec.fingerprint, token)
+    done = get_store(alias).release(rec.processor_id, rec.fingerprint, token, stale=stale)
     if done:
         _operated("grousset.released", rec, alias, started_at=rec.started_at.isoformat())
         rec.status = Status.FAILED.value

@@ -597,6 +597,35 @@ def test_release_in_flight_lets_the_next_delivery_run(
     )
 
 
+def test_release_leaves_a_stale_claim_its_holder_renewed_after_the_plan(
+    store: Store, alias: str, processor: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan saw the claim stale, its holder renewed it (a WORKER_CLAIM pre-claim
+    starting late), then the release freed it by token alone: the next delivery ran the
+    effect beside the holder."""
+    from celery_grousset import journal
+
+    # Given a stale claim whose holder renews it right after the command has planned
+    late = in_flight(store, processor)
+    rows(alias, processor).filter(fingerprint=late.fingerprint).update(
+        stale_at=_db_now(alias) - timedelta(seconds=1))  # fmt: skip
+    plan = journal.release_plan
+
+    def plan_then_renewed(rec: Any, at: Any) -> tuple[bool, str]:
+        planned = plan(rec, at)
+        assert store.renew(late)  # (the holder's renewal: same token, fresh again)
+        return planned
+
+    monkeypatch.setattr(journal, "release_plan", plan_then_renewed)
+    # When it is released without --force / Then the command refuses, naming the renewal
+    with pytest.raises(CommandError, match=r"renewed by its attempt meanwhile"):
+        run("grousset_release", late.fingerprint, database=alias)
+    # And the claim still holds: a duplicate is told it is in flight, not run
+    after = rows(alias, processor).get(fingerprint=late.fingerprint)
+    assert (after.status, after.claim_token) == ("in_flight", late.token)
+    assert store.claim(req(processor, late.fingerprint)).kind is Kind.IN_FLIGHT
+
+
 def test_release_says_a_holders_completion_before_any_new_claim_is_recorded(
     store: Store, alias: str, processor: str
 ) -> None:

@@ -185,8 +185,9 @@ class Store(abc.ABC):
         """Fenced terminal write. False: the claim was lost (taken over)."""
 
     @abc.abstractmethod
-    def release(self, processor_id: str, fingerprint: str, token: str | None = None) -> bool:
-        """Free an in-flight claim so the next delivery runs (token None: any holder)."""
+    def release(self, processor_id: str, fingerprint: str, token: str | None = None,
+                stale: bool = False) -> bool:  # fmt: skip
+        """Free an in-flight claim (token None: any holder; ``stale``: only if stale now)."""
 
     @abc.abstractmethod
     def probe(self) -> None:
@@ -281,8 +282,7 @@ class Store(abc.ABC):
         progress: Callable[[int], None] | None = None,
     ) -> int:
         """Delete the rows :func:`purgeable` names in batches, one short transaction per
-        batch: ``SELECT … FOR UPDATE SKIP LOCKED`` of a batch's ids, then their
-        ``DELETE``.
+        batch: ``SELECT … FOR UPDATE SKIP LOCKED`` of a batch's ids, then their ``DELETE``.
 
         ``before``: delete only rows that expired before this moment, capped at the
         database clock. Unexpired rows and live claims are never touched: the ``DELETE``

@@ -313,19 +313,22 @@ class LockingStore(Store):
             ),
         )
 
-    def release(self, processor_id: str, fingerprint: str, token: str | None = None) -> bool:
+    def release(self, processor_id: str, fingerprint: str, token: str | None = None,
+                stale: bool = False) -> bool:  # fmt: skip
         p = self.ph
         token_sql = f" AND claim_token = {p}" if token is not None else ""
+        stale_sql = f" AND stale_at <= {p}" if stale else ""
         return self._update_one(
             f"UPDATE {TABLE} SET status = 'failed', result = NULL, result_encoding = '', "
             f"error = {p}, completed_at = {p} WHERE processor_id = {p} AND "
-            f"fingerprint = {p} AND status = 'in_flight'{token_sql}",
+            f"fingerprint = {p} AND status = 'in_flight'{token_sql}{stale_sql}",
             lambda now: (
                 RELEASED,
                 now,
                 processor_id,
                 fingerprint,
                 *((token,) if token is not None else ()),
+                *((now,) if stale else ()),
             ),
         )
 

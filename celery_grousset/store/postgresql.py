@@ -61,6 +61,7 @@ UPDATE celery_grousset_outcome SET status = 'failed', result = NULL, result_enco
     error = %(err)s, completed_at = {NOW}
 WHERE {KEY.format(t='')} AND status = 'in_flight'
     AND (%(tok)s::text IS NULL OR claim_token = %(tok)s::text)
+    AND (NOT %(stale)s OR stale_at <= {NOW})
 """
 
 #: times a batch is sent while some of its claims lost a race for a new key or a deadlock
@@ -358,13 +359,10 @@ class PostgresStore(PostgresOperations, Store):
         sql = "SELECT 1 FROM celery_grousset_outcome WHERE false"
         self._run(lambda conn: driver().execute(conn, sql).fetchall())
 
-    def release(self, processor_id: str, fingerprint: str, token: str | None = None) -> bool:
-        params = {
-            "p": processor_id,
-            "f": fingerprint,
-            "tok": token,
-            "err": RELEASED,
-        }
+    def release(self, processor_id: str, fingerprint: str, token: str | None = None,
+                stale: bool = False) -> bool:  # fmt: skip
+        params = {"p": processor_id, "f": fingerprint, "tok": token, "err": RELEASED,
+                  "stale": stale}  # fmt: skip
 
         def op(conn: Any) -> int:
             return int(driver().execute(conn, RELEASE_SQL, params).rowcount)

@@ -114,10 +114,11 @@ class Command(BaseCommand):
                 "time. Wait until it turns stale, or pass --force once you know that worker "
                 "is gone."
             )
-        if not journal.release(rec, alias, token=rec.claim_token):
+        if not journal.release(rec, alias, token=rec.claim_token, stale=not force):
             raise CommandError(
-                f"{rec.fingerprint} ({rec.processor_id}) is no longer held by that attempt: "
-                "it finished or was taken over meanwhile. Run grousset_inspect to see it."
+                f"{rec.fingerprint} ({rec.processor_id}) is no longer held by that attempt"
+                f"{'' if force else ' as a stale claim'}: it finished, was taken over or "
+                "was renewed by its attempt meanwhile. Run grousset_inspect to see it."
             )
         self.say(
             f"released the in-flight claim on {rec.fingerprint} (processor {rec.processor_id}, "
