@@ -281,5 +281,6 @@ def not_awaitable(value: object, where: str) -> object:
     raise NotAwaited(
         f"celery-grousset: {where} returned {type(value).__name__} {value!r:.80}, an "
         "awaitable it did not await: what it awaits never ran (code before the return "
-        f"did; the claim is released, so the next delivery runs it again). {_SYNC_FIX}"
+        "did; the attempt fails as any failure does under its on_failure: released, so "
+        f"the next delivery or call runs it again, or memoized and replayed). {_SYNC_FIX}"
     )

@@ -111,6 +111,11 @@ def test_a_body_that_returns_an_unawaited_coroutine_is_never_recorded_completed(
     # Then it fails naming the fix: a failure, never a completion
     assert isinstance(first.result, NotAwaited), first.result
     assert "did not await" in str(first.result) and "async_to_sync" in str(first.result)
+    # (and it says what becomes of the attempt under either on_failure: it said
+    # "released" whatever the task's on_failure, and memoize replays it)
+    assert "released, so" in str(first.result) and "or memoized and replayed" in str(
+        first.result
+    )
     rec = Outcome.objects.using(journal).get(task_name=task.name)
     assert rec.status == "failed"
     again = task.apply((key,))

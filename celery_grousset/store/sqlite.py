@@ -130,8 +130,9 @@ class SQLiteStore(LockingStore):
                     f"this thread's own transaction.atomic() on {conn.alias!r} holds its "
                     "write lock (SQLite has one writer): a guarded call run in this process "
                     "inside it waits for itself; call it after the commit "
-                    "(transaction.on_commit), or make it transactional=True (its claim "
-                    "then joins that transaction; a key called twice in one transaction "
+                    "(transaction.on_commit). (transactional=True helps only a call made "
+                    "before the transaction's first write: its claim, on the journal's own "
+                    "connection, needs the lock too; a key called twice in one transaction "
                     "waits for itself either way)"
                 )
         return "another connection holds its write lock"
