@@ -765,6 +765,11 @@ def test_stats_numbers(store: Store, alias: str, processor: str) -> None:
     assert "entries      6 (in_flight 3, completed 2, failed 1)" in text
     assert "deliveries   10 (3 duplicates answered or deferred; 1 redelivery, requeue" in text
     assert "stale claims 1 in the counted entries" in text
+    # And a list by age (--stale-after 1s: fresh claims too) does not tell the operator
+    # that grousset_release frees each of them (it refuses a fresh one without --force)
+    young = run("grousset_stats", "--stale-after", "1", processor_id=processor, database=alias)
+    assert "grousset_release frees only those that are" in young, young
+    assert "frees one" not in young and "frees one" in text, young
 
 
 def test_every_command_accepts_skip_checks(alias: str) -> None:

@@ -285,8 +285,11 @@ def _stale_lines(data: dict[str, Any]) -> list[str]:
         of = f" for processor {data['processor_id']!r}" if data["processor_id"] else ""
         return [f"  stale now    none in the whole journal{of}"]
     more = f"more than {STALE_LISTED}, any" if data["stale_capped"] else "all"  # (no sort)
-    lines = [f"  stale now    in the whole journal ({more} {len(data['stale'])}; "
-             "grousset_release <fingerprint> frees one):"]  # fmt: skip
+    age = data["stale_after_seconds"]  # --stale-after: by age, maybe fresh by their own rule
+    frees = ("grousset_release <fingerprint> frees one" if age is None else
+             f"in flight for more than {human_seconds(age)} (--stale-after), not all past "
+             "their own max_processing_time: grousset_release frees only those that are")
+    lines = [f"  stale now    in the whole journal ({more} {len(data['stale'])}; {frees}):"]
     lines += [f"    {r['fingerprint'][:16]}  {r['task_name']}  started {r['started_at']}"
               + (f"  processor {r['processor_id']}" if not data["processor_id"] else "")
               for r in data["stale"]]  # fmt: skip
