@@ -312,8 +312,7 @@ class OutcomeAdmin(ReadOnlyAdmin):
     @admin.action(description=_("Release stale claims"), permissions=["release"])
     def release_stale_claims(self, request: HttpRequest, queryset: QuerySet[Outcome]) -> _Response:
         def release(obj: Outcome) -> str | None:
-            # With the token seen here, while stale: a claim taken over (or renewed) since
-            # then stays.
+            # With the token seen here, while stale: one taken over or renewed since stays.
             if not journal.release(obj, queryset.db, token=obj.claim_token, stale=True):
                 return None
             return f"Released the claim of fence {obj.fence} (started {_ts(obj.started_at)})."
