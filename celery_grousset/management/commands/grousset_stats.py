@@ -5,9 +5,7 @@ Entries by status and by task (top 20), deliveries, the duplicates among them
 again, in-flight requeues, re-claims: ``deliveries - entries - duplicates``), takeovers,
 stale claims (in flight past their own ``stale_at``, i.e. older than their task's
 ``max_processing_time``; or, with ``--stale-after``, in flight for longer than that) and
-the entries ``grousset_purge`` would delete.
-
-By default only the entries started in the last 24 hours (``--since``, on the
+the entries ``grousset_purge`` would delete. By default only the entries started in the last 24 hours (``--since``, on the
 ``started_at`` index) are counted, in one statement, and the expired entries up to
 10,000; on PostgreSQL and MariaDB the window is narrowed (to the last hour, then 10
 minutes) when its statement needs more than ``STATS_BUDGET`` seconds (or the planner
@@ -285,10 +283,9 @@ def _stale_lines(data: dict[str, Any]) -> list[str]:
         of = f" for processor {data['processor_id']!r}" if data["processor_id"] else ""
         return [f"  stale now    none in the whole journal{of}"]
     more = f"more than {STALE_LISTED}, any" if data["stale_capped"] else "all"  # (no sort)
-    age = data["stale_after_seconds"]  # --stale-after: by age, maybe fresh by their own rule
-    frees = ("grousset_release <fingerprint> frees one" if age is None else
-             f"in flight for more than {human_seconds(age)} (--stale-after), not all past "
-             "their own max_processing_time: grousset_release frees only those that are")
+    age = data["stale_after_seconds"]  # (--stale-after: by age; a claim may be fresh yet)
+    frees = ("grousset_release <fingerprint> frees one" if age is None else f"older than "
+             f"{human_seconds(age)}: grousset_release frees only those past their own deadline")
     lines = [f"  stale now    in the whole journal ({more} {len(data['stale'])}; {frees}):"]
     lines += [f"    {r['fingerprint'][:16]}  {r['task_name']}  started {r['started_at']}"
               + (f"  processor {r['processor_id']}" if not data["processor_id"] else "")
