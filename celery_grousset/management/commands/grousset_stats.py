@@ -1,18 +1,18 @@
 """``manage.py grousset_stats``: what the journal holds, in numbers.
 
-Entries by status and by task (top 20), deliveries, the duplicates among them
-(other deliveries answered from the journal) and the redeliveries (the same delivery
-again, in-flight requeues, re-claims: ``deliveries - entries - duplicates``), takeovers,
-stale claims (in flight past their own ``stale_at``, i.e. older than their task's
+Entries by status and by task (top 20), deliveries, the duplicates among them (other
+deliveries answered from the journal) and the redeliveries (the same delivery again,
+in-flight requeues, re-claims: ``deliveries - entries - duplicates``), takeovers, stale
+claims (in flight past their own ``stale_at``, i.e. older than their task's
 ``max_processing_time``; or, with ``--stale-after``, in flight for longer than that) and
-the entries ``grousset_purge`` would delete. By default only the entries started in the last 24 hours (``--since``, on the
-``started_at`` index) are counted, in one statement, and the expired entries up to
-10,000; on PostgreSQL and MariaDB the window is narrowed (to the last hour, then 10
-minutes) when its statement needs more than ``STATS_BUDGET`` seconds (or the planner
-expects more than ``STATS_ROWS`` entries in it), and expired entries are left uncounted
-when their count needs more; the output says so. The stale claims of the whole journal
-are listed too (within ``STALE_BUDGET``). An explicit ``--since`` is counted whatever it
-takes; ``--all`` counts every entry. Of the system checks, only ``E012`` runs.
+the entries ``grousset_purge`` would delete. By default only the entries started in the
+last 24 hours (``--since``, on the ``started_at`` index) are counted, in one statement,
+and the expired entries up to 10,000; on PostgreSQL and MariaDB the window is narrowed
+(to the last hour, then 10 minutes) when its statement needs more than ``STATS_BUDGET``
+seconds (or the planner expects more than ``STATS_ROWS`` entries in it), and expired
+entries are left uncounted when their count needs more; the output says so. The stale
+claims of the whole journal are listed too (within ``STALE_BUDGET``). An explicit
+``--since`` is counted whatever it takes; ``--all`` counts every entry. Only check E012 runs.
 """
 
 from __future__ import annotations
