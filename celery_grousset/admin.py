@@ -32,6 +32,7 @@ from django.utils.translation import gettext_lazy as _
 from celery_grousset import journal
 from celery_grousset.admin_base import (
     DATABASE_PARAM,
+    MAX_ACTION_ROWS,
     ReadOnlyAdmin,
     clean_term,
     humanize,
@@ -44,8 +45,6 @@ from celery_grousset.store import get_store
 
 #: Distinct task names / processors offered by a filter.
 MAX_CHOICES = 200
-#: Rows one action may touch (the confirmation page lists them all).
-MAX_ACTION_ROWS = 500
 #: Memos of these content types are never decoded in a web process.
 UNSAFE_CONTENT_TYPES = ("application/x-python-serialize",)
 

@@ -23,6 +23,8 @@ from celery_grousset.store.budget import BudgetExceeded, statement_budget
 
 logger = logging.getLogger("celery_grousset")
 
+#: Rows one action may touch (the confirmation page lists them all).
+MAX_ACTION_ROWS = 500
 #: Longest search term or filter value that reaches the database.
 MAX_TERM = 255
 #: Below this planner estimate the real count is cheap enough to run.

@@ -18,13 +18,15 @@ import json
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from celery_grousset.admin_base import ReadOnlyAdmin
+from celery_grousset.admin_base import MAX_ACTION_ROWS, ReadOnlyAdmin
 from celery_grousset.binding import bind_arguments
 from celery_grousset.conf import redact_keys
 from celery_grousset.guard import redacted
@@ -190,12 +192,30 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
         return options_text(obj)
 
     @admin.action(description=_("Requeue (publish again)"), permissions=["requeue"])
-    def requeue(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
+    def requeue(
+        self, request: HttpRequest, queryset: QuerySet[OutboxMessage]
+    ) -> TemplateResponse | None:
+        """List the rows on a confirmation page (at most ``MAX_ACTION_ROWS``, as the
+        journal's actions); once confirmed, put the dead ones among them back to pending:
+        each is published again (a misclick on "select all" republished every dead row)."""
         from celery_grousset.outbox import clock
 
         alias = queryset.db
-        dead = queryset.filter(status=OutboxStatus.DEAD)
-        ids = list(dead.values_list("pk", flat=True))
+        rows = list(queryset.order_by("-id")[: MAX_ACTION_ROWS + 1])
+        if len(rows) > MAX_ACTION_ROWS:
+            text = f"Select at most {MAX_ACTION_ROWS} rows for this action."
+            self.message_user(request, text, messages.ERROR)
+            return None
+        ids = [obj.pk for obj in rows if obj.status == OutboxStatus.DEAD]
+        if "post" not in request.POST:
+            context = {
+                **self.admin_site.each_context(request), "title": _("Requeue (publish again)"),
+                "action": "requeue", "rows": rows, "eligible": len(ids), "opts": self.model._meta,
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME, "media": self.media,
+                "selected": [obj.pk for obj in rows], "dead": OutboxStatus.DEAD.value,
+            }  # fmt: skip
+            template = "celery_grousset/admin/confirm_requeue.html"
+            return TemplateResponse(request, template, context)
         done = (
             OutboxMessage.objects.using(alias)
             .filter(pk__in=ids, status=OutboxStatus.DEAD)
@@ -203,6 +223,7 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
         )
         for obj in OutboxMessage.objects.using(alias).filter(pk__in=ids):
             self.log_change(request, obj, "Requeued: pending again, attempts reset.")
-        left = queryset.count() - done
+        left = len(rows) - done
         text = f"Requeued {done} dead message(s); {left} left as they were (only dead rows)."
         self.message_user(request, text, messages.SUCCESS if done else messages.WARNING)
+        return None

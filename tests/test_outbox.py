@@ -389,7 +389,9 @@ def test_relay_retry_delays_are_jittered_within_their_bounds() -> None:
     assert 300.0 <= relay.delay(5000) <= 600.0
 
 
-def test_admin_requeues_dead_rows_and_purge_drops_old_sent_rows(queue: str) -> None:
+def test_admin_requeues_dead_rows_and_purge_drops_old_sent_rows(
+    queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from django.contrib.auth.models import User
 
     from tests.tasks import effect
@@ -411,11 +413,24 @@ def test_admin_requeues_dead_rows_and_purge_drops_old_sent_rows(queue: str) -> N
     page = client.get("/admin/celery_grousset/outboxmessage/?status=dead")
     assert page.status_code == 200 and b"boom" in page.content
     # When "requeue" is applied to the dead and the pending row
-    client.post("/admin/celery_grousset/outboxmessage/",
-                {"action": "requeue", "_selected_action": [dead.pk, pending.pk]})  # fmt: skip
+    chosen = {"action": "requeue", "_selected_action": [dead.pk, pending.pk]}
+    confirm = client.post("/admin/celery_grousset/outboxmessage/", chosen)
+    # Then a confirmation page lists both, the dead one to be published again, and
+    # nothing changed yet (a misclick on "select all" republished every dead row)
+    html = confirm.content.decode()
+    assert confirm.status_code == 200 and "1 of the selected messages will be published" in html
+    assert html.count("grousset-will-change") == 1 and "skip: not dead" in html
+    assert rows.get(pk=dead.pk).status == "dead"
+    # When it is confirmed
+    client.post("/admin/celery_grousset/outboxmessage/", {**chosen, "post": "yes"})
     dead.refresh_from_db(using=alias)
     # Then the dead row is pending again with its attempts reset
     assert dead.status == "pending" and dead.attempts == 0
+    # And a selection of more rows than one action may touch is refused, nothing changed
+    many = {"action": "requeue", "select_across": "1", "_selected_action": [dead.pk]}
+    monkeypatch.setattr("celery_grousset.outbox_admin.MAX_ACTION_ROWS", 1)
+    refused = client.post("/admin/celery_grousset/outboxmessage/", many, follow=True)
+    assert "Select at most 1 rows" in refused.content.decode()
     # When grousset_purge runs on the outbox only
     call_command("grousset_purge", "--outbox-only", database=alias, verbosity=0)
     # Then the sent row older than the retention is gone; the others stay
