@@ -385,13 +385,14 @@ def stop(sender: Any = None, **kwargs: Any) -> None:
 
 
 def _children_alive(worker: Any) -> bool:
-    """Whether a pool process of ``worker`` may still run a request (True when unsure:
-    only a stopped prefork pool is known to run nothing more)."""
+    """Whether a pool process of ``worker`` may still run a request (True when unsure).
+    A prefork pool: while a child lives. Another (threads, solo, gevent, eventlet): until
+    it has stopped — it waits for the requests it started, and drops those it had not."""
     from celery.concurrency.prefork import TaskPool
 
     pool = getattr(worker, "pool", None)
     if not isinstance(pool, TaskPool):
-        return True
+        return pool is None or getattr(pool, "_state", None) != getattr(pool, "TERMINATE", 0)
     inner = getattr(pool, "_pool", None)  # None once the pool has stopped
     try:
         return inner is not None and any(p.is_alive() for p in inner._pool)
