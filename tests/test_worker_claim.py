@@ -408,7 +408,8 @@ def three_held_behind_a_busy_child(alias: str, queue: str, keys: list[str],
 
 
 @pytest.mark.parametrize(
-    ("backend", "pool"), [("sqlite", "prefork"), ("postgresql", "prefork"), ("postgresql", "threads")]
+    ("backend", "pool"),
+    [("sqlite", "prefork"), ("postgresql", "prefork"), ("postgresql", "threads")],
 )
 def test_warm_shutdown_releases_the_claims_of_requests_no_child_started(
     redis_url: str, backend: str, pool: str
