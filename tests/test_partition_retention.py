@@ -6,6 +6,7 @@ the scan it falls back to when the index is missing. Completions stay HOT update
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from collections.abc import Iterator
@@ -236,24 +237,36 @@ def test_a_transaction_left_open_on_the_journal_keeps_a_generation_for_the_next_
     assert not exists(part, old)
 
 
-def test_one_retention_run_at_a_time(part: str, processor: str) -> None:  # noqa: F811
+def test_one_retention_run_at_a_time(
+    part: str, processor: str, caplog: pytest.LogCaptureFixture  # noqa: F811
+) -> None:
     """Two purges at once (the beat task and a manual run) raced on the same
     generations: 'already pending detach', 'does not exist', 'is not a partition'."""
+    from django.core.management import call_command
+
     old = past_generation(part, processor)
     expired_generation(part, processor, old)
     held, done = threading.Event(), threading.Event()
     sql = f"SELECT pg_advisory_xact_lock({pgpartops.DDL_LOCK})"
     holder = threading.Thread(target=_hold, args=(part, sql, held, done))
     holder.start()
+    out = io.StringIO()
     try:
         assert held.wait(10)
-        # When retention runs while another DDL run holds the lock
-        dropped = pgpartretire.retire(part, timezone.now())
+        # When retention runs while another DDL run holds the lock (the command too)
+        with caplog.at_level("WARNING", logger="celery_grousset"):
+            dropped = pgpartretire.retire(part, timezone.now())
+            call_command("grousset_purge", "--no-outbox", database=part, stdout=out)
     finally:
         done.set()
         holder.join()
-    # Then it drops nothing, and the next run does
+    # Then it drops nothing, and says so (it said "purged 0" and nothing else)
     assert dropped == 0 and exists(part, old)
+    skipped = [m for m in caplog.messages if m.startswith("grousset.retention_skipped")]
+    assert len(skipped) == 2 and "holds the journal's DDL lock" in skipped[0], caplog.messages
+    # and the command's line says how this layout purges
+    assert "partitioned layout: a run drops whole generations" in out.getvalue(), out.getvalue()
+    # And the next run does
     assert pgpartretire.retire(part, timezone.now()) >= 2 and not exists(part, old)
 
 

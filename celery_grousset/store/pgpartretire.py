@@ -52,8 +52,15 @@ def retire(alias: str, cutoff: datetime) -> int:
     held by a transaction on a connection of its own (``DETACH … CONCURRENTLY`` runs
     outside any): a pooler in transaction mode keeps one server session for it, and it
     ends with the run, or with its connection."""
+    from celery_grousset import events
+
     with ddl_lock(alias) as held:
-        return _retire(alias, cutoff) if held else 0
+        if held:
+            return _retire(alias, cutoff)
+    events.emit(logging.WARNING, "grousset.retention_skipped", {"database": alias},
+                note="another purge or conversion holds the journal's DDL lock: this run "
+                "dropped nothing")  # fmt: skip
+    return 0
 
 
 def _retire(alias: str, cutoff: datetime) -> int:

@@ -37,6 +37,16 @@ def _older_than(value: object) -> object:
     return duration_option(value, option="--older-than")
 
 
+def _by_generation() -> str:
+    """What the partitioned layout's purge does differently, said beside its numbers."""
+    from celery_grousset.conf import grousset_settings
+
+    if grousset_settings.JOURNAL_LAYOUT != "partitioned":
+        return ""
+    return ("; partitioned layout: a run drops whole generations whose every row is "
+            "purgeable, so expired rows that share one with a live row stay until it "
+            "clears, and --batch-size does not apply: docs/scale.md")  # fmt: skip
+
 def _batch_size(value: object) -> int:
     return count_option(value, option="--batch-size")
 
@@ -98,12 +108,13 @@ class Command(BaseCommand):
             now = journal.now(alias)
             older_than = options["older_than"]
             before = now - older_than if older_than else now
+            whole = _by_generation()
             if options["dry_run"]:
                 count = journal.expired(alias, before).count()
                 if verbosity:
                     self.stdout.write(
                         f"would purge {_entries(count)} from {alias!r} "
-                        "(dry run: nothing deleted)"
+                        f"(dry run: nothing deleted{whole})"
                     )
                 return
             progress = (
@@ -118,7 +129,7 @@ class Command(BaseCommand):
             self.stderr.write("\n", ending="")
         if verbosity:
             self.stdout.write(
-                f"purged {_entries(count)} in {time.monotonic() - t0:.2f} s"
+                f"purged {_entries(count)} in {time.monotonic() - t0:.2f} s{whole}"
             )
 
     def _purge_outbox(self, **options: Any) -> None:
