@@ -51,6 +51,8 @@ class Job:
     result: ClaimResult | None = None
     value: Any = None
     waits: int = 0  #: passes this request waited through (``on_in_flight="wait"``)
+    #: waiting: the holder's claim as last seen, and when (monotonic) it turns stale
+    holder: tuple[ClaimResult, float] | None = None
     sent: bool = False  #: its own claim was sent (counted); else another of its pass's was
     #: when its claim was sent (``time.monotonic()``, this host): a pool child ages the
     #: claim from here, not from its hand-over, which may come long after (a solo pool runs
@@ -97,8 +99,30 @@ def claim_pass(store_of: Callable[[str], Store], batch: list[Job]) -> None:
     ``action`` says what the event loop does with it. The other copies of a completed key
     in the pass send their own claims in the next round: each is a duplicate the journal
     counts and records (``grousset_inspect <task id>``), as it would be alone."""
+    batch = _unchanged(store_of, batch)
     while batch:
         batch = _claim_round(store_of, batch)
+
+
+def _unchanged(store_of: Callable[[str], Store], batch: list[Job]) -> list[Job]:
+    """``on_in_flight="wait"``: a waiting request whose holder still holds the key (its
+    fence, not yet stale) waits on after a read-only look, as the per-task wait polls;
+    only a change of hands, or the claim turning stale, is claimed (and counted)."""
+    claim: list[Job] = []
+    for job in batch:
+        seen, now = job.holder, time.monotonic()
+        if job.waits and seen is not None and now < seen[1]:
+            c = job.claim
+            try:
+                held = store_of(job.database).holder(c.processor_id, c.fingerprint)
+            except Exception:  # (the claim reports it)
+                held = None
+            if held == ("in_flight", seen[0].fence):
+                job.action = WAITING
+                job.result = dataclasses.replace(seen[0], retry_in=seen[1] - now)
+                continue
+        claim.append(job)
+    return claim
 
 
 def _claim_round(store_of: Callable[[str], Store], batch: list[Job]) -> list[Job]:
@@ -198,6 +222,7 @@ def in_flight(job: Job, res: ClaimResult, counted: bool = True) -> None:
         events.in_flight(creq, res, policy)
     if policy == "wait":
         job.action, job.result = WAITING, res
+        job.holder = (res, time.monotonic() + res.retry_in)
         return
     try:
         caller.defer(creq, res)  # publishes the delivery again, then raises Retry

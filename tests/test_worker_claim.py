@@ -253,9 +253,14 @@ def test_copies_that_wait_in_the_main_process_count_once_each(
     values = [r.get(timeout=60) for r in [first, *copies]]
     assert len({repr(v) for v in values}) == 1
     assert Effect.objects.using(alias).filter(key=key).count() == 1
-    # And each copy is one duplicate, however many times it was claimed while it waited
+    # And each copy is one duplicate, however long it waited
     rec = record_of(alias, effect_wait, (key,), {"sleep": 3.0})
     assert rec.duplicates == 3, (rec.duplicates, rec.deliveries)
+    # and it claimed twice at most (on arrival, once the holder was done), with
+    # read-only looks in between: each poll was a counted claim and a deliveries row
+    assert rec.deliveries <= 1 + 2 * 3, rec.deliveries
+    rows = Delivery.objects.using(alias).filter(task_id__in=[c.id for c in copies])
+    assert rows.count() <= 2 * 3, list(rows.values_list("task_id", "decision"))
 
 
 def test_an_expired_copy_of_a_completed_call_is_revoked_not_answered(
