@@ -301,6 +301,46 @@ def test_release_frees_an_in_flight_claim(store: Store, processor: str, fp: str)
     assert not store.finish(processor, fp, holder.token, completed())
 
 
+def test_a_claim_that_waited_for_the_rows_lock_is_dated_after_the_wait(
+    store: Store, alias: str, processor: str, fp: str
+) -> None:
+    """MariaDB read its clock in the statement that waited for the lock, as the statement
+    began: a claim that waited w seconds wrote started_at and stale_at w seconds early,
+    and its holder had w seconds less before another delivery could take it over."""
+    import threading
+    import time
+
+    store.claim(first := req(processor, fp))
+    assert store.release(processor, fp, token=first.token)
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:  # another transaction holds the row (a write: SQLite's lock too)
+        try:
+            with transaction.atomic(using=alias):
+                Outcome.objects.using(alias).filter(processor_id=processor, fingerprint=fp).update(
+                    duplicates=F("duplicates"))  # fmt: skip
+                held.set()
+                time.sleep(1.5)
+        finally:
+            done.set()
+            from django.db import connections
+
+            connections[alias].close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(10)
+    # Given the moment the row's lock was taken by another transaction
+    locked_at = journal.now(alias)
+    # When a claim waits for it (about 1.5 s)
+    res = store.claim(req(processor, fp))
+    holder.join()
+    # Then it is dated when it got the row, after the wait
+    assert res.kind is Kind.RECLAIM
+    started = row(alias, processor, fp).started_at
+    assert started - locked_at >= timedelta(seconds=1.2), (locked_at, started)
+
+
 def test_a_released_claims_late_completion_is_written_unless_claimed_since(
     store: Store, alias: str, processor: str, fp: str
 ) -> None:

@@ -3,7 +3,7 @@ transaction at READ COMMITTED on a private connection.
 
 A lost first-insert race (duplicate key) or a deadlock retries the whole
 transaction (bounded); a lock wait over ``GROUSSET["STORE_TIMEOUT"]`` is
-:class:`StoreUnavailable`. Times come from ``UTC_TIMESTAMP(6)``.
+:class:`StoreUnavailable`. Times come from ``UTC_TIMESTAMP(6)`` (``SYSDATE(6)`` after a row lock).
 """
 
 from __future__ import annotations
@@ -65,8 +65,11 @@ def bmp(text: str) -> str:
     return text if text.isascii() else _ASTRAL.sub(lambda m: f"\\U{ord(m[0]):08x}", text)
 
 
+#: The row, locked, and the clock read once the lock is ours: SYSDATE(6) is read when it
+#: runs (the session's time zone is UTC), UTC_TIMESTAMP(6) as the statement began — before
+#: a wait for the row's lock, which would date the claim early by that wait.
 _SELECT = (
-    f"SELECT {', '.join('o.' + c.strip() for c in COLS.split(','))}, UTC_TIMESTAMP(6) "
+    f"SELECT {', '.join('o.' + c.strip() for c in COLS.split(','))}, SYSDATE(6) "
     f"FROM (SELECT 1 AS one) AS d LEFT JOIN {TABLE} AS o "
     "ON o.processor_id = %s AND o.fingerprint = %s FOR UPDATE"
 )
