@@ -155,6 +155,8 @@ def test_a_filtered_count_stops_at_the_cap(
             # Then it says "3+" (not 5), and its pages stop at the cap: 2 pages of 2
             assert ">3+</span> journal entries" in first and "5 journal entries" not in first
             assert "Select all 3+ journal entries" in first and "All 3+ selected" in first
+            # (the search bar's count too: it said "3 results")
+            assert "3+</span> results" in first and "3 results" not in first
             assert sum(listed(first, *rows)) == 2
             assert sum(listed(client.get(URL, {**params, "p": 2}).content.decode(), *rows)) == 1
             assert client.get(URL, {**params, "p": 3}).status_code == 302  # out of range
