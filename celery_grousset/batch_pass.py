@@ -27,6 +27,7 @@ from celery_grousset import carry, events, guard, memo, preclaim
 from celery_grousset.claim import ClaimRequest, Kind, payload_differs
 from celery_grousset.delivery import key_of
 from celery_grousset.exceptions import StoreUnavailable
+from celery_grousset.inflight import still_held
 from celery_grousset.store import ClaimResult, Store, check_claimable
 from celery_grousset.task import GroussetTaskMixin, worker_caller
 
@@ -112,12 +113,11 @@ def _unchanged(store_of: Callable[[str], Store], batch: list[Job]) -> list[Job]:
     for job in batch:
         seen, now = job.holder, time.monotonic()
         if job.waits and seen is not None and now < seen[1]:
-            c = job.claim
             try:
-                held = store_of(job.database).holder(c.processor_id, c.fingerprint)
+                held = still_held(store_of(job.database), job.claim, seen[0])
             except Exception:  # (the claim reports it)
-                held = None
-            if held == ("in_flight", seen[0].fence):
+                held = False
+            if held:
                 job.action = WAITING
                 job.result = dataclasses.replace(seen[0], retry_in=seen[1] - now)
                 continue

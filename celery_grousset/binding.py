@@ -127,6 +127,7 @@ def loose_bind(
         named.setdefault(name, value)
     return named
 
+
 def validate_key_names(
     signature: inspect.Signature | None, key: Sequence[str] | Callable[..., object] | None
 ) -> None:

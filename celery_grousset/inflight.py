@@ -29,9 +29,16 @@ def wait_until_settled(
         while time.monotonic() < stop:
             time.sleep(min(delay, max(stop - time.monotonic(), 0.001)))
             delay = min(delay * 2, 0.5)
-            if store.holder(req.processor_id, req.fingerprint) != ("in_flight", res.fence):
+            if not still_held(store, req, res):
                 break
         res = decide(req)
         if give_up is not None and time.monotonic() >= give_up:
             break
     return res
+
+
+def still_held(store: Store, req: ClaimRequest, res: ClaimResult) -> bool:
+    """The wait's read-only look: the claim ``res`` saw still holds ``req``'s key (in
+    flight at the same fence), so claiming again would only be counted and answered
+    "in flight" again."""
+    return store.holder(req.processor_id, req.fingerprint) == ("in_flight", res.fence)

@@ -47,6 +47,7 @@ def _by_generation() -> str:
             "purgeable, so expired rows that share one with a live row stay until it "
             "clears, and --batch-size does not apply: docs/scale.md")  # fmt: skip
 
+
 def _batch_size(value: object) -> int:
     return count_option(value, option="--batch-size")
 
