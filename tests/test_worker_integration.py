@@ -275,6 +275,8 @@ def test_sigkill_mid_effect_is_taken_over_after_max_processing_time(
         # Given a task in the middle of its effect (max_processing_time 3 s)
         result = task.apply_async((key, 5.0), queue=queue)
         pid = holder_pid(pg, task, (key, 5.0))
+        if task is short_claim:  # (its effect done: the claim alone was killed before it)
+            wait_for(lambda: effects(pg, key) == 1, 30, "the effect")  # noqa: B023
         killed = record_of(pg, task, (key, 5.0)).fence
         t0 = time.monotonic()
         # When its worker child is SIGKILLed (acks_late + reject_on_worker_lost: redelivered)
