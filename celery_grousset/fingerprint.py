@@ -339,7 +339,12 @@ def fingerprint_bound(
         try:
             material = key(**bound)
         except Exception as exc:
-            raise FingerprintError(f"grousset_key() raised {type(exc).__name__}: {exc}") from exc
+            from .memo import masked_summary  # (only here: an error's text, redacted)
+
+            raise FingerprintError(  # its traceback is left out: it may quote the arguments
+                f"grousset_key() raised {masked_summary(exc, bound)} (call the key function "
+                "with these arguments yourself to see its traceback)"
+            ) from None
         if material is None or (isinstance(material, (str, bytes, tuple, list, dict))
                                 and not material):  # fmt: skip
             raise FingerprintError(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import json
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from contextvars import ContextVar
 from functools import lru_cache
 from typing import Any
@@ -41,7 +41,7 @@ from celery_grousset.exceptions import (
     MemoNotAccepted,
     ResultNotStored,
 )
-from celery_grousset.quoted import without_values
+from celery_grousset.quoted import call_secrets, without_values
 from celery_grousset.redact import DEFAULT_REDACT_KEYS, redact_text
 
 ERROR_MAX = 2000
@@ -83,14 +83,30 @@ def redacted_text(text: str, limit: int = ERROR_MAX) -> str:
     ``password=…``) removed by :func:`celery_grousset.redact.redact_text`, with the
     ``GROUSSET["REDACT_KEYS"]`` too, and the running attempt's secret argument values
     (:data:`SECRETS`). Never raises."""
-    keys: Collection[str] = DEFAULT_REDACT_KEYS
+    return clean_text(_without_secrets(redact_text(text[:_REDACT_MAX], _keys())), limit)
+
+
+def _keys() -> Collection[str]:
+    """The names whose values are redacted: ``GROUSSET["REDACT_KEYS"]`` with the
+    defaults (the defaults alone when the settings cannot be read)."""
     try:
         from celery_grousset.conf import redact_keys
 
-        keys = redact_keys()
-    except Exception:  # settings that cannot be read: the default keys still apply
-        pass
-    return clean_text(_without_secrets(redact_text(text[:_REDACT_MAX], keys)), limit)
+        return redact_keys()
+    except Exception:
+        return DEFAULT_REDACT_KEYS
+
+
+def masked_summary(exc: BaseException, bound: Mapping[str, object]) -> str:
+    """:func:`error_summary` of an exception raised outside an attempt's masking scope
+    (by a ``grousset_key`` function, with the call's arguments): the values of the
+    call's sensitive arguments (``bound``) are masked in it too."""
+    keys = _keys()
+    scope = SECRETS.set(lambda: call_secrets({}, bound, keys))
+    try:
+        return error_summary(exc)
+    finally:
+        SECRETS.reset(scope)
 
 
 def error_summary(exc: BaseException | None, limit: int = ERROR_MAX) -> str:

@@ -22,6 +22,7 @@ from celery_grousset.redact import (
     is_secret_flag,
     is_secret_pair,
     is_sensitive_under,
+    named_fields,
     safe_repr,
 )
 
@@ -76,6 +77,13 @@ def secret_values(
                 named_secret = secret or sensitive(key)
                 if named_secret or type(item) not in _PLAIN:
                     walk(item, depth + 1, named_secret)
+        elif type(value) not in _PLAIN and depth < 8 and (
+            (fields := named_fields(value)) is not None  # a dataclass's, a namedtuple's
+        ):
+            for name, item in fields:
+                named_secret = secret or sensitive(name)
+                if named_secret or type(item) not in _PLAIN:
+                    walk(item, depth + 1, named_secret)
         elif isinstance(value, (list, tuple, set, frozenset)) and depth < 8:
             if len(value) == 2 and is_secret_pair(value, redact_keys):  # [("X-Api-Key", …)]
                 walk(value[1], depth + 1, True)  # type: ignore[index]
@@ -93,12 +101,15 @@ def secret_values(
 
 
 def _as_quoted(text: str) -> set[str]:
-    """``text`` and the forms an error message quotes it in: ``repr``, a JSON string, a
-    URL's query or path (``%2B``, ``+`` for a space)."""
+    """``text`` and the forms an error message quotes it in: ``repr``, a JSON string (and
+    each inside the other: the ``repr`` of a JSON document), a URL's query or path
+    (``%2B``, ``+`` for a space)."""
     return {
         text,
         repr(text)[1:-1],
         json.dumps(text)[1:-1],
+        repr(json.dumps(text)[1:-1])[1:-1],
+        json.dumps(repr(text)[1:-1])[1:-1],
         json.dumps(text, ensure_ascii=False)[1:-1],
         quote(text),
         quote(text, safe=""),

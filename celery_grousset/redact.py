@@ -143,9 +143,9 @@ class _Renderer:
             if type(value) is dict:
                 return f"{{{items}}}"
             return f"{type(value).__qualname__}({{{items}}})"
-        names = getattr(value, "_fields", None)
-        if isinstance(value, tuple) and isinstance(names, tuple):  # a namedtuple: by field
-            return self._call_like(value, zip(names, value, strict=False), depth)
+        fields = named_fields(value, shown_only=True)
+        if fields is not None:  # a namedtuple, a dataclass: by field
+            return self._call_like(value, fields, depth)
         if isinstance(value, (list, tuple)):
             if _secret_pair(value, self.rules):  # a (name, value) pair
                 pair = f"{self.render(value[0], depth)}, {REDACTED}"
@@ -154,9 +154,6 @@ class _Renderer:
             if isinstance(value, list):
                 return f"[{items}]"
             return f"({items},)" if len(value) == 1 else f"({items})"
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            fields = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value) if f.repr)
-            return self._call_like(value, fields, depth)
         if type(value) in (set, frozenset) and value:  # item by item, as far as shown
             items = ", ".join(self.sequence(value, depth))  # type: ignore[arg-type]
             return f"{{{items}}}" if type(value) is set else f"frozenset({{{items}}})"
@@ -177,6 +174,21 @@ class _Renderer:
         inner = ", ".join(f"{name}={self.named(name, item, depth)}"
                           for name, item in takewhile(self.unspent, fields))  # fmt: skip
         return f"{type(value).__qualname__}({inner})"
+
+
+def named_fields(
+    value: object, *, shown_only: bool = False
+) -> Iterable[tuple[str, object]] | None:
+    """The fields of a namedtuple or a dataclass instance, by name (None: it is neither):
+    a field's name redacts its value as a keyword argument's does. ``shown_only``: the
+    dataclass fields its ``repr`` shows."""
+    names = getattr(value, "_fields", None)
+    if isinstance(value, tuple) and isinstance(names, tuple):
+        return zip(names, value, strict=False)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value)
+                if f.repr or not shown_only)  # fmt: skip
+    return None
 
 
 def safe_repr(

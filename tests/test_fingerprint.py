@@ -320,6 +320,24 @@ def test_callable_key_errors_are_fingerprint_errors_with_the_key_path() -> None:
     assert 'grousset_key()["ids"]' in str(raised.value)
 
 
+def test_a_key_function_error_does_not_quote_the_calls_secrets() -> None:
+    """The error of a key function that failed on a secret argument quoted it (and kept
+    it in the chained traceback): the caller's logs, Sentry and the result backend."""
+
+    def token_task(ref: str, token: str) -> None: ...
+
+    # Given a key function that fails on the call's token, named and quoted in its error
+    # When the fingerprint is computed
+    with pytest.raises(FingerprintError) as raised:
+        fingerprint("t", ("r-1", "KeyFnSecretJJ"), signature=inspect.signature(token_task),
+                    key=lambda ref, token: int(token))  # fmt: skip
+    # Then the error names what failed, without the token, and chains no exception
+    message = str(raised.value)
+    assert "grousset_key() raised ValueError: invalid literal" in message, message
+    assert "KeyFnSecretJJ" not in message, message
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
+
+
 def test_a_key_function_returning_nothing_is_refused_not_one_key_for_every_call() -> None:
     """``def key(order_id, **_): f"order:{order_id}"`` (no ``return``) gave every call one
     fingerprint: order 2's payment was answered with order 1's memo, its body never run."""

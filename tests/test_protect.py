@@ -375,6 +375,31 @@ def test_memoized_failure_is_replayed(alias: str, processor: str) -> None:
     assert Outcome.objects.using(alias).get(processor_id=processor).deliveries == 2
 
 
+def test_a_secret_in_a_dataclass_argument_is_masked_in_the_stored_error(
+    alias: str, processor: str
+) -> None:
+    """An error that quoted a password held in a dataclass argument was stored in clear
+    (journal ``error``, the memo's message, the admin and ``grousset_inspect``)."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Creds:
+        user: str
+        password: str
+
+    def pay(creds: Creds, label: str) -> None:
+        raise RuntimeError(f"gateway refused {creds.password} for {label}")
+
+    # Given a body that fails quoting its dataclass argument's password
+    with pytest.raises(RuntimeError):
+        protect("pay-1", pay, Creds("bob", "DataclassSecretWW"), "L", max_processing_time=60,
+                processor_id=processor, database=alias, on_failure="memoize")  # fmt: skip
+    # When its failure is memoized / Then the journal keeps the message, masked
+    row = Outcome.objects.using(alias).get(processor_id=processor)
+    assert row.error == "RuntimeError: gateway refused *** for L", row.error
+    assert b"DataclassSecretWW" not in bytes(row.result or b""), row.result
+
+
 def test_unstorable_result_never_reruns(alias: str, processor: str) -> None:
     from celery_grousset.exceptions import ResultNotStored
 

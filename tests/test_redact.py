@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import namedtuple
 from collections.abc import Iterator, Mapping
 
@@ -522,6 +523,41 @@ def test_secret_values_are_found_in_lists_and_deep_mappings() -> None:
     found = secret_values(named.items())
     assert {"4111111111111111", "Pw-in-a-list", "deep-token-5"} <= set(found)
     assert not any("hi" in value for value in found)
+
+
+def test_secret_values_are_found_in_dataclass_and_namedtuple_fields() -> None:
+    """A secret in a dataclass's field was shown nowhere by name, but an error message
+    that quoted it kept it: the masking did not look inside such objects."""
+    from celery_grousset.quoted import secret_values
+
+    @dataclasses.dataclass
+    class Creds:
+        user: str
+        password: str
+        pin: str = dataclasses.field(repr=False, default="4821-hidden")
+
+    Card = namedtuple("Card", "holder cvv")
+    # Given the secrets inside a dataclass (one field its repr hides) and a namedtuple
+    named = {"order": {"creds": Creds("bob", "DataclassSecretWW")},
+             "card": Card("Bob", "cvv-7731")}  # fmt: skip
+    # When the call's secret values are listed / Then all three are, the names are not
+    found = set(secret_values(named.items()))
+    assert {"DataclassSecretWW", "4821-hidden", "cvv-7731"} <= found, found
+    assert not found & {"bob", "Bob"}
+
+
+def test_a_secret_quoted_twice_escaped_is_masked() -> None:
+    """A generated password with a quote or a backslash, quoted in an error as the repr
+    of a JSON document, was left in clear (one level of escaping was covered)."""
+    from celery_grousset.quoted import secret_values, without_values
+
+    for secret, core in (('Hunter2PWsecretZQQ"x', "Hunter2PW"), ("b\\ck-Secret9", "Secret9")):
+        values = secret_values([("password", secret)])
+        # Given the secret as the repr of a JSON document, and as a JSON string of its repr
+        for text in (repr(json.dumps({"p": secret})), json.dumps({"p": repr(secret)})):
+            # When masked / Then none of it is left
+            shown = without_values(text, values)
+            assert core not in shown and "***" in shown, shown
 
 
 def test_a_key_equal_to_a_sensitive_name_does_not_hide_the_real_one() -> None:
