@@ -1,13 +1,14 @@
-"""A task revoked with ``terminate=True`` mid-run gives up its claim at once
-(docs/how-it-works.md): the handler is connected when :mod:`celery_grousset.task`
-is imported."""
+"""A task revoked with ``terminate=True`` mid-run gives up its claim once its pool process
+has exited (docs/how-it-works.md, "Revoking"): the handler is connected when
+:mod:`celery_grousset.task` is imported; the worker gives each guarded task's requests
+the hook that learns of the exit (:func:`give_requests`)."""
 
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from celery.signals import task_revoked
@@ -16,47 +17,94 @@ from celery_grousset import events
 
 logger = logging.getLogger("celery_grousset")
 
-#: the signals that end a pool process; another (``SIGUSR1``: a soft time limit the body
-#: may catch) lets the attempt go on under its claim
-ENDING = frozenset({signal.SIGTERM, signal.SIGKILL, signal.SIGQUIT})
+#: the deliveries revoked with terminate=True whose pool process has not yet been seen
+#: gone: task id -> when (a bounded map: a process that never exits leaves its entry)
+TERMINATING: dict[str, float] = {}
+#: entries kept at most (the oldest are forgotten first)
+TERMINATING_MAX = 10_000
 
 
 @task_revoked.connect(weak=False, dispatch_uid="celery_grousset.release_revoked")
 def release_revoked(
-    sender: Any = None, request: Any = None, terminated: bool = False, signum: Any = None,
-    **kwargs: Any,
+    sender: Any = None, request: Any = None, terminated: bool = False, **kwargs: Any
 ) -> None:
-    """A revoked task that was terminated mid-run gives up its claim at once, so the next
-    delivery does not wait for ``max_processing_time``; so does a request Celery drops
-    before a child started it (revoked, expired) whose claim the worker's main process
-    made (``WORKER_CLAIM``). (Revoking without terminate does not stop a running task,
-    nor does a signal that does not end its process: its claim stays.)"""
+    """A request Celery drops before a child started it (revoked, expired) gives back the
+    claim the worker's main process made for it (``WORKER_CLAIM``); a running task
+    revoked with terminate is noted, and gives up its claim once its process has exited
+    (:func:`process_gone`). The signal alone releases nothing: it is sent when the
+    signal is, and a body that catches it goes on, under its claim."""
     if request is None or not hasattr(sender, "grousset_options"):
         return  # not a guarded task (GroussetTaskMixin, which imports this module)
-    if not terminated:  # dropped before it ran (revoked, expired)
-        write_carried(sender, request)
-        claimed = sys.modules.get("celery_grousset.batch_dropped")  # WORKER_CLAIM
-        if claimed is not None:  # a claim the main process made for it: given back
-            claimed.dropped(str(request.id))
+    if terminated:
+        if len(TERMINATING) >= TERMINATING_MAX:
+            del TERMINATING[next(iter(TERMINATING))]
+        TERMINATING[str(request.id)] = time.monotonic()
         return
-    if signum is not None and _signal(signum) not in ENDING:
-        return
+    write_carried(sender, request)  # dropped before it ran (revoked, expired)
+    claimed = sys.modules.get("celery_grousset.batch_dropped")  # WORKER_CLAIM
+    if claimed is not None:  # a claim the main process made for it: given back
+        claimed.dropped(str(request.id))
+
+
+def process_gone(task: Any, task_id: str) -> threading.Thread | None:
+    """The pool process of a delivery revoked with terminate has exited (the pool
+    reported the job terminated): its claims are released, so the next delivery of the
+    call runs without waiting for ``max_processing_time`` — in a thread: the worker's
+    main process does not wait for the database. Each is released by the token seen,
+    so a claim taken over since stays."""
+    if TERMINATING.pop(task_id, None) is None:
+        return None  # not a revoke (a cancel on a lost broker connection: redelivered)
     from celery_grousset import journal
 
-    opts = sender.grousset_options()
-    for processor_id, fp in journal.release_held_by(opts.database, str(request.id)):
-        events.emit(logging.WARNING, "grousset.released_revoked", {
-            "fingerprint": fp, "task": sender.name, "task_id": request.id,
-            "processor": processor_id,
-        })  # fmt: skip
+    database = task.grousset_options().database
+
+    def release() -> None:
+        try:
+            held = journal.release_held_by(database, task_id)
+        except Exception as exc:  # the journal away: the claim turns stale, taken over then
+            logger.warning("celery-grousset: the claim of terminated %s[%s] was not "
+                           "released: %s", task.name, task_id, exc)  # fmt: skip
+            return
+        for processor_id, fp in held:
+            events.emit(logging.WARNING, "grousset.released_revoked", {
+                "fingerprint": fp, "task": task.name, "task_id": task_id,
+                "processor": processor_id,
+            })  # fmt: skip
+
+    thread = threading.Thread(target=release, name="grousset-revoked-release", daemon=True)
+    thread.start()
+    return thread
 
 
-def _signal(signum: Any) -> Any:
-    """``signum`` as Celery passes it (a number, or a name such as ``"SIGUSR1"``)."""
-    if isinstance(signum, str):
-        name = signum.upper()
-        return getattr(signal, name if name.startswith("SIG") else f"SIG{name}", signum)
-    return signum
+class ReleasedWhenGone:
+    """Mixed into a guarded task's worker ``Request`` class: a job the pool reports
+    terminated (its process exited after a revoke's signal: billiard's ``Terminated``)
+    releases its claims (:func:`process_gone`)."""
+
+    task: Any
+    id: str
+
+    def on_failure(self, exc_info: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().on_failure(exc_info, *args, **kwargs)  # type: ignore[misc]
+        finally:
+            from billiard.exceptions import Terminated
+
+            exc = getattr(exc_info, "exception", None)
+            if isinstance(getattr(exc, "exc", exc), Terminated):  # (ExceptionWithTraceback)
+                process_gone(self.task, str(self.id))
+
+
+def give_requests(app: Any) -> None:
+    """Give each guarded task of ``app`` a ``Request`` class with :class:`ReleasedWhenGone`
+    over its own (read when the worker's consumer starts)."""
+    from celery.utils.imports import symbol_by_name
+
+    for task in list(app.tasks.values()):
+        if hasattr(task, "grousset_options"):
+            base = symbol_by_name(task.Request)
+            if not issubclass(base, ReleasedWhenGone):
+                task.Request = type(base.__name__, (ReleasedWhenGone, base), {})
 
 
 def write_carried(sender: Any, request: Any) -> None:

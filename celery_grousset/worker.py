@@ -16,10 +16,9 @@
 The flags are defaults: a task's own option wins (precedence: per call > task >
 worker flag > ``settings.GROUSSET`` > built-in default). Celery builds the worker's
 command line right after it imports the app module, so ``install(app)`` must run
-there: an app imported later (from Django's app registry, say) is too late.
-
-The bootstep's ``__init__`` runs in the worker parent while the worker is built,
-before the pool forks its children, so everything it sets is inherited by them.
+there: an app imported later (from Django's app registry, say) is too late. The
+bootstep's ``__init__`` runs in the worker parent while the worker is built, before
+the pool forks its children, so everything it sets is inherited by them.
 """
 
 from __future__ import annotations
@@ -29,6 +28,8 @@ import threading
 from typing import Any
 
 from celery import bootsteps
+
+from celery_grousset.revoked import give_requests
 
 logger = logging.getLogger("celery_grousset")
 
@@ -157,11 +158,11 @@ class GroussetStep(bootsteps.StartStopStep):
             swept_dirs()  # a worker killed with -9 ran no atexit: its directory stayed
             self.metrics = WorkerMetrics(int(grousset_metrics_port), grousset_metrics_addr)
             self.metrics.prepare()
-        # The worker ran Django's system checks before building this step, and they
-        # resolved (and cached) each task's options without these defaults.
+        # Django's checks ran before this step: they cached the options without these defaults
         from celery_grousset.task import reset_resolved_options
 
         reset_resolved_options()
+        give_requests(app)  # a revoke's terminate releases once the process has exited
         if getattr(parent, "time_limit", None) and app.conf.task_time_limit is None:
             # `celery worker --time-limit N`: its tasks' default hard limit, which Celery
             # keeps on the worker, not in app.conf, where check E002 reads it
@@ -182,10 +183,9 @@ class GroussetStep(bootsteps.StartStopStep):
                 BYPASS_WARNING,
             )
         if self.claimed and getattr(parent, "use_eventloop", True) is False:
-            logger.warning("celery-grousset: WORKER_CLAIM is on, but this worker has no "
-                           "event loop (a gevent or eventlet pool, or a broker transport "
-                           "without one): every request is claimed in the pool, as with "
-                           "it off")  # fmt: skip
+            logger.warning("celery-grousset: WORKER_CLAIM is on, but this worker has no event "
+                           "loop (a gevent or eventlet pool, or a transport without one): "
+                           "every request is claimed in the pool, as with it off")  # fmt: skip
         elif self.claimed:
             names = " ".join(self.claimed)
             logger.info("celery-grousset claims in the main process for: %s", names)

@@ -58,6 +58,21 @@ def graceful(self: Any, key: str, sleep: float = 20.0) -> dict[str, Any]:
     return {"key": key, "partial": False, "fence": self.grousset.fence}
 
 
+@shared_task(base=GroussetTask, bind=True, max_processing_time=30)
+def stubborn(self: Any, key: str, seconds: float = 4.0) -> dict[str, Any]:
+    """A body that catches the SystemExit a revoke's SIGTERM raises in it and goes on
+    (a bare ``except:`` around its work), then makes its effect."""
+    record(f"{key}:started")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            time.sleep(0.05)
+        except BaseException:  # the point: it swallows the revoke's exit
+            record(f"{key}:signalled")
+    record(key, "stubborn")
+    return {"key": key, "fence": self.grousset.fence}
+
+
 @shared_task(base=GroussetTask, bind=True, max_processing_time=30, rate_limit="20/s")
 def limited(self: Any, key: str) -> dict[str, Any]:
     """``effect`` under a rate limit: its requests reach the pool through Celery's

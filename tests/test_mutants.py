@@ -23,7 +23,7 @@ from django.db.models import F
 from django.dispatch import Signal
 from django.test import override_settings
 
-from celery_grousset import journal, memo, protect, signals
+from celery_grousset import journal, memo, protect, revoked, signals
 from celery_grousset.claim import PROTECT_NAME, ClaimRequest, Kind
 from celery_grousset.exceptions import FencedOut, StoreUnavailable
 from celery_grousset.fingerprint import fingerprint
@@ -547,13 +547,22 @@ def test_task_revoked_signal_releases_a_terminated_claim(
     first = other_store.claim(running)
     assert first.kind is Kind.NEW
     request = Context(id=running.task_id)
+    # When its process ends terminated without a revoke (a cancel on a lost connection:
+    # the message is redelivered): nothing is released
+    assert revoked.process_gone(task, running.task_id) is None
     # When it is revoked without terminate: the task keeps running, its claim stays
     task_revoked.send(sender=task, request=request, terminated=False, signum=None, expired=False)
     assert row(alias, processor, fp).status == "in_flight"
-    # When it is revoked with terminate=True
+    # When it is revoked with terminate=True: its claim stays while its process may run
+    # on (a body that catches the signal goes on, under its claim)
     with caplog.at_level(logging.WARNING, logger="celery_grousset"):
         task_revoked.send(sender=task, request=request, terminated=True, signum=15, expired=False)
-    # Then its claim is released at once, and the next delivery runs without waiting
+        assert row(alias, processor, fp).status == "in_flight"
+        # When the pool reports its process gone (billiard's Terminated)
+        released = revoked.process_gone(task, running.task_id)
+        assert released is not None
+        released.join(10)
+    # Then its claim is released, and the next delivery runs without waiting
     rec = row(alias, processor, fp)
     assert (rec.status, rec.error, rec.result_encoding) == ("failed", RELEASED, "")
     line = one_line(caplog, "grousset.released_revoked")
@@ -583,10 +592,13 @@ def test_task_revoked_signal_leaves_a_claim_taken_over_since(
     age(alias, processor, fp, 120)
     taker = claim_request(processor, fp, task.name)
     assert other_store.claim(taker).kind is Kind.TAKEOVER
-    # When the dead delivery's revoke (terminated) arrives late
+    # When the dead delivery's revoke (terminated) arrives late, and its process is gone
     task_revoked.send(
         sender=task, request=Context(id=dead.task_id), terminated=True, signum=9, expired=False
     )
+    released = revoked.process_gone(task, dead.task_id)
+    assert released is not None
+    released.join(10)
     # Then the taker keeps its claim
     rec = row(alias, processor, fp)
     assert (rec.status, rec.claim_token) == ("in_flight", taker.token)

@@ -777,6 +777,38 @@ def test_revoke_terminate_releases_the_claim(pg_workers: tuple[str, list[Worker]
     assert time.monotonic() - t0 < 30
 
 
+def test_revoke_terminate_of_a_body_that_goes_on_keeps_its_claim(
+    pg_workers: tuple[str, list[Worker]], pg: str
+) -> None:
+    """The claim was released when the revoke's signal was sent, not once the process
+    had exited: a body that caught the SystemExit went on, and a duplicate delivered
+    meanwhile ran the effect beside it (a review: 2 effects)."""
+    from tests.celeryapp import app
+    from tests.tasks import stubborn
+
+    queue, _ = pg_workers
+    key = f"stubborn-{uuid.uuid4().hex[:8]}"
+    # Given a running task whose body swallows the SystemExit of a SIGTERM
+    first = stubborn.apply_async((key,), queue=queue)
+    holder_pid(pg, stubborn, (key,))
+    # When it is revoked with terminate=True (sent again should a broadcast be lost)
+    for _ in range(2):
+        app.control.revoke(first.id, terminate=True)
+        deadline = time.monotonic() + 6
+        while not effects(pg, f"{key}:signalled") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if effects(pg, f"{key}:signalled"):
+            break
+    assert effects(pg, f"{key}:signalled") >= 1, "the revoke's signal never reached the body"
+    # And a duplicate is delivered while the body goes on
+    value = stubborn.apply_async((key,), queue=queue).get(timeout=40)
+    # Then the body kept its claim and completed; the duplicate got its memo
+    rec = record_of(pg, stubborn, (key,))
+    assert (rec.status, rec.takeovers) == ("completed", 0), (rec.status, rec.error)
+    assert value["fence"] == rec.fence
+    assert effects(pg, key) == 1
+
+
 def test_a_worker_whose_journal_database_cannot_be_reached_says_so_when_it_starts(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
