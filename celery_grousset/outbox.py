@@ -39,6 +39,7 @@ from celery_grousset.memo import error_summary
 from celery_grousset.models import OutboxMessage, OutboxStatus
 from celery_grousset.outbox_failures import broker_down, check_seconds, permanent
 from celery_grousset.publish_check import deliberate, open_transactions
+from celery_grousset.published import SIGNATURE_OPTIONS as _SIGNATURES
 from celery_grousset.published import arguments, check_enqueued, stored, stored_options
 from celery_grousset.store import refusals
 
@@ -51,9 +52,8 @@ DEFAULT_MAX_ATTEMPTS = 10
 DEFAULT_BACKOFF = 2.0
 DEFAULT_BACKOFF_MAX = 600.0
 DEFAULT_INTERVAL = 1.0
-#: the options a sent row drops with its arguments (either may carry a token; a linked
-#: signature carries arguments of its own)
-_SECRET_OPTIONS = frozenset(("headers", "idempotency_key", "link", "link_error"))
+#: the options a sent row drops with its arguments (each may carry a token or arguments)
+_SECRET_OPTIONS = frozenset(("headers", "idempotency_key", *_SIGNATURES))
 #: seconds a publish waits for the broker's confirm before it counts as failed
 DEFAULT_CONFIRM_TIMEOUT = 10.0
 

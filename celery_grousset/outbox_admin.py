@@ -31,6 +31,7 @@ from celery_grousset.binding import bind_arguments
 from celery_grousset.conf import redact_keys
 from celery_grousset.guard import redacted
 from celery_grousset.models import OutboxMessage, OutboxStatus
+from celery_grousset.published import SIGNATURE_OPTIONS
 from celery_grousset.shown import shown_json
 
 _BADGE = {OutboxStatus.PENDING: ("#92400e", "#fde68a"), OutboxStatus.SENT: ("#166534", "#dcfce7"),
@@ -108,15 +109,13 @@ def _call_text(task_name: str, args: list[Any], kwargs: dict[str, Any]) -> str:
     return redacted(args, kwargs, bound)
 
 
-#: the options that hold signatures (``link=task.s(…)``), each with its own arguments
-_LINKS = ("link", "link_error")
 
 
 def options_text(obj: OutboxMessage) -> str:
     """The row's ``apply_async`` options as JSON, headers included, redacted by name; a
     linked signature's arguments shown as the row's are (bound to its task by name)."""
     options = dict(obj.options) if isinstance(obj.options, dict) else {}
-    for name in _LINKS:
+    for name in SIGNATURE_OPTIONS:
         if name in options:
             options[name] = _linked(options[name], 0)
     shown = shown_json(options, redact_keys())
@@ -143,7 +142,7 @@ def _linked(value: Any, depth: int) -> Any:
         shown["arguments"] = "(not shown)"
     nested = shown.get("options")
     if isinstance(nested, dict) and depth < 8:
-        shown["options"] = {k: _linked(v, depth + 1) if k in _LINKS else v
+        shown["options"] = {k: _linked(v, depth + 1) if k in SIGNATURE_OPTIONS else v
                             for k, v in nested.items()}  # fmt: skip
     return shown
 

@@ -11,13 +11,20 @@ from celery_grousset.exceptions import InvalidArgument
 
 def broker_down(app: Any, exc: BaseException) -> bool:
     """A connection-level error (also its transport's own: RabbitMQ's NOT_ALLOWED for a
-    vhost without permissions): the next rows would fail the same way."""
+    vhost without permissions), or the result store's (a Redis result backend subscribes
+    to the task's result before the publish, and gives up with a RuntimeError raised from
+    its connection error): nothing was published, and the next rows would fail the same
+    way, so no row is charged an attempt for it."""
     from kombu.exceptions import OperationalError
 
     errors: tuple[type[BaseException], ...] = (OperationalError, ConnectionError, OSError)
     with contextlib.suppress(Exception):  # (the transport class only: no connection)
         errors += tuple(app.connection_for_write().connection_errors)
-    return isinstance(exc, errors)
+    with contextlib.suppress(Exception):
+        errors += tuple(app.backend.connection_errors)
+    return isinstance(exc, errors) or (
+        isinstance(exc, RuntimeError) and isinstance(exc.__cause__, errors)
+    )
 
 
 def permanent(app: Any, exc: BaseException) -> bool:

@@ -22,6 +22,8 @@ from celery_grousset.publish_check import refuse_misspelt_key, refuse_misspelt_l
 #: a header this package adds: set when argsrepr/kwargsrepr were written by this package
 #: (redacted) or by the caller
 REPR_HEADER = "grousset_repr"
+#: the ``apply_async`` options that hold signatures, each with arguments of its own
+SIGNATURE_OPTIONS = ("link", "link_error", "chain", "chord")
 #: options that cannot outlive this process (the outbox stores the others)
 _REFUSED = ("producer", "connection", "publisher", "router")
 

@@ -700,6 +700,7 @@ def test_outbox_detail_redacts_positional_secrets_and_option_headers(journal: st
         headers={"Authorization": "Token tk-9b1e77aa", "X-Request-Id": "req-5d0c"},
         link=[login.s("carol-4d2a", "LinkPw-98765"),
               chain(login.s("dave-1b2c", "ChainPw-4321"), login.s("erin-9f8e", "ChainPw-8765"))],
+        chain=[login.s("frank-5c6d", "ChainOptPw-5555")],
     )  # fmt: skip
     unknown = outbox.enqueue(
         "elsewhere.login", ("bob-3e1a",), {"password": "Hunter2-pw-88"}, using=journal,
@@ -720,6 +721,8 @@ def test_outbox_detail_redacts_positional_secrets_and_option_headers(journal: st
         assert "LinkPw-98765" not in html[0] and "carol-4d2a" in html[0]
         assert "ChainPw-4321" not in html[0] and "ChainPw-8765" not in html[0]  # (in a chain)
         assert "dave-1b2c" in html[0]
+        # ... nor that of a signature in the chain= option (shown raw, a review found)
+        assert "ChainOptPw-5555" not in html[0] and "frank-5c6d" in html[0]
         # ... and an unregistered task's keyword arguments are redacted by name, its
         # positional ones (no name to judge them by) not shown at all
         assert "Hunter2-pw-88" not in html[1] and "bob-3e1a" not in html[1]

@@ -94,7 +94,7 @@ def test_only_committed_messages_are_published_once_each(alias: str, queue: str)
         raise RuntimeError("rollback")
     with transaction.atomic(using=alias):
         outbox.enqueue("tests.tasks.effect", ("c",), using=alias, queue=queue, idempotency_key="k",
-                       link=effect.s("LinkArg_3"))  # fmt: skip
+                       link=effect.s("LinkArg_3"), chain=[effect.s("ChainArg_4")])  # fmt: skip
     assert mine.count() == 3 and mine.filter(status="pending").count() == 3
     first.refresh_from_db(using=alias)
     assert first.created_at is not None and first.available_at <= _db_now(alias)
@@ -116,7 +116,7 @@ def test_only_committed_messages_are_published_once_each(alias: str, queue: str)
     # dropped (each may hold a token), the rest kept
     assert all(r.status == "sent" and r.sent_at and r.args == [] and r.attempts == 1
                and "headers" not in r.options and "idempotency_key" not in r.options
-               and "link" not in r.options
+               and "link" not in r.options and "chain" not in r.options
                and r.options["queue"] == queue for r in rows.values())  # fmt: skip
 
 
@@ -286,6 +286,41 @@ def test_a_broker_outage_costs_no_attempt_and_never_makes_a_row_dead(
     rows.filter(pk=a.pk).update(available_at=b.available_at)
     relay(alias)
     assert set(rows.filter(pk__in=[a.pk, b.pk]).values_list("status", flat=True)) == {"sent"}
+    assert sorted(m["args"][0] for m in messages(queue)) == ["x", "y"]
+
+
+#: the app of a relay whose Redis result store is down (its broker is up): built by the
+#: test below, found by ``grousset_relay --app``
+RESULT_STORE_DOWN: Any = None
+
+
+def test_a_result_store_outage_costs_no_attempt_and_the_relay_command_publishes_through_it(
+    alias: str, queue: str
+) -> None:
+    """A Redis result backend subscribes to each task's result before its publish: with
+    the result store down, the relay charged every row an attempt (about 20 s each) and
+    made the backlog dead, though the broker was up (a review: 2 runs, 2 dead rows)."""
+    from django.core.management import call_command
+
+    global RESULT_STORE_DOWN
+    # Given two pending messages, a live broker and a result store nobody listens on
+    store_down, a, b = two_rows_for(alias, queue, services.require_redis())
+    store_down.conf.result_backend = "redis://127.0.0.1:1/0"
+    store_down.conf.result_backend_transport_options = {"retry_policy": {"max_retries": 1}}
+    store_down.conf.redis_socket_connect_timeout = 1
+    RESULT_STORE_DOWN = store_down
+    rows = OutboxMessage.objects.using(alias).filter(pk__in=[a.pk, b.pk])
+    # When a relay that subscribes (a worker's relay thread on a non-prefork pool) fails
+    stats = relay(alias, store_down, max_attempts=1, backoff=60)
+    # Then no row is charged for it (max_attempts=1: a charge is a dead row)
+    assert stats.dead == 0 and stats.broker_down, stats
+    assert set(rows.values_list("status", "attempts")) == {("pending", 0)}
+    # When `grousset_relay` runs (it subscribes to no result: it reads none)
+    rows.update(available_at=_db_now(alias))
+    call_command("grousset_relay", "--once", "--database", alias,
+                 "--app", "tests.test_outbox:RESULT_STORE_DOWN", verbosity=0)  # fmt: skip
+    # Then both are published
+    assert set(rows.values_list("status", flat=True)) == {"sent"}
     assert sorted(m["args"][0] for m in messages(queue)) == ["x", "y"]
 
 

@@ -11,6 +11,7 @@ import threading
 from contextlib import nullcontext
 from typing import Any, cast
 
+from celery.result import denied_join_result
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from celery_grousset import outbox
@@ -95,7 +96,8 @@ class Command(BaseCommand):
         # A running relay waits an outage out; a journal without its tables is no outage
         if not once and (problem := schema_problem(alias)):
             raise CommandError(f"cannot publish the outbox of {alias!r}: {problem}")
-        with database_errors(alias, "could not publish the outbox") if once else nullcontext():
+        with database_errors(alias, "could not publish the outbox") if once else nullcontext(), \
+                denied_join_result():  # no result is read here: none is subscribed to
             stats = relay.run(stop, once=once)
         if verbosity:
             self.stdout.write(
