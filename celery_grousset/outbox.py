@@ -73,16 +73,20 @@ def clock(alias: str, plus: float = 0.0) -> Any:
 
 def _refuse_outside_transaction(alias: str) -> None:
     """A row written without ``using=`` while a transaction is open on another database
-    only would commit at once, whatever that transaction does: refused."""
-    if (open_on := open_transactions()) and alias not in open_on:  # (TestCase's: not counted)
-        raise InvalidArgument(
-            f"outbox.enqueue: a transaction is open on database {open_on[0]!r}, but this "
-            f"row would be written to {alias!r} (GROUSSET['DATABASE']), where it commits "
-            f"at once whatever that transaction does. Pass using={open_on[0]!r} (the "
-            "outbox's table must exist there: manage.py migrate celery_grousset --database "
-            f"{open_on[0]}; a relay: grousset_relay --database {open_on[0]}), or using="
-            f"{alias!r} to write it there on purpose."
-        )
+    would not commit with it (at once, or with the one open on its own database, which
+    commits apart): refused. (A TestCase's blocks are not counted.)"""
+    open_on = open_transactions()
+    if not (others := [a for a in open_on if a != alias]):
+        return
+    where = (f"with the transaction open there, apart from the one on {others[0]!r}"
+             if alias in open_on else "at once whatever that transaction does")  # fmt: skip
+    raise InvalidArgument(
+        f"outbox.enqueue: a transaction is open on database {others[0]!r}, but this "
+        f"row would be written to {alias!r} (GROUSSET['DATABASE']), where it commits "
+        f"{where}. Pass using={others[0]!r} (the outbox's table must exist there: manage.py "
+        f"migrate celery_grousset --database {others[0]}; a relay: grousset_relay --database "
+        f"{others[0]}), or using={alias!r} if the rows it goes with are written there."
+    )
 
 
 def enqueue(
@@ -98,7 +102,7 @@ def enqueue(
     ``options`` are ``apply_async``'s (``queue``, ``countdown``, ``eta``, ``priority``,
     ``idempotency_key``…); ``args``/``kwargs`` as Celery's json serializer takes them. ``using``:
     the database of the caller's transaction (default ``GROUSSET["DATABASE"]``; without
-    it, a transaction open on another database only is refused: ``InvalidArgument``). The
+    it, a transaction open on another database is refused: ``InvalidArgument``). The
     arguments are checked against a task's signature now, as ``delay()`` checks them
     (a ``TypeError``). The row's ``task_id`` is the Celery task id the message will carry;
     its ``created_at``/``available_at`` come from the database clock (``None`` here)."""

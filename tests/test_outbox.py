@@ -742,6 +742,13 @@ def test_enqueue_refuses_a_row_outside_the_transaction_it_is_written_in(queue: s
         assert "'default'" in str(err.value) and "'postgresql'" in str(err.value)
         assert "using='default'" in str(err.value)
         assert not mine.exists()
+        # ... and so it is with a transaction open on "postgresql" too (ATOMIC_REQUESTS on
+        # both, say): the row would commit with that one, apart from the caller's
+        with pytest.raises(InvalidArgument) as err, transaction.atomic(using="default"), \
+                transaction.atomic(using="postgresql"):  # fmt: skip
+            outbox.enqueue(effect, ("order-1",), queue=queue)
+        assert "apart from the one on 'default'" in str(err.value), err.value
+        assert "using='default'" in str(err.value) and not mine.exists()
         # ... and a deliberate using=, or a call outside any transaction, is written
         with transaction.atomic(using="default"):
             outbox.enqueue(effect, ("order-2",), queue=queue, using="postgresql")
