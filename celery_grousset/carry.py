@@ -218,6 +218,22 @@ def claim_unavailable(
     raise exc  # pragma: no cover - store_unavailable never returns
 
 
+def claim_interrupted(
+    caller: Any, store: Store, req: ClaimRequest, unsettled: ClaimRequest, exc: BaseException
+) -> NoReturn:
+    """The claim interrupted by the task's soft time limit before the database answered:
+    its statement may commit yet, so it is handled as a lost answer
+    (:func:`claim_unavailable`). A caller in this process (``protect()`` in a body) sees
+    its own time limit. The store's connection, mid-statement, is never used again."""
+    from celery_grousset.store import refusals
+
+    store.discard()
+    if getattr(caller, "local", False):
+        raise exc
+    events.store_error(req, "claim", lost := refusals.interrupted(store.alias, exc))
+    claim_unavailable(caller, unsettled if store.remote else None, lost)
+
+
 def deliver(
     store: Store,
     req: ClaimRequest,

@@ -21,6 +21,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
+from celery.exceptions import SoftTimeLimitExceeded
+
 from celery_grousset import carry, events, memo, preclaim, testcase_check
 from celery_grousset.binding import loose_bind
 from celery_grousset.claim import PROTECT_NAME, ClaimRequest, Kind, payload_differs
@@ -144,6 +146,8 @@ def guarded(caller: Caller, call: Call) -> Any:
                 caller.defer(req, res)
     except StoreUnavailable as exc:
         carry.claim_unavailable(caller, unsettled if store.remote else None, exc)
+    except SoftTimeLimitExceeded as exc:  # a statement interrupted: it may commit yet
+        carry.claim_interrupted(caller, store, req, unsettled, exc)
     except PoisonDelivery as exc:
         poisoned(caller, req, exc)
     if not res.owned:

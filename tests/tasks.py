@@ -73,6 +73,18 @@ def stubborn(self: Any, key: str, seconds: float = 4.0) -> dict[str, Any]:
     return {"key": key, "fence": self.grousset.fence}
 
 
+@shared_task(base=GroussetTask, bind=True, max_processing_time=30)
+def fails_first(self: Any, key: str) -> dict[str, Any]:
+    """``effect`` whose first attempt fails (its claim released: the key's row stays)."""
+    from tests.ledger.models import Effect
+
+    if not Effect.objects.using(_db()).filter(key=f"{key}:failed").exists():
+        record(f"{key}:failed")
+        raise RuntimeError("the first attempt fails")
+    record(key)
+    return {"key": key, "fence": self.grousset.fence}
+
+
 @shared_task(base=GroussetTask, bind=True, max_processing_time=30, rate_limit="20/s")
 def limited(self: Any, key: str) -> dict[str, Any]:
     """``effect`` under a rate limit: its requests reach the pool through Celery's

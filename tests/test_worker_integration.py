@@ -809,6 +809,37 @@ def test_revoke_terminate_of_a_body_that_goes_on_keeps_its_claim(
     assert effects(pg, key) == 1
 
 
+def test_a_soft_time_limit_during_the_claim_leaves_no_claim_behind(
+    pg_workers: tuple[str, list[Worker]], pg: str
+) -> None:
+    """A soft time limit that fired while the claim statement waited (a row lock) failed
+    the delivery, and the statement committed after: a claim no attempt held, in flight
+    until stale, then counted as a takeover (a review: the next delivery waited 60 s)."""
+    from django.db import transaction
+
+    from tests.tasks import fails_first
+
+    queue, _ = pg_workers
+    key = f"softclaim-{uuid.uuid4().hex[:8]}"
+    # Given a key whose first attempt failed (its row stays, its claim released)
+    with pytest.raises(RuntimeError):
+        fails_first.apply_async((key,), queue=queue).get(timeout=20)
+    # When a delivery's claim waits on the row's lock past its soft time limit (1 s)
+    with transaction.atomic(using=pg):
+        locked = Outcome.objects.using(pg).select_for_update()
+        locked.get(fingerprint=fails_first.grousset_fingerprint((key,), {}))
+        result = fails_first.apply_async((key,), queue=queue, soft_time_limit=1, time_limit=30)
+        time.sleep(3)  # (then the lock is let go: the waiting statement goes through)
+    # Then the delivery is sent again, settles its claim and runs the body: one effect,
+    # no takeover, well within max_processing_time (30 s)
+    t0 = time.monotonic()
+    value = result.get(timeout=25)
+    rec = record_of(pg, fails_first, (key,))
+    assert (rec.status, rec.takeovers) == ("completed", 0), (rec.status, rec.error)
+    assert value["fence"] == rec.fence and effects(pg, key) == 1
+    assert time.monotonic() - t0 < 20
+
+
 def test_a_worker_whose_journal_database_cannot_be_reached_says_so_when_it_starts(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -16,6 +16,7 @@ numbered ``$1…``) and each call sends ``EXECUTE name(…)`` as one simple quer
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 from types import ModuleType
@@ -64,6 +65,13 @@ class Driver:
     def broken(self, conn: Any) -> bool:
         """The connection was lost (not merely an error on a statement)."""
         raise NotImplementedError
+
+    def interrupt(self, conn: Any) -> None:
+        """Cancel the statement ``conn`` may be running, whose answer its caller will not
+        read (a soft time limit raised while it waited for a lock): it ends on the server
+        now, committed or not, instead of whenever the lock is let go. Best effort."""
+        with contextlib.suppress(Exception):  # (the connection is dropped all the same)
+            conn.cancel()  # psycopg 3 and psycopg2 alike: over a connection of its own
 
     def in_transaction_error(self, conn: Any) -> bool | None:
         """libpq's transaction status of ``conn``: True when its transaction was aborted

@@ -251,6 +251,11 @@ class PostgresStore(PostgresOperations, Store):
         dog.arm(conn.fileno())  # psycopg 3 and psycopg2 alike
         try:
             return op(conn)
+        except BaseException as exc:
+            if not isinstance(exc, driver().Error):  # interrupted mid-statement: its answer
+                driver().interrupt(conn)  # is never read, nor the connection used again
+                self.discard()
+            raise
         finally:
             dog.disarm()
 

@@ -38,6 +38,18 @@ def refused(alias: str, exc: BaseException, why: str) -> StoreUnavailable:
 _ROLLED_BACK = {"40001", "40P01", 1213, 1020}
 
 
+def interrupted(alias: str, exc: BaseException) -> StoreUnavailable:
+    """A claim interrupted by the task's soft time limit while its statement was out (a
+    lock wait, a slow server): it may commit yet, so the delivery is sent again carrying
+    its token, and the next one settles it — rather than leave a claim no attempt holds
+    in flight until it is stale."""
+    return StoreUnavailable(
+        f"the claim on journal database {alias!r} was interrupted by {type(exc).__name__} "
+        "(the task's soft time limit) before the database answered: the delivery is sent "
+        "again, and finds out whether that claim was made"
+    )
+
+
 def timed_out(alias: str, timeout: float, exc: BaseException) -> StoreUnavailable:
     """A statement of the store not answered within ``STORE_TIMEOUT`` (a statement or
     lock wait timeout), naming this thread's own open transaction on the journal's
