@@ -242,11 +242,12 @@ def republished() -> None:
     _republish_failures[0] = 0
 
 
-def stop_canvas(request: Any, req: Any, encoding: str) -> None:
+def stop_canvas(request: Any, req: Any, encoding: str, first: str | None) -> None:
     """A duplicate of a call whose value is not memoized (``memoize=False``) returns
     ``None``: Celery would send its chain's next step and its ``link`` callbacks with
     that ``None`` — other calls, whose guarded effects would run again. They are not
-    sent: the first delivery sent them with its value (docs/faq.md)."""
+    sent (docs/faq.md): a copy of the first delivery's message (its task id, ``first``)
+    leads the canvas the first delivery sent on; another publish's canvas stops here."""
     if encoding != ENC_NOT_MEMOIZED:
         return
     from celery_grousset import events
@@ -255,7 +256,7 @@ def stop_canvas(request: Any, req: Any, encoding: str) -> None:
     callbacks = len(getattr(request, "callbacks", None) or ())
     if steps or callbacks:
         request.chain = request.callbacks = None
-        events.canvas_stopped(req, steps, callbacks)
+        events.canvas_stopped(req, steps, callbacks, first)
 
 
 #: kombu's visibility_timeout when the transport options leave it unset

@@ -114,9 +114,13 @@ def duplicate(req: ClaimRequest, res: ClaimResult, delivery: str = "") -> None:
     )
 
 
-def canvas_stopped(req: ClaimRequest, steps: int, callbacks: int) -> None:
-    """A duplicate with no memo did not send its chain's next step and callbacks."""
-    _log(logging.INFO, "grousset.canvas_stopped", req, chain=steps, callbacks=callbacks,
+def canvas_stopped(req: ClaimRequest, steps: int, callbacks: int, first: str | None) -> None:
+    """A duplicate with no memo did not send its chain's next step and callbacks: INFO
+    for a copy of the first delivery's message (which sent them), a WARNING for another
+    publish of the call (its own canvas stops here)."""
+    own = bool(first) and first == req.task_id
+    _log(logging.INFO if own else logging.WARNING, "grousset.canvas_stopped", req,
+         chain=steps, callbacks=callbacks, first_task_id=first or "",
          reason="memoize=False: no value to pass on")  # fmt: skip
 
 

@@ -336,7 +336,7 @@ class _TaskCaller:
         return self.task._with_attempt(attempt, self.body)
 
     def stop_canvas(self, req: ClaimRequest, res: ClaimResult) -> None:
-        stop_canvas(self.request, req, res.result_encoding)
+        stop_canvas(self.request, req, res.result_encoding, res.task_id)
 
     def poison(self, exc: PoisonDelivery) -> NoReturn:
         if self.local:

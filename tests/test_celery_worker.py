@@ -10,6 +10,7 @@ effect ledger are the SQLite ``default`` database, so duplicate effects are coun
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -226,7 +227,8 @@ def test_a_call_enqueued_inside_a_task_has_its_links_checked(
 
 @pytest.mark.parametrize("memoize", [False, True])
 def test_a_duplicate_with_no_memo_sends_no_next_step_nor_callback(
-    celery_app: Celery, celery_worker: WorkController, sqlite_journal: Journal, memoize: bool
+    celery_app: Celery, celery_worker: WorkController, sqlite_journal: Journal, memoize: bool,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A duplicate of a ``memoize=False`` call has no value to pass on: with its ``None``,
     the chain's next step and a ``link`` would be other calls, whose effects would run
@@ -256,11 +258,13 @@ def test_a_duplicate_with_no_memo_sends_no_next_step_nor_callback(
     follow.delay("first-marker").get(timeout=20)  # (the worker runs one task at a time)
     assert led == [17, 18] and followed == ["lead-17", "lead-18", "first-marker"]
     # When each is sent again: its lead is a duplicate
-    again = chain(lead.s(17), follow.s()).apply_async()
-    value = again.parent.get(timeout=20)
-    linked = lead.apply_async((18,), link=follow.s()).get(timeout=20)
-    # (a next step or callback sent by those duplicates is ahead of this one)
-    follow.delay("marker").get(timeout=20)
+    with caplog.at_level(logging.INFO, logger="celery_grousset"):
+        again = chain(lead.s(17), follow.s()).apply_async()
+        value = again.parent.get(timeout=20)
+        linked = lead.apply_async((18,), link=follow.s()).get(timeout=20)
+        # (a next step or callback sent by those duplicates is ahead of this one)
+        follow.delay("marker").get(timeout=20)
+    stopped = [r for r in caplog.records if "grousset.canvas_stopped" in r.getMessage()]
     # Then the leads did not run again; without a memo, nothing followed the duplicates;
     # with one, they passed it on as the first deliveries did (duplicates of the follow
     # calls, answered from their memos)
@@ -273,3 +277,7 @@ def test_a_duplicate_with_no_memo_sends_no_next_step_nor_callback(
     else:
         assert (value, linked) == (None, None)
         assert again.state == "PENDING" and sent == [1, 1]  # (the last step never sent)
+        # ... which is said as a warning: these publishes' own canvases stop there (the
+        # first deliveries, other task ids, sent theirs)
+        assert [r.levelno for r in stopped] == [logging.WARNING] * 2, stopped
+        assert all("first_task_id=" in r.getMessage() for r in stopped)
