@@ -142,12 +142,23 @@ def validate_key_names(
     if not names:
         raise FingerprintError("grousset_key= names no argument; name at least one")
     valid = ("args", "kwargs") if signature is None else tuple(signature.parameters)
-    unknown = ", ".join(repr(name) for name in names if name not in valid)
+    unknown = [name for name in names if name not in valid]
     if unknown:
         raise FingerprintError(
-            f"grousset_key= names unknown argument(s) {unknown}; "
-            f"valid names are: {', '.join(valid) or '(none)'}"
+            f"grousset_key= names unknown argument(s) {', '.join(map(repr, unknown))}; "
+            f"valid names are: {', '.join(valid) or '(none)'}{_var_hint(signature, unknown)}"
         )
+
+
+def _var_hint(signature: inspect.Signature | None, unknown: Sequence[str]) -> str:
+    """How to key by a value a ``*args``/``**kwargs`` parameter holds: a callable, which
+    gets that parameter as one argument under its name."""
+    kinds = {p.kind: p.name for p in (signature.parameters.values() if signature else ())}
+    if (var := kinds.get(inspect.Parameter.VAR_KEYWORD)) is not None:
+        return (f". A keyword argument the other parameters do not name is inside "
+                f"{var!r} (the **{var} parameter): key by it with a callable, "
+                f"grousset_key=lambda {var}, **rest: {var}[{unknown[0]!r}]")  # fmt: skip
+    return ""
 
 
 def check_call_arguments(where: str, args: object, kwargs: object) -> None:

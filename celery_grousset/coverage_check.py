@@ -66,8 +66,10 @@ def _variadic(task: Any) -> checks.CheckMessage | None:
         f"The task {task.name!r} takes {signature}: its calls are fingerprinted as "
         "given, so f(1) and f(order_id=1) are two calls, and each runs the effect.",
         hint="A decorator between @app.task and the function must keep its signature: "
-        "decorate its wrapper with functools.wraps(fn). Or name the operation with "
-        "grousset_key (a callable over the bound arguments) or idempotency_key=.",
+        "decorate its wrapper with functools.wraps(fn). A task written (*args, **kwargs) "
+        "on purpose: name the operation with grousset_key, a callable that gets each "
+        "variadic parameter as one argument under its name (grousset_key=lambda args, "
+        "kwargs: kwargs['order_id']), or with idempotency_key=.",
         obj=task.name,
         id="celery_grousset.W018",
     )

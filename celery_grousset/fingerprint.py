@@ -342,8 +342,10 @@ def fingerprint_bound(
             from .memo import masked_summary  # (only here: an error's text, redacted)
 
             raise FingerprintError(  # its traceback is left out: it may quote the arguments
-                f"grousset_key() raised {masked_summary(exc, bound)} (call the key function "
-                "with these arguments yourself to see its traceback)"
+                f"grousset_key() raised {masked_summary(exc, bound)}; it is called with the "
+                f"call's arguments by name: {', '.join(bound) or '(none)'} (a *args or **kwargs "
+                "parameter is one argument under its name). Call it with them yourself to "
+                "see its traceback"
             ) from None
         if material is None or (isinstance(material, (str, bytes, tuple, list, dict))
                                 and not material):  # fmt: skip

@@ -320,6 +320,27 @@ def test_callable_key_errors_are_fingerprint_errors_with_the_key_path() -> None:
     assert 'grousset_key()["ids"]' in str(raised.value)
 
 
+def test_a_kwargs_task_is_keyed_as_its_errors_say() -> None:
+    """A (**kwargs) task could not be keyed: a tuple naming a keyword argument was refused
+    with no way out, and a callable reading it by name raised a bare KeyError (a review)."""
+    def notify(**kwargs: Any) -> None: ...
+
+    sig = inspect.signature(notify)
+    # Given a tuple key naming a keyword argument / Then it is refused, saying how instead
+    with pytest.raises(FingerprintError) as refused:
+        validate_key_names(sig, ("order_id",))
+    hint = "grousset_key=lambda kwargs, **rest: kwargs['order_id']"
+    assert hint in str(refused.value), refused.value
+    # Given the callable the docs' first guess writes / Then its error names what it gets
+    with pytest.raises(FingerprintError, match=r"by name: kwargs \(a \*args or \*\*kwargs"):
+        fingerprint("t", (), {"order_id": 1}, signature=sig, key=lambda **kw: kw["order_id"])
+    # When keyed as the hint says / Then calls agree on the order alone
+    key = eval(hint.split("=", 1)[1])  # (the hint's own text, run as given)
+    one = fingerprint("t", (), {"order_id": 1, "x": 1}, signature=sig, key=key)
+    assert one == fingerprint("t", (), {"order_id": 1, "x": 2}, signature=sig, key=key)
+    assert one != fingerprint("t", (), {"order_id": 2, "x": 1}, signature=sig, key=key)
+
+
 def test_a_key_function_error_does_not_quote_the_calls_secrets() -> None:
     """The error of a key function that failed on a secret argument quoted it (and kept
     it in the chained traceback): the caller's logs, Sentry and the result backend."""
