@@ -213,8 +213,8 @@ def _worker_init(sender: Any = None, **kwargs: Any) -> None:
 
 
 def _report(sender: Any = None, instance: Any = None, **kwargs: Any) -> None:
-    """Once the worker's logging is set up: which tasks GROUSSET["TASKS"] guards, and each
-    entry that matches no task (a typo leaves the task it meant unguarded)."""
+    """Once the worker's logging is set up: which tasks GROUSSET["TASKS"] guards (an entry
+    that matches no task is the worker's check W017, logged with the others)."""
     app = getattr(instance, "app", None)
     if app is None:
         return
@@ -223,10 +223,8 @@ def _report(sender: Any = None, instance: Any = None, **kwargs: Any) -> None:
     except ImproperlyConfigured:
         return
     names = sorted(name for name, task in app.tasks.items() if from_settings(task))
-    if names:
+    if names and table:
         logger.info("celery-grousset guards from GROUSSET['TASKS']: %s", ", ".join(names))
-    for entry, meant in unmatched(table, app.tasks):
-        logger.warning("%s", unmatched_text(entry, meant))
 
 
 def unmatched(table: Mapping[str, Any], names: Collection[str]) -> list[tuple[str, str | None]]:

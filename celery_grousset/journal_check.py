@@ -127,7 +127,9 @@ def _schema_warning(alias: str, problem: str) -> checks.CheckMessage:
                 "is about to fix it).")  # fmt: skip
     return checks.Warning(
         f"In the journal database {alias!r} ({OUTCOME_TABLE}), {problem}: every "
-        "guarded task journaled there fails before its claim.",
+        "guarded delivery journaled there is refused before its claim: a worker sends it "
+        "again and again (it never runs unguarded), protect() and eager calls raise "
+        "StoreUnavailable.",
         hint=f"To fix it, {fix}",
         id="celery_grousset.W009",
     )

@@ -384,6 +384,23 @@ def test_beat_task_without_a_database_purges_every_journal_database(processor: s
 # -- grousset_inspect ---------------------------------------------------------------------
 
 
+def test_inspect_says_a_completion_without_a_stored_value_as_it_is(
+    store: Store, alias: str, processor: str
+) -> None:
+    """A completed record whose value could not be stored was told as "duplicates get the
+    memo below", then "memo (none: ResultNotStored…)" (a review)."""
+    # Given a completion whose value JSON cannot encode (a set)
+    first = req(processor, new_fp())
+    assert store.claim(first).kind is Kind.NEW
+    result, enc, error = memo.encode({1, 2}, serializer="json", memoize=True, max_bytes=65536)
+    assert store.finish(processor, first.fingerprint, first.token,
+                        Completion("completed", result, enc, error))  # fmt: skip
+    # When inspected / Then it says the effect ran and what duplicates get instead
+    out = run("grousset_inspect", first.task_id, database=alias)
+    assert "the effect ran, but its value could not be stored" in out, out
+    assert "duplicates raise ResultNotStored" in out and "get the memo below" not in out
+
+
 def test_inspect_by_task_id_tells_the_story(store: Store, alias: str, processor: str) -> None:
     # Given a completed entry that two duplicate deliveries asked for
     first = completed(store, processor, value={"provider_id": "re_123", "n": 2}, duplicates=2)

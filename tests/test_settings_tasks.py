@@ -259,6 +259,8 @@ def test_the_worker_guards_its_tasks_when_it_starts_and_says_which(
 ) -> None:
     from celery import signals
 
+    from celery_grousset.worker import refuse_configuration_errors
+
     class Worker:  # what the handlers use of a WorkController
         def __init__(self, app: Celery) -> None:
             self.app = app
@@ -276,11 +278,15 @@ def test_the_worker_guards_its_tasks_when_it_starts_and_says_which(
         assert isinstance(task, GroussetTaskMixin) and app.finalized
         with caplog.at_level("INFO", logger="celery_grousset"):
             signals.celeryd_after_setup.send(sender="w@h", instance=worker, conf=app.conf)
+            # (and the worker's bootstep logs the checks' warnings)
+            refuse_configuration_errors(in_process=True)
     # And the log says which tasks are guarded from settings
     messages = [r.getMessage() for r in caplog.records]
     assert f"celery-grousset guards from GROUSSET['TASKS']: {prefix}.a" in messages
-    # And an entry that matches no task is pointed out
-    assert any(f"'{prefix}.typo'" in m and "matches no registered task" in m for m in messages)
+    # And an entry that matches no task is pointed out, once (it was logged twice: by the
+    # start-up report and as the check W017)
+    typo = [m for m in messages if f"'{prefix}.typo'" in m and "matches no registered" in m]
+    assert len(typo) == 1 and "celery_grousset.W017" in typo[0], typo
 
 
 def test_a_tracer_built_before_the_guard_is_rebuilt(

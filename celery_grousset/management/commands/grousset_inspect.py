@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from celery_grousset.claim import ENC_EXCEPTION, ENC_GAVE_UP, ENC_NOT_MEMOIZED
+from celery_grousset.claim import ENC_EXCEPTION, ENC_GAVE_UP, ENC_NOT_MEMOIZED, ENC_NOT_STORED
 from celery_grousset.management import (
     MIN_PREFIX,
     add_database_argument,
@@ -106,6 +106,9 @@ def summary(rec: Outcome, now: datetime) -> str:
     if rec.status == "completed":
         if rec.result_encoding == ENC_NOT_MEMOIZED:
             return "duplicates get None (memoize=False) and never re-run the effect"
+        if rec.result_encoding == ENC_NOT_STORED:
+            return ("the effect ran, but its value could not be stored (below): duplicates "
+                    "raise ResultNotStored and never re-run the effect")
         return "duplicates get the memo below and never re-run the effect"
     if rec.result_encoding == ENC_GAVE_UP:
         return (
