@@ -110,7 +110,9 @@ def repeatable_read(alias: str) -> list[checks.CheckMessage]:
             f"The journal database {alias!r} runs at REPEATABLE READ"
             + (" (OPTIONS['isolation_level'] is None: the server's default, REPEATABLE "
                "READ unless it sets another)" if server else "")
-            + ": transactional tasks read a snapshot older than their claim.",
+            + ": transactional tasks read a snapshot older than their claim, and the "
+            "outbox relay's batch (SELECT … FOR UPDATE SKIP LOCKED) takes gap locks that "
+            "make outbox.enqueue() in your transactions wait for it to publish.",
             hint="Remove OPTIONS['isolation_level'] (Django's default is READ COMMITTED).",
             id="celery_grousset.W004",
         )
