@@ -77,17 +77,22 @@ def secret_values(
                 named_secret = secret or sensitive(key)
                 if named_secret or type(item) not in _PLAIN:
                     walk(item, depth + 1, named_secret)
+        elif isinstance(value, (list, tuple)) and len(value) == 2 and depth < 8 and (
+            is_secret_pair(value, redact_keys)  # [("X-Api-Key", …)], a namedtuple's too
+        ):
+            walk(value[1], depth + 1, True)
         elif type(value) not in _PLAIN and depth < 8 and (
             (fields := named_fields(value)) is not None  # a dataclass's, a namedtuple's
         ):
-            for name, item in fields:
+            try:
+                items = list(fields)
+            except Exception:  # a field's descriptor that raises: its value is not known
+                items = []
+            for name, item in items:
                 named_secret = secret or sensitive(name)
                 if named_secret or type(item) not in _PLAIN:
                     walk(item, depth + 1, named_secret)
         elif isinstance(value, (list, tuple, set, frozenset)) and depth < 8:
-            if len(value) == 2 and is_secret_pair(value, redact_keys):  # [("X-Api-Key", …)]
-                walk(value[1], depth + 1, True)  # type: ignore[index]
-                return
             after_flag = False  # ["--password", "hunter2"]: an argv list
             for item in value:  # {"cards": [...]}, [{"password": ...}]
                 if secret or after_flag or type(item) not in _PLAIN:

@@ -143,13 +143,13 @@ class _Renderer:
             if type(value) is dict:
                 return f"{{{items}}}"
             return f"{type(value).__qualname__}({{{items}}})"
+        if isinstance(value, (list, tuple)) and _secret_pair(value, self.rules):
+            pair = f"{self.render(value[0], depth)}, {REDACTED}"  # a (name, value) pair
+            return f"({pair})" if isinstance(value, tuple) else f"[{pair}]"
         fields = named_fields(value, shown_only=True)
         if fields is not None:  # a namedtuple, a dataclass: by field
             return self._call_like(value, fields, depth)
         if isinstance(value, (list, tuple)):
-            if _secret_pair(value, self.rules):  # a (name, value) pair
-                pair = f"{self.render(value[0], depth)}, {REDACTED}"
-                return f"({pair})" if isinstance(value, tuple) else f"[{pair}]"
             items = ", ".join(self.sequence(value, depth))
             if isinstance(value, list):
                 return f"[{items}]"
@@ -186,9 +186,13 @@ def named_fields(
     if isinstance(value, tuple) and isinstance(names, tuple):
         return zip(names, value, strict=False)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value)
-                if f.repr or not shown_only)  # fmt: skip
+        return ((f.name, item) for f in dataclasses.fields(value)  # (a field never set:
+                if (f.repr or not shown_only)  # init=False, no default: left out)
+                and (item := getattr(value, f.name, _UNSET)) is not _UNSET)  # fmt: skip
     return None
+
+
+_UNSET = object()
 
 
 def safe_repr(

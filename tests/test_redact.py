@@ -546,6 +546,30 @@ def test_secret_values_are_found_in_dataclass_and_namedtuple_fields() -> None:
     assert not found & {"bob", "Bob"}
 
 
+def test_a_namedtuple_pair_and_an_unset_dataclass_field_are_handled() -> None:
+    """A review of the fields walk: a namedtuple pairing a secret name with its value was
+    no longer masked (read by its fields, "name" and "value"), and a dataclass field never
+    set (init=False) raised AttributeError out of the call's identity."""
+    from celery_grousset.quoted import redacted_call, secret_values
+
+    Setting = namedtuple("Setting", "name value")
+
+    @dataclasses.dataclass
+    class Lazy:
+        user: str
+        password: str
+        cache: str = dataclasses.field(init=False, repr=False)
+
+    # Given a (name, value) namedtuple and a dataclass with an unset field
+    named = {"setting": Setting("api_key", "abcd1234pair"), "who": Lazy("bob", "LazyPw-991")}
+    # When the call's secret values and its stored text are made / Then both secrets are
+    # found and masked where quoted, and nothing raises
+    assert {"abcd1234pair", "LazyPw-991"} <= set(secret_values(named.items()))
+    text = redacted_call((), {"note": "abcd1234pair LazyPw-991", **named}, None,
+                         DEFAULT_REDACT_KEYS, 1024)  # fmt: skip
+    assert "abcd1234pair" not in text and "LazyPw-991" not in text, text
+
+
 def test_a_secret_quoted_twice_escaped_is_masked() -> None:
     """A generated password with a quote or a backslash, quoted in an error as the repr
     of a JSON document, was left in clear (one level of escaping was covered)."""
