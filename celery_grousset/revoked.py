@@ -36,14 +36,19 @@ def release_revoked(
     if request is None or not hasattr(sender, "grousset_options"):
         return  # not a guarded task (GroussetTaskMixin, which imports this module)
     if terminated:
-        if len(TERMINATING) >= TERMINATING_MAX:
-            del TERMINATING[next(iter(TERMINATING))]
-        TERMINATING[str(request.id)] = time.monotonic()
+        terminating(str(request.id))
         return
     write_carried(sender, request)  # dropped before it ran (revoked, expired)
     claimed = sys.modules.get("celery_grousset.batch_dropped")  # WORKER_CLAIM
     if claimed is not None:  # a claim the main process made for it: given back
         claimed.dropped(str(request.id))
+
+
+def terminating(task_id: str) -> None:
+    """Note a delivery revoked with terminate, before its process may exit."""
+    if len(TERMINATING) >= TERMINATING_MAX:
+        del TERMINATING[next(iter(TERMINATING))]
+    TERMINATING[task_id] = time.monotonic()
 
 
 def process_gone(task: Any, task_id: str) -> threading.Thread | None:
@@ -59,12 +64,16 @@ def process_gone(task: Any, task_id: str) -> threading.Thread | None:
     database = task.grousset_options().database
 
     def release() -> None:
+        from django.db import connections
+
         try:
             held = journal.release_held_by(database, task_id)
         except Exception as exc:  # the journal away: the claim turns stale, taken over then
             logger.warning("celery-grousset: the claim of terminated %s[%s] was not "
                            "released: %s", task.name, task_id, exc)  # fmt: skip
             return
+        finally:
+            connections.close_all()  # (this thread's own)
         for processor_id, fp in held:
             events.emit(logging.WARNING, "grousset.released_revoked", {
                 "fingerprint": fp, "task": task.name, "task_id": task_id,
@@ -83,6 +92,10 @@ class ReleasedWhenGone:
 
     task: Any
     id: str
+
+    def terminate(self, *args: Any, **kwargs: Any) -> Any:
+        terminating(str(self.id))  # before the signal: the pool may report the exit first
+        return super().terminate(*args, **kwargs)  # type: ignore[misc]
 
     def on_failure(self, exc_info: Any, *args: Any, **kwargs: Any) -> Any:
         try:

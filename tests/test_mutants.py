@@ -572,6 +572,27 @@ def test_task_revoked_signal_releases_a_terminated_claim(
     assert row(alias, processor, fp).fence > first.fence
 
 
+def test_a_terminate_is_noted_before_its_signal_is_sent() -> None:
+    """A review: without the event loop, billiard reports the job terminated from its own
+    threads, which could come before Celery sent task_revoked (after the signal and the
+    result backend's write): the exit was then not taken for a revoke's, nothing released."""
+    order: list[str] = []
+
+    class Base:  # what ReleasedWhenGone overrides of Celery's Request
+        def terminate(self, pool: Any, signal: Any = None) -> None:
+            order.append("noted" if "tid-1" in revoked.TERMINATING else "not noted")
+
+    class Request(revoked.ReleasedWhenGone, Base):  # type: ignore[misc]
+        id = "tid-1"
+
+    # When Celery terminates the request / Then it is noted before the signal goes out
+    try:
+        Request().terminate(object(), 15)
+        assert order == ["noted"]
+    finally:
+        revoked.TERMINATING.pop("tid-1", None)
+
+
 def test_task_revoked_signal_leaves_a_claim_taken_over_since(
     journal_db: str, temp_task: Any, other_store: Store
 ) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+import threading
 from types import ModuleType
 from typing import Any
 
@@ -30,6 +31,10 @@ def is_psycopg3() -> bool:
     from django.db.backends.postgresql.psycopg_any import is_psycopg3 as django_choice
 
     return bool(django_choice)
+
+
+#: seconds :meth:`Driver.interrupt` waits for its cancel request to be sent
+INTERRUPT_WAIT = 2.0
 
 
 class Driver:
@@ -66,12 +71,20 @@ class Driver:
         """The connection was lost (not merely an error on a statement)."""
         raise NotImplementedError
 
-    def interrupt(self, conn: Any) -> None:
+    def interrupt(self, conn: Any, within: float = INTERRUPT_WAIT) -> None:
         """Cancel the statement ``conn`` may be running, whose answer its caller will not
         read (a soft time limit raised while it waited for a lock): it ends on the server
-        now, committed or not, instead of whenever the lock is let go. Best effort."""
-        with contextlib.suppress(Exception):  # (the connection is dropped all the same)
-            conn.cancel()  # psycopg 3 and psycopg2 alike: over a connection of its own
+        now, committed or not, instead of whenever the lock is let go. Best effort, waited
+        for at most ``within`` seconds: libpq's cancel opens a connection of its own, with
+        no timeout (a server that does not answer would hold the caller for minutes)."""
+
+        def cancel() -> None:
+            with contextlib.suppress(Exception):  # (the connection is dropped all the same)
+                conn.cancel()  # psycopg 3 and psycopg2 alike
+
+        sent = threading.Thread(target=cancel, name="grousset-cancel", daemon=True)
+        sent.start()
+        sent.join(within)
 
     def in_transaction_error(self, conn: Any) -> bool | None:
         """libpq's transaction status of ``conn``: True when its transaction was aborted
