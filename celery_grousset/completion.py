@@ -9,6 +9,8 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, NoReturn
 
+from celery.exceptions import SoftTimeLimitExceeded
+
 from celery_grousset import events, memo, txbody
 from celery_grousset.binding import not_awaitable
 from celery_grousset.claim import ENC_NONE, ENC_NOT_STORED, ClaimRequest, Status
@@ -331,8 +333,9 @@ def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException, fen
         if not done:
             events.fenced(req, fence)
         return done
-    except (StoreUnavailable, PoisonDelivery) as store_exc:
-        # The claim stays in flight; it turns stale at its stale_at.
+    except (StoreUnavailable, PoisonDelivery, SoftTimeLimitExceeded) as store_exc:
+        # The claim stays in flight; it turns stale at its stale_at. (A soft time limit
+        # while the write waited: the task's own exception is the one raised.)
         events.store_error(req, "fail", store_exc)
         return False
 

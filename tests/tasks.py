@@ -85,6 +85,14 @@ def fails_first(self: Any, key: str) -> dict[str, Any]:
     return {"key": key, "fence": self.grousset.fence}
 
 
+@shared_task(base=GroussetTask, bind=True, max_processing_time=30)
+def fails_slowly(self: Any, key: str, sleep: float = 1.0) -> None:
+    """A body that fails after ``sleep`` seconds with its own error."""
+    record(f"{key}:started")
+    time.sleep(sleep)
+    raise RuntimeError(f"the body's own error ({key})")
+
+
 @shared_task(base=GroussetTask, bind=True, max_processing_time=30, rate_limit="20/s")
 def limited(self: Any, key: str) -> dict[str, Any]:
     """``effect`` under a rate limit: its requests reach the pool through Celery's

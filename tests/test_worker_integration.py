@@ -840,6 +840,33 @@ def test_a_soft_time_limit_during_the_claim_leaves_no_claim_behind(
     assert time.monotonic() - t0 < 20
 
 
+def test_a_soft_time_limit_during_the_failure_write_raises_the_bodys_own_error(
+    pg_workers: tuple[str, list[Worker]], pg: str
+) -> None:
+    """A soft time limit that fired while a failed attempt's release waited (a row lock)
+    escaped the failure path, which never raises: the caller saw SoftTimeLimitExceeded
+    instead of the body's own error (a review, suspected; confirmed here)."""
+    from django.db import transaction
+
+    from tests.tasks import fails_slowly
+
+    queue, _ = pg_workers
+    key = f"softfail-{uuid.uuid4().hex[:8]}"
+    # Given a body that fails after 1 s, under a soft time limit of 2 s
+    result = fails_slowly.apply_async((key,), queue=queue, soft_time_limit=2, time_limit=30)
+    wait_for(lambda: effects(pg, f"{key}:started") == 1, 20, "the body to start")
+    # When its release waits on the row's lock past the soft time limit
+    with transaction.atomic(using=pg):
+        locked = Outcome.objects.using(pg).select_for_update()
+        locked.get(fingerprint=fails_slowly.grousset_fingerprint((key,), {}))
+        time.sleep(3)
+    # Then the caller sees the body's own error, and the claim is left in flight (taken
+    # over once stale: the attempt's outcome was not written)
+    with pytest.raises(RuntimeError, match="the body's own error"):
+        result.get(timeout=20)
+    assert record_of(pg, fails_slowly, (key,)).status == "in_flight"
+
+
 def test_a_worker_whose_journal_database_cannot_be_reached_says_so_when_it_starts(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
