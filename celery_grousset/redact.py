@@ -176,6 +176,9 @@ class _Renderer:
         return f"{type(value).__qualname__}({inner})"
 
 
+_UNSET = object()
+
+
 def named_fields(
     value: object, *, shown_only: bool = False
 ) -> Iterable[tuple[str, object]] | None:
@@ -190,9 +193,6 @@ def named_fields(
                 if (f.repr or not shown_only)  # init=False, no default: left out)
                 and (item := getattr(value, f.name, _UNSET)) is not _UNSET)  # fmt: skip
     return None
-
-
-_UNSET = object()
 
 
 def safe_repr(

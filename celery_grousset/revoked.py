@@ -8,9 +8,9 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-import time
 from typing import Any
 
+from billiard.exceptions import Terminated
 from celery.signals import task_revoked
 
 from celery_grousset import events
@@ -18,8 +18,8 @@ from celery_grousset import events
 logger = logging.getLogger("celery_grousset")
 
 #: the deliveries revoked with terminate=True whose pool process has not yet been seen
-#: gone: task id -> when (a bounded map: a process that never exits leaves its entry)
-TERMINATING: dict[str, float] = {}
+#: gone, oldest first (bounded: a process that never exits leaves its entry)
+TERMINATING: dict[str, None] = {}
 #: entries kept at most (the oldest are forgotten first)
 TERMINATING_MAX = 10_000
 
@@ -48,7 +48,7 @@ def terminating(task_id: str) -> None:
     """Note a delivery revoked with terminate, before its process may exit."""
     if len(TERMINATING) >= TERMINATING_MAX:
         del TERMINATING[next(iter(TERMINATING))]
-    TERMINATING[task_id] = time.monotonic()
+    TERMINATING[task_id] = None
 
 
 def process_gone(task: Any, task_id: str) -> threading.Thread | None:
@@ -57,8 +57,9 @@ def process_gone(task: Any, task_id: str) -> threading.Thread | None:
     call runs without waiting for ``max_processing_time`` — in a thread: the worker's
     main process does not wait for the database. Each is released by the token seen,
     so a claim taken over since stays."""
-    if TERMINATING.pop(task_id, None) is None:
+    if task_id not in TERMINATING:
         return None  # not a revoke (a cancel on a lost broker connection: redelivered)
+    del TERMINATING[task_id]
     from celery_grousset import journal
 
     database = task.grousset_options().database
@@ -101,8 +102,6 @@ class ReleasedWhenGone:
         try:
             return super().on_failure(exc_info, *args, **kwargs)  # type: ignore[misc]
         finally:
-            from billiard.exceptions import Terminated
-
             exc = getattr(exc_info, "exception", None)
             if isinstance(getattr(exc, "exc", exc), Terminated):  # (ExceptionWithTraceback)
                 process_gone(self.task, str(self.id))
