@@ -59,16 +59,18 @@ def graceful(self: Any, key: str, sleep: float = 20.0) -> dict[str, Any]:
 
 
 @shared_task(base=GroussetTask, bind=True, max_processing_time=30)
-def stubborn(self: Any, key: str, seconds: float = 4.0) -> dict[str, Any]:
+def stubborn(self: Any, key: str, seconds: float = 3.0) -> dict[str, Any]:
     """A body that catches the SystemExit a revoke's SIGTERM raises in it and goes on
-    (a bare ``except:`` around its work), then makes its effect."""
+    (a bare ``except:`` around its work) for ``seconds`` more, then makes its effect.
+    It waits for the signal (at most 20 s), however late a loaded worker delivers it."""
     record(f"{key}:started")
-    deadline = time.monotonic() + seconds
+    deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
             time.sleep(0.05)
         except BaseException:  # the point: it swallows the revoke's exit
             record(f"{key}:signalled")
+            deadline = min(deadline, time.monotonic() + seconds)
     record(key, "stubborn")
     return {"key": key, "fence": self.grousset.fence}
 
