@@ -815,18 +815,32 @@ def test_a_soft_time_limit_during_the_claim_leaves_no_claim_behind(
     """A soft time limit that fired while the claim statement waited (a row lock) failed
     the delivery, and the statement committed after: a claim no attempt held, in flight
     until stale, then counted as a takeover (a review: the next delivery waited 60 s)."""
+    queue, _ = pg_workers
+    _soft_limit_during_the_claim(pg, queue)
+
+
+def test_a_soft_time_limit_during_the_claim_leaves_no_claim_behind_on_mariadb() -> None:
+    """The same on MariaDB, whose client cannot cancel the waiting statement: the limit's
+    exception is raised once the statement returns, and the delivery is sent again."""
+    services.require_database("mysql")
+    broker = services.require_redis()
+    queue = f"q-{uuid.uuid4().hex[:10]}"
+    with workers(queue, 1, database="mysql", broker=broker, concurrency=2):
+        _soft_limit_during_the_claim("mysql", queue)
+
+
+def _soft_limit_during_the_claim(alias: str, queue: str) -> None:
     from django.db import transaction
 
     from tests.tasks import fails_first
 
-    queue, _ = pg_workers
     key = f"softclaim-{uuid.uuid4().hex[:8]}"
     # Given a key whose first attempt failed (its row stays, its claim released)
     with pytest.raises(RuntimeError):
         fails_first.apply_async((key,), queue=queue).get(timeout=20)
     # When a delivery's claim waits on the row's lock past its soft time limit (1 s)
-    with transaction.atomic(using=pg):
-        locked = Outcome.objects.using(pg).select_for_update()
+    with transaction.atomic(using=alias):
+        locked = Outcome.objects.using(alias).select_for_update()
         locked.get(fingerprint=fails_first.grousset_fingerprint((key,), {}))
         result = fails_first.apply_async((key,), queue=queue, soft_time_limit=1, time_limit=30)
         time.sleep(3)  # (then the lock is let go: the waiting statement goes through)
@@ -834,9 +848,9 @@ def test_a_soft_time_limit_during_the_claim_leaves_no_claim_behind(
     # no takeover, well within max_processing_time (30 s)
     t0 = time.monotonic()
     value = result.get(timeout=25)
-    rec = record_of(pg, fails_first, (key,))
+    rec = record_of(alias, fails_first, (key,))
     assert (rec.status, rec.takeovers) == ("completed", 0), (rec.status, rec.error)
-    assert value["fence"] == rec.fence and effects(pg, key) == 1
+    assert value["fence"] == rec.fence and effects(alias, key) == 1
     assert time.monotonic() - t0 < 20
 
 

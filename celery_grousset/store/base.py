@@ -198,10 +198,19 @@ class Store(abc.ABC):
         """Close the private connection (only from the process that opened it)."""
 
     def discard(self, forked: bool = False) -> None:
-        """Forget the connection without I/O (``forked``: kept, never freed; _ORPHANS)."""
-        if forked and self._conn is not None:
-            _ORPHANS.append(self._conn)
-        self._conn = None
+        """Drop the connection, never to use it again. ``forked`` (the parent's): no I/O,
+        kept, never freed (_ORPHANS). Else closed, its errors ignored: a connection left
+        open mid-transaction (a claim interrupted by a soft time limit, whose rollback
+        failed) held its row locks as long as a traceback referenced it, and every claim
+        of the key waited on them."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if forked:
+            _ORPHANS.append(conn)
+            return
+        with contextlib.suppress(Exception):
+            conn.close()
 
     _conn: Any = None
     _lock: Any = contextlib.nullcontext()  # one operation at a time (store.get_store's)
