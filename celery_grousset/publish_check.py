@@ -106,7 +106,8 @@ def _in_a_task() -> bool:
 
 
 def refuse_misspelt_key(
-    task_name: str, options: dict[str, Any], guarded: bool = True, anywhere: bool = False
+    task_name: str, options: dict[str, Any], guarded: bool = True, anywhere: bool = False,
+    method: str = "apply_async",
 ) -> None:
     """A call's identity under a name nothing reads (``idempotency_keys=…``, a
     ``grousset-key`` header) would publish a call keyed by all its arguments, which runs
@@ -116,7 +117,8 @@ def refuse_misspelt_key(
     ``anywhere``: ``outbox.enqueue``, ``delay_on_commit``, a call the worker never makes
     itself, refused to its caller wherever it runs). A delivery
     sent again (Celery's ``retry()``, the guard's requeue: they pass ``retries``) keeps
-    the headers it came with, whoever wrote them: never refused."""
+    the headers it came with, whoever wrote them: never refused. ``method``: the call
+    the error names (``apply`` for an eager one)."""
     if "retries" in options:
         return
     # refused to a caller (outside a task, or ``anywhere``), never to the outbox relay (a
@@ -130,14 +132,14 @@ def refuse_misspelt_key(
             continue
         if name == KEY_HEADER and caller:  # the task option's name, not a call's
             raise TypeError(
-                f"{task_name}.apply_async() got the option {KEY_HEADER!r}, which nothing "
+                f"{task_name}.{method}() got the option {KEY_HEADER!r}, which nothing "
                 f"reads per call: {KEY_HEADER} is a task option (the argument names that "
                 "key every call, given to the task decorator). A call's own key is "
                 "idempotency_key=… (a non-empty str that names the call)."
             )
         if "idempot" in name.lower() or (caller and misspelt_key(name)):
             raise TypeError(
-                f"{task_name}.apply_async() got the option {name!r}, which nothing reads: "
+                f"{task_name}.{method}() got the option {name!r}, which nothing reads: "
                 "did you mean idempotency_key? (a non-empty str that names the call)"
             )
     if guarded and "once" in options and caller:

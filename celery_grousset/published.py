@@ -28,9 +28,11 @@ SIGNATURE_OPTIONS = ("link", "link_error", "chain", "chord")
 _REFUSED = ("producer", "connection", "publisher", "router")
 
 
-def carry_key(name: str, options: dict[str, Any], anywhere: bool = False) -> str | None:
+def carry_key(
+    name: str, options: dict[str, Any], anywhere: bool = False, method: str = "apply_async"
+) -> str | None:
     """Move ``idempotency_key`` from ``options`` into the headers the request carries."""
-    refuse_misspelt_key(name, options, anywhere=anywhere)
+    refuse_misspelt_key(name, options, anywhere=anywhere, method=method)
     key = _checked_key(name, options.pop("idempotency_key", None))
     headers = dict(options.get("headers") or {})
     if key is not None:
@@ -51,7 +53,7 @@ def eager(task: Any, options: dict[str, Any]) -> None:
         where = (f"task {task.name!r} run eagerly (apply(); delay() and apply_async() too "
                  "under task_always_eager)")  # fmt: skip
         binding.off_the_loop(where, "`await sync_to_async(task.apply)(args)`")
-    carry_key(task.name, options)
+    carry_key(task.name, options, method="apply")
 
 
 def bypassed(app: Any) -> bool:

@@ -175,8 +175,10 @@ def test_a_misspelt_key_is_refused_before_the_call(
     # Given a call's key under a name nothing reads: it would be keyed by all arguments
     call = {"kwargs": {"order_id": 42, "amount": 10}, **options}
     # When it is applied, published or enqueued / Then it is refused, naming the option
-    with pytest.raises((TypeError, ValueError), match="idempotency_key"):
+    with pytest.raises((TypeError, ValueError), match="idempotency_key") as applied:
         pay.apply(**call)
+    if applied.type is TypeError:  # an option: the error names the call that was made
+        assert f"{pay.name}.apply() got the option" in str(applied.value)
     with pytest.raises((TypeError, ValueError), match="idempotency_key"):
         pay.apply_async(**call)
     with (
