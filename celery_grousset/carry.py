@@ -219,7 +219,8 @@ def claim_unavailable(
 
 
 def claim_interrupted(
-    caller: Any, store: Store, req: ClaimRequest, unsettled: ClaimRequest, exc: BaseException
+    caller: Any, store: Store, req: ClaimRequest, unsettled: ClaimRequest | None,
+    exc: BaseException,
 ) -> NoReturn:
     """The claim interrupted by the task's soft time limit before the database answered:
     its statement may commit yet, so it is handled as a lost answer
@@ -231,7 +232,7 @@ def claim_interrupted(
     if getattr(caller, "local", False):
         raise exc
     events.store_error(req, "claim", lost := refusals.interrupted(store.alias, exc))
-    claim_unavailable(caller, unsettled if store.remote else None, lost)
+    claim_unavailable(caller, unsettled, lost)
 
 
 def deliver(

@@ -119,21 +119,22 @@ def guarded(caller: Caller, call: Call) -> Any:
         (test_database_check or testcase_check.refuse_leaks)(opts.database)
     fp, args_repr, payload = identity(call, opts.validate_payload)
     store = get_store(opts.database)
-    req = request(
-        opts, fp, call.name, call.task_id, args_repr, payload_hash=payload, bounce=call.bounce
-    )
+    req = request(opts, fp, call.name, call.task_id, args_repr, payload_hash=payload,
+                  bounce=call.bounce)  # fmt: skip
     not_running(store, req)  # a call of the key inside its own body: refused
     held = carry.pending(caller, req)  # what a requeued delivery carries (celery_grousset.carry)
     if held is not None and held[1] is not None:  # an outcome whose completion failed
         return carry.deliver(store, held[0], held[1], accept_of(caller, call),
                              carry.hook(caller, held[0], carry.stale_by(caller)))  # fmt: skip
     unsettled = req if held is None else held[0]  # the claim a requeue must settle
+    carried = None  # (a claim the worker's main process made: committed, whatever the store)
     try:
         check_claimable(req)  # a poison delivery never reaches the database
         if held is not None:  # a claim whose answer was lost: find out, never guess
             carry.settle_lost_claim(store, held[0])
-            unsettled = req
-        req, adopted = preclaim.adopt(caller, store, req)  # claimed by the worker's main process
+        req, carried = preclaim.own(caller, req)  # claimed by the worker's main process
+        unsettled = req  # (its renewal interrupted: the requeue settles the carried claim)
+        adopted = preclaim.adopt(caller, store, req, carried)
         [res] = [adopted] if adopted is not None else claim(store, [req])
         if res.kind is Kind.IN_FLIGHT:
             check_payload(req, res)  # held for other arguments: refused, never waited for
@@ -145,9 +146,9 @@ def guarded(caller: Caller, call: Call) -> Any:
             if res.kind is Kind.IN_FLIGHT:  # not waited for, or not settled in time
                 caller.defer(req, res)
     except StoreUnavailable as exc:
-        carry.claim_unavailable(caller, unsettled if store.remote else None, exc)
+        carry.claim_unavailable(caller, lost(store, unsettled, carried), exc)
     except SoftTimeLimitExceeded as exc:  # a statement interrupted: it may commit yet
-        carry.claim_interrupted(caller, store, req, unsettled, exc)
+        carry.claim_interrupted(caller, store, req, lost(store, unsettled, carried), exc)
     except PoisonDelivery as exc:
         poisoned(caller, req, exc)
     if not res.owned:
@@ -170,6 +171,12 @@ def guarded(caller: Caller, call: Call) -> Any:
         carry.claim_unavailable(caller, req, exc)
     finally:
         memo.SECRETS.reset(scope)
+
+
+def lost(store: Store, unsettled: ClaimRequest, carried: object) -> ClaimRequest | None:
+    """The claim a requeue must settle: one whose answer may be lost (a remote journal),
+    or the claim the worker's main process made for this delivery (None: none)."""
+    return unsettled if store.remote or carried is not None else None
 
 
 def identify(call: Call) -> tuple[str, str]:

@@ -137,15 +137,15 @@ def _fresh(age: float, req: ClaimRequest) -> bool:
     return 0 <= age <= renew_after(req)
 
 
-def adopt(caller: Any, store: Store, req: ClaimRequest) -> tuple[ClaimRequest, ClaimResult | None]:
-    """The claim this delivery carries, as ``(request, result)`` (or the settled decision
-    it carries, :func:`decided`) — or ``(req, None)``: no usable claim, or its renewal
-    failed (the caller claims, with the token of the request returned, and the decision
-    table decides)."""
+def own(caller: Any, req: ClaimRequest) -> tuple[ClaimRequest, Sequence[Any] | None]:
+    """``req`` with the token of the claim the worker's main process made for this
+    delivery, and that claim as carried — or ``(req, None)``: none, or not this call's
+    key. A requeue before the claim is adopted (its renewal interrupted or unanswered)
+    must settle the claim of that token, not of one that never claimed."""
     value = carried(getattr(caller, "request", None))
     if value is None:
-        return req, decided(caller, req)
-    token, fence, kind, deliveries, takeovers, processor_id, fingerprint, at = value
+        return req, None
+    token, processor_id, fingerprint = value[0], value[5], value[6]
     if (processor_id, fingerprint) != (req.processor_id, req.fingerprint):
         # Not this call's key (options resolved differently in the two processes): the
         # main process's claim turns stale on its own; this call claims for itself.
@@ -154,14 +154,26 @@ def adopt(caller: Any, store: Store, req: ClaimRequest) -> tuple[ClaimRequest, C
             "task_id": req.task_id,
         })  # fmt: skip
         return req, None
-    own = dataclasses.replace(req, token=str(token))
+    return dataclasses.replace(req, token=str(token)), value
+
+
+def adopt(
+    caller: Any, store: Store, req: ClaimRequest, value: Sequence[Any] | None
+) -> ClaimResult | None:
+    """The result of the claim this delivery carries (``value``, ``req`` holding its
+    token: :func:`own`), or the settled decision it carries (:func:`decided`) — or None:
+    no usable claim, or its renewal found it gone (the caller claims with ``req``'s
+    token, and the decision table decides)."""
+    if value is None:
+        return decided(caller, req)
+    _token, fence, kind, deliveries, takeovers, _p, _f, at = value
     age = time.monotonic() - float(at)
     left = req.max_processing_time - age  # until it turns stale
     if not _fresh(age, req):
-        if not renew(store, own):
-            return own, None  # taken over or settled meanwhile: the claim with `own` decides
+        if not renew(store, req):
+            return None  # taken over or settled meanwhile: the claim with its token decides
         left = req.max_processing_time
-    return own, _result(own, Kind(kind), int(fence), int(deliveries), int(takeovers), left)
+    return _result(req, Kind(kind), int(fence), int(deliveries), int(takeovers), left)
 
 
 def renew(store: Store, req: ClaimRequest) -> bool:

@@ -216,7 +216,8 @@ def test_an_adopted_claim_knows_when_it_turns_stale(
     req = guard.request(opts, fp, call.name, call.task_id, args_repr, payload_hash=payload)
     # When the child adopts it / Then its result says how long until it turns stale (what a
     # requeue carrying its outcome must beat), not 0
-    _, res = preclaim.adopt(Caller(opts, carried), get_store(journal), req)
+    caller = Caller(opts, carried)
+    res = preclaim.adopt(caller, get_store(journal), *preclaim.own(caller, req))
     assert res is not None and left[0] <= res.retry_in <= left[1]
 
 
@@ -339,3 +340,47 @@ def test_a_late_decision_is_not_acted_on_the_child_claims_itself(
     assert guard.guarded(caller, call) == "ran"
     assert len(caller.ran) == 1
     assert row(journal, opts, call).status == "completed"
+
+
+@pytest.mark.parametrize("interrupt", ["unavailable", "soft_time_limit"])
+def test_a_renewal_that_fails_requeues_carrying_the_main_process_token(
+    setup: tuple[str, Options, guard.Call], monkeypatch: pytest.MonkeyPatch, interrupt: str
+) -> None:
+    """A late start's renewal interrupted by the soft time limit (or unanswered) sent
+    the delivery again carrying the token of a request that never claimed: the next
+    delivery could not settle the main process's claim, bounced until it turned stale,
+    and counted a takeover (a review, on MariaDB: 17 s, takeovers=1)."""
+    from billiard.exceptions import SoftTimeLimitExceeded
+
+    from celery_grousset.exceptions import StoreUnavailable
+
+    journal, opts, call = setup
+    # Given a claim made 10 s before the child starts (past the renewal bound)
+    carried = main_process_claim(journal, opts, call, age=10.0)
+    store = get_store(journal)
+    error = StoreUnavailable("gone") if interrupt == "unavailable" else SoftTimeLimitExceeded()
+
+    def renew(req: ClaimRequest) -> bool:
+        raise error
+
+    monkeypatch.setattr(store, "renew", renew)
+    requeued: list[dict[str, Any]] = []
+
+    class Requeuing(Caller):
+        def carry(self, value: dict[str, Any], exc: BaseException) -> NoReturn:
+            requeued.append(value)
+            raise Deferred("requeued")
+
+    # When the renewal fails
+    with pytest.raises(Deferred):
+        guard.guarded(Requeuing(opts, carried), call)
+    monkeypatch.undo()
+    # Then the delivery is sent again carrying the main process's token, and the next
+    # delivery settles that claim at once: it runs, with no takeover
+    [value] = requeued
+    assert value["token"] == carried[0]
+    nxt = Caller(opts, None)
+    nxt.carried = value  # type: ignore[attr-defined]  # (a task reads it from its headers)
+    assert guard.guarded(nxt, call) == "ran"
+    after = row(journal, opts, call)
+    assert (after.status, after.takeovers) == ("completed", 0)

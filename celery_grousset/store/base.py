@@ -69,35 +69,6 @@ def data_error(alias: str, exc: BaseException) -> PoisonDelivery:
     return PoisonDelivery(f"journal database {alias!r} refused the data of this call: {exc}")
 
 
-def missing_table(alias: str, exc: BaseException) -> StoreUnavailable:
-    """A table of the journal is not in ``alias``'s database: the fix is ``migrate``, after
-    adding the app to ``INSTALLED_APPS`` when it is not there (without it, ``migrate``
-    knows no ``celery_grousset`` and ``manage.py check`` runs none of its checks)."""
-    from celery_grousset.store.refusals import missing_table_fix
-
-    return StoreUnavailable(
-        f"the journal's tables are missing in database {alias!r} ({first_line(exc)}): "
-        + missing_table_fix(alias)
-    )
-
-
-def schema_behind(alias: str, exc: BaseException) -> StoreUnavailable:
-    """The journal's table lacks a column this version writes: the package was upgraded
-    and ``migrate`` has not run on ``alias`` since."""
-    from celery_grousset.store.refusals import missing_table_fix
-
-    return StoreUnavailable(
-        f"the journal's table in database {alias!r} is older than this celery-grousset "
-        f"(its migrations are not all applied: {first_line(exc)}): " + missing_table_fix(alias)
-    )
-
-
-def first_line(exc: BaseException) -> str:
-    """A driver's error without the statement context PostgreSQL adds (``LINE 1: …`` and
-    its caret), which would push the fix after it out of a log line's error field."""
-    return next(iter(str(exc).splitlines()), "")
-
-
 def distinct_keys(
     reqs: Sequence[ClaimRequest],
     claim_batch: Callable[[Sequence[ClaimRequest]], list[ClaimResult]],
@@ -198,19 +169,15 @@ class Store(abc.ABC):
         """Close the private connection (only from the process that opened it)."""
 
     def discard(self, forked: bool = False) -> None:
-        """Drop the connection, never to use it again. ``forked`` (the parent's): no I/O,
-        kept, never freed (_ORPHANS). Else closed, its errors ignored: a connection left
-        open mid-transaction (a claim interrupted by a soft time limit, whose rollback
-        failed) held its row locks as long as a traceback referenced it, and every claim
-        of the key waited on them."""
+        """Drop the connection. ``forked`` (the parent's): no I/O, kept, never freed
+        (_ORPHANS). Else closed, errors ignored: left open mid-transaction (a claim cut by
+        a soft time limit), it held its row locks while a traceback referenced it."""
         conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        if forked:
+        if forked and conn is not None:
             _ORPHANS.append(conn)
-            return
-        with contextlib.suppress(Exception):
-            conn.close()
+        elif conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
 
     _conn: Any = None
     _lock: Any = contextlib.nullcontext()  # one operation at a time (store.get_store's)

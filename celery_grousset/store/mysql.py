@@ -24,8 +24,6 @@ from celery_grousset.store.base import (
     ClaimResult,
     Completion,
     data_error,
-    missing_table,
-    schema_behind,
 )
 from celery_grousset.store.locking import COLS, TABLE, LockingStore
 
@@ -164,9 +162,9 @@ class MySQLStore(LockingStore):
                 if code in _TIMEOUT:
                     raise refusals.timed_out(self.alias, self.timeout, exc) from exc
                 if refusals.table_missing(exc):
-                    raise missing_table(self.alias, exc) from exc
+                    raise refusals.missing_table(self.alias, exc) from exc
                 if code == 1054:  # unknown column
-                    raise schema_behind(self.alias, exc) from exc
+                    raise refusals.schema_behind(self.alias, exc) from exc
                 if code in _REFUSALS:
                     raise refusals.refused(self.alias, exc, _REFUSALS[code]) from exc
                 self.discard()

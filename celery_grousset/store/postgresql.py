@@ -37,8 +37,6 @@ from celery_grousset.store.base import (
     Store,
     data_error,
     distinct_keys,
-    missing_table,
-    schema_behind,
 )
 from celery_grousset.store.pgclaim import BATCH_SQL, CLAIM_SQL, GAVE_UP_ERROR, KEY, NOW, PER_ROW
 from celery_grousset.store.pgdriver import POOLER_FIX, driver, sqlstate, statement_timeout_ms
@@ -200,9 +198,9 @@ class PostgresStore(PostgresOperations, Store):
             if fresh:
                 raise StoreUnavailable(f"journal database {self.alias!r}: {exc}") from exc
         except db.UndefinedTable as exc:
-            raise missing_table(self.alias, exc) from exc
+            raise refusals.missing_table(self.alias, exc) from exc
         except db.UndefinedColumn as exc:
-            raise schema_behind(self.alias, exc) from exc
+            raise refusals.schema_behind(self.alias, exc) from exc
         except db.Error as exc:
             if db.broken(conn):
                 self.discard()

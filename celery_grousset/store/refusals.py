@@ -211,3 +211,28 @@ def _router_allows(alias: str) -> bool:
         return bool(router.allow_migrate_model(alias, apps.get_model("celery_grousset", "Outcome")))
     except Exception:  # a router that fails here: migrate would say so
         return True
+
+
+def missing_table(alias: str, exc: BaseException) -> StoreUnavailable:
+    """A table of the journal is not in ``alias``'s database: the fix is ``migrate``, after
+    adding the app to ``INSTALLED_APPS`` when it is not there (without it, ``migrate``
+    knows no ``celery_grousset`` and ``manage.py check`` runs none of its checks)."""
+    return StoreUnavailable(
+        f"the journal's tables are missing in database {alias!r} ({first_line(exc)}): "
+        + missing_table_fix(alias)
+    )
+
+
+def schema_behind(alias: str, exc: BaseException) -> StoreUnavailable:
+    """The journal's table lacks a column this version writes: the package was upgraded
+    and ``migrate`` has not run on ``alias`` since."""
+    return StoreUnavailable(
+        f"the journal's table in database {alias!r} is older than this celery-grousset "
+        f"(its migrations are not all applied: {first_line(exc)}): " + missing_table_fix(alias)
+    )
+
+
+def first_line(exc: BaseException) -> str:
+    """A driver's error without the statement context PostgreSQL adds (``LINE 1: …`` and
+    its caret), which would push the fix after it out of a log line's error field."""
+    return next(iter(str(exc).splitlines()), "")

@@ -22,8 +22,6 @@ from celery_grousset.store.base import (
     ClaimResult,
     check_claimable,
     data_error,
-    missing_table,
-    schema_behind,
 )
 from celery_grousset.store.locking import COLS, TABLE, LockingStore
 
@@ -108,9 +106,9 @@ class SQLiteStore(LockingStore):
                     f"(STORE_TIMEOUT): {self._lock_holder()}"
                 ) from exc
             if refusals.table_missing(exc):
-                raise missing_table(self.alias, exc) from exc
+                raise refusals.missing_table(self.alias, exc) from exc
             if "no such column" in text or "has no column named" in text:
-                raise schema_behind(self.alias, exc) from exc
+                raise refusals.schema_behind(self.alias, exc) from exc
             self.discard()
             raise StoreUnavailable(f"SQLite journal {self.alias!r}: {exc}") from exc
         except sqlite3.Error as exc:
