@@ -28,11 +28,9 @@ from celery_grousset.store import ClaimResult, Completion, Store, refusals
 #: pauses between attempts of a completion write that found the store unavailable
 COMPLETION_RETRY_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
 
-
 #: the keys whose owned body runs in this context: (journal alias, processor, fingerprint)
-RUNNING: ContextVar[frozenset[tuple[str, str, str]]] = ContextVar(
-    "grousset_running", default=frozenset()
-)
+RUNNING: ContextVar[frozenset[tuple[str, str, str]]] = ContextVar("grousset_running",
+                                                                 default=frozenset())
 
 
 def not_running(store: Store, req: ClaimRequest) -> None:
@@ -63,13 +61,8 @@ def _holding(key: tuple[str, str, str], fn: Callable[[], Any]) -> Callable[[], A
 
 
 def run_owned(
-    store: Store,
-    opts: Options,
-    req: ClaimRequest,
-    res: ClaimResult,
-    fn: Callable[[], Any],
-    serializer: str,
-    unwritten: Callable[[Completion, StoreUnavailable], NoReturn] | None = None,
+    store: Store, opts: Options, req: ClaimRequest, res: ClaimResult, fn: Callable[[], Any],
+    serializer: str, unwritten: Callable[[Completion, StoreUnavailable], NoReturn] | None = None,
 ) -> Any:
     """Run the effect of an owned claim and write its fenced outcome. When the outcome
     cannot be written (the store stayed unavailable through every retry), it is handed
@@ -325,19 +318,22 @@ def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException, fen
             completion = Completion(Status.FAILED.value, None, ENC_NONE, memo.error_summary(exc))
     except Exception:  # an exception that cannot describe itself: release the claim
         completion = Completion(Status.FAILED.value, None, ENC_NONE, memo.error_summary(None))
-    try:
-        t0 = time.perf_counter()
-        done = store.finish(req.processor_id, req.fingerprint, req.token, completion)
-        outcome = (memo.celery_exit(exc) or "failed") if done else "fenced_out"
-        events.finished(req, outcome, time.perf_counter() - t0)
-        if not done:
-            events.fenced(req, fence)
-        return done
-    except (StoreUnavailable, PoisonDelivery, SoftTimeLimitExceeded) as store_exc:
-        # The claim stays in flight; it turns stale at its stale_at. (A soft time limit
-        # while the write waited: the task's own exception is the one raised.)
-        events.store_error(req, "fail", store_exc)
-        return False
+    for again in (False, True):
+        try:
+            t0 = time.perf_counter()
+            done = store.finish(req.processor_id, req.fingerprint, req.token, completion)
+            outcome = (memo.celery_exit(exc) or "failed") if done else "fenced_out"
+            events.finished(req, outcome, time.perf_counter() - t0)
+            if not done:
+                events.fenced(req, fence)
+            return done
+        except SoftTimeLimitExceeded as interrupted:  # while the write waited: it may commit
+            store.discard()  # (mid-statement: never used again) sent once more, on a fresh
+            events.store_error(req, "fail", interrupted, retried=not again)  # connection
+        except (StoreUnavailable, PoisonDelivery) as store_exc:  # in flight until stale
+            events.store_error(req, "fail", store_exc)  # (the task's own error is raised)
+            return False
+    return False
 
 
 def finish_retrying(

@@ -859,26 +859,48 @@ def test_a_soft_time_limit_during_the_failure_write_raises_the_bodys_own_error(
 ) -> None:
     """A soft time limit that fired while a failed attempt's release waited (a row lock)
     escaped the failure path, which never raises: the caller saw SoftTimeLimitExceeded
-    instead of the body's own error (a review, suspected; confirmed here)."""
+    instead of the body's own error (a review, suspected; confirmed here). And the
+    release was not sent again: the claim stayed in flight until stale, and the next
+    delivery counted a takeover (a review, on all three journals)."""
+    queue, _ = pg_workers
+    _soft_limit_during_the_failure_write(pg, queue)
+
+
+def test_a_soft_time_limit_during_the_failure_write_on_mariadb() -> None:
+    services.require_database("mysql")
+    broker = services.require_redis()
+    queue = f"q-{uuid.uuid4().hex[:10]}"
+    with workers(queue, 1, database="mysql", broker=broker, concurrency=2):
+        _soft_limit_during_the_failure_write("mysql", queue)
+
+
+def _soft_limit_during_the_failure_write(alias: str, queue: str) -> None:
     from django.db import transaction
 
     from tests.tasks import fails_slowly
 
-    queue, _ = pg_workers
     key = f"softfail-{uuid.uuid4().hex[:8]}"
     # Given a body that fails after 1 s, under a soft time limit of 2 s
     result = fails_slowly.apply_async((key,), queue=queue, soft_time_limit=2, time_limit=30)
-    wait_for(lambda: effects(pg, f"{key}:started") == 1, 20, "the body to start")
+    wait_for(lambda: effects(alias, f"{key}:started") == 1, 20, "the body to start")
     # When its release waits on the row's lock past the soft time limit
-    with transaction.atomic(using=pg):
-        locked = Outcome.objects.using(pg).select_for_update()
+    with transaction.atomic(using=alias):
+        locked = Outcome.objects.using(alias).select_for_update()
         locked.get(fingerprint=fails_slowly.grousset_fingerprint((key,), {}))
         time.sleep(3)
-    # Then the caller sees the body's own error, and the claim is left in flight (taken
-    # over once stale: the attempt's outcome was not written)
+    # Then the caller sees the body's own error
     with pytest.raises(RuntimeError, match="the body's own error"):
         result.get(timeout=20)
-    assert record_of(pg, fails_slowly, (key,)).status == "in_flight"
+    # And the release, sent again once the limit had cut it, freed the claim: the next
+    # delivery runs at once (max_processing_time is 30 s), with no takeover
+    rec = record_of(alias, fails_slowly, (key,))
+    assert (rec.status, rec.takeovers) == ("failed", 0), (rec.status, rec.error)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="the body's own error"):
+        fails_slowly.apply_async((key,), queue=queue).get(timeout=20)
+    assert time.monotonic() - t0 < 15
+    assert record_of(alias, fails_slowly, (key,)).takeovers == 0
+    assert effects(alias, f"{key}:started") == 2
 
 
 def test_a_worker_whose_journal_database_cannot_be_reached_says_so_when_it_starts(
