@@ -95,3 +95,35 @@ def test_a_claim_behind_a_table_lock_fails_closed_within_the_store_timeout() -> 
         holder.cursor().execute("UNLOCK TABLES")
         holder.close()
         store.close()
+
+
+def test_a_store_session_stalled_mid_transaction_frees_its_row_lock_on_mariadb() -> None:
+    """A worker that froze between a claim's statements and its commit (a paused VM, a
+    GC pause, a partition) left its session idle in the transaction, holding the row's
+    lock until the server's wait_timeout (8 h): no delivery could take the key over at
+    stale_at (a review). MariaDB now ends such a session after STORE_TIMEOUT."""
+    import time
+
+    services.require_database("mysql")
+    settings = connections.settings["mysql"]
+    stalled = store_class(settings["ENGINE"])("mysql", settings, 1.0)
+    other = store_class(settings["ENGINE"])("mysql", settings, 5.0)
+    req = claim_request()
+    try:
+        stalled.claim(req)  # the row exists; the store's connection is open
+        cur = stalled._conn.cursor()
+        cur.execute("SELECT VERSION()")
+        if "mariadb" not in str(cur.fetchone()[0]).lower():
+            pytest.skip("MySQL has no idle_transaction_timeout")
+        # Given the store's session stopped mid-transaction, holding the row's lock
+        cur.execute("SELECT fence FROM celery_grousset_outcome WHERE processor_id = %s AND "
+                    "fingerprint = %s FOR UPDATE", (req.processor_id, req.fingerprint))  # fmt: skip
+        cur.fetchall()
+        started = time.monotonic()
+        # When another worker's store settles the key / Then it gets the row within
+        # about the stalled store's timeout, not the server's wait_timeout
+        assert other.release(req.processor_id, req.fingerprint, req.token)
+        assert time.monotonic() - started < 4.0
+    finally:
+        stalled.discard()
+        other.close()

@@ -33,6 +33,7 @@ _RETRY = {1213, 1062, 1020}  # deadlock, duplicate key (lost insert race), recor
 _GONE = {2006, 2013, 2055, 4031}  # server gone / lost connection / idle disconnect
 _TIMEOUT = {1205, 1969, 3024}  # lock wait timeout, statement time limit (MariaDB, MySQL)
 _TOO_BIG = 1153  # a statement over max_allowed_packet (the server drops the connection)
+_UNKNOWN_VARIABLE = 1193  # a system variable this server does not have
 #: table access denied; --read-only, a read-only transaction, read-only mode
 _REFUSALS = {1142: refusals.DENIED, 1290: refusals.READ_ONLY, 1792: refusals.READ_ONLY,
              1836: refusals.READ_ONLY}  # fmt: skip
@@ -96,6 +97,11 @@ class MySQLStore(LockingStore):
             # ALTER queued): a claim behind either gives up within the store timeout
             cur.execute(f"SET SESSION innodb_lock_wait_timeout = {secs}, lock_wait_timeout = "
                         f"{secs}, time_zone = '+00:00'")  # fmt: skip
+            try:  # MariaDB ends a session stalled mid-transaction (a frozen worker) after T,
+                cur.execute(f"SET SESSION idle_transaction_timeout = {secs}")  # not at
+            except MySQLdb.Error as exc:  # wait_timeout (8 h): its row locks are freed
+                if exc.args[:1] != (_UNKNOWN_VARIABLE,):  # (MySQL has no such variable)
+                    raise
             cur.execute(CONNECTION_SQL)  # once per connection
             packet, connection_charset, column_charset = cur.fetchone()
             self.max_packet = int(packet)

@@ -68,7 +68,7 @@ def timed_out(alias: str, timeout: float, exc: BaseException) -> StoreUnavailabl
         )
     return StoreUnavailable(
         f"the journal database {alias!r} did not answer within {timeout:g} s "
-        f"(STORE_TIMEOUT): {exc}{own}"
+        f"(STORE_TIMEOUT: a slow server, or a lock another session holds): {exc}{own}"
     )
 
 
