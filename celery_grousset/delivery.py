@@ -102,11 +102,20 @@ def retry_of(request: Any) -> tuple[str, str] | None:
     return (str(retried), str(own)) if ok else None
 
 
+#: headers the broker wrote on the message delivered, never carried by a copy sent again:
+#: RabbitMQ's dead-letter history (as Celery's own retry drops it) — with it, a copy
+#: delayed through a delay queue it had passed before was a dead-letter cycle, stuck in
+#: the broker — and a quorum queue's delivery count of the message it was
+_BROKER_HEADERS = ("x-death", "x-first-death-", "x-last-death-", "x-delivery-count")
+
+
 def carried_headers(request: Any, extra: dict[str, Any]) -> dict[str, Any]:
-    """The headers a delivery sent again carries: its own, the package's, then ``extra``."""
+    """The headers a delivery sent again carries: its own (not the broker's), the
+    package's, then ``extra``."""
     from celery_grousset.periodic import SLOT_HEADER
 
-    headers = dict(getattr(request, "headers", None) or {})
+    headers = {name: value for name, value in (getattr(request, "headers", None) or {}).items()
+               if not (isinstance(name, str) and name.lower().startswith(_BROKER_HEADERS))}
     for name in (KEY_HEADER, SLOT_HEADER, COUNTED_HEADER, RETRY_OF_HEADER):
         if (value := header(request, name)) is not None:
             headers[name] = value

@@ -237,6 +237,35 @@ def test_in_flight_duplicates_on_a_rabbitmq_quorum_queue(pg: str, queue: str) ->
     assert record_of(pg, effect, (key,), {"sleep": 3.0}).duplicates == 2
 
 
+def test_a_duplicate_requeued_through_the_delay_queues_comes_back_on_rabbitmq(
+    pg: str, queue: str
+) -> None:
+    """A copy sent again kept the dead-letter history (``x-death``) RabbitMQ wrote on the
+    delivery, which Celery's own retry drops: delayed through a delay queue it had passed
+    before, the copy was a dead-letter cycle, stuck in the broker (a review: the
+    duplicate never answered)."""
+    amqp = services.require_rabbitmq()
+    from tests.celeryapp import app, quorum_queue
+    from tests.tasks import effect
+
+    target = quorum_queue(queue)
+    with workers(queue, 1, database=pg, broker=amqp, concurrency=2,
+                 env={"GROUSSET_TEST_QUORUM": "1"}):  # fmt: skip
+        with app.connection_for_write(amqp) as conn:
+            key = f"xdeath-{uuid.uuid4().hex[:8]}"
+            # Given a call in flight for 14 s, and a duplicate requeued meanwhile with
+            # growing delays (1, 1, 1, 2, 4, 8 s: through the delay queues, twice)
+            first = effect.apply_async((key,), {"sleep": 14.0}, queue=target, connection=conn)
+            fp = effect.grousset_fingerprint((key,), {"sleep": 14.0})
+            claimed = Outcome.objects.using(pg).filter(fingerprint=fp, status="in_flight")
+            wait_for(claimed.exists, 20, "the call to be claimed")
+            dup = effect.apply_async((key,), {"sleep": 14.0}, queue=target, connection=conn)
+            # When the call completes / Then the duplicate comes back and gets its memo
+            values = [first.get(timeout=60), dup.get(timeout=60)]
+    assert effects(pg, key) == 1 and values[0] == values[1]
+    assert record_of(pg, effect, (key,), {"sleep": 14.0}).duplicates == 1
+
+
 def test_a_requeue_the_broker_refuses_waits_before_its_delivery_goes_back(
     pg: str, queue: str, redis_url: str
 ) -> None:
