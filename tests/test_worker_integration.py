@@ -249,19 +249,21 @@ def test_a_duplicate_requeued_through_the_delay_queues_comes_back_on_rabbitmq(
     from tests.tasks import effect
 
     target = quorum_queue(queue)
-    with workers(queue, 1, database=pg, broker=amqp, concurrency=2,
-                 env={"GROUSSET_TEST_QUORUM": "1"}):  # fmt: skip
-        with app.connection_for_write(amqp) as conn:
-            key = f"xdeath-{uuid.uuid4().hex[:8]}"
-            # Given a call in flight for 14 s, and a duplicate requeued meanwhile with
-            # growing delays (1, 1, 1, 2, 4, 8 s: through the delay queues, twice)
-            first = effect.apply_async((key,), {"sleep": 14.0}, queue=target, connection=conn)
-            fp = effect.grousset_fingerprint((key,), {"sleep": 14.0})
-            claimed = Outcome.objects.using(pg).filter(fingerprint=fp, status="in_flight")
-            wait_for(claimed.exists, 20, "the call to be claimed")
-            dup = effect.apply_async((key,), {"sleep": 14.0}, queue=target, connection=conn)
-            # When the call completes / Then the duplicate comes back and gets its memo
-            values = [first.get(timeout=60), dup.get(timeout=60)]
+    with (
+        workers(queue, 1, database=pg, broker=amqp, concurrency=2,
+                env={"GROUSSET_TEST_QUORUM": "1"}),
+        app.connection_for_write(amqp) as conn,
+    ):  # fmt: skip
+        key = f"xdeath-{uuid.uuid4().hex[:8]}"
+        # Given a call in flight for 14 s, and a duplicate requeued meanwhile with
+        # growing delays (1, 1, 1, 2, 4, 8 s: through the delay queues, twice)
+        first = effect.apply_async((key,), {"sleep": 14.0}, queue=target, connection=conn)
+        fp = effect.grousset_fingerprint((key,), {"sleep": 14.0})
+        claimed = Outcome.objects.using(pg).filter(fingerprint=fp, status="in_flight")
+        wait_for(claimed.exists, 20, "the call to be claimed")
+        dup = effect.apply_async((key,), {"sleep": 14.0}, queue=target, connection=conn)
+        # When the call completes / Then the duplicate comes back and gets its memo
+        values = [first.get(timeout=60), dup.get(timeout=60)]
     assert effects(pg, key) == 1 and values[0] == values[1]
     assert record_of(pg, effect, (key,), {"sleep": 14.0}).duplicates == 1
 
@@ -836,6 +838,38 @@ def test_revoke_terminate_of_a_body_that_goes_on_keeps_its_claim(
     assert (rec.status, rec.takeovers) == ("completed", 0), (rec.status, rec.error)
     assert value["fence"] == rec.fence
     assert effects(pg, key) == 1
+
+
+def test_revoke_terminate_while_the_outcome_is_written_keeps_the_outcome(
+    pg_workers: tuple[str, list[Worker]], pg: str
+) -> None:
+    """A revoke's SIGTERM that came while the outcome of an effect that ran was being
+    written (a row lock) dropped that outcome; the claim was released once the process
+    had gone, and a duplicate ran the effect again (a review: 2 effects)."""
+    from django.db import transaction
+
+    from tests.celeryapp import app
+    from tests.tasks import effect
+
+    queue, _ = pg_workers
+    key = f"revokewrite-{uuid.uuid4().hex[:8]}"
+    first = effect.apply_async((key, 1.0), queue=queue)
+    holder_pid(pg, effect, (key, 1.0))
+    # Given an attempt whose outcome waits on the row's lock after its effect ran
+    with transaction.atomic(using=pg):
+        locked = Outcome.objects.using(pg).select_for_update()
+        locked.get(fingerprint=effect.grousset_fingerprint((key, 1.0), {}))
+        wait_for(lambda: effects(pg, key), 20, "the effect")
+        time.sleep(1.5)  # (the body returns after 1 s: its completion waits)
+        # When it is revoked with terminate=True while it waits
+        app.control.revoke(first.id, terminate=True)
+        time.sleep(1.5)
+    # Then its outcome is written before the process goes: a duplicate gets the memo
+    rec = wait_for(lambda: (r := record_of(pg, effect, (key, 1.0))).status != "in_flight" and r,
+                   20, "the record to settle")  # fmt: skip
+    assert rec.status == "completed", (rec.status, rec.error)
+    value = effect.apply_async((key, 1.0), queue=queue).get(timeout=20)
+    assert value["fence"] == rec.fence and effects(pg, key) == 1
 
 
 def test_a_soft_time_limit_during_the_claim_leaves_no_claim_behind(
