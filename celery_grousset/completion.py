@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from celery_grousset import events, memo, revoked, txbody
+from celery_grousset import events, memo, txbody
 from celery_grousset.binding import not_awaitable
 from celery_grousset.claim import ENC_NONE, ENC_NOT_STORED, ClaimRequest, Status
 from celery_grousset.exceptions import (
@@ -89,7 +89,7 @@ def run_owned(
     except BaseException as exc:
         if not isinstance(exc, Exception):  # stopped while the outcome was being written
             events.interrupted(req, exc)
-            revoked.write_before_exit(store, req, completion)
+            store.write_before_exit(req, completion)
         raise
     if not done:
         raise FencedOut(_fenced_text(req, res, started, "its result was discarded; the "

@@ -86,20 +86,6 @@ def process_gone(task: Any, task_id: str) -> threading.Thread | None:
     return thread
 
 
-def write_before_exit(store: Any, req: Any, completion: Any) -> None:
-    """A process stopped (a revoke's SIGTERM) while the outcome of an effect that ran was
-    being written: the outcome sent once more, on a fresh connection, before the process
-    goes — else the claim would be released once it is gone (:func:`process_gone`), and
-    a duplicate would run the effect again. The same token: a write that did commit is
-    not undone, a claim taken over since is not touched."""
-    store.discard()
-    try:
-        store.finish(req.processor_id, req.fingerprint, req.token, completion)
-    except BaseException as exc:  # (another signal, the journal away): the claim, as it was
-        logger.warning("celery-grousset: the outcome of stopped %s was not written: %r",
-                       req.task_name, exc)  # fmt: skip
-
-
 class ReleasedWhenGone:
     """Mixed into a guarded task's worker ``Request`` class: a job the pool reports
     terminated (its process exited after a revoke's signal: billiard's ``Terminated``)

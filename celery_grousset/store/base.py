@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -167,6 +168,19 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Close the private connection (only from the process that opened it)."""
+
+    def write_before_exit(self, req: ClaimRequest, completion: Completion) -> None:
+        """A process stopped (a revoke's SIGTERM) while the outcome of an effect that ran
+        was being written: sent once more, on a fresh connection, before the process goes
+        — else the claim is released once it is gone (celery_grousset.revoked) and a
+        duplicate runs the effect again. The same token: a claim taken over is untouched."""
+        self.discard()
+        try:
+            self.finish(req.processor_id, req.fingerprint, req.token, completion)
+        except BaseException as exc:  # (another signal, the journal away): as it was
+            logging.getLogger("celery_grousset").warning(
+                "celery-grousset: the outcome of stopped %s was not written: %r",
+                req.task_name, exc)  # fmt: skip
 
     def discard(self, forked: bool = False) -> None:
         """Drop the connection. ``forked`` (the parent's): no I/O, kept, never freed
