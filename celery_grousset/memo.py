@@ -24,6 +24,7 @@ from contextvars import ContextVar
 from functools import lru_cache
 from typing import Any
 
+from billiard.exceptions import SoftTimeLimitExceeded
 from kombu.serialization import dumps, loads
 
 from celery_grousset import exceptions
@@ -137,7 +138,7 @@ def encode(
     if not memoize:
         return None, ENC_NOT_MEMOIZED, ""
     try:
-        content_type, content_encoding, data = dumps(value, serializer=serializer)
+        content_type, content_encoding, data = _dumps(value, serializer)
     except Exception as exc:
         return _not_stored(f"{serializer} cannot encode {type(value).__name__}: {exc}; "
                            "return a value the result serializer encodes")  # fmt: skip
@@ -151,6 +152,17 @@ def encode(
     if len(encoding) > ENCODING_MAX:
         return _not_stored(f"its content type is too long to record ({encoding[:80]!r})")
     return raw, encoding, ""
+
+
+def _dumps(value: Any, serializer: str) -> tuple[str, str, Any]:
+    """kombu's ``dumps``, once more should the soft time limit fire while it encodes (it
+    fires once; kombu wraps it in an EncodeError): the value is not to blame."""
+    try:
+        return dumps(value, serializer=serializer)
+    except Exception as exc:
+        if not any(isinstance(e, SoftTimeLimitExceeded) for e in (exc, exc.__context__, *exc.args)):
+            raise
+    return dumps(value, serializer=serializer)
 
 
 _MARKED = ('a dict with exactly the keys "__type__" and "__value__" reads back as kombu\'s '

@@ -577,3 +577,27 @@ def test_the_journals_trouble_in_a_body_is_never_memoized(journal: str, temp_tas
     # Then its claim is released, not memoized: the next delivery runs it
     assert task.apply().get() == "done" and runs == [1, 1]
     assert memo.never_memoized(ClaimInFlight("k")) and not memo.never_memoized(ValueError())
+
+
+def test_a_soft_time_limit_while_the_value_is_encoded_does_not_blame_the_value() -> None:
+    """The soft time limit fired while the return value was encoded (a slow ``__json__``):
+    the memo said "json cannot encode Slow: SoftTimeLimitExceeded()", and every duplicate
+    raised ResultNotStored for a value that encodes (a review)."""
+    from billiard.exceptions import SoftTimeLimitExceeded
+
+    from celery_grousset import memo
+
+    class Slow:
+        calls = 0
+
+        def __json__(self) -> dict[str, int]:
+            Slow.calls += 1
+            if Slow.calls == 1:  # the limit fires once, mid-encoding
+                raise SoftTimeLimitExceeded()
+            return {"n": 1}
+
+    # When the limit fires while the value is encoded
+    raw, encoding, error = memo.encode(Slow(), serializer="json", memoize=True, max_bytes=1000)
+    # Then the value is encoded once more and stored
+    assert (error, raw) == ("", b'{"n": 1}'), error
+    assert encoding.startswith("application/json")
