@@ -178,7 +178,8 @@ def _run_transactional(
     fenced-out attempt rolls its effect back."""
     from django.db import connections, transaction
 
-    conn, raw, started, body = connections[store.alias], None, time.monotonic(), txbody.Body()
+    conn, raw, started, body = connections[store.alias], None, time.monotonic(), txbody.Body(
+        store.ends_on_lock_timeout)
     try:
         with transaction.atomic(using=store.alias):
             _begin(store, raw := conn.connection)  # (raw: the connection it runs on)
@@ -200,7 +201,7 @@ def _run_transactional(
             raise
         refused = isinstance(caught, _NotTaken)
         exc = caught.__cause__ or caught if refused else caught
-        conflict = refusals.rolled_back(exc) and not memo.control_flow(caught)  # (a retry)
+        conflict = body.rolled_back(exc) and not memo.control_flow(caught)  # (a retry)
         if conflict or (refused and not txbody.connection_lost(conn, raw, exc)):
             release_lost(store, req, res.fence, exc)  # never the task's failure
             why = ("rolled the transaction back for a conflict with another transaction"

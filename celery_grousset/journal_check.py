@@ -286,7 +286,7 @@ def _mysql_charsets(cur: object) -> tuple[str, str | None] | None:
     from celery_grousset.store.mysql import CONNECTION_SQL, four_byte
 
     cur.execute(CONNECTION_SQL)  # type: ignore[attr-defined]
-    _, connection, column = cur.fetchone()  # type: ignore[attr-defined]
+    _, connection, column, *_ = cur.fetchone()  # type: ignore[attr-defined]
     return None if four_byte(connection, column) else (connection, column)
 
 

@@ -49,10 +49,25 @@ CLOSED = ("closed: connection.close() or close_old_connections() in the body end
 class Body:
     """What the body did, seen while it ran and at the commit."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_ends: Callable[[], bool] = bool) -> None:
         self.conflict: BaseException | None = None  # the conflict a statement raised last
         self.ended = False  # that conflict rolled the whole transaction back (MySQL)
         self.committed = False  # the transaction committed (its callbacks run after)
+        self.timeout_ends = timeout_ends  # the store's ends_on_lock_timeout
+
+    def rolled_back(self, exc: BaseException) -> bool:
+        """``exc`` rolled the whole transaction back: a conflict (refusals.rolled_back),
+        or a lock wait timeout where the server says so (asked only then; unknown: yes,
+        so that a transaction that may have lost writes never commits)."""
+        return refusals.rolled_back(exc) or self._timeout_ended(exc)
+
+    def _timeout_ended(self, exc: BaseException) -> bool:
+        if not refusals.lock_timeout(exc):
+            return False
+        try:
+            return self.timeout_ends()
+        except Exception:
+            return True
 
     def commit_seen(self) -> None:
         self.committed = True
@@ -76,8 +91,9 @@ class Body:
 
         if self.ended or isinstance(exc, TransactionManagementError) or refusals.aborted(exc):
             return
-        self.conflict = exc if refusals.rolled_back(exc) else None
-        self.ended = self.conflict is not None and refusals.ends_transaction(exc)
+        self.conflict = exc if self.rolled_back(exc) else None
+        self.ended = self.conflict is not None and (
+            refusals.ends_transaction(exc) or self._timeout_ended(exc))
 
 
 def run(body: Body, conn: Any, alias: str, req: ClaimRequest, fn: Callable[[], Any]) -> Any:

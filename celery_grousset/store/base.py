@@ -169,6 +169,12 @@ class Store(abc.ABC):
     def close(self) -> None:
         """Close the private connection (only from the process that opened it)."""
 
+    def ends_on_lock_timeout(self) -> bool:
+        """Whether a lock wait timeout rolls the whole transaction back (MySQL/MariaDB
+        with ``innodb_rollback_on_timeout``): a transactional body that caught one lost
+        its earlier writes, and its transaction must not commit."""
+        return False
+
     def write_before_exit(self, req: ClaimRequest, completion: Completion) -> None:
         """A process stopped (a revoke's SIGTERM) while the outcome of an effect that ran
         was being written: sent once more, on a fresh connection, before the process goes

@@ -49,7 +49,7 @@ _ESCAPED = tuple(bytes([c]) for c in b"\x00\n\r\x1a'\"\\")
 CONNECTION_SQL = (
     "SELECT @@max_allowed_packet, @@character_set_connection, (SELECT CHARACTER_SET_NAME "
     "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = "
-    f"'{TABLE}' AND COLUMN_NAME = 'args_repr')"
+    f"'{TABLE}' AND COLUMN_NAME = 'args_repr'), @@innodb_rollback_on_timeout"
 )
 _ASTRAL = re.compile("[\U00010000-\U0010ffff]")
 
@@ -80,6 +80,13 @@ class MySQLStore(LockingStore):
     max_packet: int | None = None
     #: whether the journal stores text outside the BMP as it is (see CONNECTION_SQL)
     astral: bool = True
+    #: whether a lock wait timeout rolls the whole transaction back (the server's
+    #: innodb_rollback_on_timeout; see CONNECTION_SQL)
+    timeout_ends: bool = False
+
+    def ends_on_lock_timeout(self) -> bool:
+        self._facts()
+        return self.timeout_ends
 
     def _connect(self) -> Any:
         import MySQLdb
@@ -103,8 +110,8 @@ class MySQLStore(LockingStore):
                 if exc.args[:1] != (_UNKNOWN_VARIABLE,):  # (MySQL has no such variable)
                     raise
             cur.execute(CONNECTION_SQL)  # once per connection
-            packet, connection_charset, column_charset = cur.fetchone()
-            self.max_packet = int(packet)
+            packet, connection_charset, column_charset, timeout_ends = cur.fetchone()
+            self.max_packet, self.timeout_ends = int(packet), bool(timeout_ends)
             self.astral = four_byte(connection_charset, column_charset)
             conn.commit()
         except MySQLdb.Error as exc:

@@ -132,6 +132,12 @@ def ends_transaction(exc: BaseException) -> bool:
     return _any(exc, _ENDS)
 
 
+def lock_timeout(exc: BaseException) -> bool:
+    """``exc`` is MySQL/MariaDB's lock wait timeout (1205): one statement undone, or the
+    whole transaction where the server runs with ``innodb_rollback_on_timeout``."""
+    return _any(exc, {1205})
+
+
 def not_taken(exc: BaseException) -> bool:
     """``exc``, raised by a statement of the journal's, says the database would not take
     that statement (a lock wait timeout, a refusal): its trouble, not the caller's. An
