@@ -148,7 +148,7 @@ def guarded(caller: Caller, call: Call) -> Any:
     except StoreUnavailable as exc:
         carry.claim_unavailable(caller, lost(store, unsettled, carried), exc)
     except SoftTimeLimitExceeded as exc:  # a statement interrupted: it may commit yet
-        carry.claim_interrupted(caller, store, req, lost(store, unsettled, carried), exc)
+        carry.claim_interrupted(caller, store, req, unsettled, exc)  # (or have, on SQLite)
     except PoisonDelivery as exc:
         poisoned(caller, req, exc)
     if not res.owned:

@@ -384,3 +384,46 @@ def test_a_renewal_that_fails_requeues_carrying_the_main_process_token(
     assert guard.guarded(nxt, call) == "ran"
     after = row(journal, opts, call)
     assert (after.status, after.takeovers) == ("completed", 0)
+
+
+def test_a_claim_interrupted_after_its_commit_is_settled_by_the_next_delivery(
+    setup: tuple[str, Options, guard.Call], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A soft time limit whose signal came as the claim's commit returned (a slow fsync,
+    a busy SQLite) raised after the claim had committed; on a local journal (SQLite) the
+    delivery was sent again without the claim's token, so the next one found the claim
+    in flight and waited until it turned stale."""
+    from billiard.exceptions import SoftTimeLimitExceeded
+
+    journal, opts, call = setup
+    store = get_store(journal)
+    real_all, real_one = store.claim_all, store.claim
+
+    def committed_then_interrupted(real: Any) -> Any:
+        def claim(arg: Any) -> Any:
+            real(arg)
+            raise SoftTimeLimitExceeded()
+
+        return claim
+
+    monkeypatch.setattr(store, "claim_all", committed_then_interrupted(real_all))
+    monkeypatch.setattr(store, "claim", committed_then_interrupted(real_one))
+    requeued: list[dict[str, Any]] = []
+
+    class Requeuing(Caller):
+        def carry(self, value: dict[str, Any], exc: BaseException) -> NoReturn:
+            requeued.append(value)
+            raise Deferred("requeued")
+
+    # When the claim commits and its delivery is interrupted before it hears so
+    with pytest.raises(Deferred):
+        guard.guarded(Requeuing(opts, None), call)
+    monkeypatch.undo()
+    assert row(journal, opts, call).status == "in_flight"
+    # Then the delivery sent again carries the claim's token, and settles it: it runs
+    [value] = requeued
+    nxt = Caller(opts, None)
+    nxt.carried = value  # type: ignore[attr-defined]  # (a task reads it from its headers)
+    assert guard.guarded(nxt, call) == "ran"
+    after = row(journal, opts, call)
+    assert (after.status, after.takeovers) == ("completed", 0)
