@@ -304,7 +304,7 @@ class LockingStore(Store):
                 completion.result,
                 completion.result_encoding,
                 completion.error,
-                now,
+                self._ts(now),
                 processor_id,
                 fingerprint,
                 token,
@@ -324,22 +324,31 @@ class LockingStore(Store):
             f"fingerprint = {p} AND status = 'in_flight'{token_sql}{stale_sql}",
             lambda now: (
                 RELEASED,
-                now,
+                self._ts(now),
                 processor_id,
                 fingerprint,
                 *((token,) if token is not None else ()),
-                *((now,) if stale else ()),
+                *((self._ts(now),) if stale else ()),
             ),
         )
 
-    def _update_one(self, sql: str, params: Callable[[Any], tuple[Any, ...]]) -> bool:
+    def renew(self, req: ClaimRequest) -> bool:
+        """As the base's, on the private connection: bounded by ``STORE_TIMEOUT``."""
+        p, ahead = self.ph, timedelta(seconds=req.max_processing_time)
+        return self._update_one(
+            f"UPDATE {TABLE} SET stale_at = {p} WHERE processor_id = {p} AND fingerprint = "
+            f"{p} AND claim_token = {p} AND status = 'in_flight'",
+            lambda now: (self._ts(now + ahead), req.processor_id, req.fingerprint, req.token),
+        )
+
+    def _update_one(self, sql: str, params: Callable[[datetime], tuple[Any, ...]]) -> bool:
         """One guarded write transaction; ``params`` gets the database clock. True: one row."""
 
         def op() -> int:
             cur = self._cursor()
             try:
                 self._begin_write(cur)
-                cur.execute(sql, params(self._ts(self._now(cur))))
+                cur.execute(sql, params(self._now(cur)))
                 count = int(cur.rowcount)
                 self._commit(cur)
                 return count
