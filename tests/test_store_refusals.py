@@ -129,34 +129,34 @@ def test_a_store_session_stalled_mid_transaction_frees_its_row_lock_on_mariadb()
         other.close()
 
 
-def test_a_renewal_waits_for_a_row_lock_at_most_the_store_timeout_on_mariadb() -> None:
+@pytest.mark.parametrize("alias", ["postgresql", "mysql"])
+def test_a_renewal_waits_for_a_row_lock_at_most_the_store_timeout(alias: str) -> None:
     """The renewal of a claim the worker's main process made (a late start) ran on
-    Django's connection, whose lock wait is the server's (50 s), not STORE_TIMEOUT: a
-    row lock held elsewhere kept the child waiting that long (a review)."""
+    Django's connection, whose lock wait is the server's (MariaDB 50 s, PostgreSQL none),
+    not STORE_TIMEOUT: a row lock held elsewhere kept the child waiting that long (a
+    review)."""
     import dataclasses
     import time
 
-    import MySQLdb
+    from django.db import transaction
 
-    services.require_database("mysql")
-    settings = connections.settings["mysql"]
-    store = store_class(settings["ENGINE"])("mysql", settings, 1.0)
+    from celery_grousset.models import Outcome
+
+    services.require_database(alias)
+    settings = connections.settings[alias]
+    store = store_class(settings["ENGINE"])(alias, settings, 1.0)
     req = claim_request()
-    holder = MySQLdb.connect(**connections["mysql"].get_connection_params())
     try:
         store.claim(req)
         assert store.renew(req) and not store.renew(dataclasses.replace(req, token="other"))
         # Given another session holding the claim's row
-        holder.autocommit(False)
-        holder.cursor().execute(
-            "SELECT fence FROM celery_grousset_outcome WHERE processor_id = %s AND "
-            "fingerprint = %s FOR UPDATE", (req.processor_id, req.fingerprint))  # fmt: skip
-        started = time.monotonic()
-        # When the claim is renewed / Then it fails closed within about the store timeout
-        with pytest.raises(StoreUnavailable):
-            store.renew(req)
-        assert time.monotonic() - started < 8.0
+        with transaction.atomic(using=alias):
+            Outcome.objects.using(alias).select_for_update().get(
+                processor_id=req.processor_id, fingerprint=req.fingerprint)  # fmt: skip
+            started = time.monotonic()
+            # When the claim is renewed / Then it fails closed within about the timeout
+            with pytest.raises(StoreUnavailable):
+                store.renew(req)
+            assert time.monotonic() - started < 8.0
     finally:
-        holder.rollback()
-        holder.close()
         store.close()

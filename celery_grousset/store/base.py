@@ -31,8 +31,8 @@ from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import Any
 
-from celery_grousset.claim import ENC_NONE, ClaimRequest, Kind, Status
-from celery_grousset.exceptions import InvalidArgument, PoisonDelivery, StoreUnavailable
+from celery_grousset.claim import ENC_NONE, ClaimRequest, Kind
+from celery_grousset.exceptions import InvalidArgument, PoisonDelivery
 from celery_grousset.store.rows import finishable, purgeable, purgeable_sql
 
 #: the longest value each identifying column of a claim holds (the model's max_length)
@@ -361,20 +361,11 @@ class Store(abc.ABC):
         qs = Outcome.objects.using(self.alias).order_by(column).values_list(column, flat=True)
         return [str(v) for v in qs.distinct()[:limit]]
 
+    @abc.abstractmethod
     def renew(self, req: ClaimRequest) -> bool:
         """Push ``req``'s in-flight claim's ``stale_at`` to now + ``max_processing_time``
-        (database clock) if ``req.token`` still holds it (a compare-and-set)."""
-        from django.db import DatabaseError
-
-        from celery_grousset.models import Outcome
-
-        held = Outcome.objects.using(self.alias).filter(
-            processor_id=req.processor_id, fingerprint=req.fingerprint, claim_token=req.token,
-            status=Status.IN_FLIGHT.value)  # fmt: skip
-        try:
-            return held.update(stale_at=self.now_expression(plus=req.max_processing_time)) == 1
-        except DatabaseError as exc:
-            raise StoreUnavailable(f"celery-grousset could not renew a claim: {exc}") from exc
+        (database clock) if ``req.token`` still holds it (a compare-and-set), on the
+        private connection."""
 
     def begin_transactional(self) -> None:
         """The first statement of a transactional body's transaction (on Django's

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from celery_grousset.claim import ClaimRequest
 from celery_grousset.exceptions import InvalidArgument
 from celery_grousset.store.pgdriver import driver
 
@@ -33,6 +34,14 @@ ESTIMATE_SQL = (
     "ELSE c.reltuples END FROM pg_class AS c WHERE c.oid = to_regclass('celery_grousset_outcome')"
 )
 
+# A late start's renewal of a claim its worker's main process made (WORKER_CLAIM); the
+# partitioned journal's moves the row too (pgpartsql.RENEW_SQL)
+RENEW_SQL = (
+    "UPDATE celery_grousset_outcome SET stale_at = clock_timestamp() + make_interval(secs "
+    "=> %(mpt)s) WHERE fingerprint = %(f)s AND processor_id || '' = %(p)s AND claim_token "
+    "= %(tok)s AND status = 'in_flight'"
+)
+
 
 class PostgresOperations:
     """The operator queries of :class:`~celery_grousset.store.postgresql.PostgresStore`."""
@@ -42,6 +51,15 @@ class PostgresOperations:
 
     def _params(self) -> dict[str, Any]:
         raise NotImplementedError
+
+    def _run(self, op: Any) -> Any:
+        raise NotImplementedError
+
+    def renew(self, req: ClaimRequest) -> bool:
+        """On the private connection: bounded by ``STORE_TIMEOUT`` (``lock_timeout``)."""
+        params = {"p": req.processor_id, "f": req.fingerprint, "tok": req.token,
+                  "mpt": float(req.max_processing_time)}  # fmt: skip
+        return bool(self._run(lambda conn: driver().execute(conn, RENEW_SQL, params).rowcount == 1))
 
     def delete_batch(
         self, cursor: Any, table: str, ids: list[Any], recheck: str, params: Sequence[Any]
