@@ -364,6 +364,18 @@ def test_a_renewal_that_fails_requeues_carrying_the_main_process_token(
         raise error
 
     monkeypatch.setattr(store, "renew", renew)
+    # When the renewal fails / Then the delivery is sent again carrying the main
+    # process's token, and the next delivery settles that claim at once: it runs
+    value = requeued_then_settled(journal, opts, call, carried, monkeypatch)
+    assert value["token"] == carried[0]
+
+
+def requeued_then_settled(
+    journal: str, opts: Options, call: guard.Call, carried: list[Any] | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> dict[str, Any]:
+    """Run ``call`` (sent again, its failure patched in) and then the copy sent again,
+    which must run with no takeover; the value that copy carried."""
     requeued: list[dict[str, Any]] = []
 
     class Requeuing(Caller):
@@ -371,19 +383,17 @@ def test_a_renewal_that_fails_requeues_carrying_the_main_process_token(
             requeued.append(value)
             raise Deferred("requeued")
 
-    # When the renewal fails
     with pytest.raises(Deferred):
         guard.guarded(Requeuing(opts, carried), call)
     monkeypatch.undo()
-    # Then the delivery is sent again carrying the main process's token, and the next
-    # delivery settles that claim at once: it runs, with no takeover
+    assert row(journal, opts, call).status == "in_flight"
     [value] = requeued
-    assert value["token"] == carried[0]
     nxt = Caller(opts, None)
     nxt.carried = value  # type: ignore[attr-defined]  # (a task reads it from its headers)
     assert guard.guarded(nxt, call) == "ran"
     after = row(journal, opts, call)
     assert (after.status, after.takeovers) == ("completed", 0)
+    return value
 
 
 def test_a_claim_interrupted_after_its_commit_is_settled_by_the_next_delivery(
@@ -408,22 +418,6 @@ def test_a_claim_interrupted_after_its_commit_is_settled_by_the_next_delivery(
 
     monkeypatch.setattr(store, "claim_all", committed_then_interrupted(real_all))
     monkeypatch.setattr(store, "claim", committed_then_interrupted(real_one))
-    requeued: list[dict[str, Any]] = []
-
-    class Requeuing(Caller):
-        def carry(self, value: dict[str, Any], exc: BaseException) -> NoReturn:
-            requeued.append(value)
-            raise Deferred("requeued")
-
-    # When the claim commits and its delivery is interrupted before it hears so
-    with pytest.raises(Deferred):
-        guard.guarded(Requeuing(opts, None), call)
-    monkeypatch.undo()
-    assert row(journal, opts, call).status == "in_flight"
-    # Then the delivery sent again carries the claim's token, and settles it: it runs
-    [value] = requeued
-    nxt = Caller(opts, None)
-    nxt.carried = value  # type: ignore[attr-defined]  # (a task reads it from its headers)
-    assert guard.guarded(nxt, call) == "ran"
-    after = row(journal, opts, call)
-    assert (after.status, after.takeovers) == ("completed", 0)
+    # When the claim commits and its delivery is interrupted before it hears so / Then
+    # the delivery sent again carries the claim's token, and settles it: it runs
+    requeued_then_settled(journal, opts, call, None, monkeypatch)

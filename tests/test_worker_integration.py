@@ -95,6 +95,15 @@ def pg_workers(redis_url: str, pg: str) -> Iterator[tuple[str, list[Worker]]]:
         yield q, ws
 
 
+@pytest.fixture(scope="module")
+def mysql_queue(redis_url: str) -> Iterator[str]:
+    """The queue of a worker whose journal is on MariaDB."""
+    services.require_database("mysql")
+    q = f"q-{uuid.uuid4().hex[:10]}"
+    with workers(q, 1, database="mysql", broker=redis_url, concurrency=2):
+        yield q
+
+
 def _two_hundred(alias: str, queue: str, key: str) -> int:
     """Publish 200 copies of one call, check one effect and one memo; return the effects."""
     from tests.tasks import effect
@@ -882,14 +891,12 @@ def test_a_soft_time_limit_during_the_claim_leaves_no_claim_behind(
     _soft_limit_during_the_claim(pg, queue)
 
 
-def test_a_soft_time_limit_during_the_claim_leaves_no_claim_behind_on_mariadb() -> None:
+def test_a_soft_time_limit_during_the_claim_leaves_no_claim_behind_on_mariadb(
+    mysql_queue: str,
+) -> None:
     """The same on MariaDB, whose client cannot cancel the waiting statement: the limit's
     exception is raised once the statement returns, and the delivery is sent again."""
-    services.require_database("mysql")
-    broker = services.require_redis()
-    queue = f"q-{uuid.uuid4().hex[:10]}"
-    with workers(queue, 1, database="mysql", broker=broker, concurrency=2):
-        _soft_limit_during_the_claim("mysql", queue)
+    _soft_limit_during_the_claim("mysql", mysql_queue)
 
 
 def _soft_limit_during_the_claim(alias: str, queue: str) -> None:
@@ -929,12 +936,8 @@ def test_a_soft_time_limit_during_the_failure_write_raises_the_bodys_own_error(
     _soft_limit_during_the_failure_write(pg, queue)
 
 
-def test_a_soft_time_limit_during_the_failure_write_on_mariadb() -> None:
-    services.require_database("mysql")
-    broker = services.require_redis()
-    queue = f"q-{uuid.uuid4().hex[:10]}"
-    with workers(queue, 1, database="mysql", broker=broker, concurrency=2):
-        _soft_limit_during_the_failure_write("mysql", queue)
+def test_a_soft_time_limit_during_the_failure_write_on_mariadb(mysql_queue: str) -> None:
+    _soft_limit_during_the_failure_write("mysql", mysql_queue)
 
 
 def _soft_limit_during_the_failure_write(alias: str, queue: str) -> None:
