@@ -175,18 +175,21 @@ class Store(abc.ABC):
         its earlier writes, and its transaction must not commit."""
         return False
 
-    def write_before_exit(self, req: ClaimRequest, completion: Completion) -> None:
+    def write_before_exit(self, req: ClaimRequest, completion: Completion) -> bool:
         """A process stopped (a revoke's SIGTERM) while the outcome of an effect that ran
         was being written: sent once more, on a fresh connection, before the process goes
         — else the claim is released once it is gone (celery_grousset.revoked) and a
-        duplicate runs the effect again. The same token: a claim taken over is untouched."""
-        self.discard()
+        duplicate runs the effect again. The same token: a claim taken over is untouched.
+        Under the store's lock: a greenlet killed (gevent) while others use the store."""
         try:
-            self.finish(req.processor_id, req.fingerprint, req.token, completion)
+            with self._lock:
+                self.discard()
+                return self.finish(req.processor_id, req.fingerprint, req.token, completion)
         except BaseException as exc:  # (another signal, the journal away): as it was
             logging.getLogger("celery_grousset").warning(
                 "celery-grousset: the outcome of stopped %s was not written: %r",
                 req.task_name, exc)  # fmt: skip
+            return False
 
     def discard(self, forked: bool = False) -> None:
         """Drop the connection. ``forked`` (the parent's): no I/O, kept, never freed

@@ -251,7 +251,8 @@ class PostgresStore(PostgresOperations, Store):
             return op(conn)
         except BaseException as exc:
             if not isinstance(exc, driver().Error):  # interrupted mid-statement: its answer
-                driver().interrupt(conn)  # is never read, nor the connection used again
+                dog.disarm()  # is never read, nor the connection used again (disarmed
+                driver().interrupt(conn)  # first: its fd, once closed, may be reused)
                 self.discard()
             raise
         finally:
