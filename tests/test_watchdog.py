@@ -8,6 +8,8 @@ from __future__ import annotations
 import socket
 import time
 
+import pytest
+
 from celery_grousset.store.watchdog import Watchdog
 
 
@@ -69,3 +71,37 @@ def test_a_watchdog_whose_owner_is_gone_ends_its_thread() -> None:
         for thread in started:
             thread.join(timeout=5)
     assert not any(t.is_alive() for t in started)
+
+
+GREEN_SCRIPT = """
+import sys, time
+if sys.argv[1] == "gevent":
+    from gevent import monkey
+    monkey.patch_all()
+from celery_grousset.store.watchdog import Watchdog
+
+import _socket  # (never patched: a driver's own socket, which blocks the OS thread)
+a, b = _socket.socketpair()
+dog = Watchdog(0.5)
+dog.arm(a.fileno())
+t0 = time.monotonic()
+data = a.recv(1)  # as psycopg2 under gevent, psycopg under eventlet: no yield
+print(dog.fired, data, round(time.monotonic() - t0, 1))
+"""
+
+
+def test_the_watchdog_fires_while_a_green_worker_s_driver_blocks_the_thread() -> None:
+    """Under gevent or eventlet the watchdog was a green thread: a driver that blocks the
+    OS thread without yielding (psycopg under eventlet) never let it run, and a half-open
+    connection hung the whole worker (a review: no answer after 45 s)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("gevent")
+    # When a call blocks the OS thread of a gevent-patched process past the bound
+    done = subprocess.run([sys.executable, "-c", GREEN_SCRIPT, "gevent"], capture_output=True,
+                          text=True, timeout=30)  # fmt: skip
+    # Then the watchdog (a real thread) shut the socket down: the call returned
+    assert done.returncode == 0, done.stderr[-2000:]
+    fired, data, seconds = done.stdout.split()
+    assert (fired, data) == ("1", "b''") and float(seconds) < 3, done.stdout

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 import weakref
 
 from celery_grousset.store.base import ClaimResult, Completion, Store, check_claimable
+from celery_grousset.store.unpatched import original
 
 __all__ = [
     "ClaimResult",
@@ -53,12 +53,7 @@ def _os_thread_local() -> type:
     """``threading.local`` as it was before gevent or eventlet patched it: greenlets of
     one OS thread share a store (a store per task would open a connection per task), as
     they shared the one store of a process before stores were per thread."""
-    with contextlib.suppress(Exception):  # (imported already if they patched anything)
-        if (monkey := sys.modules.get("gevent.monkey")) and monkey.is_module_patched("threading"):
-            return monkey.get_original("threading", "local")  # type: ignore[no-any-return]
-        if (patcher := sys.modules.get("eventlet.patcher")) and patcher.is_monkey_patched("thread"):
-            return patcher.original("threading").local  # type: ignore[no-any-return]
-    return threading.local
+    return original("threading", "local")  # type: ignore[no-any-return]
 
 
 class _Stores(dict):  # type: ignore[type-arg]

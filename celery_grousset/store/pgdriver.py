@@ -19,9 +19,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
-import threading
 from types import ModuleType
 from typing import Any
+
+from celery_grousset.store.unpatched import os_lock, start_os_thread
 
 _NAMED = re.compile(r"%\((\w+)\)s")
 
@@ -78,13 +79,18 @@ class Driver:
         for at most ``within`` seconds: libpq's cancel opens a connection of its own, with
         no timeout (a server that does not answer would hold the caller for minutes)."""
 
-        def cancel() -> None:
-            with contextlib.suppress(Exception):  # (the connection is dropped all the same)
-                conn.cancel()  # psycopg 3 and psycopg2 alike
+        done = os_lock()  # (OS threads: under gevent or eventlet, the driver may block)
+        done.acquire()
 
-        sent = threading.Thread(target=cancel, name="grousset-cancel", daemon=True)
-        sent.start()
-        sent.join(within)
+        def cancel() -> None:
+            try:
+                with contextlib.suppress(Exception):  # (the connection is dropped anyway)
+                    conn.cancel()  # psycopg 3 and psycopg2 alike
+            finally:
+                done.release()
+
+        start_os_thread(cancel, name="grousset-cancel")
+        done.acquire(timeout=within)
 
     def in_transaction_error(self, conn: Any) -> bool | None:
         """libpq's transaction status of ``conn``: True when its transaction was aborted

@@ -13,11 +13,11 @@ Arming and disarming are attribute writes; no thread is started or woken per cal
 from __future__ import annotations
 
 import os
-import socket
-import threading
 import time
 import weakref
 from contextlib import suppress
+
+from celery_grousset.store.unpatched import original, start_os_thread
 
 
 class Watchdog:
@@ -36,11 +36,9 @@ class Watchdog:
     def arm(self, fd: int) -> None:
         """Bound the call about to be made on the socket ``fd`` (until :meth:`disarm`).
         One attribute write: no lock, no wake-up (the thread polls)."""
-        if self._pid != os.getpid():  # first use, or a forked child: start the thread
-            self._pid = os.getpid()
-            threading.Thread(
-                target=_watch, args=(weakref.ref(self),), name="grousset-watchdog", daemon=True
-            ).start()
+        if self._pid != os.getpid():  # first use, or a forked child: start the thread (an
+            self._pid = os.getpid()  # OS thread: the driver may block this one, unyielding)
+            start_os_thread(_watch, weakref.ref(self), name="grousset-watchdog")
         self._armed = (time.monotonic() + self.bound, fd)
 
     def disarm(self) -> None:
@@ -50,6 +48,7 @@ class Watchdog:
 def _watch(ref: weakref.ref[Watchdog]) -> None:
     """The watchdog's thread: it ends once its store (and watchdog) is gone, e.g. with
     the thread that used it (stores are per thread)."""
+    sleep = original("time", "sleep")
     while (dog := ref()) is not None:
         pause = dog.bound / dog.CHECKS
         armed = dog._armed
@@ -58,14 +57,14 @@ def _watch(ref: weakref.ref[Watchdog]) -> None:
             dog.fired += 1
             _shut_down(armed[1])
         del dog
-        time.sleep(pause)
+        sleep(pause)
 
 
 def _shut_down(fd: int) -> None:
     """Shut the socket down (both ways): a read blocked on it returns at once. The fd is
     duplicated, so closing our handle leaves the driver's own fd to the driver."""
     with suppress(OSError):
-        sock = socket.socket(fileno=os.dup(fd))
+        sock = original("socket", "socket")(fileno=os.dup(fd))
         with suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
+            sock.shutdown(2)  # SHUT_RDWR
         sock.close()
