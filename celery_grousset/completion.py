@@ -375,10 +375,7 @@ def finish_retrying(
                                        "whether it committed is unknown") from exc  # fmt: skip
             interrupted = True
             events.store_error(req, "complete", exc, action="outcome unknown: sent again")
-            try:
-                store.close()
-            except Exception:  # the connection is in an unknown state
-                store.discard()
+            store.discard()  # the connection is in an unknown state
     raise AssertionError("unreachable")  # pragma: no cover
 
 

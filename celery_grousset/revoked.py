@@ -144,9 +144,9 @@ def write_carried(sender: Any, request: Any) -> None:
 
     def write() -> None:
         from celery_grousset.completion import complete
-        from celery_grousset.store import get_store
+        from celery_grousset.store import private_store
 
-        store = get_store(opts.database)
+        store = private_store(opts.database)  # (a green thread's would be the worker's)
         try:
             complete(store, claim, completion, 0, None)
         except Exception as exc:  # the journal still away: the claim turns stale

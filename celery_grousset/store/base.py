@@ -195,11 +195,14 @@ class Store(abc.ABC):
         """Drop the connection. ``forked`` (the parent's): no I/O, kept, never freed
         (_ORPHANS). Else closed, errors ignored: left open mid-transaction (a claim cut by
         a soft time limit), it held its row locks while a traceback referenced it."""
-        conn, self._conn = self._conn, None
-        if forked and conn is not None:
-            _ORPHANS.append(conn)
-        elif conn is not None:
-            with contextlib.suppress(Exception):
+        if forked:  # (no lock: another thread may have held it at the fork)
+            if self._conn is not None:
+                _ORPHANS.append(self._conn)
+            self._conn = None
+            return
+        with self._lock, contextlib.suppress(Exception):  # (a thread's greenlets share it)
+            conn, self._conn = self._conn, None
+            if conn is not None:
                 conn.close()
 
     _conn: Any = None
