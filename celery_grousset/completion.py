@@ -88,7 +88,8 @@ def run_owned(
         done = complete(store, req, completion, res.fence, unwritten)
     except BaseException as exc:
         if not isinstance(exc, Exception):  # stopped while the outcome was being written
-            events.interrupted(req, exc, store.write_before_exit(req, completion))
+            events.interrupted(req, exc, last_write=True)
+            store.write_before_exit(req, completion)
         raise
     if not done:
         raise FencedOut(_fenced_text(req, res, started, "its result was discarded; the "

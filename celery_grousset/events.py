@@ -181,14 +181,15 @@ def poison_delivery(req: ClaimRequest, reason: str) -> None:
         recorder.counted(req.task_name, "poison")
 
 
-def interrupted(req: ClaimRequest, exc: BaseException, written: bool = False) -> None:
+def interrupted(req: ClaimRequest, exc: BaseException, last_write: bool = False) -> None:
     """The process was stopped (``SystemExit``: a pool child's SIGTERM, a hard time
     limit, ``revoke(terminate=True)``; ``KeyboardInterrupt``; or any other exception that
     is no ``Exception``: ``asyncio.CancelledError``) while the effect ran: the
     claim is left in flight, for a takeover once stale — the effect may have happened.
-    ``written``: stopped as its outcome was written, which was then written after all."""
+    ``last_write``: stopped as its outcome was written, which is sent once more before
+    the process goes (Store.write_before_exit logs it when that fails)."""
     _log(logging.WARNING, "grousset.interrupted", req, error=type(exc).__name__,
-         action="outcome written before exit" if written else
+         action="outcome sent once more before exit" if last_write else
          "claim left in flight until max_processing_time")  # fmt: skip
 
 

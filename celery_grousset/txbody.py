@@ -54,6 +54,7 @@ class Body:
         self.ended = False  # that conflict rolled the whole transaction back (MySQL)
         self.committed = False  # the transaction committed (its callbacks run after)
         self.timeout_ends = timeout_ends  # the store's ends_on_lock_timeout
+        self._ends: bool | None = None  # its answer, asked once
 
     def rolled_back(self, exc: BaseException) -> bool:
         """``exc`` rolled the whole transaction back: a conflict (refusals.rolled_back),
@@ -64,10 +65,12 @@ class Body:
     def _timeout_ended(self, exc: BaseException) -> bool:
         if not refusals.lock_timeout(exc):
             return False
-        try:
-            return self.timeout_ends()
-        except Exception:
-            return True
+        if self._ends is None:
+            try:
+                self._ends = bool(self.timeout_ends())
+            except Exception:
+                self._ends = True
+        return self._ends
 
     def commit_seen(self) -> None:
         self.committed = True

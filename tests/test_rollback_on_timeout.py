@@ -26,6 +26,7 @@ from django.db import OperationalError, connections
 from celery_grousset import protect
 from celery_grousset.exceptions import TransactionLost
 from celery_grousset.models import Outcome
+from tests import services
 
 pytestmark = pytest.mark.slow
 
@@ -154,3 +155,19 @@ def test_a_caught_lock_wait_timeout_that_rolled_the_transaction_back_commits_not
     # Then nothing of it committed (not part 2 alone), and its claim is not completed
     assert _parts(alias, key) == []
     assert not Outcome.objects.using(alias).filter(status="completed", args_repr__contains=key)
+
+
+def test_the_setting_is_read_with_or_without_the_store_s_connection(alias: str) -> None:
+    """The store reads the setting with its connection's facts; a store that has not
+    connected yet (a claim the worker's main process made) asks Django's connection."""
+    from celery_grousset.store import store_class
+
+    settings = connections.settings[alias]
+    fresh = store_class(settings["ENGINE"])(alias, settings, 5.0)
+    assert fresh.ends_on_lock_timeout() is True and fresh.max_packet is None
+    fresh.probe()  # (connected: its facts read)
+    assert fresh.max_packet is not None and fresh.ends_on_lock_timeout() is True
+    fresh.close()
+    services.require_database("mysql")
+    default = store_class(settings["ENGINE"])("mysql", connections.settings["mysql"], 5.0)
+    assert default.ends_on_lock_timeout() is False  # (the shared server: the default)

@@ -184,12 +184,15 @@ class Store(abc.ABC):
         try:
             with self._lock:
                 self.discard()
-                return self.finish(req.processor_id, req.fingerprint, req.token, completion)
+                if self.finish(req.processor_id, req.fingerprint, req.token, completion):
+                    return True
+            why: object = "its claim was taken over"
         except BaseException as exc:  # (another signal, the journal away): as it was
-            logging.getLogger("celery_grousset").warning(
-                "celery-grousset: the outcome of stopped %s was not written: %r",
-                req.task_name, exc)  # fmt: skip
-            return False
+            why = repr(exc)
+        logging.getLogger("celery_grousset").warning(
+            "celery-grousset: the outcome of stopped %s was not written: %s (its claim "
+            "is left in flight until max_processing_time)", req.task_name, why)  # fmt: skip
+        return False
 
     def discard(self, forked: bool = False) -> None:
         """Drop the connection. ``forked`` (the parent's): no I/O, kept, never freed

@@ -85,8 +85,14 @@ class MySQLStore(LockingStore):
     timeout_ends: bool = False
 
     def ends_on_lock_timeout(self) -> bool:
-        self._facts()
-        return self.timeout_ends
+        if self.max_packet is not None:  # the connection's facts are read
+            return self.timeout_ends
+        from django.db import connections  # else asked on Django's (a body's: open)
+
+        connections[self.alias].ensure_connection()
+        with contextlib.closing(connections[self.alias].connection.cursor()) as cur:
+            cur.execute("SELECT @@innodb_rollback_on_timeout")
+            return bool(cur.fetchone()[0])
 
     def _connect(self) -> Any:
         import MySQLdb

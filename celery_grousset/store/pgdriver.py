@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+import time
 from types import ModuleType
 from typing import Any
 
@@ -90,7 +91,9 @@ class Driver:
                 done.release()
 
         start_os_thread(cancel, name="grousset-cancel")
-        done.acquire(timeout=within)
+        deadline = time.monotonic() + within
+        while not done.acquire(False) and time.monotonic() < deadline:
+            time.sleep(0.01)  # (patched under gevent: the hub runs meanwhile)
 
     def in_transaction_error(self, conn: Any) -> bool | None:
         """libpq's transaction status of ``conn``: True when its transaction was aborted
