@@ -366,16 +366,17 @@ def test_a_renewal_that_fails_requeues_carrying_the_main_process_token(
     monkeypatch.setattr(store, "renew", renew)
     # When the renewal fails / Then the delivery is sent again carrying the main
     # process's token, and the next delivery settles that claim at once: it runs
-    value = requeued_then_settled(journal, opts, call, carried, monkeypatch)
+    value, after = requeued_then_settled(journal, opts, call, carried, monkeypatch)
     assert value["token"] == carried[0]
+    assert (after.status, after.takeovers) == ("completed", 0)
 
 
 def requeued_then_settled(
     journal: str, opts: Options, call: guard.Call, carried: list[Any] | None,
     monkeypatch: pytest.MonkeyPatch,
-) -> dict[str, Any]:
-    """Run ``call`` (sent again, its failure patched in) and then the copy sent again,
-    which must run with no takeover; the value that copy carried."""
+) -> tuple[dict[str, Any], Outcome]:
+    """Run ``call`` (sent again, its failure patched in), then the copy sent again; the
+    value that copy carried, and the key's record after it ran."""
     requeued: list[dict[str, Any]] = []
 
     class Requeuing(Caller):
@@ -391,9 +392,7 @@ def requeued_then_settled(
     nxt = Caller(opts, None)
     nxt.carried = value  # type: ignore[attr-defined]  # (a task reads it from its headers)
     assert guard.guarded(nxt, call) == "ran"
-    after = row(journal, opts, call)
-    assert (after.status, after.takeovers) == ("completed", 0)
-    return value
+    return value, row(journal, opts, call)
 
 
 def test_a_claim_interrupted_after_its_commit_is_settled_by_the_next_delivery(
@@ -420,4 +419,5 @@ def test_a_claim_interrupted_after_its_commit_is_settled_by_the_next_delivery(
     monkeypatch.setattr(store, "claim", committed_then_interrupted(real_one))
     # When the claim commits and its delivery is interrupted before it hears so / Then
     # the delivery sent again carries the claim's token, and settles it: it runs
-    requeued_then_settled(journal, opts, call, None, monkeypatch)
+    value, after = requeued_then_settled(journal, opts, call, None, monkeypatch)
+    assert value["token"] and (after.status, after.takeovers) == ("completed", 0)

@@ -881,29 +881,26 @@ def test_revoke_terminate_while_the_outcome_is_written_keeps_the_outcome(
     assert value["fence"] == rec.fence and effects(pg, key) == 1
 
 
+@pytest.fixture(params=["postgresql", "mysql"])
+def journal_queue(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """A journal alias and the queue of workers whose journal it is (PostgreSQL's client
+    cancels a waiting statement; MariaDB's cannot, and it returns once the lock is let go)."""
+    if request.param == "postgresql":
+        return "postgresql", request.getfixturevalue("pg_workers")[0]
+    return "mysql", request.getfixturevalue("mysql_queue")
+
+
 def test_a_soft_time_limit_during_the_claim_leaves_no_claim_behind(
-    pg_workers: tuple[str, list[Worker]], pg: str
+    journal_queue: tuple[str, str],
 ) -> None:
     """A soft time limit that fired while the claim statement waited (a row lock) failed
     the delivery, and the statement committed after: a claim no attempt held, in flight
     until stale, then counted as a takeover (a review: the next delivery waited 60 s)."""
-    queue, _ = pg_workers
-    _soft_limit_during_the_claim(pg, queue)
-
-
-def test_a_soft_time_limit_during_the_claim_leaves_no_claim_behind_on_mariadb(
-    mysql_queue: str,
-) -> None:
-    """The same on MariaDB, whose client cannot cancel the waiting statement: the limit's
-    exception is raised once the statement returns, and the delivery is sent again."""
-    _soft_limit_during_the_claim("mysql", mysql_queue)
-
-
-def _soft_limit_during_the_claim(alias: str, queue: str) -> None:
     from django.db import transaction
 
     from tests.tasks import fails_first
 
+    alias, queue = journal_queue
     key = f"softclaim-{uuid.uuid4().hex[:8]}"
     # Given a key whose first attempt failed (its row stays, its claim released)
     with pytest.raises(RuntimeError):
@@ -925,26 +922,18 @@ def _soft_limit_during_the_claim(alias: str, queue: str) -> None:
 
 
 def test_a_soft_time_limit_during_the_failure_write_raises_the_bodys_own_error(
-    pg_workers: tuple[str, list[Worker]], pg: str
+    journal_queue: tuple[str, str],
 ) -> None:
     """A soft time limit that fired while a failed attempt's release waited (a row lock)
     escaped the failure path, which never raises: the caller saw SoftTimeLimitExceeded
     instead of the body's own error (a review, suspected; confirmed here). And the
     release was not sent again: the claim stayed in flight until stale, and the next
     delivery counted a takeover (a review, on all three journals)."""
-    queue, _ = pg_workers
-    _soft_limit_during_the_failure_write(pg, queue)
-
-
-def test_a_soft_time_limit_during_the_failure_write_on_mariadb(mysql_queue: str) -> None:
-    _soft_limit_during_the_failure_write("mysql", mysql_queue)
-
-
-def _soft_limit_during_the_failure_write(alias: str, queue: str) -> None:
     from django.db import transaction
 
     from tests.tasks import fails_slowly
 
+    alias, queue = journal_queue
     key = f"softfail-{uuid.uuid4().hex[:8]}"
     # Given a body that fails after 1 s, under a soft time limit of 2 s
     result = fails_slowly.apply_async((key,), queue=queue, soft_time_limit=2, time_limit=30)
