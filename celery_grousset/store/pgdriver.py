@@ -23,7 +23,7 @@ import time
 from types import ModuleType
 from typing import Any
 
-from celery_grousset.store.unpatched import os_lock, start_os_thread
+from celery_grousset.store.unpatched import start_os_thread
 
 _NAMED = re.compile(r"%\((\w+)\)s")
 
@@ -80,19 +80,16 @@ class Driver:
         for at most ``within`` seconds: libpq's cancel opens a connection of its own, with
         no timeout (a server that does not answer would hold the caller for minutes)."""
 
-        done = os_lock()  # (OS threads: under gevent or eventlet, the driver may block)
-        done.acquire()
+        done: list[bool] = []  # (an OS thread: under gevent or eventlet the driver blocks)
 
         def cancel() -> None:
-            try:
-                with contextlib.suppress(Exception):  # (the connection is dropped anyway)
-                    conn.cancel()  # psycopg 3 and psycopg2 alike
-            finally:
-                done.release()
+            with contextlib.suppress(Exception):  # (the connection is dropped anyway)
+                conn.cancel()  # psycopg 3 and psycopg2 alike
+            done.append(True)
 
         start_os_thread(cancel, name="grousset-cancel")
         deadline = time.monotonic() + within
-        while not done.acquire(False) and time.monotonic() < deadline:
+        while not done and time.monotonic() < deadline:
             time.sleep(0.01)  # (patched under gevent: the hub runs meanwhile)
 
     def in_transaction_error(self, conn: Any) -> bool | None:

@@ -38,7 +38,3 @@ def start_os_thread(fn: Any, *args: Any, name: str) -> None:
     else:
         start(fn, args)
 
-
-def os_lock() -> Any:
-    """A lock that blocks the OS thread (waited on across OS threads, with a timeout)."""
-    return original("_thread", "allocate_lock")()
