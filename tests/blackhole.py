@@ -11,11 +11,13 @@ from collections.abc import Iterator
 
 class Blackhole:
     """Listen on 127.0.0.1 (:attr:`port`) and relay every connection to ``upstream``;
-    while :attr:`dropping` is set, bytes from the client are read and thrown away."""
+    while :attr:`dropping` is set, bytes from the client are read and thrown away; while
+    :attr:`deaf` is set, a new connection is accepted and never answered."""
 
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
         self.dropping = threading.Event()
+        self.deaf = threading.Event()
         self.dropped = 0
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
@@ -26,6 +28,9 @@ class Blackhole:
         with contextlib.suppress(OSError):
             while True:
                 client, _ = self._listener.accept()
+                if self.deaf.is_set():
+                    self._sockets.append(client)
+                    continue
                 server = socket.create_connection(self.upstream)
                 self._sockets += [client, server]
                 for ends in ((client, server, True), (server, client, False)):

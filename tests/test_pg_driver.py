@@ -15,9 +15,10 @@ from django.db import connections
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.exceptions import PoisonDelivery, StoreUnavailable
 from celery_grousset.store import Completion
-from celery_grousset.store.pgdriver import driver
+from celery_grousset.store.pgdriver import Driver, Psycopg2, Psycopg3, driver
 from celery_grousset.store.postgresql import PostgresStore
 from tests import services
+from tests.blackhole import blackhole
 
 
 def make(processor: str, fp: str | None = None) -> ClaimRequest:
@@ -194,3 +195,98 @@ def test_an_alias_that_turns_prepared_statements_off_is_served_unprepared() -> N
         assert count.fetchone()[0] == 0 and pg.prepare is False
     finally:
         pg.close()
+
+
+def _driver_class(name: str) -> type[Driver]:
+    """The driver class ``name``, skipped where it is not installed (the compat stacks)."""
+    pytest.importorskip("psycopg" if name == "psycopg" else "psycopg2")
+    return Psycopg3 if name == "psycopg" else Psycopg2
+
+
+#: run in a process of its own (a GIL held forever would stop the test's own process):
+#: connect, wait for "go", interrupt while a thread counts; print the two figures
+_INTERRUPT_SCRIPT = """
+import json, sys, threading, time
+from celery_grousset.store import pgdriver
+drv = pgdriver.Psycopg3() if sys.argv[1] == "psycopg" else pgdriver.Psycopg2()
+conn = drv.connect(json.loads(sys.argv[2]))
+print("connected", flush=True)
+sys.stdin.readline()
+ticks, stop = [0], threading.Event()
+def tick():
+    while not stop.is_set():
+        time.sleep(0.01)
+        ticks[0] += 1
+threading.Thread(target=tick, daemon=True).start()
+t0 = time.monotonic()
+drv.interrupt(conn, within=1.0)
+print(json.dumps({"elapsed": time.monotonic() - t0, "ticks": ticks[0]}), flush=True)
+stop.set()
+"""
+
+
+@pytest.mark.parametrize("name", ["psycopg", "psycopg2"])
+def test_an_interrupt_whose_cancel_goes_unanswered_does_not_stop_the_process(
+    pg: PostgresStore, name: str
+) -> None:
+    """libpq's cancel opens a connection of its own and waits for the server with no
+    timeout, holding the GIL on both drivers: a server that accepted it and never
+    answered (a partition, a frozen postmaster) stopped every thread of the worker."""
+    import json
+    import subprocess
+    import sys
+
+    _driver_class(name)
+    settings = connections.settings["postgresql"]
+    with blackhole((settings["HOST"] or "127.0.0.1", int(settings["PORT"]))) as proxy:
+        params = {**pg._params(), "host": "127.0.0.1", "port": proxy.port, "sslmode": "disable"}
+        child = subprocess.Popen(
+            [sys.executable, "-c", _INTERRUPT_SCRIPT, name, json.dumps(params)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert child.stdout is not None and child.stdout.readline() == "connected\n"
+            # Given new connections to the server accepted and never answered
+            proxy.deaf.set()
+            # When the process interrupts its connection's statement
+            out, _ = child.communicate("go\n", timeout=20)
+        finally:
+            child.kill()
+            child.wait()
+    # Then it gives up on the cancel within its wait, its other threads running meanwhile
+    figures = json.loads(out)
+    assert figures["elapsed"] < 3.0, figures
+    assert figures["ticks"] > 30, figures
+
+
+@pytest.mark.parametrize("name", ["psycopg", "psycopg2"])
+def test_an_interrupt_cancels_the_statement_on_a_server_that_answers(
+    pg: PostgresStore, name: str
+) -> None:
+    import threading
+    import time
+
+    drv = _driver_class(name)()
+    conn = drv.connect(pg._params())
+    ended: list[BaseException] = []
+
+    def sleep() -> None:
+        try:
+            drv.execute(conn, "SET statement_timeout = 0")
+            drv.execute(conn, "SELECT pg_sleep(30)")
+        except BaseException as exc:
+            ended.append(exc)
+
+    try:
+        # Given a statement running on the connection
+        runner = threading.Thread(target=sleep, daemon=True)
+        runner.start()
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        # When it is interrupted / Then the server ends it at once
+        drv.interrupt(conn)
+        runner.join(10)
+        assert not runner.is_alive() and time.monotonic() - t0 < 5
+        assert len(ended) == 1 and isinstance(ended[0], drv.QueryCanceled), ended
+    finally:
+        conn.close()

@@ -19,13 +19,17 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+import struct
 import time
+from socket import AF_UNIX, SOCK_STREAM
 from types import ModuleType
 from typing import Any
 
-from celery_grousset.store.unpatched import start_os_thread
+from celery_grousset.store.unpatched import original, start_os_thread
 
 _NAMED = re.compile(r"%\((\w+)\)s")
+#: the protocol's SSLRequest: a server answers it with one byte, S or N
+_SSL_REQUEST = struct.pack("!II", 8, 80877103)
 
 
 def is_psycopg3() -> bool:
@@ -84,13 +88,20 @@ class Driver:
 
         def cancel() -> None:
             with contextlib.suppress(Exception):  # (the connection is dropped anyway)
-                conn.cancel()  # psycopg 3 and psycopg2 alike
+                self._cancel(conn, within)
             done.append(True)
 
         start_os_thread(cancel, name="grousset-cancel")
         deadline = time.monotonic() + within
         while not done and time.monotonic() < deadline:
             time.sleep(0.01)  # (patched under gevent: the hub runs meanwhile)
+
+    def _cancel(self, conn: Any, within: float) -> None:
+        """libpq's blocking cancel, sent only to a server that answers within ``within``
+        seconds: both drivers hold the GIL while it waits (the whole process would stop,
+        every thread, until a server that does not answer let it go)."""
+        if answers(conn.info.host, int(conn.info.port), within):
+            conn.cancel()
 
     def in_transaction_error(self, conn: Any) -> bool | None:
         """libpq's transaction status of ``conn``: True when its transaction was aborted
@@ -145,6 +156,12 @@ class Psycopg3(Driver):
     def _status(self, conn: Any) -> int:
         return int(conn.info.transaction_status)
 
+    def _cancel(self, conn: Any, within: float) -> None:
+        if self.module.capabilities.has_cancel_safe():  # libpq 17: bounded, GIL let go
+            conn.cancel_safe(timeout=within)
+        else:
+            super()._cancel(conn, within)
+
 
 class Psycopg2(Driver):
     name = "psycopg2"
@@ -197,6 +214,25 @@ class Psycopg2(Driver):
 
     def _status(self, conn: Any) -> int:
         return _UNKNOWN if conn.closed else int(conn.get_transaction_status())
+
+
+def answers(host: str, port: int, within: float) -> bool:
+    """The server at ``host`` (a name, an address or a socket directory) and ``port``
+    answers an SSLRequest within ``within`` seconds: its postmaster accepts and serves
+    a new connection (libpq's cancel opens one and waits, with no timeout, for its end)."""
+    try:
+        if host.startswith("/"):
+            family, address = AF_UNIX, f"{host}/.s.PGSQL.{port}"
+        else:  # (a name: its first address, IPv4 or IPv6)
+            found = original("socket", "getaddrinfo")(host, port, type=SOCK_STREAM)
+            family, address = found[0][0], found[0][4]
+        with original("socket", "socket")(family, SOCK_STREAM) as sock:
+            sock.settimeout(within)
+            sock.connect(address)
+            sock.sendall(_SSL_REQUEST)
+            return sock.recv(1) in (b"N", b"S", b"E")
+    except OSError:
+        return False
 
 
 _driver: Driver | None = None
