@@ -136,15 +136,16 @@ class GroussetTaskMixin:
             opts = Options.resolve(
                 f"the task {self.name!r}", explicit, default_processor=self.app.main or "default"
             )
+            sig = self._signature()  # (refuses an async def body)
             if self.grousset_key is not None and not callable(self.grousset_key):
-                validate_key_names(self._signature(), self.grousset_key)
-            binding.synchronous(self.run, f"task {self.name!r}")  # type: ignore[attr-defined]
+                validate_key_names(sig, self.grousset_key)
             self._grousset_opts = opts
             _instances.append(self)
         return opts
 
     def _signature(self) -> inspect.Signature | None:
-        if self._grousset_sig is None:
+        if self._grousset_sig is None:  # an async def body refused at publish too (E019)
+            binding.synchronous(self.run, f"task {self.name!r}")  # type: ignore[attr-defined]
             self._grousset_sig = binding.signature_of(self.run)  # type: ignore[attr-defined]
         return self._grousset_sig
 

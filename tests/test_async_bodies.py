@@ -44,6 +44,26 @@ def test_an_async_def_task_is_refused_before_it_claims_and_by_the_checks(
     assert {m.id for m in found} == {"celery_grousset.E019"}, [m.msg for m in found]
 
 
+def test_an_async_def_task_is_refused_at_publish(journal: str, temp_task: Any) -> None:
+    """Published, its message waited for a worker that refuses to start (E019) while
+    delay() said nothing (an async-producers review)."""
+    from django.db import transaction
+
+    async def notify(self: Any, user: str) -> str:
+        return user
+
+    task = temp_task(notify, max_processing_time=30)
+    nowhere = f"nowhere-{uuid.uuid4().hex[:8]}"
+    # When a producer publishes a call of a guarded async def task / Then it is refused
+    # before anything is sent, naming the fix
+    with pytest.raises(NotAwaited, match=r"async def function.*async_to_sync"):
+        task.apply_async(("u-1",), queue=nowhere)
+    if hasattr(task, "apply_async_on_commit"):  # (Celery 5.4+)
+        with pytest.raises(NotAwaited, match="async def"), transaction.atomic(journal):
+            task.apply_async_on_commit(("u-2",), queue=nowhere)
+            transaction.set_rollback(True, journal)  # (nothing sent even if not refused)
+
+
 def test_a_sync_wrapper_of_an_async_function_is_a_body_like_any_other(journal: str) -> None:
     import functools
 
