@@ -148,6 +148,8 @@ def publish(app: Any, row: OutboxMessage, **publishing: Any) -> Any:
         if isinstance(options.get(name), str):
             options[name] = datetime.fromisoformat(options[name])
     key = options.pop("idempotency_key", None)
+    if key is None and not isinstance(row.args, str):  # a 0.1.0 row: 0.1.0's relay keyed
+        key = f"outbox:{row.id}"  # it so (one it published and did not mark sent ran once)
     task, (args, kwargs) = app.tasks.get(row.task_name), arguments(row)
     if isinstance(task, GroussetTaskMixin):
         with deliberate():  # inside the relay's batch transaction, on purpose
@@ -178,11 +180,8 @@ class RelayStats:
     broker_down: bool = False
 
     def add(self, other: RelayStats) -> None:
-        self.fetched += other.fetched
-        self.sent += other.sent
-        self.failed += other.failed
-        self.dead += other.dead
-        self.batches += other.batches
+        for name in ("fetched", "sent", "failed", "dead", "batches"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
         self.broker_down = self.broker_down or other.broker_down
 
 

@@ -134,6 +134,28 @@ def two_rows_for(alias: str, queue: str, broker: str) -> tuple[Celery, Any, Any]
     return down, a, b
 
 
+def test_a_row_enqueued_by_0_1_0_is_published_under_the_key_its_relay_gave_it(
+    alias: str, queue: str
+) -> None:
+    """0.1.0's relay published a row under the key ``outbox:<id>``: one it published and
+    did not mark sent (stopped for the upgrade) ran again under the call's own
+    fingerprint once the new relay sent it (an upgrade review)."""
+    from tests.tasks import effect
+
+    with transaction.atomic(using=alias):
+        row = outbox.enqueue(effect, ("legacy",), using=alias, queue=queue)
+    # Given the row as 0.1.0 wrote it: its arguments as JSON values, not a JSON text
+    OutboxMessage.objects.using(alias).filter(pk=row.pk).update(args=["legacy"], kwargs={})
+    try:
+        # When the relay publishes it / Then under 0.1.0's key, with its arguments
+        assert relay(alias).sent == 1
+        [msg] = messages(queue)
+        assert msg[KEY_HEADER] == f"outbox:{row.pk}", msg
+        assert msg["args"] == ["legacy"]
+    finally:
+        OutboxMessage.objects.using(alias).filter(pk=row.pk).delete()
+
+
 def test_an_enqueued_call_is_published_as_delay_publishes_it(alias: str, queue: str) -> None:
     """The row kept its arguments as JSON values: jsonb wrote 1e16 as an integer (another
     value, another fingerprint than delay()'s), and a datetime, Decimal or UUID, which

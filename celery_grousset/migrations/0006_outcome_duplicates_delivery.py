@@ -5,11 +5,16 @@ column is unchanged, only its help text).
 
 Rows written before this migration keep ``first_claimed_at`` NULL (shown as their
 ``started_at``) and count their duplicates from now on: nothing is rewritten, so the
-migration does not lock a large journal. On PostgreSQL and MySQL/MariaDB ``duplicates``
-also keeps 0 as its database default (as ``payload_hash`` does, 0005), so an ``INSERT``
-from a worker of a release that already had 0005 works during a rolling upgrade. From
-0.1.0 there is no rolling upgrade (it does not write 0003's ``stale_at``): stop its
-workers before ``migrate`` (docs/operations.md, "Upgrading from 0.1.0").
+migration's time does not grow with the journal. Adding the columns takes the table's
+exclusive lock briefly, but it waits for every open transaction that touched the
+journal, and claims queue behind it (docs/operations.md, "Migrations and locks").
+
+On PostgreSQL and MySQL/MariaDB ``duplicates`` also keeps 0 as its database default (as
+``payload_hash`` does, 0005), so an ``INSERT`` from a worker of a release that already
+had 0005 works during a rolling upgrade (on MySQL/MariaDB but for the instant between
+two statements, where it fails closed). From 0.1.0 there is no rolling upgrade (it does
+not write 0003's ``stale_at``): stop its workers before ``migrate`` (docs/operations.md,
+"Upgrading from 0.1.0").
 """
 
 from django.db import migrations, models
@@ -40,6 +45,10 @@ class Migration(migrations.Migration):
                 help_text="Other deliveries of the same key answered from the memo or the in-flight policy (each listed under Deliveries by its task id).",
             ),
         ),
+        # at once after the column (Django drops the default it adds it with): on MySQL,
+        # whose DDL is not transactional, an INSERT between the two fails closed, is retried.
+        # Not atomic: MySQL refuses DDL inside a transaction (it cannot roll DDL back)
+        migrations.RunPython(_alter(_SET), _alter(_DROP), atomic=False),
         migrations.AddField(
             model_name="outcome",
             name="first_claimed_at",
@@ -99,6 +108,4 @@ class Migration(migrations.Migration):
                 "indexes": [models.Index(fields=["task_id"], name="grousset_delivery_task_id")],
             },
         ),
-        # not atomic: MySQL refuses DDL inside a transaction (it cannot roll DDL back)
-        migrations.RunPython(_alter(_SET), _alter(_DROP), atomic=False),
     ]
