@@ -37,7 +37,13 @@ from celery_grousset.binding import WRAP_ATOMIC, WRITES, off_the_loop
 from celery_grousset.exceptions import InvalidArgument
 from celery_grousset.memo import error_summary
 from celery_grousset.models import OutboxMessage, OutboxStatus
-from celery_grousset.outbox_failures import broker_down, check_seconds, permanent
+from celery_grousset.outbox_failures import (
+    broker_down,
+    check_seconds,
+    confirmed_connection,
+    permanent,
+    refused,
+)
 from celery_grousset.publish_check import deliberate, open_transactions
 from celery_grousset.published import SIGNATURE_OPTIONS as _SIGNATURES
 from celery_grousset.published import arguments, check_enqueued, stored, stored_options
@@ -163,13 +169,6 @@ def publish(app: Any, row: OutboxMessage, **publishing: Any) -> Any:
                          **{**publishing, **options})  # fmt: skip
 
 
-def confirmed_connection(app: Any) -> Any:
-    """A broker connection with AMQP publisher confirms: a publish returns once RabbitMQ
-    has the message (else an error after ``timeout``), not once its bytes are in the
-    socket, which a network may drop. Other transports ignore it (Redis answers a push)."""
-    return app.connection_for_write(transport_options={"confirm_publish": True})
-
-
 @dataclass
 class RelayStats:
     fetched: int = 0
@@ -262,14 +261,14 @@ class Relay:
         """Publish ``rows`` in order, each confirmed by the broker; the ids published."""
         manager, sent = OutboxMessage.objects.using(self.alias), []
         if self._conn is None:  # kept across batches (its queues declared once)
-            self._conn = confirmed_connection(self.app)
+            self._conn = confirmed_connection(self.app, self.confirm_timeout)
         producer = self.app.amqp.Producer(self._conn)  # (connects on its first publish)
         try:
             for row in rows:
                 try:
                     publish(self.app, row, producer=producer, timeout=self.confirm_timeout)
                 except Exception as exc:
-                    down = broker_down(self.app, exc)
+                    down = broker_down(self.app, exc) and not refused(self.app, exc)
                     self._failed(row, exc, stats, counted=not down)
                     if down:
                         stats.broker_down = True

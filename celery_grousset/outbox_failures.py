@@ -1,9 +1,11 @@
-"""What a failed publish of the outbox relay means (an outage of the broker, or a call
-the broker can never take), and the relay's durations checked (docs/producer.md)."""
+"""What a failed publish of the outbox relay means (an outage of the broker, a message
+it refused, or a call it can never take), the relay's durations checked, and its broker
+connection, whose every wait is bounded (docs/producer.md)."""
 
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Any
 
 from celery_grousset.exceptions import InvalidArgument
@@ -27,6 +29,36 @@ def broker_down(app: Any, exc: BaseException) -> bool:
     )
 
 
+def refused(app: Any, exc: BaseException) -> bool:
+    """The broker answered, refusing this message (a RabbitMQ nack: a full queue that
+    rejects publishes; a Redis error reply about its key: of another type): its
+    connection works and the next rows may go elsewhere, so this one is charged an
+    attempt and the batch goes on (kombu raises both as its OperationalError, as it does
+    an outage; Redis out of memory or read-only is one)."""
+    refusals: tuple[type[BaseException], ...] = ()
+    with contextlib.suppress(Exception):
+        from amqp.exceptions import MessageNacked
+
+        refusals += (MessageNacked,)
+    with contextlib.suppress(Exception):  # (the transport class only: no connection)
+        refusals += tuple(app.connection_for_write().channel_errors)
+    seen: BaseException | None = exc
+    for _ in range(4):  # (the cause kombu's error carries, and that one's)
+        if seen is None or isinstance(seen, refusals):
+            return seen is not None and not _WHOLE_BROKER.search(f"{type(seen).__name__} {seen}")
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+#: Redis error replies about the whole server, not one message or queue: an outage (the
+#: class redis-py raises, or the reply's code, after the pipeline's "caused error: ")
+_WHOLE_BROKER = re.compile(
+    r"^(OutOfMemory|ReadOnly|MasterDown|ClusterDown|TryAgain|BusyLoading|MaxClientsReached)"
+    r"Error\b|(^|error: )(OOM|LOADING|BUSY|READONLY|MASTERDOWN|NOREPLICAS|CLUSTERDOWN|"
+    r"TRYAGAIN|MISCONF|NOAUTH)\b"
+)
+
+
 def permanent(app: Any, exc: BaseException) -> bool:
     """The call itself is wrong (its arguments, a value that cannot be encoded):
     publishing it again cannot help, so the row goes dead at once."""
@@ -44,3 +76,15 @@ def check_seconds(**values: object) -> None:
             flag = f" (--{name.replace('_', '-')})" if name != "confirm_timeout" else ""
             raise InvalidArgument(f"{name}{flag} must be a positive number of seconds; got "
                                   f"{value!r}")  # fmt: skip
+
+
+def confirmed_connection(app: Any, timeout: float) -> Any:
+    """A broker connection with AMQP publisher confirms: a publish returns once RabbitMQ
+    has the message (else an error after ``timeout``), not once its bytes are in the
+    socket, which a network may drop. Redis answers each push, within ``timeout`` unless
+    ``broker_transport_options`` says otherwise (kombu's default waits for ever)."""
+    options: dict[str, Any] = {"confirm_publish": True}
+    if app.connection_for_write().transport.driver_type == "redis":
+        options = {"socket_timeout": timeout, "socket_connect_timeout": timeout,
+                   **(app.conf.broker_transport_options or {}), **options}  # fmt: skip
+    return app.connection_for_write(transport_options=options)

@@ -32,6 +32,7 @@ from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connections, transaction
 from django.db.models import Count, Max
 from django.test import Client
+from kombu import Queue
 
 from celery_grousset import outbox
 from celery_grousset.delivery import KEY_HEADER
@@ -220,7 +221,7 @@ def test_the_relay_keeps_one_broker_connection_across_batches(
     opened: list[Any] = []
     real = outbox.confirmed_connection
     monkeypatch.setattr(outbox, "confirmed_connection",
-                        lambda target: opened.append(real(target)) or opened[-1])  # fmt: skip
+                        lambda *a: opened.append(real(*a)) or opened[-1])  # fmt: skip
     with transaction.atomic(using=alias):
         rows = [outbox.enqueue(effect, (f"c{j}",), using=alias, queue=queue) for j in range(3)]
     try:
@@ -375,6 +376,139 @@ def test_a_publish_the_broker_refuses_goes_dead_after_max_attempts(alias: str) -
         rows.filter(pk=row.pk).delete()
         with Connection(url) as direct:
             direct.default_channel.queue_delete(name)
+
+
+def test_a_full_queue_that_refuses_a_message_holds_up_no_other_queue(alias: str) -> None:
+    """RabbitMQ's nack of a full queue (``x-overflow: reject-publish``) was read as an
+    outage: the batch stopped at the first such row, charged nothing, and every row of
+    every other queue waited behind that queue's backlog (an outbox review)."""
+    from kombu import Connection
+
+    from tests.tasks import effect
+
+    url = services.require_rabbitmq()
+    full, other = (f"ob-{kind}-{uuid.uuid4().hex[:8]}" for kind in ("full", "other"))
+    with Connection(url) as direct:  # a queue that holds one message and refuses more
+        args = {"x-max-length": 1, "x-overflow": "reject-publish"}
+        direct.SimpleQueue(full, queue_args=args).close()
+        direct.SimpleQueue(other).close()
+    rabbit = Celery("rabbit", broker=url, set_as_current=False)
+    rabbit.conf.task_publish_retry = False
+    rabbit.conf.task_queues = [Queue(full, queue_arguments=args), Queue(other)]
+    # Given rows for the full queue first, then rows for another queue
+    with transaction.atomic(using=alias):
+        rows = [outbox.enqueue(effect, (f"f{j}",), using=alias, queue=full) for j in range(3)]
+        rows += [outbox.enqueue(effect, (f"o{j}",), using=alias, queue=other) for j in range(2)]
+    try:
+        # When the relay runs once
+        stats = relay(alias, rabbit, backoff=60)
+        for row in rows:
+            row.refresh_from_db(using=alias)
+        # Then the other queue's rows are sent, and the refused ones charged an attempt
+        assert not stats.broker_down and stats.sent == 3, stats
+        assert [r.status for r in rows] == ["sent", "pending", "pending", "sent", "sent"]
+        assert [r.attempts for r in rows[1:3]] == [1, 1], [r.last_error for r in rows]
+        with Connection(url) as direct:
+            sizes = [direct.SimpleQueue(full, queue_args=args).qsize(),
+                     direct.SimpleQueue(other).qsize()]  # fmt: skip
+        assert sizes == [1, 2]
+    finally:
+        OutboxMessage.objects.using(alias).filter(pk__in=[r.pk for r in rows]).delete()
+        with Connection(url) as direct:
+            for name in (full, other):
+                direct.default_channel.queue_delete(name)
+
+
+def _own_redis(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """A redis-server of the test's own (it is frozen or reconfigured), on a free port."""
+    import shutil
+    import socket
+
+    services.require_redis()
+    binary = shutil.which("redis-server")
+    assert binary, "redis-server is not installed"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([binary, "--port", str(port), "--save", "", "--appendonly", "no",
+                               "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 10
+    while not services.port_open("127.0.0.1", port) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return server, port
+
+
+def test_a_redis_refusal_of_one_queue_is_charged_and_one_of_the_server_is_an_outage(
+    alias: str, tmp_path: Path
+) -> None:
+    """An error reply about one key (WRONGTYPE) was read as an outage: retried for ever
+    at no cost, never dead, holding up every other queue (an outbox review); Redis out
+    of memory stays an outage: the row charged nothing."""
+    import redis
+
+    from tests.tasks import effect
+
+    server, port = _own_redis(tmp_path)
+    target = Celery("refusing", broker=f"redis://127.0.0.1:{port}/0", set_as_current=False)
+    target.conf.task_publish_retry = False
+    client = redis.Redis(port=port)
+    with transaction.atomic(using=alias):
+        bad = outbox.enqueue(effect, ("w",), using=alias, queue="ob-wrongtype")
+        good = outbox.enqueue(effect, ("g",), using=alias, queue="ob-fine")
+    rows = OutboxMessage.objects.using(alias).filter(pk__in=[bad.pk, good.pk])
+    try:
+        # Given one queue's key holding a string (another service's key, say)
+        client.set("ob-wrongtype", "not a list")
+        # When the relay runs / Then that row is charged, and the other queue's is sent
+        stats = relay(alias, target, backoff=60)
+        bad.refresh_from_db(using=alias)
+        good.refresh_from_db(using=alias)
+        assert not stats.broker_down and good.status == OutboxStatus.SENT, stats
+        assert (bad.status, bad.attempts) == ("pending", 1) and "WRONGTYPE" in bad.last_error
+        # And given the server out of memory, the row is charged nothing: an outage
+        client.delete("ob-wrongtype")
+        client.config_set("maxmemory", 1)
+        rows.filter(pk=bad.pk).update(available_at=bad.created_at)
+        stats = relay(alias, target, backoff=60)
+        bad.refresh_from_db(using=alias)
+        assert stats.broker_down and bad.attempts == 1 and "maxmemory" in bad.last_error, stats
+    finally:
+        server.kill()
+        server.wait()
+        rows.delete()
+
+
+def test_a_redis_broker_that_stops_answering_holds_the_relay_no_longer_than_its_timeout(
+    alias: str, tmp_path: Path
+) -> None:
+    """kombu's Redis transport waits for an answer for ever: a broker that stopped
+    answering (a partition, a frozen server) held the relay mid-batch, its rows locked,
+    and said nothing (an outbox review)."""
+    from tests.tasks import effect
+
+    server, port = _own_redis(tmp_path)
+    target = Celery("hung", broker=f"redis://127.0.0.1:{port}/0", set_as_current=False)
+    target.conf.task_publish_retry = False
+    with transaction.atomic(using=alias):
+        row = outbox.enqueue(effect, ("hung",), using=alias, queue="ob-hung")
+    done: list[outbox.RelayStats] = []
+    try:
+        # Given a Redis broker that stops answering (its process frozen)
+        server.send_signal(signal.SIGSTOP)
+        # When the relay publishes
+        runner = threading.Thread(target=lambda: done.append(relay(alias, target, backoff=60,
+                                  confirm_timeout=1.0)), daemon=True)  # fmt: skip
+        runner.start()
+        runner.join(15)
+        # Then it gives up within its timeout, the row pending and charged nothing
+        assert done, "the relay still waits for the broker"
+        row.refresh_from_db(using=alias)
+        assert done[0].broker_down and (row.status, row.attempts) == ("pending", 0), row.last_error
+    finally:
+        server.send_signal(signal.SIGCONT)
+        server.kill()
+        server.wait()
+        OutboxMessage.objects.using(alias).filter(pk=row.pk).delete()
 
 
 def test_an_unexpected_error_pauses_the_relay_and_never_ends_it(
