@@ -21,12 +21,12 @@ import base64
 import binascii
 import dataclasses
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any, NoReturn
 
 from celery_grousset import events, memo
 from celery_grousset.claim import ENC_NOT_STORED, ClaimRequest, Status
-from celery_grousset.completion import complete
+from celery_grousset.completion import Unwritten, complete
 from celery_grousset.exceptions import FencedOut, StoreUnavailable, TransactionLost
 from celery_grousset.store import Completion, Store
 
@@ -40,8 +40,6 @@ MAX_DROPPED = 5
 #: the largest memo carried in a header (a header has to fit in one broker frame); a
 #: larger one is carried as "result not stored": the effect still never runs again
 MAX_CARRIED_BYTES = 64 * 1024
-
-Unwritten = Callable[[Completion, StoreUnavailable], NoReturn]
 
 
 def outcome(

@@ -9,8 +9,6 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, NoReturn
 
-from celery.exceptions import SoftTimeLimitExceeded
-
 from celery_grousset import events, memo, txbody
 from celery_grousset.binding import not_awaitable
 from celery_grousset.claim import ENC_NONE, ENC_NOT_STORED, ClaimRequest, Status
@@ -25,6 +23,9 @@ from celery_grousset.faults import fault
 from celery_grousset.options import Options
 from celery_grousset.store import ClaimResult, Completion, Store, refusals
 
+#: what to do with an outcome the journal would not take (a task requeues its delivery
+#: carrying it: celery_grousset.carry); it never returns
+Unwritten = Callable[[Completion, StoreUnavailable], NoReturn]
 #: pauses between attempts of a completion write that found the store unavailable
 COMPLETION_RETRY_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
 
@@ -62,7 +63,7 @@ def _holding(key: tuple[str, str, str], fn: Callable[[], Any]) -> Callable[[], A
 
 def run_owned(
     store: Store, opts: Options, req: ClaimRequest, res: ClaimResult, fn: Callable[[], Any],
-    serializer: str, unwritten: Callable[[Completion, StoreUnavailable], NoReturn] | None = None,
+    serializer: str, unwritten: Unwritten | None = None,
 ) -> Any:
     """Run the effect of an owned claim and write its fenced outcome. When the outcome
     cannot be written (the store stayed unavailable through every retry), it is handed
@@ -71,12 +72,12 @@ def run_owned(
     fn = _holding((store.alias, req.processor_id, req.fingerprint), fn)
     fault("after_claim")
     if opts.transactional:
-        return _run_transactional(store, opts, req, res, fn, serializer)
+        return _run_transactional(store, opts, req, res, fn, serializer, unwritten)
     started = time.monotonic()
     try:
         value = not_awaitable(fn(), req.task_name)
     except Exception as exc:
-        if fail(store, opts, req, exc, res.fence):
+        if fail(store, opts, req, exc, res.fence, unwritten):
             overran(req, started)
         raise
     except BaseException as exc:  # the process is being stopped: the effect may have
@@ -105,7 +106,7 @@ def complete(
     req: ClaimRequest,
     completion: Completion,
     fence: int,
-    unwritten: Callable[[Completion, StoreUnavailable], NoReturn] | None,
+    unwritten: Unwritten | None,
 ) -> bool:
     """Write the fenced completion of an attempt whose effect ran (retried:
     :func:`finish_retrying`); still unwritable, hand it to ``unwritten`` (without one,
@@ -173,6 +174,7 @@ def _run_transactional(
     res: ClaimResult,
     fn: Callable[[], Any],
     serializer: str,
+    unwritten: Unwritten | None,
 ) -> Any:
     """The effect and the completion in ONE transaction on the journal's database: a
     fenced-out attempt rolls its effect back."""
@@ -214,7 +216,7 @@ def _run_transactional(
                 "delivery sent again."
             ) from exc
         if not txbody.connection_lost(conn, raw, exc):
-            if fail(store, opts, req, exc, res.fence):
+            if fail(store, opts, req, exc, res.fence, unwritten):
                 overran(req, started)
             raise
         released = release_lost(store, req, res.fence, exc)
@@ -309,9 +311,13 @@ def release_lost(store: Store, req: ClaimRequest, fence: int, exc: BaseException
     return False
 
 
-def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException, fence: int) -> bool:
-    """Record a failed attempt (of ``fence``): release the claim, or memoize the error. True
-    when it was written. Never raises (the caller re-raises the task's own exception)."""
+def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException, fence: int,
+         unwritten: Unwritten | None = None) -> bool:  # fmt: skip
+    """Record a failed attempt (of ``fence``): release the claim, or memoize the error,
+    retried as a completion is (:func:`finish_retrying`). True when it was written.
+    Still unwritable: a memoized failure is handed to ``unwritten`` (requeued carrying
+    it, so a duplicate never runs the effect again); a release is left in flight until
+    stale. Else never raises (the caller re-raises the task's own exception)."""
     try:
         if opts.on_failure == "memoize" and not memo.never_memoized(exc):
             result, enc, error = memo.encode_exception(exc)
@@ -320,27 +326,26 @@ def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException, fen
             completion = Completion(Status.FAILED.value, None, ENC_NONE, memo.error_summary(exc))
     except Exception:  # an exception that cannot describe itself: release the claim
         completion = Completion(Status.FAILED.value, None, ENC_NONE, memo.error_summary(None))
-    for again in (False, True):
-        try:
-            t0 = time.perf_counter()
-            done = store.finish(req.processor_id, req.fingerprint, req.token, completion)
-            outcome = (memo.celery_exit(exc) or "failed") if done else "fenced_out"
-            events.finished(req, outcome, time.perf_counter() - t0)
-            if not done:
-                events.fenced(req, fence)
-            return done
-        except SoftTimeLimitExceeded as interrupted:  # while the write waited: it may commit
-            store.discard()  # (mid-statement: never used again) sent once more, on a fresh
-            events.store_error(req, "fail", interrupted, retried=not again)  # connection
-        except (StoreUnavailable, PoisonDelivery) as store_exc:  # in flight until stale
-            events.store_error(req, "fail", store_exc)  # (the task's own error is raised)
-            return False
-    return False
+    carried = unwritten is not None and completion.result is not None
+    try:
+        t0 = time.perf_counter()
+        done = finish_retrying(store, req, completion, carried, operation="fail")
+    except StoreUnavailable as store_exc:  # (each try logged)
+        if carried and unwritten is not None:
+            unwritten(completion, store_exc)
+        return False  # in flight until stale (the task's own error is raised)
+    except Exception as store_exc:  # refused for its data; interrupted twice
+        events.store_error(req, "fail", store_exc)
+        return False
+    events.finished(req, (memo.celery_exit(exc) or "failed") if done else "fenced_out",
+                    time.perf_counter() - t0)  # fmt: skip
+    if not done:
+        events.fenced(req, fence)
+    return done
 
 
-def finish_retrying(
-    store: Store, req: ClaimRequest, completion: Completion, carried: bool = False
-) -> bool:
+def finish_retrying(store: Store, req: ClaimRequest, completion: Completion,
+                    carried: bool = False, operation: str = "complete") -> bool:  # fmt: skip
     """Write the completion; when the store is briefly unavailable (a restart, a lost
     connection) try again while the claim is still ours. Re-sending with the same token is
     idempotent. Gives up (raises StoreUnavailable) within half of max_processing_time: the
@@ -354,7 +359,7 @@ def finish_retrying(
             return _finish(store, req, completion)
         except StoreUnavailable as exc:
             last = delay is None or time.monotonic() + delay > deadline
-            events.store_error(req, "complete", exc, retried=not last)
+            events.store_error(req, operation, exc, retried=not last)
             if last or delay is None:
                 raise
             try:
@@ -375,7 +380,7 @@ def finish_retrying(
                 raise StoreUnavailable(f"the completion was interrupted twice ({exc!r}); "
                                        "whether it committed is unknown") from exc  # fmt: skip
             interrupted = True
-            events.store_error(req, "complete", exc, action="outcome unknown: sent again")
+            events.store_error(req, operation, exc, action="outcome unknown: sent again")
             store.discard()  # the connection is in an unknown state
     raise AssertionError("unreachable")  # pragma: no cover
 

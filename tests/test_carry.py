@@ -131,6 +131,87 @@ def test_unwritten_completion_is_carried_and_written_by_the_next_delivery(
     assert guard.guarded(later, _call(key)) == {"receipt": key} and later.runs == 0
 
 
+def _failing_opts(processor: str, alias: str, on_failure: str) -> Options:
+    return Options.resolve(
+        "test", {"processor_id": processor, "max_processing_time": 2, "database": alias,
+                 "on_failure": on_failure}, default_processor=processor,
+    )  # fmt: skip
+
+
+def test_a_memoized_failure_the_journal_refused_is_carried_and_never_runs_again(
+    short: str, processor: str
+) -> None:
+    """The failure's one write, refused (the journal unreachable), was dropped: the
+    delivery was acked, its claim left in flight until stale, and the duplicate that
+    took it over ran the failing effect again — a card charged twice (an outage
+    review)."""
+    alias, key = short, f"order-{uuid.uuid4().hex}"
+    locked = contextlib.ExitStack()
+
+    def declined() -> None:
+        locked.enter_context(_row_locked(alias, processor))
+        raise LookupError(f"card declined for {key}")
+
+    # Given an attempt whose body failed, under on_failure="memoize", and whose failure
+    # the journal refused through every retry
+    caller = TaskLikeCaller(_failing_opts(processor, alias, "memoize"), declined)
+    with locked, pytest.raises(Requeued) as requeued:
+        guard.guarded(caller, _call(key))
+    # Then its delivery is requeued carrying the memoized failure
+    header = requeued.value.header
+    assert caller.runs == 1 and header["status"] == "failed" and header["result"]
+    # When the requeued delivery comes back (the journal reachable again)
+    again = TaskLikeCaller(_failing_opts(processor, alias, "memoize"), declined, header)
+    with pytest.raises(LookupError, match="card declined"):
+        guard.guarded(again, _call(key))
+    # Then it wrote the failure without running the body, and a duplicate gets it too
+    row = Outcome.objects.using(alias).get(processor_id=processor)
+    assert again.runs == 0 and row.status == "failed" and row.takeovers == 0
+    dup = TaskLikeCaller(_failing_opts(processor, alias, "memoize"), declined)
+    with pytest.raises(LookupError, match="card declined"):
+        guard.guarded(dup, _call(key))
+    assert dup.runs == 0
+
+
+def test_a_release_refused_for_a_moment_is_written_by_its_retries(
+    short: str, processor: str
+) -> None:
+    """The release's one write, refused by a blip, left the claim in flight: the
+    failed call's retry waited until it turned stale and was counted a takeover."""
+    import threading
+
+    alias, key = short, f"order-{uuid.uuid4().hex}"
+    held, let_go = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        from django.db import connections
+
+        try:
+            with _row_locked(alias, processor):
+                held.set()
+                let_go.wait(10)
+        finally:
+            connections[alias].close()
+
+    def failing() -> None:  # the row's lock taken by another session, let go 0.8 s on
+        threading.Thread(target=holder, daemon=True).start()
+        held.wait(5)
+        threading.Timer(0.8, let_go.set).start()
+        raise LookupError("declined")
+
+    # Given an attempt that failed under on_failure="release" while the journal row was
+    # locked for a moment (past STORE_TIMEOUT: the first write of the release failed)
+    caller = TaskLikeCaller(_failing_opts(processor, alias, "release"), failing)
+    with pytest.raises(LookupError):
+        guard.guarded(caller, _call(key))
+    # Then the release was written: the next call runs at once, no takeover
+    row = Outcome.objects.using(alias).get(processor_id=processor)
+    assert row.status == "failed", row.status
+    nxt = TaskLikeCaller(_failing_opts(processor, alias, "release"), lambda: "ok")
+    assert guard.guarded(nxt, _call(key)) == "ok" and nxt.runs == 1
+    assert Outcome.objects.using(alias).get(processor_id=processor).takeovers == 0
+
+
 def test_a_carried_outcome_never_overwrites_a_takeover(short: str, processor: str) -> None:
     alias, key = short, f"order-{uuid.uuid4().hex}"
     header, _ = _unwritable(alias, processor, key)
