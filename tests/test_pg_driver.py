@@ -290,3 +290,40 @@ def test_an_interrupt_cancels_the_statement_on_a_server_that_answers(
         assert len(ended) == 1 and isinstance(ended[0], drv.QueryCanceled), ended
     finally:
         conn.close()
+
+
+def test_an_outage_error_is_one_line_without_the_servers_context() -> None:
+    """The error field of grousset.store_unavailable carried PostgreSQL's CONTEXT line
+    (the tuple it was locking) after the message: noise in a log line (a review)."""
+    import threading
+    import time
+
+    services.require_database("postgresql")
+    store = PostgresStore("postgresql", connections.settings["postgresql"], timeout=2.0)
+    processor = f"line-{uuid.uuid4().hex[:8]}"
+    first = make(processor)
+    store.claim(first)
+    other = driver().connect(store._params())
+    pid = store._conn.info.backend_pid
+    try:
+        # Given the row locked by another session, and the store's session terminated
+        # while its claim waits for that lock
+        driver().execute(other, "BEGIN")
+        driver().execute(
+            other, "SELECT 1 FROM celery_grousset_outcome WHERE fingerprint = %s FOR UPDATE",
+            (first.fingerprint,),
+        )  # fmt: skip
+
+        def terminate() -> None:
+            time.sleep(0.5)
+            driver().execute(other, "SELECT pg_terminate_backend(%s)", (pid,))
+
+        threading.Thread(target=terminate, daemon=True).start()
+        # When the claim fails / Then its error is one line, naming the outage
+        with pytest.raises(StoreUnavailable) as failed:
+            store.claim(make(processor, first.fingerprint))
+        assert "\n" not in str(failed.value), str(failed.value)
+        assert str(failed.value).startswith("journal database 'postgresql': ")
+    finally:
+        other.close()
+        store.close()

@@ -190,7 +190,8 @@ class MySQLStore(LockingStore):
                 if code in _GONE and not fresh and not reconnected:
                     reconnected = True
                     continue
-                raise StoreUnavailable(f"journal database {self.alias!r}: {exc}") from exc
+                why = refusals.first_line(exc)  # (not the context the server adds)
+                raise StoreUnavailable(f"journal database {self.alias!r}: {why}") from exc
         raise StoreUnavailable(
             f"journal database {self.alias!r}: the claim transaction kept conflicting "
             f"({self.attempts} attempts)"

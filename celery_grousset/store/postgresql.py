@@ -196,7 +196,8 @@ class PostgresStore(PostgresOperations, Store):
         except (db.OperationalError, db.InterfaceError) as exc:
             self.discard()
             if fresh:
-                raise StoreUnavailable(f"journal database {self.alias!r}: {exc}") from exc
+                why = refusals.first_line(exc)  # (not the context the server adds)
+                raise StoreUnavailable(f"journal database {self.alias!r}: {why}") from exc
         except db.UndefinedTable as exc:
             raise refusals.missing_table(self.alias, exc) from exc
         except db.UndefinedColumn as exc:
@@ -225,7 +226,7 @@ class PostgresStore(PostgresOperations, Store):
     def _unavailable(self, exc: BaseException) -> StoreUnavailable:  # refusals: their fix
         if (why := _REFUSALS.get(sqlstate(exc) or "")) is not None:
             return refusals.refused(self.alias, exc, why)
-        return StoreUnavailable(f"journal database {self.alias!r}: {exc}")
+        return StoreUnavailable(f"journal database {self.alias!r}: {refusals.first_line(exc)}")
 
     def _watched(self, op: Callable[[Any], T], conn: Any) -> T:
         """``op(conn)``, sent once more if it met a unique index that is not the claim's
