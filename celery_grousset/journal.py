@@ -339,6 +339,8 @@ def gauges(alias: str, cap: int = GAUGE_CAP) -> dict[str, float]:
             outbox = OutboxMessage.objects.using(alias).order_by()
             pending = outbox.filter(status=OutboxStatus.PENDING)[:cap].count()
             dead = outbox.filter(status=OutboxStatus.DEAD)[:cap].count()
+            due = outbox.filter(status=OutboxStatus.PENDING, available_at__lte=at).aggregate(
+                oldest=Min("available_at"))["oldest"]  # (the due index's first entry)
     finally:
         if opened and not conn.in_atomic_block:
             conn.close()
@@ -351,4 +353,7 @@ def gauges(alias: str, cap: int = GAUGE_CAP) -> dict[str, float]:
         ),
         "grousset_outbox_pending": float(pending),
         "grousset_outbox_dead": float(dead),
+        "grousset_outbox_oldest_due_seconds": (
+            max(0.0, (at - due).total_seconds()) if due is not None else 0.0
+        ),
     }

@@ -14,10 +14,10 @@ metric                                     type       labels
 ``grousset_overruns_total``                counter    ``task``
 =========================================  =========  ====================================
 
-:data:`GAUGES` (in-flight and stale claims, oldest in-flight age, outbox pending / dead;
-label ``database``) are read on scrape by a :class:`JournalCollector` (bounded, cached
-queries) that :func:`enable` registers and a worker's parent serves; the shipped
-dashboard and alert rules (``celery_grousset/contrib/monitoring/``) use them.
+:data:`GAUGES` (in-flight and stale claims, oldest in-flight age, outbox pending / dead /
+oldest due; label ``database``) are read on scrape by a :class:`JournalCollector` that
+:func:`enable` registers and a worker's parent serves; the shipped dashboard and alert
+rules (``celery_grousset/contrib/monitoring/``) use them.
 
 Nothing happens at import time: ``prometheus_client`` is imported when metrics are
 enabled. :func:`enable` makes the guard report to a :class:`Recorder` in this
@@ -29,8 +29,7 @@ prometheus_client's multiprocess mode (:class:`WorkerMetrics`): the parent point
 ``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory before the pool forks, each child
 enables a recorder in ``worker_process_init`` and marks itself dead on
 ``worker_process_shutdown``, and the parent serves the children's aggregated
-files on ``http://<host>:N/metrics``. With ``WORKER_CLAIM`` the parent claims, so it
-records too (the claims it answers itself are never seen by a child).
+files on ``http://<host>:N/metrics``. With ``WORKER_CLAIM`` the parent records too.
 """
 
 from __future__ import annotations
@@ -89,6 +88,7 @@ GAUGE_HELP = {
     "grousset_oldest_in_flight_seconds": "Age of the oldest in-flight claim (0: none).",
     "grousset_outbox_pending": "Outbox rows waiting to be published (counted up to a cap).",
     "grousset_outbox_dead": "Outbox rows that failed max_attempts publishes (up to a cap).",
+    "grousset_outbox_oldest_due_seconds": "Wait of the oldest due outbox row (0: none).",
 }
 GAUGES = tuple(GAUGE_HELP)
 #: seconds a scrape reuses the gauges read by an earlier one (a scrape storm reads the

@@ -386,6 +386,9 @@ def test_journal_gauges_are_scraped_from_real_rows(
                 for n in ("a", "b", "c")]  # fmt: skip
     outbox_rows.extend(row.pk for row in rows)
     OutboxMessage.objects.using(alias).filter(pk=rows[2].pk).update(status="dead")
+    # (one of the pending rows due for 300 s, no relay publishing it)
+    OutboxMessage.objects.using(alias).filter(pk=rows[0].pk).update(
+        available_at=now(alias) - timedelta(seconds=300))
     # When a fresh registry with the collector is scraped
     after = scrape()
     # (another test's claim may have turned stale meanwhile: the gauges count them all)
@@ -399,6 +402,7 @@ def test_journal_gauges_are_scraped_from_real_rows(
     assert delta["grousset_stale_claims"] - others == 2
     assert delta["grousset_outbox_pending"] == 2
     assert delta["grousset_outbox_dead"] == 1
+    assert after["grousset_outbox_oldest_due_seconds"] >= 300
     oldest = after["grousset_oldest_in_flight_seconds"]
     assert 400 * 86400 <= oldest < 400 * 86400 + 3600
 
@@ -443,7 +447,7 @@ def test_journal_gauges_never_fail_a_scrape(
     from prometheus_client import CollectorRegistry
 
     from celery_grousset import journal
-    from celery_grousset.metrics import JournalCollector
+    from celery_grousset.metrics import GAUGES, JournalCollector
 
     services.require_database("default")
     real = journal.gauges
@@ -465,7 +469,7 @@ def test_journal_gauges_never_fail_a_scrape(
     assert "OperationalError" in warnings[0].getMessage()
     # When it can be read again / Then the gauges are back
     monkeypatch.setattr(journal, "gauges", real)
-    assert len(gauge_values(registry, "default")) == 5
+    assert len(gauge_values(registry, "default")) == len(GAUGES)
     # And the next outage warns again (once)
     monkeypatch.setattr(journal, "gauges", down)
     for _ in range(2):

@@ -119,6 +119,8 @@ tests:
         values: '0x10 1x30'
       - series: 'grousset_outbox_dead'
         values: '0x10 2x20'
+      - series: 'grousset_outbox_oldest_due_seconds'
+        values: '0x10 60+60x30'
       - series: 'grousset_claims_total{{task="shop.tasks.pay", outcome="fenced_out"}}'
         values: '0x5 1x40'
       - series: 'grousset_claims_total{{task="shop.tasks.pay", outcome="gave_up"}}'
@@ -147,6 +149,13 @@ tests:
       - eval_time: 12m
         alertname: GroussetOutboxDeadLetters
         exp_alerts: []
+      - eval_time: 18m
+        alertname: GroussetOutboxStalled
+        exp_alerts: []
+      - eval_time: 22m
+        alertname: GroussetOutboxStalled
+        exp_alerts:
+          - exp_labels: {{severity: warning}}
       - eval_time: 20m
         alertname: GroussetOutboxDeadLetters
         exp_alerts:
@@ -275,7 +284,7 @@ def test_dashboard_and_rules_name_only_exported_metrics() -> None:
     # And the alerts cover the five cases
     assert {"grousset_duplicate_detections_total", "grousset_stale_claims",
             "grousset_claims_total", "grousset_outcome_commit_errors_total",
-            "grousset_outbox_dead"} <= in_rules  # fmt: skip
+            "grousset_outbox_dead", "grousset_outbox_oldest_due_seconds"} <= in_rules  # fmt: skip
 
 
 def test_journal_gauges_are_never_summed_across_scrape_targets() -> None:
