@@ -24,7 +24,6 @@ from django.contrib.admin import helpers
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, QuerySet, Value
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext_lazy as _
@@ -39,8 +38,10 @@ from celery_grousset.admin_base import (
     journal_alias,
     journal_databases_shown,
     picked_alias,
+    when_html,
 )
 from celery_grousset.models import Outcome, Status
+from celery_grousset.shown import shown_time, visible
 from celery_grousset.store import get_store
 
 #: Distinct task names / processors offered by a filter.
@@ -162,7 +163,7 @@ class OutcomeAdmin(ReadOnlyAdmin):
     list_per_page = 50
     actions = ("release_stale_claims", "forget_outcomes")
     _record = ("status_badge", "task_name", "task_id", "processor_id", "fingerprint", "worker")
-    _outcome = ("memo", "result_encoding", "error", "args_repr")
+    _outcome = ("memo", "result_encoding", "error_shown", "args_shown")
     _timeline = ("timeline", "stale_at", "fence", "deliveries", "duplicates", "takeovers",
                  "claim_token")  # fmt: skip
     readonly_fields = _record + _outcome + _timeline
@@ -267,11 +268,11 @@ class OutcomeAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("started"), ordering="started_at")
     def started(self, obj: Outcome) -> SafeString | None:
-        return _when(obj.started_at)
+        return when_html(obj.started_at)
 
     @admin.display(description=_("completed"), ordering="completed_at")
     def completed(self, obj: Outcome) -> SafeString | None:
-        return _when(obj.completed_at)
+        return when_html(obj.completed_at)
 
     @admin.display(description=_("age"), ordering=F("started_at").desc())
     def age(self, obj: Outcome) -> str:
@@ -281,24 +282,32 @@ class OutcomeAdmin(ReadOnlyAdmin):
     def memo(self, obj: Outcome) -> SafeString:
         ok, text = memo_text(obj, journal.now(obj._state.db or journal_alias()))
         html = '<pre class="grousset-memo">{}</pre>' if ok else "<p><em>{}</em></p>"
-        return format_html(html, text)
+        return format_html(html, visible(text))
+
+    @admin.display(description=_("error"))
+    def error_shown(self, obj: Outcome) -> str:
+        return visible(obj.error)  # (bidirectional overrides: escaped, not obeyed)
+
+    @admin.display(description=_("args repr"))
+    def args_shown(self, obj: Outcome) -> str:
+        return visible(obj.args_repr)
 
     @admin.display(description=_("timeline"))
     def timeline(self, obj: Outcome) -> SafeString:
         now, start = journal.now(obj._state.db or journal_alias()), obj.started_at
         first, rows = obj.first_claimed_at or start, list[tuple[Any, str]]()
         if first != start:  # taken over or claimed again since its first claim
-            rows.append((_("first claim"), f"{_ts(first)} ({humanize(now - first)} ago)"))
-        rows.append((_("started"), f"{_ts(start)} ({humanize(now - start)} ago)"))
+            rows.append((_("first claim"), f"{shown_time(first)} ({humanize(now - first)} ago)"))
+        rows.append((_("started"), f"{shown_time(start)} ({humanize(now - start)} ago)"))
         end = obj.completed_at
-        done = f"{_ts(end)} (after {humanize(end - start)})" if end is not None else None
+        done = f"{shown_time(end)} (after {humanize(end - start)})" if end is not None else None
         if done is None:
             stale = "stale" if journal.is_stale(obj, now) else "fresh"
             done = f"not yet: in flight for {humanize(now - start)} ({stale})"
         rows.append((_("finished"), done))
         left = obj.expires_on - now
         when = f"in {humanize(left)}" if left > timedelta(0) else f"{humanize(-left)} ago"
-        rows.append((_("expires"), f"{_ts(obj.expires_on)} ({when})"))
+        rows.append((_("expires"), f"{shown_time(obj.expires_on)} ({when})"))
         claims = f"fence {obj.fence}, {obj.takeovers} takeover(s), {obj.deliveries} delivery(ies)"
         rows.append((_("claims"), claims))
         again = max(obj.deliveries - 1 - obj.duplicates, 0)
@@ -314,7 +323,8 @@ class OutcomeAdmin(ReadOnlyAdmin):
             # With the token seen here, while stale: one taken over or renewed since stays.
             if not journal.release(obj, queryset.db, token=obj.claim_token, stale=True):
                 return None
-            return f"Released the claim of fence {obj.fence} (started {_ts(obj.started_at)})."
+            started = shown_time(obj.started_at)
+            return f"Released the claim of fence {obj.fence} (started {started})."
 
         warning = _("Each released claim is marked failed; the next delivery of its message "
                     "runs the task again.")  # fmt: skip
@@ -327,7 +337,8 @@ class OutcomeAdmin(ReadOnlyAdmin):
             now = journal.forget(obj, queryset.db)
             if now is None:
                 return None
-            return f"Forgotten: expires_on set to {_ts(now)} (was {_ts(obj.expires_on)})."
+            was = shown_time(obj.expires_on)
+            return f"Forgotten: expires_on set to {shown_time(now)} (was {was})."
 
         warning = _("The next delivery of each forgotten message runs the task again: its "
                     "side effect happens again.")  # fmt: skip
@@ -379,21 +390,6 @@ class OutcomeAdmin(ReadOnlyAdmin):
 def _seen(obj: Outcome) -> str:
     """A row's state as a confirmation page showed it (a claim or a settling changes it)."""
     return f"{obj.pk}:{obj.fence}:{obj.status}:{obj.expires_on.isoformat()}"
-
-
-def _ts(value: datetime) -> str:
-    return value.strftime("%Y-%m-%d %H:%M:%S %Z").strip()
-
-
-def _when(value: datetime | None) -> SafeString | None:
-    """A time as two short lines, date over time (the current time zone), the full value
-    in the tooltip: the list keeps its width (None: the admin's empty value)."""
-    if value is None:
-        return None
-    local = timezone.localtime(value) if timezone.is_aware(value) else value  # USE_TZ=False
-    html = '<time class="grousset-when" datetime="{}" title="{}">{}<br>{}</time>'
-    return format_html(html, value.isoformat(), _ts(local), f"{local:%Y-%m-%d}",
-                       f"{local:%H:%M:%S}")  # fmt: skip
 
 
 from celery_grousset import outbox_admin  # noqa: E402,F401

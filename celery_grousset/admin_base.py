@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
@@ -15,9 +15,13 @@ from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.template.response import TemplateResponse
+from django.utils import timezone
 from django.utils.functional import cached_property
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from celery_grousset.conf import grousset_settings
+from celery_grousset.shown import shown_time
 from celery_grousset.store import get_store
 from celery_grousset.store.budget import BudgetExceeded, statement_budget
 
@@ -95,6 +99,17 @@ def humanize(delta: timedelta | None) -> str:
             parts.append(f"{total // size} {unit}")
             total %= size
     return " ".join(parts[:2])
+
+
+def when_html(value: datetime | None) -> SafeString | None:
+    """A time as two short lines, date over time (the current time zone), the full value
+    in the tooltip: the list keeps its width (None: the admin's empty value)."""
+    if value is None:
+        return None
+    local = timezone.localtime(value) if timezone.is_aware(value) else value  # USE_TZ=False
+    html = '<time class="grousset-when" datetime="{}" title="{}">{}<br>{}</time>'
+    return format_html(html, value.isoformat(), shown_time(local), f"{local:%Y-%m-%d}",
+                       f"{local:%H:%M:%S}")  # fmt: skip
 
 
 class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]

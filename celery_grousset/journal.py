@@ -19,7 +19,7 @@ from django.db.models import Q
 from celery_grousset import events, memo
 from celery_grousset.claim import ENC_NONE, Kind, Status, unwritten_deadline
 from celery_grousset.conf import redact_keys
-from celery_grousset.shown import shown_json
+from celery_grousset.shown import shown_json, shown_time
 from celery_grousset.store import get_store
 from celery_grousset.store.rows import purgeable
 
@@ -115,7 +115,7 @@ def memo_value(rec: Outcome, at: datetime) -> tuple[bool, Any]:
     if rec.status == Status.FAILED and rec.result_encoding == ENC_NONE:
         return False, "released: the last attempt failed and nothing is memoized"
     if rec.expires_on <= at:
-        return False, (f"expired at {rec.expires_on:%Y-%m-%d %H:%M:%S}: a duplicate no "
+        return False, (f"expired at {shown_time(rec.expires_on)}: a duplicate no "
                        "longer gets this outcome; the next delivery runs the task again")
     raw = bytes(rec.result) if rec.result is not None else None
     content_type = rec.result_encoding.partition(";")[0]
@@ -143,13 +143,13 @@ def release_plan(rec: Outcome, at: datetime) -> tuple[bool, str]:
     if rec.status != Status.IN_FLIGHT:
         return False, f"not in flight ({rec.status})"
     if unwritten_deadline(rec.fence, rec.started_at):
-        return False, (f"claimed by a 0.1.0 worker at {rec.started_at:%Y-%m-%d %H:%M:%S %Z}, "
+        return False, (f"claimed by a 0.1.0 worker at {shown_time(rec.started_at)}, "
                        "which writes no deadline: the next delivery takes it over after its "
                        "own max_processing_time; `manage.py grousset_release --force` it once "
                        "its worker is gone")  # fmt: skip
     if not is_stale(rec, at):
-        return False, f"fresh: its claim turns stale at {rec.stale_at:%Y-%m-%d %H:%M:%S %Z}"
-    return True, f"stale since {rec.stale_at:%Y-%m-%d %H:%M:%S %Z}"
+        return False, f"fresh: its claim turns stale at {shown_time(rec.stale_at)}"
+    return True, f"stale since {shown_time(rec.stale_at)}"
 
 
 def release(rec: Outcome, alias: str, *, token: str | None = None, stale: bool = False) -> bool:
@@ -175,7 +175,7 @@ def forget_plan(rec: Outcome, at: datetime) -> tuple[bool, str]:
         return False, "already expired: the next delivery runs again"
     if rec.status == Status.FAILED and rec.result_encoding == ENC_NONE:
         return False, "failed and released: the next delivery runs again"
-    return True, f"{rec.status}, remembered until {rec.expires_on:%Y-%m-%d %H:%M:%S}"
+    return True, f"{rec.status}, remembered until {shown_time(rec.expires_on)}"
 
 
 def forget(rec: Outcome, alias: str) -> datetime | None:

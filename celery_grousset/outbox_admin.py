@@ -32,7 +32,7 @@ from celery_grousset.conf import redact_keys
 from celery_grousset.guard import redacted
 from celery_grousset.models import OutboxMessage, OutboxStatus
 from celery_grousset.published import SIGNATURE_OPTIONS
-from celery_grousset.shown import shown_json
+from celery_grousset.shown import shown_json, visible
 
 _BADGE = {OutboxStatus.PENDING: ("#92400e", "#fde68a"), OutboxStatus.SENT: ("#166534", "#dcfce7"),
           OutboxStatus.DEAD: ("#991b1b", "#fee2e2")}  # fmt: skip
@@ -161,7 +161,7 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
     list_per_page = 50
     actions = ("requeue",)
     readonly_fields = ("id", "message_id", "status_badge", "task_name", "task_id", "arguments",
-                       "options_shown", "attempts", "last_error", "created_at", "available_at",
+                       "options_shown", "attempts", "error_shown", "created_at", "available_at",
                        "sent_at")  # fmt: skip
     fields = readonly_fields
 
@@ -179,16 +179,20 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("last error"))
     def short_error(self, obj: OutboxMessage) -> str:
-        text = obj.last_error or ""
+        text = visible(obj.last_error or "", lines=False)
         return text if len(text) <= 80 else text[:79] + "…"
+
+    @admin.display(description=_("last error"))
+    def error_shown(self, obj: OutboxMessage) -> str:
+        return visible(obj.last_error or "")
 
     @admin.display(description=_("arguments"))
     def arguments(self, obj: OutboxMessage) -> str:
-        return arguments_text(obj)
+        return visible(arguments_text(obj))
 
     @admin.display(description=_("options"))
     def options_shown(self, obj: OutboxMessage) -> str:
-        return options_text(obj)
+        return visible(options_text(obj))
 
     @admin.action(description=_("Requeue (publish again)"), permissions=["requeue"])
     def requeue(

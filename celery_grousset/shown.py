@@ -8,7 +8,9 @@ sees of it goes through the same redaction as the arguments' text
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
+from datetime import datetime
 from typing import Any
 
 from celery_grousset.quoted import secret_values, without_values
@@ -73,3 +75,26 @@ def shown_text(label: str, text: str, keys: Collection[str], max_length: int) ->
     """``label`` and free text stored for humans as an ``args_repr`` is (``protect()``'s
     key): through :func:`redact_text`, then cleaned and cut as ``safe_repr`` is."""
     return clean_and_cut(label + redact_text(text, keys), max_length)
+
+
+def shown_time(value: datetime) -> str:
+    """A stored time as the admin and the commands show it: in the current time zone
+    (the admin's, or ``TIME_ZONE`` in a command), with the zone's name — one time in
+    UTC beside another in local time misled by hours."""
+    from django.utils import timezone
+
+    local = timezone.localtime(value) if timezone.is_aware(value) else value  # USE_TZ=False
+    return local.strftime("%Y-%m-%d %H:%M:%S %Z").strip()
+
+
+#: what a screen acts on rather than shows: C0 and C1 controls, line separators, and the
+#: bidirectional overrides and isolates (they reorder what follows: "gpj.exe" read as
+#: "exe.jpg"); journal and outbox text comes from whoever published the call
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def visible(text: str, lines: bool = True) -> str:
+    """``text`` for a person's screen (a terminal, the admin): its control characters as
+    Python escapes, its newlines kept when ``lines``."""
+    return _CONTROL.sub(lambda m: "\n" if lines and m.group() == "\n" else
+                        m.group().encode("unicode_escape").decode("ascii"), text)  # fmt: skip

@@ -428,6 +428,47 @@ def test_detail_page_of_an_expired_record_says_its_memo_is_no_longer_answered(
     assert '<pre class="grousset-memo">' not in html
 
 
+def test_the_detail_page_shows_every_time_in_the_admins_time_zone_with_its_name(
+    journal: str, processor: str
+) -> None:
+    """The timeline and the memo's text showed UTC, the fields local time, unlabelled
+    (an admin review): an operator in New York misread a deadline by five hours."""
+    import re
+    from zoneinfo import ZoneInfo
+
+    # Given a row that expired 5 minutes ago, and an admin in New York
+    row = put(journal, processor, result=b'{"id": 7}')
+    Outcome.objects.using(journal).filter(pk=row.pk).update(
+        expires_on=_db_now(journal) - timedelta(minutes=5))  # fmt: skip
+    row.refresh_from_db()
+    with override_settings(TIME_ZONE="America/New_York"):
+        # When its detail page is opened
+        html = client_for(make_user(superuser=True)).get(f"{URL}{row.pk}/change/").content.decode()
+    # Then the timeline and the memo's text give New York's time, named
+    local = row.expires_on.astimezone(ZoneInfo("America/New_York"))
+    text = f"{local:%Y-%m-%d %H:%M:%S} {local:%Z}"
+    assert f"expired at {text}" in html
+    assert re.search(rf"expires</th>\s*<td>{re.escape(text)}", html), html[:200]
+    assert f"{row.expires_on.astimezone(ZoneInfo('UTC')):%Y-%m-%d %H:%M:%S}" not in html
+
+
+def test_bidirectional_overrides_in_stored_text_are_shown_escaped(
+    journal: str, processor: str
+) -> None:
+    """A right-to-left override in an error or the arguments reordered what followed it
+    on the page ("…RTL" read as "LTR…"): text a publisher controls could spoof what an
+    operator reads (an admin review); the commands already escaped it."""
+    spoof = "declined \u202eexe.jpg\u202c done"
+    # Given a failed row whose error and arguments carry a right-to-left override
+    row = put(journal, processor, status="failed", result=None, encoding="", error=spoof)
+    Outcome.objects.using(journal).filter(pk=row.pk).update(args_repr=f"('{spoof}',)")
+    # When its detail page is opened
+    html = client_for(make_user(superuser=True)).get(f"{URL}{row.pk}/change/").content.decode()
+    # Then the override is shown as its escape, never sent as itself
+    assert "\u202e" not in html and "\u202c" not in html
+    assert html.count("declined \\u202eexe.jpg\\u202c done") == 2, html.count("declined")
+
+
 def test_add_change_and_delete_are_forbidden(journal: str, processor: str) -> None:
     # Given a row and a superuser
     row = put(journal, processor)

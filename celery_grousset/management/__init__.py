@@ -25,6 +25,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from celery_grousset.journal import MIN_PREFIX as MIN_PREFIX
 from celery_grousset.settings_values import MAX_DURATION, as_seconds
+from celery_grousset.shown import visible
 
 if TYPE_CHECKING:
     from celery_grousset.models import Outcome
@@ -291,14 +292,8 @@ def describe_matches(records: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
-#: what a terminal acts on rather than shows: C0 and C1 controls, line separators, and
-#: the bidirectional overrides and isolates (they reorder what follows on screen)
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
 def printable(text: str, lines: bool = True) -> str:
     """``text`` for an operator's terminal: its control characters (an escape sequence
     could recolour, retitle or rewrite what the command shows) as Python escapes; its
     newlines kept when ``lines``. Journal text comes from whoever published the call."""
-    return _CONTROL.sub(lambda m: "\n" if lines and m.group() == "\n" else
-                        m.group().encode("unicode_escape").decode("ascii"), text)  # fmt: skip
+    return visible(text, lines)
