@@ -192,22 +192,39 @@ class ReadOnlyAdmin(_ModelAdmin):
         the journal's database cannot be read (down, refused, a wrong password, no
         tables). Only a GET: an action's error is Django's to show, as it may have
         changed rows already."""
-        from django.db import InterfaceError, OperationalError
-
         if request.method != "GET":
             return self.budgeted_list(request, extra_context)
+        return self._readable(request, lambda: self.budgeted_list(request, extra_context),
+                              others=self.database_param)  # fmt: skip
+
+    def changeform_view(self, request: HttpRequest, object_id: str | None = None,
+                        form_url: str = "", extra_context: dict[str, Any] | None = None,
+                        ) -> HttpResponse:  # fmt: skip
+        """A row's page, or the 503 page (a bare server error, from an alert's link)."""
+        view = super().changeform_view
+        return self._readable(request, lambda: view(request, object_id, form_url, extra_context))
+
+    def history_view(self, request: HttpRequest, object_id: str,
+                     extra_context: dict[str, Any] | None = None) -> HttpResponse:  # fmt: skip
+        view = super().history_view
+        return self._readable(request, lambda: view(request, object_id, extra_context))
+
+    def _readable(self, request: HttpRequest, view: Any, others: bool = False) -> HttpResponse:
+        """``view()``, or a page that says the database cannot be read (status 503)."""
+        from django.db import InterfaceError, OperationalError
+
         try:
-            return self.budgeted_list(request, extra_context)
+            return view()  # type: ignore[no-any-return]
         except (OperationalError, InterfaceError) as exc:
             from celery_grousset.events import error_text
 
             alias = self.alias(request)
             logger.warning("celery-grousset admin: the journal database %r cannot be read",
                            alias, exc_info=True)  # fmt: skip
-            others = journal_databases_shown() if self.database_param else []
             context = {**self.admin_site.each_context(request), "opts": self.model._meta,
                        "title": f"{self.model._meta.verbose_name_plural} — unavailable",
-                       "database": alias, "error": error_text(exc), "databases": others,
+                       "database": alias, "error": error_text(exc),
+                       "databases": journal_databases_shown() if others else [],
                        "param": DATABASE_PARAM}  # fmt: skip
             return TemplateResponse(request, "admin/celery_grousset/unavailable.html",
                                     context, status=503)  # fmt: skip

@@ -1008,6 +1008,9 @@ def test_a_journal_database_that_cannot_be_read_gets_a_page_that_says_so(
     try:
         # When the list of the "mysql" journal is asked for while it cannot be reached
         resp = client.get(URL, {"db": "mysql", "processor": processor})
+        # (and a row's page, and its history: an alert's link ended in a bare 500)
+        pages = [client.get(f"{URL}{row.pk}/{page}/", {"db": "mysql"})
+                 for page in ("change", "history")]  # fmt: skip
         # (an action's error is not dressed up: it may have changed rows already)
         form = {"action": "forget_outcomes", "_selected_action": [row.pk], "post": "yes"}
         with pytest.raises(OperationalError):
@@ -1020,5 +1023,8 @@ def test_a_journal_database_that_cannot_be_read_gets_a_page_that_says_so(
     body = resp.content.decode()
     assert 'data-grousset-unavailable="mysql"' in body and "OperationalError" in body, body
     assert "?db=default" in body
+    for page in pages:
+        text = page.content.decode()
+        assert page.status_code == 503 and 'data-grousset-unavailable="mysql"' in text
     # And the default journal's list is still shown
     assert row.fingerprint[:12] in client.get(URL, {"processor": processor}).content.decode()
