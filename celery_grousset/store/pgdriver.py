@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import re
 import struct
 import time
-from socket import AF_UNIX, SOCK_STREAM
+from socket import SOCK_STREAM
 from types import ModuleType
 from typing import Any
 
@@ -100,7 +101,7 @@ class Driver:
         """libpq's blocking cancel, sent only to a server that answers within ``within``
         seconds: both drivers hold the GIL while it waits (the whole process would stop,
         every thread, until a server that does not answer let it go)."""
-        if answers(conn.info.host, int(conn.info.port), within):
+        if answers(conn, within):
             conn.cancel()
 
     def in_transaction_error(self, conn: Any) -> bool | None:
@@ -157,7 +158,8 @@ class Psycopg3(Driver):
         return int(conn.info.transaction_status)
 
     def _cancel(self, conn: Any, within: float) -> None:
-        if self.module.capabilities.has_cancel_safe():  # libpq 17: bounded, GIL let go
+        capabilities = getattr(self.module, "capabilities", None)  # (psycopg 3.2+)
+        if capabilities is not None and capabilities.has_cancel_safe():  # libpq 17: bounded
             conn.cancel_safe(timeout=within)
         else:
             super()._cancel(conn, within)
@@ -216,16 +218,14 @@ class Psycopg2(Driver):
         return _UNKNOWN if conn.closed else int(conn.get_transaction_status())
 
 
-def answers(host: str, port: int, within: float) -> bool:
-    """The server at ``host`` (a name, an address or a socket directory) and ``port``
-    answers an SSLRequest within ``within`` seconds: its postmaster accepts and serves
-    a new connection (libpq's cancel opens one and waits, with no timeout, for its end)."""
+def answers(conn: Any, within: float) -> bool:
+    """The server ``conn`` is connected to answers an SSLRequest within ``within``
+    seconds on a new connection: its postmaster accepts and serves one (libpq's cancel
+    opens one and waits, with no timeout, for its end). The address is the live
+    socket's peer: the one libpq chose (``hostaddr``, one of several hosts or addresses)."""
     try:
-        if host.startswith("/"):
-            family, address = AF_UNIX, f"{host}/.s.PGSQL.{port}"
-        else:  # (a name: its first address, IPv4 or IPv6)
-            found = original("socket", "getaddrinfo")(host, port, type=SOCK_STREAM)
-            family, address = found[0][0], found[0][4]
+        with original("socket", "socket")(fileno=os.dup(conn.fileno())) as live:
+            family, address = live.family, live.getpeername()
         with original("socket", "socket")(family, SOCK_STREAM) as sock:
             sock.settimeout(within)
             sock.connect(address)
