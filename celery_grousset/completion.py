@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 from typing import Any, NoReturn
 
 from celery_grousset import events, memo, txbody
@@ -14,13 +13,13 @@ from celery_grousset.binding import not_awaitable
 from celery_grousset.claim import ENC_NONE, ENC_NOT_STORED, ClaimRequest, Status
 from celery_grousset.exceptions import (
     FencedOut,
-    InvalidArgument,
     PoisonDelivery,
     StoreUnavailable,
     TransactionLost,
 )
 from celery_grousset.faults import fault
 from celery_grousset.options import Options
+from celery_grousset.running import holding
 from celery_grousset.store import ClaimResult, Completion, Store, refusals
 
 #: what to do with an outcome the journal would not take (a task requeues its delivery
@@ -28,38 +27,6 @@ from celery_grousset.store import ClaimResult, Completion, Store, refusals
 Unwritten = Callable[[Completion, StoreUnavailable], NoReturn]
 #: pauses between attempts of a completion write that found the store unavailable
 COMPLETION_RETRY_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
-
-#: the keys whose owned body runs in this context: (journal alias, processor, fingerprint)
-RUNNING: ContextVar[frozenset[tuple[str, str, str]]] = ContextVar("grousset_running",
-                                                                 default=frozenset())
-
-
-def not_running(store: Store, req: ClaimRequest) -> None:
-    """Refuse to claim a key whose own body runs in this context (``protect()`` of the
-    same key inside its ``fn``, a task calling itself with the same arguments): the call
-    waited for its own claim, took it over once stale and ran the effect a second time,
-    the outer attempt then fenced out (or, raising, released for a retry to run again)."""
-    if (store.alias, req.processor_id, req.fingerprint) in RUNNING.get():
-        raise InvalidArgument(
-            f"{req.task_name}: a call of the same key ({req.args_repr or req.fingerprint[:12]})"
-            " inside that key's own run would wait for itself, then run the effect a second "
-            "time. The body already runs under the key's claim: call the function directly, "
-            "or give the inner call a key of its own."
-        )
-
-
-def _holding(key: tuple[str, str, str], fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn``, run with ``key`` among the keys :data:`RUNNING` in its context."""
-
-    def body() -> Any:
-        scope = RUNNING.set(RUNNING.get() | {key})
-        try:
-            return fn()
-        finally:
-            RUNNING.reset(scope)
-
-    return body
-
 
 def run_owned(
     store: Store, opts: Options, req: ClaimRequest, res: ClaimResult, fn: Callable[[], Any],
@@ -69,7 +36,7 @@ def run_owned(
     cannot be written (the store stayed unavailable through every retry), it is handed
     to ``unwritten`` (a task requeues its delivery carrying it: celery_grousset.carry);
     without one, StoreUnavailable is raised and the claim stays in flight."""
-    fn = _holding((store.alias, req.processor_id, req.fingerprint), fn)
+    fn = holding((store.alias, req.processor_id, req.fingerprint), fn)
     fault("after_claim")
     if opts.transactional:
         return _run_transactional(store, opts, req, res, fn, serializer, unwritten)
@@ -111,14 +78,15 @@ def complete(
     """Write the fenced completion of an attempt whose effect ran (retried:
     :func:`finish_retrying`); still unwritable, hand it to ``unwritten`` (without one,
     raise StoreUnavailable). False: the claim was taken over (logged fenced out)."""
-    t0 = time.perf_counter()
+    t0, status = time.perf_counter(), completion.status  # (a carried failure: failed)
     try:
-        done = finish_retrying(store, req, completion, carried=unwritten is not None)
+        done = finish_retrying(store, req, completion, carried=unwritten is not None,
+                               operation="complete" if status == "completed" else "fail")
     except StoreUnavailable as exc:
         if unwritten is None:
             raise
         unwritten(completion, exc)
-    events.finished(req, "completed" if done else "fenced_out", time.perf_counter() - t0)
+    events.finished(req, status if done else "fenced_out", time.perf_counter() - t0)
     if not done:
         events.fenced(req, fence)
     return done
@@ -337,6 +305,10 @@ def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException, fen
     except Exception as store_exc:  # refused for its data; interrupted twice
         events.store_error(req, "fail", store_exc)
         return False
+    except BaseException as stopped:  # (SystemExit: a revoke's SIGTERM) as a completion's
+        events.interrupted(req, stopped, last_write=True)
+        store.write_before_exit(req, completion)
+        raise
     events.finished(req, (memo.celery_exit(exc) or "failed") if done else "fenced_out",
                     time.perf_counter() - t0)  # fmt: skip
     if not done:

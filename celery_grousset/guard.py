@@ -26,7 +26,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery_grousset import carry, events, memo, preclaim, testcase_check
 from celery_grousset.binding import loose_bind
 from celery_grousset.claim import PROTECT_NAME, ClaimRequest, Kind, payload_differs
-from celery_grousset.completion import fail, not_running, run_owned
+from celery_grousset.completion import fail, run_owned
 from celery_grousset.conf import grousset_settings, redact_keys
 from celery_grousset.exceptions import (
     FingerprintError,
@@ -41,6 +41,7 @@ from celery_grousset.inflight import wait_until_settled
 from celery_grousset.options import Options
 from celery_grousset.publish_check import effect_in_transaction
 from celery_grousset.quoted import call_secrets, redacted_call, without_values
+from celery_grousset.running import not_running
 from celery_grousset.store import ClaimResult, Store, check_claimable, get_store
 
 __all__ = [

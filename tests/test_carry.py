@@ -9,6 +9,7 @@ than the completion's retries (STORE_TIMEOUT 0.5 s, max_processing_time 2 s).
 from __future__ import annotations
 
 import contextlib
+import types
 import uuid
 from collections.abc import Iterator
 from typing import Any, NoReturn
@@ -16,7 +17,7 @@ from typing import Any, NoReturn
 import pytest
 from django.test import override_settings
 
-from celery_grousset import carry, guard
+from celery_grousset import carry, events, guard
 from celery_grousset.claim import ClaimRequest
 from celery_grousset.exceptions import FencedOut, StoreUnavailable
 from celery_grousset.models import Outcome
@@ -131,15 +132,15 @@ def test_unwritten_completion_is_carried_and_written_by_the_next_delivery(
     assert guard.guarded(later, _call(key)) == {"receipt": key} and later.runs == 0
 
 
-def _failing_opts(processor: str, alias: str, on_failure: str) -> Options:
+def _failing_opts(processor: str, alias: str, on_failure: str, mpt: float = 2) -> Options:
     return Options.resolve(
-        "test", {"processor_id": processor, "max_processing_time": 2, "database": alias,
+        "test", {"processor_id": processor, "max_processing_time": mpt, "database": alias,
                  "on_failure": on_failure}, default_processor=processor,
     )  # fmt: skip
 
 
 def test_a_memoized_failure_the_journal_refused_is_carried_and_never_runs_again(
-    short: str, processor: str
+    short: str, processor: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The failure's one write, refused (the journal unreachable), was dropped: the
     delivery was acked, its claim left in flight until stale, and the duplicate that
@@ -162,8 +163,19 @@ def test_a_memoized_failure_the_journal_refused_is_carried_and_never_runs_again(
     assert caller.runs == 1 and header["status"] == "failed" and header["result"]
     # When the requeued delivery comes back (the journal reachable again)
     again = TaskLikeCaller(_failing_opts(processor, alias, "memoize"), declined, header)
+    seen: list[str] = []
+
+    class Recorder:  # the completion outcomes a metrics recorder is told
+        def finished(self, task: str, outcome: str, seconds: float) -> None:
+            seen.append(outcome)
+
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(events, "recorder", Recorder())
     with pytest.raises(LookupError, match="card declined"):
         guard.guarded(again, _call(key))
+    assert seen == ["failed"]  # (its completion counted as the failure it is)
     # Then it wrote the failure without running the body, and a duplicate gets it too
     row = Outcome.objects.using(alias).get(processor_id=processor)
     assert again.runs == 0 and row.status == "failed" and row.takeovers == 0
@@ -171,6 +183,39 @@ def test_a_memoized_failure_the_journal_refused_is_carried_and_never_runs_again(
     with pytest.raises(LookupError, match="card declined"):
         guard.guarded(dup, _call(key))
     assert dup.runs == 0
+
+
+def test_a_failure_stopped_while_its_write_waits_is_sent_once_more_before_exit(
+    short: str, processor: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop (a revoke's SIGTERM: SystemExit) during the failure write's retries ended
+    the process with the memoized failure unwritten: its claim released or taken over,
+    and the failing effect run again (a review of the retries' own change)."""
+    import time
+
+    from celery_grousset import completion
+
+    alias, key = short, f"order-{uuid.uuid4().hex}"
+    locked = contextlib.ExitStack()
+
+    def declined() -> None:
+        locked.enter_context(_row_locked(alias, processor))
+        raise LookupError("card declined")
+
+    def stopped(seconds: float) -> None:  # the retries' pause: the lock let go, then a stop
+        locked.close()
+        raise SystemExit(143)
+
+    monkeypatch.setattr(completion, "time", types.SimpleNamespace(
+        perf_counter=time.perf_counter, monotonic=time.monotonic, sleep=stopped))  # fmt: skip
+    # Given a memoized failure whose first write met a locked row
+    caller = TaskLikeCaller(_failing_opts(processor, alias, "memoize", mpt=30), declined)
+    # When the process is stopped while the write waits to be sent again
+    with locked, pytest.raises(SystemExit):
+        guard.guarded(caller, _call(key))
+    # Then the failure was sent once more before the process went: memoized
+    row = Outcome.objects.using(alias).get(processor_id=processor)
+    assert (row.status, row.result_encoding) == ("failed", "grousset/exception"), row.status
 
 
 def test_a_release_refused_for_a_moment_is_written_by_its_retries(
