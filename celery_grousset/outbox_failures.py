@@ -45,18 +45,26 @@ def refused(app: Any, exc: BaseException) -> bool:
     seen: BaseException | None = exc
     for _ in range(4):  # (the cause kombu's error carries, and that one's)
         if seen is None or isinstance(seen, refusals):
-            return seen is not None and not _WHOLE_BROKER.search(f"{type(seen).__name__} {seen}")
+            return seen is not None and not whole_broker(seen)
         seen = seen.__cause__ or seen.__context__
     return False
 
 
-#: Redis error replies about the whole server, not one message or queue: an outage (the
-#: class redis-py raises, or the reply's code, after the pipeline's "caused error: ")
-_WHOLE_BROKER = re.compile(
-    r"^(OutOfMemory|ReadOnly|MasterDown|ClusterDown|TryAgain|BusyLoading|MaxClientsReached)"
-    r"Error\b|(^|error: )(OOM|LOADING|BUSY|READONLY|MASTERDOWN|NOREPLICAS|CLUSTERDOWN|"
-    r"TRYAGAIN|MISCONF|NOAUTH)\b"
-)
+#: Redis errors about the whole server or the relay's rights, not one message or queue:
+#: an outage, never charged (the class redis-py raises, or the reply's code)
+_WHOLE_CLASSES = {"OutOfMemoryError", "ReadOnlyError", "MasterDownError", "ClusterDownError",
+                  "TryAgainError", "BusyLoadingError", "MaxClientsReachedError",
+                  "NoPermissionError", "AuthenticationError", "AuthorizationError"}  # fmt: skip
+_WHOLE_CODES = {"OOM", "LOADING", "BUSY", "READONLY", "MASTERDOWN", "NOREPLICAS", "CLUSTERDOWN",
+                "TRYAGAIN", "MISCONF", "NOAUTH", "NOPERM", "WRONGPASS"}  # fmt: skip
+#: a reply's code: its first word (after a pipeline's "… caused error: ")
+_CODE = re.compile(r"(?:^|caused error: )([A-Z]+)\b")
+
+
+def whole_broker(error: BaseException) -> bool:
+    """``error`` (a broker's answer) is about the whole server or the relay's rights."""
+    code = _CODE.search(str(error))
+    return type(error).__name__ in _WHOLE_CLASSES or bool(code and code[1] in _WHOLE_CODES)
 
 
 def permanent(app: Any, exc: BaseException) -> bool:

@@ -472,10 +472,40 @@ def test_a_redis_refusal_of_one_queue_is_charged_and_one_of_the_server_is_an_out
         stats = relay(alias, target, backoff=60)
         bad.refresh_from_db(using=alias)
         assert stats.broker_down and bad.attempts == 1 and "maxmemory" in bad.last_error, stats
+        # And a relay whose user may not push (an ACL change) is in an outage too
+        client.config_set("maxmemory", 0)
+        client.acl_setuser("relay", enabled=True, passwords=["+pw"], keys=["*"],
+                           commands=["+@all", "-lpush", "-rpush"])  # fmt: skip
+        denied = Celery("denied", broker=f"redis://relay:pw@127.0.0.1:{port}/0",
+                        set_as_current=False)  # fmt: skip
+        denied.conf.task_publish_retry = False
+        rows.filter(pk=bad.pk).update(available_at=bad.created_at)
+        stats = relay(alias, denied, backoff=60)
+        bad.refresh_from_db(using=alias)
+        assert stats.broker_down and bad.attempts == 1 and "permissions" in bad.last_error, stats
     finally:
         server.kill()
         server.wait()
         rows.delete()
+
+
+def test_redis_replies_about_the_whole_server_are_outages_whatever_their_shape() -> None:
+    """MISCONF (a failed snapshot: every write refused) arrives as a plain ResponseError
+    and was read as one row's refusal: every row was charged, then dead (a review)."""
+    from redis.exceptions import NoPermissionError, ResponseError
+
+    from celery_grousset.outbox_failures import whole_broker
+
+    misconf = "MISCONF Redis is configured to save RDB snapshots, but it's currently unable"
+    # Given the replies as redis-py raises them, alone and inside a pipeline
+    piped = "Command # 1 (LPUSH q) of pipeline caused error: "
+    whole = [ResponseError(misconf), ResponseError(piped + misconf),
+             NoPermissionError("this user has no permissions")]  # fmt: skip
+    one_key = [ResponseError("WRONGTYPE Operation against a key holding the wrong kind"),
+               ResponseError(piped + "WRONGTYPE Operation against a key")]  # fmt: skip
+    # Then those about the server are outages, those about one key are not
+    assert [whole_broker(e) for e in whole] == [True, True, True]
+    assert [whole_broker(e) for e in one_key] == [False, False]
 
 
 def test_a_redis_broker_that_stops_answering_holds_the_relay_no_longer_than_its_timeout(
