@@ -135,15 +135,9 @@ def _said(req: ClaimRequest, completion: Completion) -> None:
         events.result_not_stored(req, completion.error)
 
 
-def _run_transactional(
-    store: Store,
-    opts: Options,
-    req: ClaimRequest,
-    res: ClaimResult,
-    fn: Callable[[], Any],
-    serializer: str,
-    unwritten: Unwritten | None,
-) -> Any:
+def _run_transactional(store: Store, opts: Options, req: ClaimRequest, res: ClaimResult,
+                       fn: Callable[[], Any], serializer: str, unwritten: Unwritten | None,
+                       ) -> Any:  # fmt: skip
     """The effect and the completion in ONE transaction on the journal's database: a
     fenced-out attempt rolls its effect back."""
     from django.db import connections, transaction
@@ -190,6 +184,8 @@ def _run_transactional(
         released = release_lost(store, req, res.fence, exc)
         if released is not None:  # (None: the commit reached the server: completed)
             raise _unconfirmed(req, store.alias, exc, released, started) from exc
+    finally:
+        store.end_transactional()  # (MariaDB: its session's idle limit put back)
     _committed(req, completion, t0, started)
     return value
 

@@ -129,6 +129,74 @@ def test_a_store_session_stalled_mid_transaction_frees_its_row_lock_on_mariadb()
         other.close()
 
 
+def test_a_transactional_completion_gone_silent_before_its_commit_frees_its_row_on_mariadb(
+) -> None:  # fmt: skip
+    """A transactional body's session that went silent between its completion write and
+    its commit (a partition, a frozen worker) kept the row's lock until the server's
+    wait_timeout (8 h): the key made no progress for hours (a MariaDB outage review).
+    Its session is now ended after STORE_TIMEOUT, as on PostgreSQL."""
+    import time
+
+    from django.db import DatabaseError, transaction
+
+    from celery_grousset.store import Completion
+
+    services.require_database("mysql")
+    settings = connections.settings["mysql"]
+    store = store_class(settings["ENGINE"])("mysql", settings, 1.0)
+    other = store_class(settings["ENGINE"])("mysql", settings, 5.0)
+    req = claim_request()
+    if not connections["mysql"].mysql_is_mariadb:
+        pytest.skip("MySQL has no idle_transaction_timeout")
+    try:
+        store.claim(req)
+        with pytest.raises(DatabaseError), transaction.atomic(using="mysql"):  # (its end)
+            # Given a transactional completion written, its commit not sent yet
+            assert store.finish_in_transaction(req, Completion("completed"))
+            started = time.monotonic()
+            # When its session goes silent while another worker's store settles the key
+            # Then that one gets the row within about the timeout (the completion, never
+            # committed, is gone with the session), not after its own 5 s
+            assert other.release(req.processor_id, req.fingerprint, req.token)
+            assert time.monotonic() - started < 4.0
+    finally:
+        store.end_transactional()
+        connections["mysql"].close()
+        store.close()
+        other.close()
+
+
+def test_the_idle_limit_of_a_transactional_completion_is_put_back_after_its_commit() -> None:
+    from django.db import transaction
+
+    from celery_grousset.store import Completion
+
+    services.require_database("mysql")
+    settings, conn = connections.settings["mysql"], connections["mysql"]
+    if not conn.mysql_is_mariadb:
+        pytest.skip("MySQL has no idle_transaction_timeout")
+    store = store_class(settings["ENGINE"])("mysql", settings, 1.0)
+    req = claim_request()
+
+    def idle_limit() -> int:
+        with conn.cursor() as cur:
+            cur.execute("SELECT @@SESSION.idle_transaction_timeout")
+            return int(cur.fetchone()[0])
+
+    try:
+        store.claim(req)
+        before = idle_limit()
+        # When a transactional completion commits
+        with transaction.atomic(using="mysql"):
+            assert store.finish_in_transaction(req, Completion("completed"))
+            during = idle_limit()
+        store.end_transactional()
+        # Then its session was bounded for that transaction only
+        assert (before, during, idle_limit()) == (before, 1, before) and before != 1
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("alias", ["postgresql", "mysql"])
 def test_a_renewal_waits_for_a_row_lock_at_most_the_store_timeout(alias: str) -> None:
     """The renewal of a claim the worker's main process made (a late start) ran on

@@ -376,10 +376,12 @@ class Store(abc.ABC):
         (database clock) if ``req.token`` still holds it (a compare-and-set), on the
         private connection."""
 
-    def begin_transactional(self) -> None:
+    def begin_transactional(self) -> None:  # noqa: B027 (none here: a hook)
         """The first statement of a transactional body's transaction (on Django's
         connection to the journal): none here; row locks are taken as the body goes."""
-        return None
+
+    def end_transactional(self) -> None:  # noqa: B027
+        """Once that transaction ended (committed or not): nothing to put back here."""
 
     def lock_for_batch(self, queryset: Any) -> Any:
         """``queryset`` locked for a batch in the current transaction (outbox relay, purge):

@@ -240,12 +240,17 @@ class MySQLStore(LockingStore):
         the caller's own transaction its session's settings are its own."""
         from django.db import connections
 
-        conn, fitted = connections[self.alias], self.fitted(completion)
+        conn: Any = connections[self.alias]
+        fitted = self.fitted(completion)
         if len(conn.atomic_blocks) > 1:
             return super().finish_in_transaction(req, fitted)
-        with conn.cursor() as cur:  # the session's value kept in a user variable
-            cur.execute("SET @grousset_lock_wait = @@SESSION.innodb_lock_wait_timeout, "
-                        f"SESSION innodb_lock_wait_timeout = {max(1, math.ceil(self.timeout))}")
+        secs = max(1, math.ceil(self.timeout))
+        sql = f"SET @grousset_lock_wait = @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = {secs}"  # noqa: E501
+        if conn.mysql_is_mariadb:  # a session gone silent before its commit (a partition)
+            sql += f", @grousset_idle = @@SESSION.idle_transaction_timeout, SESSION idle_transaction_timeout = {secs}"  # noqa: E501
+        with conn.cursor() as cur:  # the session's values kept in user variables
+            cur.execute(sql)  # ends after T, its row lock freed (not at wait_timeout, 8 h)
+        conn.grousset_idle_set = conn.mysql_is_mariadb  # put back by end_transactional
         try:
             return super().finish_in_transaction(req, fitted)
         finally:  # on the driver's cursor: Django refuses its own after a failed statement
@@ -254,6 +259,17 @@ class MySQLStore(LockingStore):
                     raw.execute("SET SESSION innodb_lock_wait_timeout = @grousset_lock_wait")
             except Exception:  # a broken connection: closed, nothing to put back
                 pass
+
+    def end_transactional(self) -> None:
+        """The session's ``idle_transaction_timeout`` put back once the transaction whose
+        completion bounded it ended: not before its commit, which it bounds too."""
+        from django.db import connections
+
+        conn: Any = connections[self.alias]
+        if getattr(conn, "grousset_idle_set", False):
+            conn.grousset_idle_set = False
+            with contextlib.suppress(Exception), contextlib.closing(conn.connection.cursor()) as c:
+                c.execute("SET SESSION idle_transaction_timeout = @grousset_idle")
 
     def fitted(self, completion: Completion) -> Completion:
         """``completion``, or — when its memo would make the statement larger than the
