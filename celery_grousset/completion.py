@@ -293,7 +293,8 @@ def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException, fen
     carried = unwritten is not None and completion.result is not None
     try:
         t0 = time.perf_counter()
-        done = finish_retrying(store, req, completion, carried, operation="fail")
+        done = finish_retrying(store, req, completion, carried, operation="fail",
+                               patient=isinstance(exc, Exception))  # (not while stopping)
     except StoreUnavailable as store_exc:  # (each try logged)
         if carried and unwritten is not None:
             unwritten(completion, store_exc)
@@ -313,14 +314,16 @@ def fail(store: Store, opts: Options, req: ClaimRequest, exc: BaseException, fen
 
 
 def finish_retrying(store: Store, req: ClaimRequest, completion: Completion,
-                    carried: bool = False, operation: str = "complete") -> bool:  # fmt: skip
+                    carried: bool = False, operation: str = "complete",
+                    patient: bool = True) -> bool:  # fmt: skip
     """Write the completion; when the store is briefly unavailable (a restart, a lost
     connection) try again while the claim is still ours. Re-sending with the same token is
     idempotent. Gives up (raises StoreUnavailable) within half of max_processing_time: the
     claim then stays in flight and a later delivery takes it over. ``carried``: the
     caller hands an unwritten outcome on (a task requeues carrying it), so an interrupt
-    (a soft time limit) is raised as StoreUnavailable too; else as itself."""
-    deadline = time.monotonic() + req.max_processing_time / 2
+    (a soft time limit) is raised as StoreUnavailable too; else as itself. Not
+    ``patient``: one try (a process being stopped does not wait out the pauses)."""
+    deadline = time.monotonic() + (req.max_processing_time / 2 if patient else 0.0)
     interrupted = False
     for delay in (*COMPLETION_RETRY_DELAYS, None):
         try:

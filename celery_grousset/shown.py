@@ -97,4 +97,5 @@ def visible(text: str, lines: bool = True) -> str:
     """``text`` for a person's screen (a terminal, the admin): its control characters as
     Python escapes, its newlines kept when ``lines``."""
     return _CONTROL.sub(lambda m: "\n" if lines and m.group() == "\n" else
-                        m.group().encode("unicode_escape").decode("ascii"), text)  # fmt: skip
+                        m.group().encode("unicode_escape").decode("ascii"),
+                        text.replace("\r\n", "\n") if lines else text)  # fmt: skip

@@ -218,6 +218,37 @@ def test_a_failure_stopped_while_its_write_waits_is_sent_once_more_before_exit(
     assert (row.status, row.result_encoding) == ("failed", "grousset/exception"), row.status
 
 
+def test_a_failure_of_a_stopping_process_is_tried_once_not_retried(
+    short: str, processor: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body stopped (SystemExit) while the journal was away waited through every retry
+    pause of its failure's write (about 8 s) before the process could exit (a review)."""
+    import time
+
+    from celery_grousset.completion import fail
+    from celery_grousset.exceptions import StoreUnavailable
+
+    alias = short
+    opts = _failing_opts(processor, alias, "release")
+    req = guard.request(opts, guard.fingerprint_of(_call("k")), "tests.carry", "t-1", "")
+    store = get_store(alias)
+    fence = store.claim(req).fence
+    tries: list[int] = []
+
+    def away(*args: Any) -> bool:  # the journal unreachable
+        tries.append(1)
+        raise StoreUnavailable("away")
+
+    monkeypatch.setattr(store, "finish", away)
+    # When the failure of a stopped body is written / Then it is tried once, at once
+    started = time.monotonic()
+    assert fail(store, opts, req, SystemExit(143), fence) is False
+    assert tries == [1] and time.monotonic() - started < 1.0
+    # (and an error of the body's own is retried)
+    assert fail(store, opts, req, LookupError("declined"), fence) is False
+    assert len(tries) > 2
+
+
 def test_a_release_refused_for_a_moment_is_written_by_its_retries(
     short: str, processor: str
 ) -> None:

@@ -6,8 +6,10 @@ PoisonDelivery (permanent); a session lost while idle is reconnected once."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.db import connections
@@ -334,3 +336,53 @@ def test_an_outage_error_is_one_line_without_the_servers_context() -> None:
     finally:
         other.close()
         store.close()
+
+
+def test_the_cancels_probe_over_a_unix_socket_asks_the_path_this_process_knows(
+    tmp_path: Any,
+) -> None:
+    """A Unix socket's peer name is the path the server bound, which may not exist here
+    (its directory mounted elsewhere in a container): the probe asked it and the cancel
+    was never sent (a review)."""
+    import os
+    import socket
+    import threading
+
+    from celery_grousset.store.pgdriver import answers
+
+    services.require_database("postgresql")
+    settings = connections.settings["postgresql"]
+    bound, mounted = tmp_path / "server-side", tmp_path / "client-side"
+    bound.mkdir()
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(bound / ".s.PGSQL.5432"))
+    listener.listen(8)
+
+    def relay() -> None:  # each connection to the real server's TCP port
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = listener.accept()
+                server = socket.create_connection((settings["HOST"] or "127.0.0.1",
+                                                   int(settings["PORT"])))  # fmt: skip
+                for a, b in ((client, server), (server, client)):
+                    threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+
+    threading.Thread(target=relay, daemon=True).start()
+    # Given the server's socket directory known here under another path
+    os.rename(bound, mounted)
+    drv = driver()
+    params = {**PostgresStore("postgresql", settings, timeout=2.0)._params(),
+              "host": str(mounted), "port": 5432}  # fmt: skip
+    conn = drv.connect(params)
+    try:
+        # When the cancel's probe asks whether the server answers / Then it does
+        assert answers(conn, 1.0)
+    finally:
+        conn.close()
+        listener.close()
+
+
+def _pipe(source: Any, sink: Any) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)

@@ -985,3 +985,13 @@ def test_a_value_longer_than_the_scan_window_is_masked_whole() -> None:
     assert redact_text(text) == "password=*** tail"
     assert redact_text("'password': " + "A" * 70_000 + " tail") == "'password': *** tail"
     assert "AAAA" not in safe_repr((text,), {})
+
+
+def test_text_shown_to_a_person_keeps_its_lines_and_escapes_what_reorders_them() -> None:
+    """A CRLF line end showed a literal \\r on every line of an error in the admin."""
+    from celery_grousset.shown import visible
+
+    assert visible("a\r\nb\tc") == "a\nb\tc"
+    assert visible("gpj\u202eexe\x1b[2J") == "gpj\\u202eexe\\x1b[2J"
+    assert visible("a\r\nb", lines=False) == "a\\r\\nb"
+

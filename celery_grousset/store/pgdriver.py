@@ -22,7 +22,7 @@ import os
 import re
 import struct
 import time
-from socket import SOCK_STREAM
+from socket import AF_UNIX, SOCK_STREAM
 from types import ModuleType
 from typing import Any
 
@@ -222,10 +222,13 @@ def answers(conn: Any, within: float) -> bool:
     """The server ``conn`` is connected to answers an SSLRequest within ``within``
     seconds on a new connection: its postmaster accepts and serves one (libpq's cancel
     opens one and waits, with no timeout, for its end). The address is the live
-    socket's peer: the one libpq chose (``hostaddr``, one of several hosts or addresses)."""
+    socket's peer: the one libpq chose (``hostaddr``, one of several hosts or addresses);
+    a Unix socket's, by the path this process connected through."""
     try:
         with original("socket", "socket")(fileno=os.dup(conn.fileno())) as live:
             family, address = live.family, live.getpeername()
+        if family == AF_UNIX:  # (the server's own path, maybe not this host's: a volume)
+            address = f"{conn.info.host}/.s.PGSQL.{conn.info.port}"
         with original("socket", "socket")(family, SOCK_STREAM) as sock:
             sock.settimeout(within)
             sock.connect(address)
