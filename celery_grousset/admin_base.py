@@ -108,7 +108,7 @@ def when_html(value: datetime | None) -> SafeString | None:
         return None
     local = timezone.localtime(value) if timezone.is_aware(value) else value  # USE_TZ=False
     html = '<time class="grousset-when" datetime="{}" title="{}">{}<br>{}</time>'
-    return format_html(html, value.isoformat(), shown_time(local), f"{local:%Y-%m-%d}",
+    return format_html(html, value.isoformat(), shown_time(value), f"{local:%Y-%m-%d}",
                        f"{local:%H:%M:%S}")  # fmt: skip
 
 

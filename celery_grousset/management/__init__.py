@@ -292,8 +292,7 @@ def describe_matches(records: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
-def printable(text: str, lines: bool = True) -> str:
-    """``text`` for an operator's terminal: its control characters (an escape sequence
-    could recolour, retitle or rewrite what the command shows) as Python escapes; its
-    newlines kept when ``lines``. Journal text comes from whoever published the call."""
-    return visible(text, lines)
+#: ``text`` for an operator's terminal: its control characters (an escape sequence could
+#: recolour, retitle or rewrite what the command shows) as Python escapes, as the admin
+#: shows them; its newlines kept when ``lines``
+printable = visible
