@@ -20,6 +20,7 @@ import pytest
 from celery_grousset.models import Outcome
 from tests import services
 from tests.ledger.models import Effect
+from tests.locks import lock_waiters
 from tests.workers import Worker, workers
 
 pytestmark = pytest.mark.slow
@@ -910,7 +911,14 @@ def test_a_soft_time_limit_during_the_claim_leaves_no_claim_behind(
         locked = Outcome.objects.using(alias).select_for_update()
         locked.get(fingerprint=fails_first.grousset_fingerprint((key,), {}))
         result = fails_first.apply_async((key,), queue=queue, soft_time_limit=1, time_limit=30)
-        time.sleep(3)  # (then the lock is let go: the waiting statement goes through)
+        wait_for(lambda: lock_waiters(alias), 20, "the claim to wait on the row's lock")
+        # (the lock is let go once the limit has fired, well before the requeued delivery
+        # comes, STORE_RETRY_BACKOFF later: a lock let go at a fixed time could land just
+        # before a requeued delivery's own limit, which then cut its body)
+        if alias == "postgresql":  # the limit cancels the statement
+            wait_for(lambda: not lock_waiters(alias), 10, "the claim to be cancelled")
+        else:  # MariaDB's statement returns once the lock is let go, then the limit fires
+            time.sleep(1.0)  # (seen waiting 0.2 s after it began: the limit is past)
     # Then the delivery is sent again, settles its claim and runs the body: one effect,
     # no takeover, well within max_processing_time (30 s)
     t0 = time.monotonic()

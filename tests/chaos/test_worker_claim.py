@@ -19,6 +19,7 @@ import tests.chaos_tasks as ct
 from tests.chaos.conftest import need
 from tests.chaos.harness import effects, new_key, record_of, wait_for, workers
 from tests.chaos.test_duplicates import _two_hundred
+from tests.locks import lock_waiters
 from tests.services import cut_broker_clients
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
@@ -184,16 +185,6 @@ def test_36_a_late_start_is_aged_from_its_claim_not_its_hand_over(
     assert record_of(alias, ct.effect, (keys[2], 2.5)).takeovers == 1
 
 
-#: the sessions waiting on a row lock, by the client's TCP port
-LOCK_WAITERS = {
-    "postgresql": "SELECT client_port FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-    "AND datname = current_database()",
-    # (a claim waiting on the row in MariaDB's optimizer is not listed in INNODB_TRX)
-    "mysql": "SELECT HOST FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID() "
-    "AND INFO LIKE '%%FOR UPDATE%%' AND TIME_MS > 200",
-}
-
-
 @contextmanager
 def row_locked(alias: str, pk: int) -> Iterator[None]:
     """Another session holds the journal row's lock (a journal slow for seconds)."""
@@ -207,14 +198,7 @@ def row_locked(alias: str, pk: int) -> Iterator[None]:
 def lock_waiter_pids(alias: str) -> list[int]:
     """The local processes whose journal sessions wait on a row lock (``ss`` maps each
     session's client port to its process); asked on the lock holder's own session."""
-    from django.db import connections
-
-    vendor = connections[alias].vendor
-    with connections[alias].cursor() as cur:
-        if vendor == "postgresql":  # a fresh view of the activity inside the transaction
-            cur.execute("SELECT pg_stat_clear_snapshot()")
-        cur.execute(LOCK_WAITERS[vendor])
-        ports = [int(str(row[0]).rsplit(":", 1)[-1]) for row in cur.fetchall() if row[0]]
+    ports = [int(address.rsplit(":", 1)[-1]) for address in lock_waiters(alias)]
     pids = []
     for port in ports:
         out = subprocess.run(["ss", "-tnpH", f"sport = :{port}"], capture_output=True,
