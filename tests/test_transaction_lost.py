@@ -20,6 +20,7 @@ from celery_grousset.models import Outcome
 from celery_grousset.store import reset_stores
 from tests import services
 from tests.chaos.proxy import TcpProxy
+from tests.locks import lock_waiters
 from tests.test_checks import database
 
 
@@ -317,7 +318,11 @@ def test_a_completion_the_journal_does_not_take_is_an_outage_not_the_tasks_failu
         with transaction.atomic(using=alias):
             list(Outcome.objects.using(alias).select_for_update().filter(pk=pk))
             locked.set()
-            time.sleep(1.6)  # past the completion's timeout (1 s), not the release's
+            deadline = time.monotonic() + 10
+            while not lock_waiters(alias) and time.monotonic() < deadline:
+                time.sleep(0.02)  # the completion waits (seen: PostgreSQL at once,
+            # MariaDB 0.2 s in), then past its timeout (1 s), not the release's after it
+            time.sleep(1.5 if alias == "postgresql" else 1.3)
         connections[alias].close()
 
     def body() -> str:

@@ -21,7 +21,7 @@ from celery_grousset.models import Outcome
 from tests import services
 from tests.ledger.models import Effect
 from tests.locks import lock_waiters
-from tests.workers import Worker, workers
+from tests.workers import Worker, logged, workers
 
 pytestmark = pytest.mark.slow
 
@@ -870,10 +870,11 @@ def test_revoke_terminate_while_the_outcome_is_written_keeps_the_outcome(
         locked = Outcome.objects.using(pg).select_for_update()
         locked.get(fingerprint=effect.grousset_fingerprint((key, 1.0), {}))
         wait_for(lambda: effects(pg, key), 20, "the effect")
-        time.sleep(1.5)  # (the body returns after 1 s: its completion waits)
+        wait_for(lambda: lock_waiters(pg), 20, "the completion to wait on the lock")
         # When it is revoked with terminate=True while it waits
         app.control.revoke(first.id, terminate=True)
-        time.sleep(1.5)
+        wait_for(lambda: logged(queue, f"Terminating {first.id}"), 20, "the revoke")
+        time.sleep(1.0)  # (the signal handled while the lock is held)
     # Then its outcome is written before the process goes: a duplicate gets the memo
     rec = wait_for(lambda: (r := record_of(pg, effect, (key, 1.0))).status != "in_flight" and r,
                    20, "the record to settle")  # fmt: skip
@@ -915,10 +916,10 @@ def test_a_soft_time_limit_during_the_claim_leaves_no_claim_behind(
         # (the lock is let go once the limit has fired, well before the requeued delivery
         # comes, STORE_RETRY_BACKOFF later: a lock let go at a fixed time could land just
         # before a requeued delivery's own limit, which then cut its body)
-        if alias == "postgresql":  # the limit cancels the statement
+        fired = f"Soft time limit (1s) exceeded for {fails_first.name}[{result.id}]"
+        wait_for(lambda: logged(queue, fired), 20, "the soft time limit")  # (then signalled)
+        if alias == "postgresql":  # the limit cancels the statement; MariaDB's returns
             wait_for(lambda: not lock_waiters(alias), 10, "the claim to be cancelled")
-        else:  # MariaDB's statement returns once the lock is let go, then the limit fires
-            time.sleep(1.0)  # (seen waiting 0.2 s after it began: the limit is past)
     # Then the delivery is sent again, settles its claim and runs the body: one effect,
     # no takeover, well within max_processing_time (30 s)
     t0 = time.monotonic()

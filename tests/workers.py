@@ -55,6 +55,11 @@ class Worker:
             self.proc.wait(10)
 
 
+def logged(queue: str, text: str) -> bool:
+    """Whether a worker of ``queue`` has logged ``text`` (its log files, by name)."""
+    return any(text in log.read_text(errors="replace") for log in LOGS.glob(f"{queue}-*.log"))
+
+
 def start_worker(
     queue: str,
     *,
