@@ -77,8 +77,8 @@ test: lint $(BENCH_STAMP) ## lint, then the whole pytest suite (PYTEST_ARGS='-q'
 test-fast: venv ## pytest without slow, browser and chaos tests
 	$(BIN)/pytest -m "not slow and not browser and not chaos" $(PYTEST_ARGS)
 
-compat: ## core tests on Django 4.2 + Celery 5.3, Django 6.0 (Python 3.12), psycopg2 only
-	scripts/compat.sh dj42 dj60 pg2
+compat: ## core tests on Django 4.2 + Celery 5.3, Django 6.0 and 6.1 (Python 3.12), psycopg2 only
+	scripts/compat.sh dj42 dj60 dj61 pg2
 
 demo: venv ## run the example project's demo (honours DATABASE_URL, CELERY_BROKER_URL)
 	$(BIN)/python -m example_project.demo

@@ -37,5 +37,11 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 
 # --8<-- [start:email]
 # While you try it out: print emails to the console instead of sending them.
-EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+import django
+
+CONSOLE = "django.core.mail.backends.console.EmailBackend"
+if django.VERSION >= (6, 1):  # (Django 6.1 sets up email in MAILERS; EMAIL_BACKEND is refused)
+    MAILERS = {"default": {"BACKEND": CONSOLE}}
+else:
+    EMAIL_BACKEND = CONSOLE
 # --8<-- [end:email]

@@ -307,7 +307,7 @@ class Command(BaseCommand):
             parser,
             "--stale-after",
             _stale_after,
-            "Count in-flight claims older than this as stale: seconds or 30m, 12h, 7d "
+            "Count in-flight claims older than this as stale: seconds or 30m, 12h, 7d, 2w "
             f"(above 0, at most {MAX_DURATION_DAYS}d; default: each claim's own deadline, "
             "started_at + its task's max_processing_time).",
         )
@@ -315,7 +315,7 @@ class Command(BaseCommand):
             parser,
             "--since",
             _since,
-            "Count the entries started in this window: seconds or 30m, 12h, 7d "
+            "Count the entries started in this window: seconds or 30m, 12h, 7d, 2w "
             f"(default 24h; at most {MAX_DURATION_DAYS}d). Expired entries are counted "
             f"up to {EXPIRED_CAP:,}.",
         )
