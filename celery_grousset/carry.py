@@ -234,22 +234,23 @@ def claim_interrupted(
 
 
 def deliver(
-    store: Store,
-    req: ClaimRequest,
-    completion: Completion,
-    accept: Collection[str],
-    unwritten: Unwritten | None,
+    caller: Any, store: Store, req: ClaimRequest, carried: ClaimRequest,
+    completion: Completion, accept: Collection[str],
 ) -> Any:
-    """Write a carried outcome with its claim's token, then answer with it (the
-    effect is not run). Still unwritable: ``unwritten`` (requeue again, still carrying
-    it). The claim taken over meanwhile: :class:`FencedOut`."""
-    if not complete(store, req, completion, 0, unwritten):
+    """Write a carried outcome with its claim's token (``carried``), then answer with it
+    (the effect is not run). Still unwritable: requeue again, still carrying it (the
+    caller's :func:`hook`). The claim taken over meanwhile: :class:`FencedOut`. With no
+    memo, its canvas stops (the caller's ``stop_canvas``: the attempt that ran the
+    effect was requeued, and sent none)."""
+    if not complete(store, carried, completion, 0, hook(caller, carried, stale_by(caller))):
         raise FencedOut(
-            f"{req.task_name}: the outcome this delivery carried for {req.fingerprint[:16]}… "
-            "was not written: its claim was taken over while the journal was unreachable "
-            "(the new owner's record stands)."
+            f"{carried.task_name}: the outcome this delivery carried for "
+            f"{carried.fingerprint[:16]}… was not written: its claim was taken over while "
+            "the journal was unreachable (the new owner's record stands)."
         )
+    if hasattr(caller, "stop_canvas"):
+        caller.stop_canvas(req, completion.result_encoding, None)
     return memo.decode(
-        completion.result, completion.result_encoding, completion.error, req.fingerprint,
+        completion.result, completion.result_encoding, completion.error, carried.fingerprint,
         accept=accept,
     )  # fmt: skip

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from celery_grousset.claim import ENC_NOT_MEMOIZED
-from celery_grousset.exceptions import PoisonDelivery, PoisonRejected
+from celery_grousset.exceptions import PoisonDelivery, PoisonRejected, ResultNotStored
 
 logger = logging.getLogger("celery_grousset")
 
@@ -256,10 +256,21 @@ def stop_canvas(request: Any, req: Any, encoding: str, first: str | None) -> Non
     ``None``: Celery would send its chain's next step and its ``link`` callbacks with
     that ``None`` — other calls, whose guarded effects would run again. They are not
     sent (docs/faq.md): a copy of the first delivery's message (its task id, ``first``)
-    leads the canvas the first delivery sent on; another publish's canvas stops here."""
+    leads the canvas the first delivery sent on; another publish's canvas stops here
+    (``first`` None: a delivery that carried its outcome, whose canvas nobody sent). A
+    chord's header member raises instead: the chord fails, its body never runs on a
+    ``None`` that stands for no value."""
     if encoding != ENC_NOT_MEMOIZED:
         return
     from celery_grousset import events
+
+    if getattr(request, "chord", None):
+        raise ResultNotStored(
+            f"{req.task_name}: this call ran once, and its value is not memoized "
+            f"(memoize=False): this delivery ({req.task_id}) has no value to report to its "
+            "chord, which fails instead of running its body with None. Keep memoize on for "
+            "a task in a chord's header (docs/faq.md, \"What about chords?\")."
+        )
 
     steps = len(getattr(request, "chain", None) or ())
     callbacks = len(getattr(request, "callbacks", None) or ())

@@ -94,7 +94,7 @@ class Caller(Protocol):
     ``carry(outcome, exc)`` (the completion could not be written: a task requeues its
     delivery carrying the outcome; without it, StoreUnavailable is raised), ``carried``
     (the outcome a requeued delivery carries: :mod:`celery_grousset.carry`),
-    ``stop_canvas(req, res)`` (a duplicate: one with no memo sends no task callback) and
+    ``stop_canvas(req, encoding, first)`` (answered unrun: with no memo, no callback) and
     ``wait_within`` (the seconds a "wait" may take: a task's time limit; None: any)."""
 
     def options(self) -> Options: ...
@@ -125,8 +125,7 @@ def guarded(caller: Caller, call: Call) -> Any:
     not_running(store, req)  # a call of the key inside its own body: refused
     held = carry.pending(caller, req)  # what a requeued delivery carries (celery_grousset.carry)
     if held is not None and held[1] is not None:  # an outcome whose completion failed
-        return carry.deliver(store, held[0], held[1], accept_of(caller, call),
-                             carry.hook(caller, held[0], carry.stale_by(caller)))  # fmt: skip
+        return carry.deliver(caller, store, req, held[0], held[1], accept_of(caller, call))
     unsettled = req if held is None else held[0]  # the claim a requeue must settle
     carried = None  # (a claim the worker's main process made: committed, whatever the store)
     try:
@@ -155,7 +154,7 @@ def guarded(caller: Caller, call: Call) -> Any:
     if not res.owned:
         check_payload(req, res)
         if hasattr(caller, "stop_canvas"):  # a duplicate with no memo has no value to pass on
-            caller.stop_canvas(req, res)
+            caller.stop_canvas(req, res.result_encoding, res.task_id)
         return answer(req, res, call.delivery, accept_of(caller, call))
     attempt = Attempt(fingerprint=fp, fence=res.fence, deliveries=res.deliveries,
                       takeovers=res.takeovers, kind=res.kind, processor_id=opts.processor_id,

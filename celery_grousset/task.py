@@ -336,8 +336,8 @@ class _TaskCaller:
     def run(self, attempt: guard.Attempt) -> Any:
         return self.task._with_attempt(attempt, self.body)
 
-    def stop_canvas(self, req: ClaimRequest, res: ClaimResult) -> None:
-        stop_canvas(self.request, req, res.result_encoding, res.task_id)
+    def stop_canvas(self, req: ClaimRequest, encoding: str, first: str | None) -> None:
+        stop_canvas(self.request, req, encoding, first)
 
     def poison(self, exc: PoisonDelivery) -> NoReturn:
         if self.local:

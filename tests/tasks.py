@@ -294,3 +294,17 @@ def handed_requests() -> list[int]:
     from celery_grousset import batch_claim
 
     return [len(c.handed) for c in list(batch_claim._CLAIMERS)]
+
+
+@shared_task(base=GroussetTask, max_processing_time=30, memoize=False)
+def unmemoized(key: str) -> str:
+    """``effect`` whose value is not memoized: a duplicate has none to answer with."""
+    record(key)
+    return f"value-{key}"
+
+
+@shared_task
+def gathered(values: list[Any], key: str) -> list[Any]:
+    """A chord's body (unguarded): records that it ran, and with what."""
+    record(f"{key}:body", repr(values))
+    return values

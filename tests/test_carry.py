@@ -90,7 +90,9 @@ def _row_locked(alias: str, processor: str) -> Iterator[None]:
         transaction.set_rollback(True, using=alias)
 
 
-def _unwritable(alias: str, processor: str, key: str) -> tuple[dict[str, Any], int]:
+def _unwritable(
+    alias: str, processor: str, key: str, opts: Options | None = None
+) -> tuple[dict[str, Any], int]:
     """Run a call whose completion cannot be written; the header it would carry."""
     locked = contextlib.ExitStack()
 
@@ -98,7 +100,7 @@ def _unwritable(alias: str, processor: str, key: str) -> tuple[dict[str, Any], i
         locked.enter_context(_row_locked(alias, processor))
         return {"receipt": key}
 
-    caller = TaskLikeCaller(_opts(processor, alias), effect)
+    caller = TaskLikeCaller(opts or _opts(processor, alias), effect)
     with locked, pytest.raises(Requeued) as requeued:
         guard.guarded(caller, _call(key))
     return requeued.value.header, caller.runs
@@ -307,6 +309,33 @@ def test_a_carried_outcome_never_overwrites_a_takeover(short: str, processor: st
     row = Outcome.objects.using(alias).get(processor_id=processor)
     assert late.runs == 0 and row.fence > first and row.takeovers == 1
     assert row.status == "completed" and row.claim_token != header["token"]
+
+
+def test_a_carried_outcome_with_no_memo_stops_its_canvas(short: str, processor: str) -> None:
+    """A requeued delivery that carried a ``memoize=False`` outcome answered ``None`` as
+    its value: Celery sent its chain's next step and its ``link`` callbacks with it
+    (a review: ``b(None)`` ran). The attempt that ran the effect was requeued: nobody
+    sent them with the real value."""
+    from celery.app.task import Context
+
+    from celery_grousset.delivery import stop_canvas
+
+    alias, key = short, f"order-{uuid.uuid4().hex}"
+    opts = Options.resolve("test", {"processor_id": processor, "max_processing_time": 2,
+                                    "database": alias, "memoize": False},
+                           default_processor=processor)  # fmt: skip
+    header, runs = _unwritable(alias, processor, key, opts)
+    # Given the requeued delivery of a chain's first step, with a link callback
+    request = Context(chain=[{"task": "tests.next_step"}], callbacks=[{"task": "tests.link"}])
+    again = TaskLikeCaller(opts, lambda: {"receipt": "again"}, header)
+    again.stop_canvas = lambda req, encoding, first: stop_canvas(request, req, encoding, first)
+    # When it writes the carried outcome
+    value = guard.guarded(again, _call(key))
+    # Then it answers None without running the effect, and Celery sends neither the
+    # next step nor the callback (its request's canvas is emptied)
+    assert (value, runs, again.runs) == (None, 1, 0)
+    assert Outcome.objects.using(alias).get(processor_id=processor).status == "completed"
+    assert request.chain is None and request.callbacks is None
 
 
 NOT_FOR_THIS_CALL = [

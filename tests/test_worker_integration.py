@@ -883,6 +883,29 @@ def test_revoke_terminate_while_the_outcome_is_written_keeps_the_outcome(
     assert value["fence"] == rec.fence and effects(pg, key) == 1
 
 
+def test_a_chord_member_with_no_memo_fails_its_chord_instead_of_reporting_none(
+    pg_workers: tuple[str, list[Worker]], pg: str
+) -> None:
+    """A duplicate of a ``memoize=False`` call in a chord's header reported ``None`` as
+    its part, and the chord's body ran on it (a review: ``body([value, None])``)."""
+    from celery import chord
+
+    from celery_grousset.exceptions import ResultNotStored
+    from tests.tasks import gathered, unmemoized
+
+    queue, _ = pg_workers
+    key = f"nomemochord-{uuid.uuid4().hex[:8]}"
+    # Given a chord whose header holds one not-memoized call twice (two task ids)
+    header = [unmemoized.s(key).set(queue=queue) for _ in range(2)]
+    result = chord(header, gathered.s(key).set(queue=queue)).apply_async()
+    # When it runs: the call's second member is a duplicate, with no value to report
+    with pytest.raises(ResultNotStored, match="no value to report to its chord"):
+        result.get(timeout=40)
+    # Then the effect ran once, and the chord failed instead of running its body
+    assert effects(pg, key) == 1
+    assert effects(pg, f"{key}:body") == 0
+
+
 @pytest.fixture(params=["postgresql", "mysql"])
 def journal_queue(request: pytest.FixtureRequest) -> tuple[str, str]:
     """A journal alias and the queue of workers whose journal it is (PostgreSQL's client
