@@ -306,32 +306,9 @@ def refuse_configuration_errors(in_process: bool = False) -> None:
 
 
 def _check_schema(**kwargs: Any) -> None:
+    from celery_grousset.startcheck import log_schema_problems
+
     threading.Thread(target=log_schema_problems, name="grousset-schema", daemon=True).start()
-
-
-def log_schema_problems() -> None:
-    """Log each journal database whose tables do not exist or lack a migration, whose
-    layout is not JOURNAL_LAYOUT, or which cannot be reached or the claim store cannot
-    open, with the fix (at the worker's start). The worker runs all the same (a deploy
-    may start it before its migrations or its database): a guarded delivery is retried
-    until then, never run without its claim."""
-    from django.db import connections
-
-    from celery_grousset.checks import journal_databases
-    from celery_grousset.conf import grousset_settings
-    from celery_grousset.management import start_problem
-
-    try:
-        for alias in [a for a in journal_databases() if a in connections.settings]:
-            if problem := start_problem(alias, str(grousset_settings.JOURNAL_LAYOUT)):
-                logger.error(
-                    "celery-grousset: journal database %r: %s Guarded deliveries are "
-                    "retried, never run, until then.", alias, problem,
-                )  # fmt: skip
-    except Exception:  # settings problems are the checks' to report; never the worker's end
-        logger.debug("celery-grousset: journal schema not checked", exc_info=True)
-    finally:
-        connections.close_all()  # this thread's
 
 
 def swept_dirs(tmp: str | None = None) -> list[str]:

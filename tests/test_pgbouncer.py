@@ -89,7 +89,7 @@ def test_a_pooler_that_refuses_the_store_fails_closed_and_says_so(
     bouncer: Callable[..., int], mode: str, processor: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     from celery_grousset.journal_check import journal_messages
-    from celery_grousset.worker import log_schema_problems
+    from celery_grousset.startcheck import log_schema_problems
 
     # Given the journal's alias through a PgBouncer left at its defaults
     port = bouncer(mode)

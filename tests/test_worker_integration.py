@@ -1002,7 +1002,7 @@ def test_a_worker_whose_journal_database_cannot_be_reached_says_so_when_it_start
     from django.conf import settings
     from django.test import override_settings
 
-    from celery_grousset.worker import log_schema_problems
+    from celery_grousset.startcheck import log_schema_problems
 
     services.require_database("postgresql")
     with socket.socket() as sock:  # a port nothing listens on: the connect is refused
@@ -1022,6 +1022,57 @@ def test_a_worker_whose_journal_database_cannot_be_reached_says_so_when_it_start
                and "retried, never run, until then" in m for m in logged), logged  # fmt: skip
 
 
+def test_a_journal_database_that_never_answers_holds_up_only_its_own_start_up_check(
+    caplog: pytest.LogCaptureFixture, temp_task: Any
+) -> None:
+    """The start-up check went through the journal databases one after another on
+    Django's connections (no connect timeout): one that never answered held up the check
+    of every database after it, whose problems the worker then never said (a review, two
+    journal databases: a broken one never reported)."""
+    import logging
+    import socket
+    import threading
+
+    from django.conf import settings
+    from django.test import override_settings
+
+    from celery_grousset.startcheck import log_schema_problems
+    from tests.blackhole import blackhole
+
+    services.require_database("postgresql")
+    pg = settings.DATABASES["postgresql"]
+    with socket.socket() as sock:  # a port nothing listens on: the connect is refused
+        sock.bind(("127.0.0.1", 0))
+        closed = str(sock.getsockname()[1])
+
+    def errors() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+
+    # Given two journal databases: "silent" accepts connections and never answers (first
+    # in order), "unreachable" refuses them
+    with blackhole((pg["HOST"] or "127.0.0.1", int(pg["PORT"]))) as proxy:
+        proxy.deaf.set()
+        silent = {**pg, "HOST": "127.0.0.1", "PORT": str(proxy.port),
+                  "OPTIONS": {"sslmode": "disable"}}  # fmt: skip
+        with services.extra_database("silent", **silent), \
+                services.extra_database("unreachable", **{**pg, "PORT": closed}), \
+                override_settings(GROUSSET={"DATABASE": "silent"}), \
+                caplog.at_level(logging.ERROR, logger="celery_grousset"):  # fmt: skip
+
+            def routed(self: Any) -> None:
+                """A task journaled on the other database."""
+
+            temp_task(routed, max_processing_time=30, database="unreachable")
+            # When the worker's start-up check runs
+            thread = threading.Thread(target=log_schema_problems, daemon=True)
+            thread.start()
+            # Then the refusing database's error is logged while the silent one waits
+            wait_for(lambda: any("journal database 'unreachable'" in m for m in errors()),
+                     20, "the start-up check of the second journal database")  # fmt: skip
+            assert thread.is_alive() and not any("'silent'" in m for m in errors())
+    thread.join(30)  # (the silent database's connection closed with its proxy)
+
+
 def test_the_start_up_check_connects_once_to_a_journal_database_it_cannot_reach(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -1034,7 +1085,7 @@ def test_the_start_up_check_connects_once_to_a_journal_database_it_cannot_reach(
     from django.conf import settings
     from django.test import override_settings
 
-    from celery_grousset.worker import log_schema_problems
+    from celery_grousset.startcheck import log_schema_problems
 
     services.require_database("postgresql")
     # Given a "database" that accepts each connection and closes it at once, counting them

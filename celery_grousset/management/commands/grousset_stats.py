@@ -272,9 +272,6 @@ def _why(data: dict[str, Any]) -> str:
     )
 
 
-REDELIVERIES = "redeliveries, requeues or re-claims"
-
-
 def _stale_lines(data: dict[str, Any]) -> list[str]:
     if data["stale"] is None:
         return [f"  stale now    not looked up: more than {STALE_BUDGET} s on this journal "
@@ -284,8 +281,10 @@ def _stale_lines(data: dict[str, Any]) -> list[str]:
         return [f"  stale now    none in the whole journal{of}"]
     more = f"more than {STALE_LISTED}, any" if data["stale_capped"] else "all"  # (no sort)
     age = data["stale_after_seconds"]  # (--stale-after: by age; a claim may be fresh yet)
-    frees = ("grousset_release <fingerprint> frees one" if age is None else f"older than "
-             f"{human_seconds(age)}: grousset_release frees only those past their own deadline")
+    cmd = "grousset_release" + ("" if data["database"] == journal_alias(None)  # (its journal)
+                                else f" --database {data['database']}")  # fmt: skip
+    frees = (f"{cmd} <fingerprint> frees one" if age is None else f"older than "
+             f"{human_seconds(age)}: {cmd} frees only those past their own deadline")
     lines = [f"  stale now    in the whole journal ({more} {len(data['stale'])}; {frees}):"]
     lines += [f"    {r['fingerprint'][:16]}  {r['task_name']}  started {r['started_at']}"
               + (f"  processor {r['processor_id']}" if not data["processor_id"] else "")
@@ -371,7 +370,8 @@ class Command(BaseCommand):
             f"  deliveries   {data['deliveries']} ("
             + _n(data["duplicates"], "duplicate", "duplicates")
             + " answered or deferred; "
-            + _n(data["redeliveries"], "redelivery, requeue or re-claim", REDELIVERIES)
+            + _n(data["redeliveries"], "redelivery, requeue or re-claim", "redeliveries, "
+                 "requeues or re-claims")
             + ")",
             f"  takeovers    {data['takeovers']} (on "
             + _n(data["entries_taken_over"], "entry", "entries")
