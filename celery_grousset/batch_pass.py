@@ -37,6 +37,10 @@ DEFERRED, WAITING = "deferred", "waiting"
 #: request fields that make a duplicate's answer more than a stored result (callbacks,
 #: chains, chords): such duplicates take the per-task path, where Celery's tracer runs them
 _EMBEDDED = ("callbacks", "errbacks", "chain", "chord")
+#: seconds a journal database the pass found unavailable is left to the pool children (the
+#: per-task path): its timeout is not waited again by every pass, ahead of the others
+RESTING = 5.0
+_resting: dict[str, float] = {}  # alias -> until (time.monotonic())
 
 
 @dataclass(slots=True)
@@ -112,7 +116,7 @@ def _unchanged(store_of: Callable[[str], Store], batch: list[Job]) -> list[Job]:
     claim: list[Job] = []
     for job in batch:
         seen, now = job.holder, time.monotonic()
-        if job.waits and seen is not None and now < seen[1]:
+        if job.waits and seen is not None and now < seen[1] and not _rests(job.database):
             try:
                 held = still_held(store_of(job.database), job.claim, seen[0])
             except Exception:  # (the claim reports it)
@@ -138,10 +142,13 @@ def _claim_round(store_of: Callable[[str], Store], batch: list[Job]) -> list[Job
             store = store_of(alias)
         except Exception:  # not configured: the per-task path reports it
             continue
+        if _rests(alias):  # found down a moment ago: the children claim, each on its own
+            continue
         sent_at = time.monotonic()  # before the statement: the claim is no older than this
         try:  # (reported below only where acted on here: else the child claims, reports)
             results = guard.claim(store, [jobs[0].claim for jobs in groups], report=False)
         except StoreUnavailable:  # down, or the answer lost: the per-task path decides
+            _resting[alias] = time.monotonic() + RESTING
             if store.remote:  # the claims may have committed: the children find out
                 for jobs in groups:
                     lost(jobs[0])
@@ -230,3 +237,8 @@ def in_flight(job: Job, res: ClaimResult, counted: bool = True) -> None:
         job.action = DEFERRED
     except Exception:  # could not publish it: the child's per-task path decides
         return
+
+
+def _rests(alias: str) -> bool:
+    """``alias`` was found unavailable less than :data:`RESTING` seconds ago."""
+    return _resting.get(alias, 0.0) > time.monotonic()

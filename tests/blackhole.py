@@ -19,6 +19,7 @@ class Blackhole:
         self.dropping = threading.Event()
         self.deaf = threading.Event()
         self.dropped = 0
+        self.accepted = 0  #: connections accepted
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._sockets: list[socket.socket] = [self._listener]
@@ -28,6 +29,7 @@ class Blackhole:
         with contextlib.suppress(OSError):
             while True:
                 client, _ = self._listener.accept()
+                self.accepted += 1
                 if self.deaf.is_set():
                     self._sockets.append(client)
                     continue
