@@ -278,6 +278,7 @@ def test_an_interrupt_cancels_the_statement_on_a_server_that_answers(
                   "port": int(connections.settings["postgresql"]["PORT"])}  # fmt: skip
     conn = drv.connect(params)
     ended: list[BaseException] = []
+    pid = drv.execute(conn, "SELECT pg_backend_pid()").fetchone()[0]
 
     def sleep() -> None:
         try:
@@ -286,11 +287,19 @@ def test_an_interrupt_cancels_the_statement_on_a_server_that_answers(
         except BaseException as exc:
             ended.append(exc)
 
+    def sleeping() -> bool:
+        with connections["postgresql"].cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s "
+                        "AND wait_event = 'PgSleep'", [pid])  # fmt: skip
+            return bool(cur.fetchone()[0])
+
     try:
         # Given a statement running on the connection
         runner = threading.Thread(target=sleep, daemon=True)
         runner.start()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 10
+        while not sleeping() and time.monotonic() < deadline:
+            time.sleep(0.02)
         t0 = time.monotonic()
         # When it is interrupted / Then the server ends it at once
         drv.interrupt(conn)

@@ -133,12 +133,12 @@ def test_in_flight_raises_or_waits(alias: str, processor: str) -> None:
     assert 50 < err.value.retry_in <= 60
     # And a waiting caller waits for the holder's own deadline (its stale_at, whatever the
     # caller's max_processing_time), then takes over: age the claim to 0.3 s before it
+    t0 = time.monotonic()  # (before the ageing: a pause after it cannot hide the wait)
     Outcome.objects.using(alias).filter(processor_id=processor).update(
         started_at=F("started_at") - timedelta(seconds=59.7),
         stale_at=F("stale_at") - timedelta(seconds=59.7),
     )
     held = Outcome.objects.using(alias).get(processor_id=processor).fence
-    t0 = time.monotonic()
     value = protect(
         "busy", lambda: "mine", max_processing_time=60, processor_id=processor, database=alias
     )
