@@ -973,6 +973,29 @@ def test_relay_once_exits_nonzero_when_a_row_failed(alias: str, queue: str) -> N
                      "--database", alias, verbosity=0)  # fmt: skip
 
 
+def test_the_relay_command_knows_the_projects_tasks_before_it_publishes(queue: str) -> None:
+    """``grousset_relay`` in a process of its own never imported the task modules (Celery
+    discovers them lazily, as a worker starts): a row enqueued by name whose arguments do
+    not fit its task was sent unchecked, marked sent, and dropped by the worker — the
+    call lost, no dead row to alert on (a review)."""
+    pg = "postgresql"
+    services.require_database(pg)
+    # Given a row enqueued by name with arguments its task does not take
+    with transaction.atomic(using=pg):
+        outbox.enqueue("tests.tasks.effect", ("a", "b", "c", "d"), using=pg, queue=queue)
+    row = OutboxMessage.objects.using(pg).filter(options__queue=queue).get()
+    # When the relay command runs in a process of its own, on a lazily discovering app
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT),
+           "GROUSSET_TEST_DB": pg}  # fmt: skip
+    run = subprocess.run([sys.executable, "-m", "django", "grousset_relay", "--once", "--app",
+                          "tests.lazyapp", "--database", pg], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    # Then the row is checked against its task: dead, said, and nothing published
+    row.refresh_from_db()
+    assert (row.status, run.returncode) == ("dead", 1), (row.status, run.stdout, run.stderr)
+    assert "went dead" in run.stderr and messages(queue) == []
+
+
 _MIGRATE = """
 import json, sys, django
 django.setup()

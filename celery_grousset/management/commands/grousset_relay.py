@@ -72,6 +72,11 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         alias = journal_alias(options["database"])
         app = celery_app(options["app"])
+        # the project's task modules, imported as a worker imports them at its start
+        # (Celery discovers them lazily): a row's call is checked against its task, not
+        # sent by name unchecked for a worker to drop (a task this project does not
+        # define is still sent by name)
+        app.loader.import_default_modules()
         try:
             relay = outbox.Relay(
                 app,
