@@ -270,6 +270,28 @@ def _warn_unenforced_time_limits(parent: Any) -> None:
             "max_processing_time above its longest possible run, or use the prefork pool.",
             pool,
         )
+    if getattr(getattr(parent, "pool_cls", None), "__module__", "") == "celery.concurrency.gevent":
+        _warn_soft_limits_on_gevent(parent.app)
+
+
+def _warn_soft_limits_on_gevent(app: Any) -> None:
+    """The gevent pool enforces ``time_limit`` but not ``soft_time_limit``: a guarded task
+    that counts on its soft limit (to end cleanly, its outcome written) is killed by its
+    hard one instead, and its claim stays in flight until it turns stale."""
+    from celery_grousset.task import GroussetTaskMixin
+
+    default = app.conf.task_soft_time_limit
+    soft = sorted(name for name, task in app.tasks.items() if isinstance(task, GroussetTaskMixin)
+                  and (getattr(task, "soft_time_limit", None) or default))  # fmt: skip
+    if soft:
+        logger.warning(
+            "celery-grousset: the gevent pool enforces no soft_time_limit (Celery applies "
+            "only time_limit there), which these guarded tasks set: %s. An attempt past it "
+            "is killed by its time_limit instead, its claim left in flight until it turns "
+            "stale (max_processing_time): another delivery then takes it over and runs the "
+            "effect again if the killed one had done it. Use the prefork pool for them.",
+            ", ".join(soft),
+        )
 
 
 def refuse_configuration_errors(in_process: bool = False) -> None:

@@ -308,3 +308,10 @@ def gathered(values: list[Any], key: str) -> list[Any]:
     """A chord's body (unguarded): records that it ran, and with what."""
     record(f"{key}:body", repr(values))
     return values
+
+
+@shared_task(base=GroussetTask, max_processing_time=60, soft_time_limit=20, time_limit=30)
+def soft_limited(key: str) -> str:
+    """``effect`` with a soft time limit (which a gevent worker says it does not enforce)."""
+    record(key)
+    return key

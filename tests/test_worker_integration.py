@@ -197,8 +197,11 @@ def test_a_threads_or_gevent_pool_worker_runs_each_call_once(
     # ... and no claim failed on a connection another thread or greenlet was using
     assert "grousset.store_unavailable" not in log, log[-3000:]
     assert "FencedOut" not in log
-    # ... and a threads worker said that its pool enforces no time limit (gevent's does)
+    # ... and a threads worker said that its pool enforces no time limit (gevent's does),
+    # a gevent worker that it enforces no soft time limit, naming the task that sets one
     assert ("the threads pool enforces no time limit" in log) == (pool == "threads")
+    soft = [ln for ln in log.splitlines() if "the gevent pool enforces no soft_time_limit" in ln]
+    assert bool(soft) == (pool == "gevent") and all("tests.tasks.soft_limited" in ln for ln in soft)
 
 
 def test_200_duplicates_rabbitmq(pg: str, queue: str) -> None:
