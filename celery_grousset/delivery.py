@@ -264,7 +264,10 @@ def stop_canvas(request: Any, req: Any, encoding: str, first: str | None) -> Non
         return
     from celery_grousset import events
 
-    if getattr(request, "chord", None):
+    chain = getattr(request, "chain", None) or ()
+    if getattr(request, "chord", None) or any(  # (in a chain, the chord is its last step's)
+        isinstance(step, dict) and (step.get("options") or {}).get("chord") for step in chain
+    ):
         raise ResultNotStored(
             f"{req.task_name}: this call ran once, and its value is not memoized "
             f"(memoize=False): this delivery ({req.task_id}) has no value to report to its "

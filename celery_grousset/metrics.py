@@ -19,17 +19,10 @@ oldest due; label ``database``) are read on scrape by a :class:`JournalCollector
 :func:`enable` registers and a worker's parent serves; the shipped dashboard and alert
 rules (``celery_grousset/contrib/monitoring/``) use them.
 
-Nothing happens at import time: ``prometheus_client`` is imported when metrics are
-enabled. :func:`enable` makes the guard report to a :class:`Recorder` in this
-process (``celery_grousset.events.recorder``).
-
-In a prefork worker (``celery worker --grousset-metrics-port N``) the counting
-happens in the pool children and the scraping in the parent, so the worker runs
-prometheus_client's multiprocess mode (:class:`WorkerMetrics`): the parent points
-``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory before the pool forks, each child
-enables a recorder in ``worker_process_init`` and marks itself dead on
-``worker_process_shutdown``, and the parent serves the children's aggregated
-files on ``http://<host>:N/metrics``. With ``WORKER_CLAIM`` the parent records too.
+Nothing happens at import: :func:`enable` imports ``prometheus_client`` and makes the
+guard report to a :class:`Recorder` (``celery_grousset.events.recorder``). A prefork
+worker (``--grousset-metrics-port N``) counts in its pool children and serves from its
+parent, in prometheus_client's multiprocess mode (:class:`WorkerMetrics`).
 """
 
 from __future__ import annotations
@@ -72,16 +65,16 @@ OUTCOMES = {
 #: journal did not answer (``store_unavailable``: the delivery waits and retries), or a
 #: call it can never record (``poison``: rejected, never run)
 CLAIM_LABELS = (*dict.fromkeys(OUTCOMES.get(k.value, k.value) for k in Kind if k is not Kind.BYPASSED), "fenced_out", "store_unavailable", "poison")  # noqa: E501  # fmt: skip
+#: the claim outcomes the alert rules watch: a worker serves them at 0 from its start
+ALERTED = ("fenced_out", "gave_up", "poison", "store_unavailable")
 #: outcomes that are a duplicate delivery answered from the journal
 DUPLICATES = frozenset({"duplicate", "failed_replayed"})
 #: claim latency buckets (seconds): a claim is a single round trip, usually < 5 ms
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-#: what a completion write (of an owned attempt) did: the ``outcome`` label of
-#: ``grousset_completions_total``
+#: what an owned attempt's completion write did: ``grousset_completions_total``'s outcome
 COMPLETION_OUTCOMES = ("completed", "failed", "retried", "ignored", "rejected", "fenced_out")
-#: The gauges of the journal and the outbox (:class:`JournalCollector`), label
-#: ``database``: read on scrape by bounded queries, so every process that serves
-#: metrics reports the same journal-wide values (aggregate with ``max``, not ``sum``).
+#: The gauges (:class:`JournalCollector`), label ``database``: read on scrape, the same
+#: journal-wide values in every process that serves them (aggregate with ``max``).
 GAUGE_HELP = {
     "grousset_in_flight_claims": "Claims held by a running attempt (counted up to a cap).",
     "grousset_stale_claims": "In-flight claims past their stale_at: holder dead or stuck.",
@@ -91,8 +84,7 @@ GAUGE_HELP = {
     "grousset_outbox_oldest_due_seconds": "Wait of the oldest due outbox row (0: none).",
 }
 GAUGES = tuple(GAUGE_HELP)
-#: seconds a scrape reuses the gauges read by an earlier one (a scrape storm reads the
-#: database once per period and process)
+#: seconds a scrape reuses the gauges an earlier one read (once per period and process)
 GAUGE_TTL = 5.0
 
 
@@ -111,8 +103,8 @@ def client() -> ModuleType:
 
 
 def _multiprocess_values() -> None:
-    """If prometheus_client was imported before the multiprocess directory was set
-    (by user code, in the worker parent), switch new metrics to multiprocess values."""
+    """prometheus_client imported before the multiprocess directory was set (by user
+    code, in the worker parent): new metrics take multiprocess values."""
     from prometheus_client import values
 
     if values.ValueClass is values.MutexValue:
@@ -163,6 +155,13 @@ class Recorder:
             "Time spent writing an attempt's outcome to the journal.",
             "task",
         )
+
+    def zero(self, tasks: Sequence[str]) -> None:
+        """The alerted events of ``tasks`` at 0: the rules' increase() sees the first."""
+        for task in tasks:
+            self.commit_errors.labels(task=task), self.overruns.labels(task=task)
+            for outcome in ALERTED:
+                self.claims.labels(task=task, outcome=outcome)
 
     def collectors(self) -> tuple[Any, ...]:
         return (self.claims, self.duplicates, self.commit_errors, self.store_seconds,
@@ -320,8 +319,7 @@ def enable(registry: Any = None, *, fresh: bool = False, gauges: bool = True) ->
     return _recorder
 
 
-def disable() -> None:
-    """Stop reporting (the metrics stay registered)."""
+def disable() -> None:  # (the metrics stay registered)
     events.recorder = None
 
 
@@ -372,14 +370,16 @@ class WorkerMetrics:
             _child_shutdown, weak=False, dispatch_uid="celery_grousset.metrics.exit"
         )
 
-    def start(self, *, in_process: bool) -> None:
-        """Serve the aggregated metrics; ``in_process``: this process records too (tasks
-        run in it: solo/threads pools; or it claims them: ``WORKER_CLAIM``)."""
+    def start(self, *, in_process: bool, tasks: Sequence[str] = ()) -> None:
+        """Serve the aggregated metrics (``tasks``: :meth:`Recorder.zero`); ``in_process``:
+        this process records too (its pool runs tasks in it, or ``WORKER_CLAIM``)."""
         pc = client()
         from prometheus_client import multiprocess
 
-        if in_process:
-            enable(gauges=False)
+        recorder = enable(gauges=False)
+        recorder.zero(tasks)
+        if not in_process:  # (its zeros written, the children count)
+            disable()
         registry = pc.CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, path=self.path)  # type: ignore[no-untyped-call]
         register_gauges(registry)

@@ -30,6 +30,11 @@ from typing import Any
 from celery import bootsteps
 
 from celery_grousset.revoked import give_requests
+from celery_grousset.startcheck import (
+    guarded_names,
+    log_schema_problems,
+    warn_unenforced_time_limits,
+)
 
 logger = logging.getLogger("celery_grousset")
 
@@ -169,7 +174,7 @@ class GroussetStep(bootsteps.StartStopStep):
             app.conf.task_time_limit = parent.time_limit
         if not (self.bypass or _settings_bypass()):  # unguarded: the options do not matter
             refuse_configuration_errors(type(parent).__module__.startswith("celery.contrib"))
-            _warn_unenforced_time_limits(parent)
+            warn_unenforced_time_limits(parent)
             from celery.signals import worker_ready  # a thread: a slow database never
             # holds the worker's start up
             worker_ready.connect(_check_schema, weak=False, dispatch_uid="celery_grousset.schema")
@@ -197,7 +202,8 @@ class GroussetStep(bootsteps.StartStopStep):
         if self.metrics is not None:
             try:
                 # the parent records too when it claims (WORKER_CLAIM) or runs the tasks
-                self.metrics.start(in_process=bool(self.claimed) or not _forks(parent))
+                self.metrics.start(in_process=bool(self.claimed) or not _forks(parent),
+                                   tasks=guarded_names(parent.app))
             except OSError as exc:  # the port is taken, or not ours to bind
                 logger.critical(
                     "celery-grousset: this worker does not start: cannot serve metrics on "
@@ -251,49 +257,6 @@ def _worker_claim(app: Any, flag: bool | None) -> list[str]:
     return enable(app)
 
 
-#: the pools whose tasks Celery runs without a time limit (no pool process to kill)
-_UNLIMITED_POOLS = {"celery.concurrency.thread": "threads", "celery.concurrency.solo": "solo",
-                    "celery.concurrency.eventlet": "eventlet"}  # fmt: skip
-
-
-def _warn_unenforced_time_limits(parent: Any) -> None:
-    """A threads, solo or eventlet pool enforces no ``time_limit``: a stuck attempt is never killed
-    before its claim turns stale, and a takeover can run the effect beside it (the
-    guarantee's "keep a hard time_limit below max_processing_time")."""
-    pool = _UNLIMITED_POOLS.get(getattr(getattr(parent, "pool_cls", None), "__module__", ""))
-    if pool is not None:
-        logger.warning(
-            "celery-grousset: the %s pool enforces no time limit (Celery ignores time_limit "
-            "and soft_time_limit there): a guarded attempt that runs past its "
-            "max_processing_time is not killed, and another delivery may take its claim "
-            "over and run the effect beside it. Keep each guarded task's "
-            "max_processing_time above its longest possible run, or use the prefork pool.",
-            pool,
-        )
-    if getattr(getattr(parent, "pool_cls", None), "__module__", "") == "celery.concurrency.gevent":
-        _warn_soft_limits_on_gevent(parent.app)
-
-
-def _warn_soft_limits_on_gevent(app: Any) -> None:
-    """The gevent pool enforces ``time_limit`` but not ``soft_time_limit``: a guarded task
-    that counts on its soft limit (to end cleanly, its outcome written) is killed by its
-    hard one instead, and its claim stays in flight until it turns stale."""
-    from celery_grousset.task import GroussetTaskMixin
-
-    default = app.conf.task_soft_time_limit
-    soft = sorted(name for name, task in app.tasks.items() if isinstance(task, GroussetTaskMixin)
-                  and (getattr(task, "soft_time_limit", None) or default))  # fmt: skip
-    if soft:
-        logger.warning(
-            "celery-grousset: the gevent pool enforces no soft_time_limit (Celery applies "
-            "only time_limit there), which these guarded tasks set: %s. An attempt past it "
-            "is killed by its time_limit instead, its claim left in flight until it turns "
-            "stale (max_processing_time): another delivery then takes it over and runs the "
-            "effect again if the killed one had done it. Use the prefork pool for them.",
-            ", ".join(soft),
-        )
-
-
 def refuse_configuration_errors(in_process: bool = False) -> None:
     """The worker logs the system checks' warnings about ``GROUSSET`` and the tasks, and
     does not start while they find an error in ``GROUSSET``
@@ -328,8 +291,6 @@ def refuse_configuration_errors(in_process: bool = False) -> None:
 
 
 def _check_schema(**kwargs: Any) -> None:
-    from celery_grousset.startcheck import log_schema_problems
-
     threading.Thread(target=log_schema_problems, name="grousset-schema", daemon=True).start()
 
 

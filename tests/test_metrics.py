@@ -270,6 +270,13 @@ def test_worker_serves_metrics_of_its_children(batch: bool) -> None:
     assert (row.deliveries, row.duplicates) == (3, 2)
     count = sample(samples, "grousset_store_seconds_count", operation="claim")
     assert count is not None and count >= 5
+    # And the counters the alert rules watch are served at 0 before their first event
+    # (a review: a series that appeared at 1 gave the rules' increase() nothing)
+    for name, labels in (("grousset_claims_total", {"outcome": "gave_up"}),
+                         ("grousset_claims_total", {"outcome": "fenced_out"}),
+                         ("grousset_outcome_commit_errors_total", {}),
+                         ("grousset_overruns_total", {})):  # fmt: skip
+        assert sample(samples, name, task=task, **labels) == 0, (name, labels)
     # And the parent serves the journal gauges of the worker's database
     for gauge in GAUGES:
         value = sample(samples, gauge, database="postgresql")

@@ -200,25 +200,26 @@ tests:
       - eval_time: 40m
         alertname: GroussetClaimErrors
         exp_alerts: []
-  # as the exporter writes them: a counter's series begins at its first event, at 1 (a
-  # review: increase() needs two samples, and these alerts never fired for a first event);
-  # a journal outage of one minute (a blip, not paged) beside one that lasts
+  # as a worker writes them: a counter's series is served at 0 from the worker's start,
+  # so the first event is an increase (a review: a series that began at its first event,
+  # at 1, fired no alert); a journal outage of one minute (a blip, not paged) beside one
+  # that lasts
   - interval: 1m
     input_series:
       - series: 'grousset_claims_total{{task="shop.tasks.pay", outcome="gave_up"}}'
-        values: '_x5 1x60'
+        values: '0x5 1x60'
       - series: 'grousset_claims_total{{task="shop.tasks.pay", outcome="fenced_out"}}'
-        values: '_x5 1x60'
+        values: '0x5 1x60'
       - series: 'grousset_claims_total{{task="shop.tasks.mail", outcome="poison"}}'
-        values: '_x5 1x60'
+        values: '0x5 1x60'
       - series: 'grousset_outcome_commit_errors_total{{task="shop.tasks.charge"}}'
-        values: '_x5 1x60'
+        values: '0x5 1x60'
       - series: 'grousset_overruns_total{{task="shop.tasks.report"}}'
-        values: '_x5 1x100'
+        values: '0x5 1x100'
       - series: 'grousset_claims_total{{task="shop.tasks.blip", outcome="store_unavailable"}}'
-        values: '_x5 1 3 4x60'
+        values: '0x5 1 3 4x60'
       - series: 'grousset_claims_total{{task="shop.tasks.down", outcome="store_unavailable"}}'
-        values: '_x5 1+2x30 61x30'
+        values: '0x5 1+2x30 61x30'
     alert_rule_test:
       - eval_time: 7m
         alertname: GroussetGaveUp

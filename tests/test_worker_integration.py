@@ -909,6 +909,29 @@ def test_a_chord_member_with_no_memo_fails_its_chord_instead_of_reporting_none(
     assert effects(pg, f"{key}:body") == 0
 
 
+def test_a_chain_in_a_chord_led_by_a_call_with_no_memo_fails_the_chord(
+    pg_workers: tuple[str, list[Worker]], pg: str
+) -> None:
+    """In a chord's header, Celery gives the chord to a chain's last step: a duplicate
+    leading such a chain, with no memo, stopped the chain, so its part never reached the
+    chord and the chord's body never ran: the chord hung (a review)."""
+    from celery import chain, chord
+
+    from celery_grousset.exceptions import ResultNotStored
+    from tests.tasks import gathered, unmemoized
+
+    queue, _ = pg_workers
+    key = f"nomemochain-{uuid.uuid4().hex[:8]}"
+    # Given a chord whose header holds two chains led by one not-memoized call
+    header = [chain(unmemoized.s(key).set(queue=queue), gathered.s(f"{key}-{i}").set(queue=queue))
+              for i in range(2)]  # fmt: skip
+    result = chord(header, gathered.s(key).set(queue=queue)).apply_async()
+    # When it runs / Then the chord fails instead of waiting for ever
+    with pytest.raises(ResultNotStored, match="no value to report to its chord"):
+        result.get(timeout=40)
+    assert effects(pg, key) == 1 and effects(pg, f"{key}:body") == 0
+
+
 @pytest.fixture(params=["postgresql", "mysql"])
 def journal_queue(request: pytest.FixtureRequest) -> tuple[str, str]:
     """A journal alias and the queue of workers whose journal it is (PostgreSQL's client

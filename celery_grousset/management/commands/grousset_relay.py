@@ -43,6 +43,28 @@ def celery_app(path: str | None) -> Any:
     return app
 
 
+def import_tasks(app: Any) -> None:
+    """The project's task modules, imported as a worker imports them at its start (Celery
+    discovers them lazily): a row's call is then checked against its task, not sent by
+    name unchecked for a worker to drop (a task no module defines is still sent by name).
+    Celery's Django fixup sets Django up again on the way, which reconfigures logging: a
+    ``LOGGING`` that leaves ``disable_existing_loggers`` on would silence this command's
+    loggers, so their state is put back."""
+    import logging
+
+    loggers = [lg for lg in logging.root.manager.loggerDict.values()
+               if isinstance(lg, logging.Logger)]  # fmt: skip
+    disabled = [lg.disabled for lg in loggers]
+    try:
+        app.loader.import_default_modules()
+    except Exception as exc:
+        raise CommandError(f"could not import the task modules of the Celery app "
+                           f"{app.main!r}: {type(exc).__name__}: {exc}") from exc  # fmt: skip
+    finally:
+        for lg, was in zip(loggers, disabled, strict=True):
+            lg.disabled = was
+
+
 class Command(BaseCommand):
     help = (
         "Publish pending outbox messages in batches (FOR UPDATE SKIP LOCKED) until "
@@ -72,11 +94,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         alias = journal_alias(options["database"])
         app = celery_app(options["app"])
-        # the project's task modules, imported as a worker imports them at its start
-        # (Celery discovers them lazily): a row's call is checked against its task, not
-        # sent by name unchecked for a worker to drop (a task this project does not
-        # define is still sent by name)
-        app.loader.import_default_modules()
+        import_tasks(app)
         try:
             relay = outbox.Relay(
                 app,
