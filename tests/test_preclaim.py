@@ -179,15 +179,16 @@ def test_an_adopted_claim_that_turned_stale_in_its_body_says_so(journal: str) ->
         "test", {"max_processing_time": 2}, default_processor=f"t-{uuid.uuid4().hex[:8]}"
     )
     call = guard.Call(name="tests.preclaim", task_id=uuid.uuid4().hex, args=(uuid.uuid4().hex,))
-    # Given a claim the main process made 0.9 s before the child started (renewed only
-    # after 1 s: half of max_processing_time), so it turns stale 1.1 s into the body
+    # Given a claim the main process made 0.6 s before the child started (renewed only
+    # after 1 s: half of max_processing_time; 0.4 s to spare), so it turns stale 1.4 s
+    # into the body
     carried = main_process_claim(journal, opts, call, age=0.0)
     store, fp = get_store(journal), guard.identify(call)[0]
-    time.sleep(0.9)
+    time.sleep(0.6)
 
     class Overran(Caller):
-        def run(self, attempt: guard.Attempt) -> Any:  # 1.3 s: another delivery takes over
-            time.sleep(1.3)
+        def run(self, attempt: guard.Attempt) -> Any:  # 1.6 s: another delivery takes over
+            time.sleep(1.6)
             assert guard.claim(store, [guard.request(opts, fp, call.name, "next", "")])[0].owned
             return "late"
 

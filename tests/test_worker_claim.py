@@ -192,7 +192,7 @@ def test_the_flush_delay_gathers_a_burst_into_few_passes(redis_url: str) -> None
     stats = re.search(r"grousset\.worker_claim_stats passes=(\d+) requests=(\d+)", w.text())
     assert stats, w.text()[-2000:]
     passes, requests = int(stats[1]), int(stats[2])
-    assert requests == 40 and passes <= 8, (passes, requests)
+    assert requests == 40 and passes <= 12, (passes, requests)  # (not one per request)
     assert Effect.objects.using("postgresql").filter(key__in=keys).count() == 40
 
 
@@ -229,7 +229,7 @@ def test_copies_of_a_completed_key_in_one_pass_each_count_as_a_duplicate(
         # When they are answered
         assert [r.get(timeout=30) for r in results] == [first] * 8
     text = ws[0].text()  # (its claim statistics: logged at shutdown)
-    assert "requests=9" in text and re.search(r"worker_claim_stats passes=[23] ", text), text
+    assert "requests=9" in text and re.search(r"worker_claim_stats passes=[2-4] ", text), text
     # Then each is one duplicate in the journal, found by its task id (grousset_inspect)
     assert record_of("postgresql", effect, (key,)).duplicates == 8
     found = Delivery.objects.using("postgresql").filter(task_id__in=[r.id for r in results])
