@@ -275,7 +275,7 @@ def stop_canvas(request: Any, req: Any, encoding: str, first: str | None) -> Non
             "a task in a chord's header (docs/faq.md, \"What about chords?\")."
         )
 
-    steps = len(getattr(request, "chain", None) or ())
+    steps = len(chain)
     callbacks = len(getattr(request, "callbacks", None) or ())
     if steps or callbacks:
         request.chain = request.callbacks = None
