@@ -773,6 +773,8 @@ def test_revoke_terminate_with_a_signal_that_does_not_end_the_process_keeps_the_
     # Given a running task that ends gracefully on SIGUSR1 (a soft time limit)
     first = graceful.apply_async((key,), queue=queue)
     holder_pid(pg, graceful, (key,))
+    # (in its sleep: a signal that came while it wrote its effect was not caught)
+    wait_for(lambda: effects(pg, key), 20, "the body's effect")
     # When it is revoked with terminate=True and SIGUSR1 (sent again should a broadcast
     # be lost: a full-suite run once saw the body sleep its 20 s unsignalled), and a
     # duplicate arrives once the signal has reached the body
@@ -835,6 +837,8 @@ def test_revoke_terminate_of_a_body_that_goes_on_keeps_its_claim(
     # Given a running task whose body swallows the SystemExit of a SIGTERM
     first = stubborn.apply_async((key,), queue=queue)
     holder_pid(pg, stubborn, (key,))
+    # (in its loop: a signal that came while it wrote ``started`` was not swallowed)
+    wait_for(lambda: effects(pg, f"{key}:started"), 20, "the body to start")
     # When it is revoked with terminate=True (sent again should a broadcast be lost)
     for _ in range(2):
         app.control.revoke(first.id, terminate=True)
