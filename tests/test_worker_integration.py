@@ -89,6 +89,21 @@ def holder_pid(alias: str, task: Any, args: tuple[Any, ...]) -> int:
     return int(wait_for(find, 30, "a claim to be held"))
 
 
+def revoke_terminate(queue: str, task_id: str, signame: str) -> None:
+    """``revoke(terminate=True)``, sent again until a worker of ``queue`` logs that it
+    terminates the task (a broadcast can be lost; one sent twice signals twice)."""
+    from tests.celeryapp import app
+
+    for _ in range(3):
+        app.control.revoke(task_id, terminate=True, signal=signame)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if logged(queue, f"Terminating {task_id}"):
+                return
+            time.sleep(0.1)
+    raise AssertionError(f"no worker of {queue} terminated {task_id}")
+
+
 @pytest.fixture(scope="module")
 def pg_workers(redis_url: str, pg: str) -> Iterator[tuple[str, list[Worker]]]:
     q = f"q-{uuid.uuid4().hex[:10]}"
@@ -139,14 +154,14 @@ def test_an_in_flight_duplicate_is_retried_with_its_reason(
 
     queue, ws = pg_workers
     key = f"why-{uuid.uuid4().hex[:8]}"
-    # Given a call running (2 s) and a duplicate of it delivered meanwhile
-    first = effect.apply_async((key,), {"sleep": 2.0}, queue=queue)
+    # Given a call running (6 s) and a duplicate of it delivered meanwhile
+    first = effect.apply_async((key,), {"sleep": 6.0}, queue=queue)
     deadline = time.monotonic() + 20
-    fp = effect.grousset_fingerprint((key,), {"sleep": 2.0})
+    fp = effect.grousset_fingerprint((key,), {"sleep": 6.0})
     while not Outcome.objects.using(pg).filter(fingerprint=fp, status="in_flight").exists():
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    second = effect.apply_async((key,), {"sleep": 2.0}, queue=queue)
+    second = effect.apply_async((key,), {"sleep": 6.0}, queue=queue)
     # Then both get the one run's value
     assert first.get(timeout=30) == second.get(timeout=30) and effects(pg, key) == 1
     # And the duplicate's re-queue is a Celery retry that says why (its log line, and the
@@ -765,7 +780,6 @@ def test_a_pool_child_stopped_by_sigterm_mid_effect_keeps_its_claim(
 def test_revoke_terminate_with_a_signal_that_does_not_end_the_process_keeps_the_claim(
     pg_workers: tuple[str, list[Worker]], pg: str
 ) -> None:
-    from tests.celeryapp import app
     from tests.tasks import graceful
 
     queue, _ = pg_workers
@@ -775,17 +789,12 @@ def test_revoke_terminate_with_a_signal_that_does_not_end_the_process_keeps_the_
     holder_pid(pg, graceful, (key,))
     # (in its sleep: a signal that came while it wrote its effect was not caught)
     wait_for(lambda: effects(pg, key), 20, "the body's effect")
-    # When it is revoked with terminate=True and SIGUSR1 (sent again should a broadcast
-    # be lost: a full-suite run once saw the body sleep its 20 s unsignalled), and a
-    # duplicate arrives once the signal has reached the body
-    for _ in range(2):
-        app.control.revoke(first.id, terminate=True, signal="SIGUSR1")
-        deadline = time.monotonic() + 6
-        while not effects(pg, f"{key}:signalled") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if effects(pg, f"{key}:signalled"):
-            break
-    assert effects(pg, f"{key}:signalled") == 1, "the revoke's signal never reached the body"
+    # When it is revoked with terminate=True and SIGUSR1 (sent again only while no worker
+    # logs it: a second signal would cut the clean-up), and a duplicate arrives once the
+    # signal has reached the body
+    revoke_terminate(queue, first.id, "SIGUSR1")
+    wait_for(lambda: effects(pg, f"{key}:signalled"), 20, "the signal to reach the body")
+    assert effects(pg, f"{key}:signalled") == 1
     dup = graceful.apply_async((key,), queue=queue)
     # Then the attempt went on under its claim and completed (Celery marks the revoked
     # task's own result REVOKED); the duplicate got its memo, not a second run
@@ -820,7 +829,7 @@ def test_revoke_terminate_releases_the_claim(pg_workers: tuple[str, list[Worker]
     assert value["key"] == key
     second = effect.apply_async((key, 20.0), queue=queue)
     assert second.get(timeout=40)["fence"] > rec.fence
-    assert time.monotonic() - t0 < 30
+    assert time.monotonic() - t0 < 40  # (20 s of body; a stale-claim wait: 50 s and more)
 
 
 def test_revoke_terminate_of_a_body_that_goes_on_keeps_its_claim(
@@ -829,7 +838,6 @@ def test_revoke_terminate_of_a_body_that_goes_on_keeps_its_claim(
     """The claim was released when the revoke's signal was sent, not once the process
     had exited: a body that caught the SystemExit went on, and a duplicate delivered
     meanwhile ran the effect beside it (a review: 2 effects)."""
-    from tests.celeryapp import app
     from tests.tasks import stubborn
 
     queue, _ = pg_workers
@@ -839,15 +847,9 @@ def test_revoke_terminate_of_a_body_that_goes_on_keeps_its_claim(
     holder_pid(pg, stubborn, (key,))
     # (in its loop: a signal that came while it wrote ``started`` was not swallowed)
     wait_for(lambda: effects(pg, f"{key}:started"), 20, "the body to start")
-    # When it is revoked with terminate=True (sent again should a broadcast be lost)
-    for _ in range(2):
-        app.control.revoke(first.id, terminate=True)
-        deadline = time.monotonic() + 6
-        while not effects(pg, f"{key}:signalled") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if effects(pg, f"{key}:signalled"):
-            break
-    assert effects(pg, f"{key}:signalled") >= 1, "the revoke's signal never reached the body"
+    # When it is revoked with terminate=True (sent again while no worker logs it)
+    revoke_terminate(queue, first.id, "SIGTERM")
+    wait_for(lambda: effects(pg, f"{key}:signalled"), 20, "the signal to reach the body")
     # And a duplicate is delivered while the body goes on
     value = stubborn.apply_async((key,), queue=queue).get(timeout=40)
     # Then the body kept its claim and completed; the duplicate got its memo
@@ -997,26 +999,32 @@ def test_a_soft_time_limit_during_the_failure_write_raises_the_bodys_own_error(
 
     alias, queue = journal_queue
     key = f"softfail-{uuid.uuid4().hex[:8]}"
-    # Given a body that fails after 1 s, under a soft time limit of 2 s
-    result = fails_slowly.apply_async((key,), queue=queue, soft_time_limit=2, time_limit=30)
+    call = {"sleep": 2.0}
+    # Given a body that fails after 2 s, under a soft time limit of 3 s
+    result = fails_slowly.apply_async((key,), call, queue=queue, soft_time_limit=3,
+                                      time_limit=30)  # fmt: skip
     wait_for(lambda: effects(alias, f"{key}:started") == 1, 20, "the body to start")
     # When its release waits on the row's lock past the soft time limit
     with transaction.atomic(using=alias):
         locked = Outcome.objects.using(alias).select_for_update()
-        locked.get(fingerprint=fails_slowly.grousset_fingerprint((key,), {}))
-        time.sleep(3)
+        locked.get(fingerprint=fails_slowly.grousset_fingerprint((key,), call))
+        wait_for(lambda: lock_waiters(alias), 20, "the release to wait on the row's lock")
+        fired = f"Soft time limit (3s) exceeded for {fails_slowly.name}[{result.id}]"
+        wait_for(lambda: logged(queue, fired), 20, "the soft time limit")  # (then let go)
+        if alias == "postgresql":  # the limit cancels the statement; MariaDB's returns
+            wait_for(lambda: not lock_waiters(alias), 10, "the release to be cancelled")
     # Then the caller sees the body's own error
     with pytest.raises(RuntimeError, match="the body's own error"):
         result.get(timeout=20)
     # And the release, sent again once the limit had cut it, freed the claim: the next
     # delivery runs at once (max_processing_time is 30 s), with no takeover
-    rec = record_of(alias, fails_slowly, (key,))
+    rec = record_of(alias, fails_slowly, (key,), call)
     assert (rec.status, rec.takeovers) == ("failed", 0), (rec.status, rec.error)
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="the body's own error"):
-        fails_slowly.apply_async((key,), queue=queue).get(timeout=20)
+        fails_slowly.apply_async((key,), call, queue=queue).get(timeout=20)
     assert time.monotonic() - t0 < 15
-    assert record_of(alias, fails_slowly, (key,)).takeovers == 0
+    assert record_of(alias, fails_slowly, (key,), call).takeovers == 0
     assert effects(alias, f"{key}:started") == 2
 
 

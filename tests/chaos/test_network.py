@@ -127,9 +127,9 @@ def test_27c_a_carried_outcome_outlives_the_messages_expires(
     t = tally("27c completion unwritable until past the message's expires", backend)
     expires = 4.0
     # Given an attempt of a call published with expires=, paused after its effect
-    published = time.time()
     with paused_after_effect(queue, backend, proxy, ct.effect, "s27c",
                              expires=expires) as p:  # fmt: skip
+        published = time.time()  # (after the publish: its expires is not yet past)
         alias, key, ws, result, pid = p.alias, p.key, p.ws, p.result, p.pid
         # When the database is unreachable from before its completion until the
         # message's expires has passed
