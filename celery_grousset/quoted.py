@@ -108,7 +108,8 @@ def secret_values(
 def _as_quoted(text: str) -> set[str]:
     """``text`` and the forms an error message quotes it in: ``repr``, a JSON string (and
     each inside the other: the ``repr`` of a JSON document), a URL's query or path
-    (``%2B``, ``+`` for a space)."""
+    (``%2B``, ``+`` for a space; a lone surrogate, which UTF-8 cannot encode, as its
+    surrogatepass bytes)."""
     return {
         text,
         repr(text)[1:-1],
@@ -116,9 +117,9 @@ def _as_quoted(text: str) -> set[str]:
         repr(json.dumps(text)[1:-1])[1:-1],
         json.dumps(repr(text)[1:-1])[1:-1],
         json.dumps(text, ensure_ascii=False)[1:-1],
-        quote(text),
-        quote(text, safe=""),
-        quote_plus(text),
+        quote(text, errors="surrogatepass"),
+        quote(text, safe="", errors="surrogatepass"),
+        quote_plus(text, errors="surrogatepass"),
     }
 
 

@@ -584,6 +584,16 @@ def test_a_secret_quoted_twice_escaped_is_masked() -> None:
             assert core not in shown and "***" in shown, shown
 
 
+def test_a_secret_with_a_lone_surrogate_is_masked_not_an_error() -> None:
+    """Its URL-quoted forms raised UnicodeEncodeError (UTF-8, strict): the call it came
+    in could not be redacted, so not run (a review)."""
+    from celery_grousset.quoted import secret_values, without_values
+
+    secret = "\ud800Hunter2-secret-55"
+    values = secret_values([("password", secret)])
+    assert without_values(f"login failed for {secret}!", values) == "login failed for ***!"
+
+
 def test_a_key_equal_to_a_sensitive_name_does_not_hide_the_real_one() -> None:
     from celery_grousset.quoted import secret_values
 

@@ -127,6 +127,23 @@ def test_a_positional_secret_of_a_call_that_does_not_fit_its_task_is_not_stored(
     assert "Hunter2-secret-77" not in rec.error, rec.error
 
 
+def test_a_secret_with_a_lone_surrogate_runs_and_is_stored_redacted(journal: str) -> None:
+    """A sensitive argument holding a lone surrogate (``json.loads('"\\ud800"')`` of a
+    form's input gives one) raised UnicodeEncodeError from the guard's redaction: the
+    call was refused with an error that is not the package's (a review)."""
+    from tests.tasks import login
+
+    user, secret = f"eve-{uuid.uuid4().hex[:8]}", "\ud800Hunter2-secret-55"
+    # Given a call whose password has a lone surrogate
+    result = login.apply((user,), {"password": secret})
+    # When it runs / Then it is guarded like any other call: it ran once, its stored
+    # arguments hide the password
+    assert result.get() == f"logged in {user}"
+    rec = Outcome.objects.using(journal).get(task_id=result.id)
+    assert rec.status == "completed" and ledger(journal, user) == 1
+    assert "Hunter2" not in rec.args_repr and "password='***'" in rec.args_repr, rec.args_repr
+
+
 def test_grousset_key_selects_arguments(journal: str) -> None:
     from tests.tasks import charge
 
