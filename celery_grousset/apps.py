@@ -13,8 +13,9 @@ class GroussetConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # checks: registers the system checks; periodic: beat sends each run's slot
-        from celery_grousset import checks, periodic, testworker_check  # noqa: F401
+        # checks: registers the system checks (deploy_check: check --deploy's); periodic:
+        # beat sends each run's slot
+        from celery_grousset import checks, deploy_check, periodic, testworker_check  # noqa: F401
         from celery_grousset.install import connect
 
         connect()  # GROUSSET["TASKS"]: guard the tasks it names, as Celery apps register them

@@ -1308,3 +1308,23 @@ def test_the_fallback_app_a_green_pool_makes_is_not_checked() -> None:
     # gevent or eventlet worker's start) / Then they find what they find without it:
     # the fallback's copies of the shared tasks (an empty configuration) are not checked
     assert ids("green") == ids("plain") == []
+
+
+def test_fingerprints_without_a_key_are_W023_on_deploy_only() -> None:
+    """Unkeyed fingerprints let whoever reads one confirm a guessed card number or PIN
+    (docs/guarantee.md); the admin shows them to anyone with view_outcome (a review:
+    a card found from its receipt digits in 5 s)."""
+    key = "k" * 32
+
+    def w023(**kwargs: Any) -> list[checks.CheckMessage]:
+        return [m for m in checks.run_checks(**kwargs) if m.id == "celery_grousset.W023"]
+
+    # Given no FINGERPRINT_KEY / Then `check --deploy` warns, naming the setting and the fix
+    with override_settings(GROUSSET={"DATABASE": "default"}):
+        [message] = w023(include_deployment_checks=True)
+        assert "FINGERPRINT_KEY" in message.msg and "32 bytes" in str(message.hint)
+        # and a plain `check` (a worker's start, runserver) does not
+        assert w023() == []
+    # And with a key set, no warning
+    with override_settings(GROUSSET={"DATABASE": "default", "FINGERPRINT_KEY": key}):
+        assert w023(include_deployment_checks=True) == []
