@@ -186,7 +186,7 @@ def test_inlined_samples_equal_their_files() -> None:
             seen += 1
         assert module.inlined(text) == text  # what the script would write: nothing
     # And Getting started's samples are all there
-    assert len(INLINED.findall((DOCS / "getting-started.md").read_text())) == 8
+    assert len(INLINED.findall((DOCS / "getting-started.md").read_text())) == 9
     assert seen >= 25
 
 

@@ -41,7 +41,7 @@ def blocks(page: str) -> list[tuple[str, str]]:
 def destination(path: str) -> str | None:
     """Which project file an included sample is (None: append to mysite/settings.py)."""
     rel = Path(path).relative_to("docs/snippets")
-    if rel == Path("settings.py"):
+    if rel in (Path("settings.py"), Path("beat_schedule.py")):  # (settings fragments)
         return None
     return str(rel)
 
