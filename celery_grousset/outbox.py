@@ -25,12 +25,14 @@ import contextlib
 import logging
 import random
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, transaction
+from django.db.models import F
 
 from celery_grousset import events
 from celery_grousset.binding import WRAP_ATOMIC, WRITES, off_the_loop
@@ -177,6 +179,7 @@ class RelayStats:
     dead: int = 0
     batches: int = 0
     broker_down: bool = False
+    more: bool = False  # rows left due: the lock let go for the claims waiting on it
 
     def add(self, other: RelayStats) -> None:
         for name in ("fetched", "sent", "failed", "dead", "batches"):
@@ -237,34 +240,39 @@ class Relay:
         """Lock up to ``batch_size`` due rows, publish them, mark them; one transaction."""
         from celery_grousset.store import get_store
 
-        alias, stats = self.alias, RelayStats(batches=1)
+        alias, stats, store = self.alias, RelayStats(batches=1), get_store(self.alias)
         manager = OutboxMessage.objects.using(alias)
         with transaction.atomic(using=alias):
             due = manager.filter(status=OutboxStatus.PENDING, available_at__lte=clock(alias))
-            due = get_store(alias).lock_for_batch(due)
+            due = store.lock_for_batch(due)
+            hold = None if store.batch_hold is None else store.batch_hold * store.timeout
             # the due index's own order: InnoDB then locks only the rows it returns
             # (by id it would sort, locking every due row, and starve the other relays)
             rows = list(due.order_by("available_at", "id")[: self.batch_size])
             stats.fetched = len(rows)
-            sent = self._publish(rows, stats) if rows else []
+            sent = self._publish(rows, stats, hold) if rows else []
             if sent:
-                manager.filter(pk__in=sent).update(status=OutboxStatus.SENT, sent_at=clock(alias),
-                                                   attempts=_plus_one(), last_error="", args=[],
-                                                   kwargs={})  # fmt: skip
+                manager.filter(pk__in=sent).update(status=OutboxStatus.SENT, args=[], kwargs={},
+                    sent_at=clock(alias), attempts=F("attempts") + 1, last_error="")  # fmt: skip
                 stats.sent = len(sent)
         if sent:
             events.emit(logging.INFO, "grousset.outbox_sent",
                         {"count": len(sent), "database": alias})  # fmt: skip
         return stats
 
-    def _publish(self, rows: list[OutboxMessage], stats: RelayStats) -> list[int]:
-        """Publish ``rows`` in order, each confirmed by the broker; the ids published."""
-        manager, sent = OutboxMessage.objects.using(self.alias), []
+    def _publish(self, rows: list[OutboxMessage], stats: RelayStats,
+                 hold: float | None) -> list[int]:  # fmt: skip
+        """Publish ``rows`` in order, each confirmed: the ids published (none begun past
+        ``hold`` seconds of the batch's lock)."""
+        manager, sent, started = OutboxMessage.objects.using(self.alias), [], time.monotonic()
         if self._conn is None:  # kept across batches (its queues declared once)
             self._conn = confirmed_connection(self.app, self.confirm_timeout)
         producer = self.app.amqp.Producer(self._conn)  # (connects on its first publish)
         try:
             for row in rows:
+                if hold is not None and time.monotonic() - started > hold:
+                    stats.more = True  # (the rest: due, in the next batch)
+                    break
                 try:
                     publish(self.app, row, producer=producer, timeout=self.confirm_timeout)
                 except Exception as exc:
@@ -345,17 +353,11 @@ class Relay:
                 continue
             errors = 0
             total.add(stats)
-            if stats.fetched < self.batch_size or stats.broker_down:
-                if once:
+            if stats.fetched < self.batch_size or stats.more or stats.broker_down:
+                if once and not stats.more:
                     break
                 stop.wait(self.interval if not stats.broker_down else self.delay(2))
         return total
-
-
-def _plus_one() -> Any:
-    from django.db.models import F
-
-    return F("attempts") + 1
 
 
 class RelayThread(threading.Thread):

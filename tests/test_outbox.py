@@ -903,6 +903,58 @@ def test_a_second_relay_publishes_while_the_first_holds_its_batch(db: str, queue
         OutboxMessage.objects.using(db).filter(pk__in=[r.pk for r in rows]).delete()
 
 
+def test_a_slow_broker_does_not_hold_sqlites_write_lock_past_half_store_timeout(
+    queue: str,
+) -> None:
+    """On SQLite a relay's batch holds the database's one write lock while it publishes:
+    with a slow broker (each confirm 0.3 s) a batch of 10 held it for 3 s, and a claim on
+    the journal meanwhile waited past STORE_TIMEOUT and was refused (a review: 120 tasks
+    took 37 s instead of 2 behind a relay)."""
+    from django.test import override_settings
+
+    from celery_grousset import protect
+    from celery_grousset.store import reset_stores
+    from tests.tasks import effect
+
+    alias = "default"
+    with transaction.atomic(using=alias):
+        rows = [outbox.enqueue(effect, (f"s{j}",), using=alias, queue=queue) for j in range(10)]
+    claimed: list[Any] = []
+
+    def claim() -> None:  # a guarded call on the journal, while the batch publishes
+        started = time.monotonic()
+        try:
+            claimed.append(protect(f"relayed-{uuid.uuid4().hex[:8]}", lambda: "ran",
+                                   max_processing_time=30, database=alias))  # fmt: skip
+        except Exception as exc:
+            claimed.append(exc)
+        finally:
+            claimed.append(time.monotonic() - started)
+            connections.close_all()
+
+    def slow(point: str) -> None:  # the broker confirms each message 0.3 s later
+        if not claimed and not any(t.name == "claim" for t in threading.enumerate()):
+            threading.Thread(target=claim, name="claim").start()
+        time.sleep(0.3)
+
+    try:
+        with override_settings(GROUSSET={**settings.GROUSSET, "STORE_TIMEOUT": 2.0}):
+            reset_stores()
+            # Given 10 due rows, and a claim made as the relay's first publish is confirmed
+            stats = outbox.Relay(app, using=alias, interval=0.2, fault=slow).run(once=True)
+            wait = time.monotonic() + 10
+            while len(claimed) < 2 and time.monotonic() < wait:
+                time.sleep(0.05)
+        # Then the batch let the lock go after STORE_TIMEOUT / 2 (1 s): the claim took it
+        # (waiting about 1 s, not the 3 s of the whole batch) and ran
+        assert claimed[0] == "ran" and claimed[1] < 2.0, claimed
+        # And the relay published every row once, in more than one batch
+        assert stats.sent == 10 and stats.batches >= 3 and len(messages(queue)) == 10, stats
+    finally:
+        reset_stores()
+        OutboxMessage.objects.using(alias).filter(pk__in=[r.pk for r in rows]).delete()
+
+
 def _testcase_block() -> Any:
     """An atomic block as a Django TestCase opens around its test."""
     block = transaction.Atomic(None, True, False)

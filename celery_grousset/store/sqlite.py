@@ -32,6 +32,7 @@ class SQLiteStore(LockingStore):
     vendor = "sqlite"
     remote = False  # a failed statement of this process did not commit
     ph = "?"
+    batch_hold = 0.5  # a relay's batch holds the one write lock: every claim waits on it
 
     def _connect(self) -> sqlite3.Connection:
         name = str(self.settings_dict["NAME"])
@@ -133,7 +134,8 @@ class SQLiteStore(LockingStore):
                     "connection, needs the lock too; a key called twice in one transaction "
                     "waits for itself either way)"
                 )
-        return "another connection holds its write lock"
+        return ("another connection holds its write lock (a transactional=True body for its "
+                "whole run, an outbox relay's batch, a purge, a write of your own)")
 
     def lock_for_batch(self, queryset: Any) -> Any:
         """SQLite has one writer: take the write lock before the batch is read."""
