@@ -43,6 +43,7 @@ from celery_grousset.admin_base import (
 from celery_grousset.models import Outcome, Status
 from celery_grousset.shown import shown_time, visible
 from celery_grousset.store import get_store
+from celery_grousset.textcut import encodable
 
 #: Distinct task names / processors offered by a filter.
 MAX_CHOICES = 200
@@ -68,7 +69,8 @@ def memo_text(obj: Outcome, now: datetime) -> tuple[bool, str]:
     ok, value = journal.memo_value(obj, now)
     if not ok:
         return False, str(value)
-    return True, json.dumps(value, indent=2, default=str, ensure_ascii=False, sort_keys=True)
+    return True, encodable(json.dumps(value, indent=2, default=str, ensure_ascii=False,
+                                      sort_keys=True))  # fmt: skip
 
 
 class _CleanFilter(admin.SimpleListFilter):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from celery_grousset import signals
 from celery_grousset.claim import Kind
 from celery_grousset.memo import error_summary, redacted_text
+from celery_grousset.textcut import encodable
 
 if TYPE_CHECKING:
     from celery_grousset.claim import ClaimRequest
@@ -45,7 +46,7 @@ def _text(value: Any) -> str:
     there)."""
     text = str(value)
     plain = text and text.isprintable() and not any(c in text for c in ' "=')
-    return text if plain else json.dumps(text, ensure_ascii=False)
+    return text if plain else encodable(json.dumps(text, ensure_ascii=False))
 
 
 def emit(

@@ -44,6 +44,7 @@ from celery_grousset.exceptions import (
 )
 from celery_grousset.quoted import call_secrets, without_values
 from celery_grousset.redact import DEFAULT_REDACT_KEYS, redact_text
+from celery_grousset.textcut import encodable
 
 ERROR_MAX = 2000
 #: the longest ``result_encoding`` the journal column holds
@@ -56,11 +57,7 @@ DEFAULT_ACCEPT = ("json",)
 
 def clean_text(text: str, limit: int = ERROR_MAX) -> str:
     """Text safe for every backend: no NUL, no lone surrogate, at most ``limit`` characters."""
-    text = text.replace("\x00", "\\x00")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates cannot be stored as UTF-8
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    text = encodable(text.replace("\x00", "\\x00"))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

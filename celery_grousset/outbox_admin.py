@@ -33,6 +33,7 @@ from celery_grousset.guard import redacted
 from celery_grousset.models import OutboxMessage, OutboxStatus
 from celery_grousset.published import SIGNATURE_OPTIONS
 from celery_grousset.shown import shown_json, visible
+from celery_grousset.textcut import encodable
 
 _BADGE = {OutboxStatus.PENDING: ("#92400e", "#fde68a"), OutboxStatus.SENT: ("#166534", "#dcfce7"),
           OutboxStatus.DEAD: ("#991b1b", "#fee2e2")}  # fmt: skip
@@ -119,7 +120,7 @@ def options_text(obj: OutboxMessage) -> str:
         if name in options:
             options[name] = _linked(options[name], 0)
     shown = shown_json(options, redact_keys())
-    return json.dumps(shown, ensure_ascii=False, sort_keys=True, default=str)
+    return encodable(json.dumps(shown, ensure_ascii=False, sort_keys=True, default=str))
 
 
 def _linked(value: Any, depth: int) -> Any:

@@ -3,7 +3,18 @@ out (``args_repr``, the admin's and the outbox's shown text)."""
 
 from __future__ import annotations
 
-__all__ = ["clean_and_cut"]
+__all__ = ["clean_and_cut", "encodable"]
+
+
+def encodable(text: str) -> str:
+    """``text`` as UTF-8 can write it (a database column, a page, a log file): a lone
+    surrogate, which a JSON string or ``json.loads`` of a form's input can hold, as its
+    escape (``\\ud800``); any other text as it is."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def _truncate(text: str, max_length: int, dropped: int = 0, more: bool = False) -> str:
@@ -22,9 +33,4 @@ def _truncate(text: str, max_length: int, dropped: int = 0, more: bool = False) 
 
 def clean_and_cut(text: str, max_length: int, dropped: int = 0, more: bool = False) -> str:
     """``text`` without NUL or lone surrogates, cut to ``max_length`` (``…(+N chars)``)."""
-    text = text.replace("\x00", "")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates cannot be stored as UTF-8
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return _truncate(text, max_length, dropped, more)
+    return _truncate(encodable(text.replace("\x00", "")), max_length, dropped, more)

@@ -242,6 +242,17 @@ def test_a_settled_record_shows_no_claim_deadline_nor_token(journal: str, proces
     assert "field-stale_at" in live and "field-claim_token" in live
 
 
+def test_a_memo_with_a_lone_surrogate_is_shown_escaped(journal: str, processor: str) -> None:
+    """A JSON memo holding a lone surrogate (a value from ``json.loads`` of a form's
+    input, stored by kombu as its escape) was decoded and written into the page as it
+    is: the response could not be encoded, a server error (a review)."""
+    # Given a completed record whose memo has "\ud800" in a string
+    row = put(journal, processor, result=b'{"v": "x\\ud800y"}')
+    # When its detail page is shown / Then it is, the surrogate as its escape
+    resp = client_for(make_user(superuser=True)).get(f"{URL}{row.pk}/change/")
+    assert resp.status_code == 200 and "x\\ud800y" in resp.content.decode()
+
+
 def test_a_task_id_with_an_emoji_is_found_by_its_own_text(journal: str, processor: str) -> None:
     from celery_grousset.claim import ClaimRequest
 

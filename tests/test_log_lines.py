@@ -37,6 +37,20 @@ def test_a_value_with_a_space_is_quoted_and_the_record_keeps_it_raw(
     assert record.grousset["reason"] == 'bad "input" a=b'  # type: ignore[attr-defined]
 
 
+def test_a_value_with_a_lone_surrogate_is_a_line_utf8_can_write(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A task id or key holding a lone surrogate was written into the line as it is: a
+    UTF-8 log file's handler failed on it ("--- Logging error ---") and the line was
+    lost (a review)."""
+    with caplog.at_level(logging.INFO, logger="celery_grousset"):
+        events.emit(logging.INFO, "grousset.test_event", {"task_id": "t-\ud800-1"})
+    [record] = [r for r in caplog.records if r.getMessage().startswith("grousset.test_event")]
+    line = record.getMessage()
+    # Then the line encodes, the surrogate written as its escape
+    assert line.encode("utf-8") and "t-\\ud800-1" in line, line
+
+
 def test_a_lost_claim_that_never_committed_is_no_warning(caplog: pytest.LogCaptureFixture) -> None:
     from celery_grousset.claim import ClaimRequest
 

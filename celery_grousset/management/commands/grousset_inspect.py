@@ -27,7 +27,7 @@ from celery_grousset.management import (
     printable,
     timestamp,
 )
-from celery_grousset.textcut import clean_and_cut
+from celery_grousset.textcut import clean_and_cut, encodable
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -214,7 +214,7 @@ def _memo_text(data: dict[str, Any]) -> str:
         return f"(none: {data['memo_error']})"
     value = data["memo"]
     try:
-        return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+        return encodable(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
     except (TypeError, ValueError):
         return pprint.pformat(value, width=80)
 
