@@ -907,7 +907,7 @@ def test_a_slow_broker_does_not_hold_sqlites_write_lock_past_half_store_timeout(
     queue: str,
 ) -> None:
     """On SQLite a relay's batch holds the database's one write lock while it publishes:
-    with a slow broker (each confirm 0.3 s) a batch of 10 held it for 3 s, and a claim on
+    with a slow broker (each confirm 0.3 s) a batch of 15 held it for 4.5 s, and a claim on
     the journal meanwhile waited past STORE_TIMEOUT and was refused (a review: 120 tasks
     took 37 s instead of 2 behind a relay)."""
     from django.test import override_settings
@@ -918,7 +918,7 @@ def test_a_slow_broker_does_not_hold_sqlites_write_lock_past_half_store_timeout(
 
     alias = "default"
     with transaction.atomic(using=alias):
-        rows = [outbox.enqueue(effect, (f"s{j}",), using=alias, queue=queue) for j in range(10)]
+        rows = [outbox.enqueue(effect, (f"s{j}",), using=alias, queue=queue) for j in range(15)]
     claimed: list[Any] = []
 
     def claim() -> None:  # a guarded call on the journal, while the batch publishes
@@ -938,18 +938,49 @@ def test_a_slow_broker_does_not_hold_sqlites_write_lock_past_half_store_timeout(
         time.sleep(0.3)
 
     try:
-        with override_settings(GROUSSET={**settings.GROUSSET, "STORE_TIMEOUT": 2.0}):
+        with override_settings(GROUSSET={**settings.GROUSSET, "STORE_TIMEOUT": 3.0}):
             reset_stores()
-            # Given 10 due rows, and a claim made as the relay's first publish is confirmed
+            # Given 15 due rows, and a claim made as the relay's first publish is confirmed
             stats = outbox.Relay(app, using=alias, interval=0.2, fault=slow).run(once=True)
             wait = time.monotonic() + 10
             while len(claimed) < 2 and time.monotonic() < wait:
                 time.sleep(0.05)
-        # Then the batch let the lock go after STORE_TIMEOUT / 2 (1 s): the claim took it
-        # (waiting about 1 s, not the 3 s of the whole batch) and ran
-        assert claimed[0] == "ran" and claimed[1] < 2.0, claimed
+        # Then the batch let the lock go after STORE_TIMEOUT / 2 (1.5 s): the claim took it
+        # (waiting under 2 s, not the 4.5 s of the whole batch) and ran
+        assert claimed[0] == "ran" and claimed[1] < 2.5, claimed
         # And the relay published every row once, in more than one batch
-        assert stats.sent == 10 and stats.batches >= 3 and len(messages(queue)) == 10, stats
+        assert stats.sent == 15 and stats.batches >= 3 and len(messages(queue)) == 15, stats
+    finally:
+        reset_stores()
+        OutboxMessage.objects.using(alias).filter(pk__in=[r.pk for r in rows]).delete()
+
+
+def test_a_relay_once_publishes_a_row_per_batch_however_short_its_lock_budget(
+    queue: str,
+) -> None:
+    """A batch whose lock budget (half of STORE_TIMEOUT, on SQLite) had run out before its
+    first row began published nothing and left every row due: ``--once`` never ended."""
+    from django.test import override_settings
+
+    from celery_grousset.store import reset_stores
+    from tests.tasks import effect
+
+    alias, stop, done = "default", threading.Event(), []
+    with transaction.atomic(using=alias):
+        rows = [outbox.enqueue(effect, (f"t{j}",), using=alias, queue=queue) for j in range(3)]
+    try:
+        with override_settings(GROUSSET={**settings.GROUSSET, "STORE_TIMEOUT": 1e-9}):
+            reset_stores()
+            # Given a budget (half a nanosecond) shorter than any batch's own set-up
+            relay = outbox.Relay(app, using=alias, interval=0.1)
+            runner = threading.Thread(target=lambda: done.append(relay.run(stop, once=True)))
+            runner.start()
+            # When it runs once / Then it ends, every row sent, one per batch
+            runner.join(20)
+            stop.set()
+            runner.join(10)
+        assert done and done[0].sent == 3 and done[0].batches >= 3, done
+        assert len(messages(queue)) == 3
     finally:
         reset_stores()
         OutboxMessage.objects.using(alias).filter(pk__in=[r.pk for r in rows]).delete()
