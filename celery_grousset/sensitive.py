@@ -23,7 +23,7 @@ DEFAULT_REDACT_KEYS: frozenset[str] = frozenset({  # key: a whole part (stripe_k
     "credit_card", "access_key", "signing_key", "pin_code", "security_code", "auth_code",
     "mfa_code", "recovery_code", "social_security", "connection_string", "database_url",
     "mnemonic", "pw", "signature", "sig", "hmac", "account_number", "routing_number",
-    "creds", "privkey",
+    "creds", "privkey", "cred", "oauth", "authorisation",
 })  # fmt: skip
 """Argument and mapping key names whose values are never shown."""
 

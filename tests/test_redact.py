@@ -309,6 +309,12 @@ def test_shared_sub_structures_are_not_mistaken_for_cycles() -> None:
         "routing_number",
         "creds",
         "privkey",
+        "aws_cred",
+        "oauth",
+        "OAuthClientSecret",
+        "oauth_verifier",
+        "Authorisation",
+        "proxy-authorisation",
     ],
 )
 def test_more_sensitive_names(name: str) -> None:
@@ -336,6 +342,8 @@ def test_more_sensitive_names(name: str) -> None:
         "bearing",
         "company",
         "order_id",
+        "credit_limit",
+        "incredible",
     ],
 )
 def test_harmless_names_that_contain_sensitive_words_are_shown(name: str) -> None:
