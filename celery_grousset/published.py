@@ -209,7 +209,13 @@ def stored_options(options: dict[str, Any]) -> dict[str, Any]:
         if isinstance(out.get(name), datetime):
             out[name] = out[name].isoformat()
     try:
-        json.dumps(out)
+        json.dumps(out, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:  # (a JSON column refuses a lone surrogate's escape)
+        raise InvalidArgument(
+            "outbox.enqueue: an option (a header, the idempotency key) holds a lone "
+            f"surrogate ({exc.object[exc.start:exc.end]!a}), text UTF-8 cannot write: clean "
+            "the value it came from (json.loads of a form's input can make one)"
+        ) from exc
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"outbox.enqueue: options must be JSON-serializable ({exc})") from exc
     return out

@@ -196,6 +196,23 @@ def test_enqueue_refuses_arguments_it_cannot_write_naming_the_fix(alias: str) ->
     assert mine.count() == before  # and no row was written
 
 
+def test_enqueue_refuses_a_lone_surrogate_in_its_options_on_every_database(alias: str) -> None:
+    """A key or header holding a lone surrogate (``json.loads`` of a form's input) was
+    stored on SQLite, and on PostgreSQL broke the caller's transaction with a DataError
+    from the jsonb column (a review)."""
+    mine = OutboxMessage.objects.using(alias).filter(task_name="elsewhere.notify")
+    before = mine.count()
+    with transaction.atomic(using=alias):
+        # Given a key, then a header, with a lone surrogate / Then each is refused first
+        with pytest.raises(InvalidArgument, match=r"lone surrogate \('\\ud800'\)"):
+            outbox.enqueue("elsewhere.notify", (), using=alias, idempotency_key="k-\ud800")
+        with pytest.raises(InvalidArgument, match="clean the value it came from"):
+            outbox.enqueue("elsewhere.notify", (), using=alias, headers={"x-ref": "\udfff"})
+        # And the caller's transaction goes on: its next row is written and committed
+        outbox.enqueue("elsewhere.notify", (), using=alias, idempotency_key="k-1")
+    assert mine.count() == before + 1
+
+
 def test_a_rows_own_publish_timeout_wins_over_the_relays(alias: str, queue: str) -> None:
     """The relay passes its confirm timeout to apply_async: a row enqueued with its own
     ``timeout`` raised "multiple values for keyword argument" and went dead."""
