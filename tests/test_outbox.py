@@ -209,8 +209,11 @@ def test_enqueue_refuses_a_lone_surrogate_in_its_options_on_every_database(alias
         with pytest.raises(InvalidArgument, match="clean the value it came from"):
             outbox.enqueue("elsewhere.notify", (), using=alias, headers={"x-ref": "\udfff"})
         # And the caller's transaction goes on: its next row is written and committed
-        outbox.enqueue("elsewhere.notify", (), using=alias, idempotency_key="k-1")
-    assert mine.count() == before + 1
+        row = outbox.enqueue("elsewhere.notify", (), using=alias, idempotency_key="k-1")
+    try:
+        assert mine.count() == before + 1
+    finally:  # (a due row left behind would be the next relay test's first row)
+        mine.filter(pk=row.pk).delete()
 
 
 def test_a_rows_own_publish_timeout_wins_over_the_relays(alias: str, queue: str) -> None:
