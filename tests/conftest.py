@@ -81,7 +81,13 @@ def alias(request: pytest.FixtureRequest) -> str:
 def store(alias: str) -> Iterator[object]:
     from celery_grousset.store import get_store
 
-    yield get_store(alias)
+    store = get_store(alias)
+    yield store
+    # (the put-back the guard does after a transactional completion: a test that calls
+    # finish_in_transaction itself left Django's MariaDB session with STORE_TIMEOUT as
+    # its idle_transaction_timeout, and a later test's transaction, idle longer than
+    # that, lost its session: "Server has gone away")
+    store.end_transactional()
 
 
 @pytest.fixture

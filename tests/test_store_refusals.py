@@ -197,6 +197,44 @@ def test_the_idle_limit_of_a_transactional_completion_is_put_back_after_its_comm
         store.close()
 
 
+def test_two_transactional_completions_before_one_put_back_keep_the_sessions_idle_limit(
+) -> None:  # fmt: skip
+    """The second completion saved the first one's limit as the session's own, and the
+    put-back restored that: Django's session kept STORE_TIMEOUT as its idle limit, and a
+    later transaction of its own that idled longer lost its session ("Server has gone
+    away": the outbox relay's batch, publishing to a broker that is down)."""
+    from django.db import transaction
+
+    from celery_grousset.store import Completion
+
+    services.require_database("mysql")
+    settings, conn = connections.settings["mysql"], connections["mysql"]
+    if not conn.mysql_is_mariadb:
+        pytest.skip("MySQL has no idle_transaction_timeout")
+    store = store_class(settings["ENGINE"])("mysql", settings, 1.0)
+    first, second = claim_request(), claim_request()
+
+    def idle_limit() -> int:
+        with conn.cursor() as cur:
+            cur.execute("SELECT @@SESSION.idle_transaction_timeout")
+            return int(cur.fetchone()[0])
+
+    try:
+        store.claim(first)
+        store.claim(second)
+        before = idle_limit()
+        # When two transactional completions commit before their put-back
+        for req in (first, second):
+            with transaction.atomic(using="mysql"):
+                assert store.finish_in_transaction(req, Completion("completed"))
+        store.end_transactional()
+        # Then the session has its own limit back
+        assert (before, idle_limit()) == (before, before) and before != 1
+    finally:
+        store.end_transactional()
+        store.close()
+
+
 @pytest.mark.parametrize("alias", ["postgresql", "mysql"])
 def test_a_renewal_waits_for_a_row_lock_at_most_the_store_timeout(alias: str) -> None:
     """The renewal of a claim the worker's main process made (a late start) ran on

@@ -247,8 +247,10 @@ class MySQLStore(LockingStore):
         secs = max(1, math.ceil(self.timeout))
         sql = f"SET @grousset_lock_wait = @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = {secs}"  # noqa: E501
         if conn.mysql_is_mariadb:  # a session gone silent before its commit (a partition)
-            sql += f", @grousset_idle = @@SESSION.idle_transaction_timeout, SESSION idle_transaction_timeout = {secs}"  # noqa: E501
-        conn.grousset_idle_set = conn.mysql_is_mariadb  # put back by end_transactional
+            if not getattr(conn, "grousset_idle_set", False):  # (the session's own value,
+                sql += ", @grousset_idle = @@SESSION.idle_transaction_timeout"  # not ours)
+            sql += f", SESSION idle_transaction_timeout = {secs}"
+            conn.grousset_idle_set = True  # put back by end_transactional
         with conn.cursor() as cur:  # the session's values kept in user variables
             cur.execute(sql)  # ends after T, its row lock freed (not at wait_timeout, 8 h)
         try:
