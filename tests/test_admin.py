@@ -1009,6 +1009,7 @@ def test_a_journal_database_that_cannot_be_read_gets_a_page_that_says_so(
     services.require_database("mysql")
     row = put("default", processor)
     client = client_for(make_user(superuser=True))
+    viewer = client_for(make_user("view_outcome"))
     conn = connections["mysql"]
     port = conn.settings_dict["PORT"]
     with socket.socket() as sock:  # a port nothing listens on: the connect is refused
@@ -1022,6 +1023,7 @@ def test_a_journal_database_that_cannot_be_read_gets_a_page_that_says_so(
         # (and a row's page, and its history: an alert's link ended in a bare 500)
         pages = [client.get(f"{URL}{row.pk}/{page}/", {"db": "mysql"})
                  for page in ("change", "history")]  # fmt: skip
+        viewed = viewer.get(URL, {"db": "mysql", "processor": processor})
         # (an action's error is not dressed up: it may have changed rows already)
         form = {"action": "forget_outcomes", "_selected_action": [row.pk], "post": "yes"}
         with pytest.raises(OperationalError):
@@ -1037,5 +1039,11 @@ def test_a_journal_database_that_cannot_be_read_gets_a_page_that_says_so(
     for page in pages:
         text = page.content.decode()
         assert page.status_code == 503 and 'data-grousset-unavailable="mysql"' in text
+    # And a user who may only view is told that, not the driver's text (its host, port,
+    # user name): that is in the server's log
+    text = viewed.content.decode()
+    assert viewed.status_code == 503 and 'data-grousset-unavailable="mysql"' in text
+    assert "OperationalError" not in text and closed not in text, text
+    assert "in the server's log" in text
     # And the default journal's list is still shown
     assert row.fingerprint[:12] in client.get(URL, {"processor": processor}).content.decode()
