@@ -223,8 +223,8 @@ class ReadOnlyAdmin(_ModelAdmin):
                            alias, exc_info=True)  # fmt: skip
             context = {**self.admin_site.each_context(request), "opts": self.model._meta,
                        "title": f"{self.model._meta.verbose_name_plural} — unavailable",
-                       "database": alias,  # (the driver's text names hosts, users:
-                       "error": error_text(exc) if request.user.is_superuser else "",  # the log has it)
+                       "database": alias,  # (the driver's text, naming hosts and users:
+                       "error": error_text(exc) if request.user.is_superuser else "",  # logged)
                        "databases": journal_databases_shown() if others else [],
                        "param": DATABASE_PARAM}  # fmt: skip
             return TemplateResponse(request, "admin/celery_grousset/unavailable.html",
