@@ -64,6 +64,10 @@ DEFAULT_INTERVAL = 1.0
 _SECRET_OPTIONS = frozenset(("headers", "idempotency_key", *_SIGNATURES))
 #: seconds a publish waits for the broker's confirm before it counts as failed
 DEFAULT_CONFIRM_TIMEOUT = 10.0
+#: the share of STORE_TIMEOUT a batch may hold its transaction before it begins no more
+#: publishes: SQLite's one write lock (every claim waits), and elsewhere its row locks
+#: and a session idle limit (idle_in_transaction_session_timeout) that ends it
+BATCH_HOLD = 0.5
 
 
 def _alias(using: str | None) -> str:
@@ -241,35 +245,43 @@ class Relay:
         from celery_grousset.store import get_store
 
         alias, stats, store = self.alias, RelayStats(batches=1), get_store(self.alias)
-        manager = OutboxMessage.objects.using(alias)
-        with transaction.atomic(using=alias):
-            due = manager.filter(status=OutboxStatus.PENDING, available_at__lte=clock(alias))
-            due = store.lock_for_batch(due)
-            hold = None if store.batch_hold is None else store.batch_hold * store.timeout
-            # the due index's own order: InnoDB then locks only the rows it returns
-            # (by id it would sort, locking every due row, and starve the other relays)
-            rows = list(due.order_by("available_at", "id")[: self.batch_size])
-            stats.fetched = len(rows)
-            sent = self._publish(rows, stats, hold) if rows else []
-            if sent:
-                manager.filter(pk__in=sent).update(status=OutboxStatus.SENT, args=[], kwargs={},
-                    sent_at=clock(alias), attempts=F("attempts") + 1, last_error="")  # fmt: skip
-                stats.sent = len(sent)
+        manager, sent = OutboxMessage.objects.using(alias), list[int]()
+        try:
+            with transaction.atomic(using=alias):
+                due = manager.filter(status=OutboxStatus.PENDING, available_at__lte=clock(alias))
+                due = store.lock_for_batch(due)
+                # the due index's own order: InnoDB then locks only the rows it returns
+                # (by id it would sort, locking every due row, and starve the other relays)
+                rows = list(due.order_by("available_at", "id")[: self.batch_size])
+                stats.fetched = len(rows)
+                if rows:
+                    self._publish(rows, stats, BATCH_HOLD * store.timeout, sent)
+                if sent:
+                    manager.filter(pk__in=sent).update(status=OutboxStatus.SENT, args=[],
+                        kwargs={}, sent_at=clock(alias), attempts=F("attempts") + 1,
+                        last_error="")  # fmt: skip
+                    stats.sent = len(sent)
+        except DatabaseError as exc:
+            if sent:  # published, not marked: the next batch publishes them again
+                events.emit(logging.ERROR, "grousset.outbox_unmarked", {"count": len(sent),
+                            "database": alias, "error": events.error_text(exc)})  # fmt: skip
+            raise
         if sent:
             events.emit(logging.INFO, "grousset.outbox_sent",
                         {"count": len(sent), "database": alias})  # fmt: skip
         return stats
 
-    def _publish(self, rows: list[OutboxMessage], stats: RelayStats,
-                 hold: float | None) -> list[int]:  # fmt: skip
-        """Publish ``rows`` in order, each confirmed (none after ``hold`` s): the ids sent."""
-        manager, sent, started = OutboxMessage.objects.using(self.alias), [], time.monotonic()
+    def _publish(self, rows: list[OutboxMessage], stats: RelayStats, hold: float,
+                 sent: list[int]) -> None:  # fmt: skip
+        """Publish ``rows`` in order, each confirmed (none begun after ``hold`` s); the ids
+        sent are added to ``sent``."""
+        manager, started = OutboxMessage.objects.using(self.alias), time.monotonic()
         if self._conn is None:  # kept across batches (its queues declared once)
             self._conn = confirmed_connection(self.app, self.confirm_timeout)
         producer = self.app.amqp.Producer(self._conn)  # (connects on its first publish)
         try:
             for i, row in enumerate(rows):  # (one at least: else --once would never end)
-                if i and hold is not None and time.monotonic() - started > hold:
+                if i and time.monotonic() - started > hold:
                     stats.more = True  # (the rest: due, in the next batch)
                     break
                 try:
@@ -290,7 +302,6 @@ class Relay:
         finally:  # (a row gone dead for its own sake says nothing of the connection)
             if stats.broker_down or stats.failed:
                 self.close(broken=True)
-        return sent
 
     def close(self, *, broken: bool = False) -> None:
         """Close the relay's broker connection (a broken one without the goodbye it
@@ -317,12 +328,12 @@ class Relay:
             })  # fmt: skip
             return
         wait = self.delay(max(attempts, 1))
+        events.emit(logging.WARNING, "grousset.outbox_publish_failed", {  # (first: the row's
+            "id": row.id, "task": row.task_name, "attempts": attempts,  # update may fail,
+            "retry_in": round(wait, 1), "error": error,  # its session lost meanwhile)
+        })  # fmt: skip
         rows.update(attempts=attempts, last_error=error, available_at=clock(self.alias, wait))
         stats.failed += 1
-        events.emit(logging.WARNING, "grousset.outbox_publish_failed", {
-            "id": row.id, "task": row.task_name, "attempts": attempts,
-            "retry_in": round(wait, 1), "error": error,
-        })  # fmt: skip
 
     def run(self, stop: threading.Event | None = None, *, once: bool = False) -> RelayStats:
         """Publish until ``stop`` is set (``once``: until nothing is due). A database or
@@ -358,43 +369,3 @@ class Relay:
                 pause = self.delay(2) if stats.broker_down else self.interval
                 stop.wait(min(max(pause, 0.25), 1.0) if stats.more else pause)
         return total
-
-
-class RelayThread(threading.Thread):
-    """A relay running in a daemon thread (the worker bootstep's ``--grousset-relay``).
-
-    In a prefork worker, :meth:`start_when_ready` starts it once the worker is ready,
-    after the pool has forked its children: a child forked while this thread holds a
-    lock (an import, say) would inherit the lock held, forever.
-    """
-
-    def __init__(self, app: Any, **options: Any) -> None:
-        super().__init__(name="grousset-relay", daemon=True)
-        self.relay = Relay(app, **options)
-        self.stop_event = threading.Event()
-        connections[self.relay.alias]  # import the database backend now, before any fork
-
-    def start_when_ready(self) -> None:
-        """Start on Celery's ``worker_ready`` signal (once)."""
-        from celery.signals import worker_ready
-
-        def ready(**kwargs: Any) -> None:
-            if not self.is_alive() and not self.stop_event.is_set() and self.ident is None:
-                self.start()
-
-        self._ready = ready  # the signal holds receivers weakly
-        worker_ready.connect(ready)
-
-    def run(self) -> None:
-        try:
-            self.relay.run(self.stop_event)
-        except Exception:  # pragma: no cover - logged, never kills the worker
-            events.emit(logging.ERROR, "grousset.outbox_relay_crashed",
-                        {"database": self.relay.alias}, exc_info=True)  # fmt: skip
-        finally:
-            connections.close_all()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self.stop_event.set()
-        if self.is_alive():
-            self.join(timeout)

@@ -213,7 +213,7 @@ class GroussetStep(bootsteps.StartStopStep):
                 )  # fmt: skip
                 raise SystemExit(1) from None
         if self.relay_wanted and self.relay is None:
-            from celery_grousset.outbox import RelayThread
+            from celery_grousset.outbox_thread import RelayThread
 
             self.relay = RelayThread(parent.app)
             self.relay.start_when_ready()  # after the pool has forked

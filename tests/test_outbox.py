@@ -1006,6 +1006,85 @@ def test_a_relay_once_publishes_a_row_per_batch_however_short_its_lock_budget(
         OutboxMessage.objects.using(alias).filter(pk__in=[r.pk for r in rows]).delete()
 
 
+def _idle_limit(alias: str, seconds: int) -> None:
+    """A session idle limit on Django's connection (closed by the caller afterwards)."""
+    with connections[alias].cursor() as cur:
+        if connections[alias].vendor == "postgresql":
+            cur.execute(f"SET idle_in_transaction_session_timeout = '{seconds}s'")
+        elif connections[alias].mysql_is_mariadb:
+            cur.execute(f"SET SESSION idle_transaction_timeout = {seconds}")
+        else:
+            pytest.skip("MySQL has no idle-in-transaction limit")
+
+
+@pytest.mark.parametrize("alias", ["postgresql", "mysql"])
+def test_a_slow_broker_ends_each_batch_before_a_session_idle_limit(
+    alias: str, queue: str
+) -> None:
+    """On PostgreSQL and MariaDB a batch held its transaction, idle, for all its publishes:
+    with a slow broker, an idle-in-transaction limit below that ended the session before
+    "sent" was written, so every batch published its rows again, none ever marked sent
+    (a review: 10 rows in the queue 3 times over, all still pending, no attempt charged).
+    A batch now begins no publish after STORE_TIMEOUT / 2, as on SQLite."""
+    from django.test import override_settings
+
+    from celery_grousset.store import reset_stores
+    from tests.tasks import effect
+
+    services.require_database(alias)
+    with transaction.atomic(using=alias):
+        rows = [outbox.enqueue(effect, (f"i{j}",), using=alias, queue=queue) for j in range(8)]
+    try:
+        with override_settings(GROUSSET={**settings.GROUSSET, "STORE_TIMEOUT": 5.0}):
+            reset_stores()
+            # Given a session that ends once idle in a transaction for 5 s, and a broker
+            # that confirms each message 1 s later (8 rows: 8 s)
+            _idle_limit(alias, 5)
+            relay = outbox.Relay(app, using=alias, interval=0.2, fault=lambda _: time.sleep(1))
+            # When the relay runs until nothing is due
+            stats = relay.run(once=True)
+        # Then every row is sent, each published once, in batches of about 2.5 s
+        assert stats.sent == 8 and stats.batches >= 3, stats
+        assert sorted(m["args"][0] for m in messages(queue)) == [f"i{j}" for j in range(8)]
+    finally:
+        connections[alias].close()
+        reset_stores()
+        OutboxMessage.objects.using(alias).filter(pk__in=[r.pk for r in rows]).delete()
+
+
+@pytest.mark.parametrize("alias", ["postgresql", "mysql"])
+def test_a_batch_whose_session_ends_after_its_publishes_says_they_are_sent_again(
+    alias: str, queue: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Published rows whose batch then lost its session (an idle limit shorter than one
+    publish) are published again by the next batch: the relay said only that the
+    database had an error, nothing of the copies."""
+    from tests.tasks import effect
+
+    services.require_database(alias)
+    with transaction.atomic(using=alias):
+        rows = [outbox.enqueue(effect, (f"u{j}",), using=alias, queue=queue) for j in range(2)]
+    try:
+        # Given a session that ends once idle in a transaction for 1 s, and a broker
+        # that confirms each message 1.5 s later
+        _idle_limit(alias, 1)
+        relay = outbox.Relay(app, using=alias, fault=lambda _: time.sleep(1.5))
+        # When a batch publishes the rows and cannot mark them sent
+        with pytest.raises(DatabaseError):
+            relay.run(once=True)
+        # Then an error says how many were published and not marked, and on what database
+        unmarked = [r for r in caplog.records if "grousset.outbox_unmarked" in r.getMessage()]
+        assert len(unmarked) == 1 and unmarked[0].levelname == "ERROR", caplog.text
+        assert "count=2" in unmarked[0].getMessage(), unmarked[0].getMessage()
+        assert f"database={alias}" in unmarked[0].getMessage()
+        # And the rows are still pending: the next batch publishes them again
+        left = OutboxMessage.objects.using(alias).filter(pk__in=[r.pk for r in rows])
+        assert set(left.values_list("status", flat=True)) == {"pending"}
+    finally:
+        connections[alias].close()
+        OutboxMessage.objects.using(alias).filter(pk__in=[r.pk for r in rows]).delete()
+
+
 def _testcase_block() -> Any:
     """An atomic block as a Django TestCase opens around its test."""
     block = transaction.Atomic(None, True, False)

@@ -130,8 +130,6 @@ class Store(abc.ABC):
     remote: bool = True
     #: ``SELECT`` of the database clock on Django's connection (None: this host's clock)
     clock_sql: str | None = None
-    #: the share of ``timeout`` a relay's batch may hold its locks (None: any)
-    batch_hold: float | None = None
 
     def __init__(self, alias: str, settings_dict: dict[str, Any], timeout: float,
                  claim_commit: str = "durable") -> None:  # fmt: skip

@@ -32,7 +32,6 @@ class SQLiteStore(LockingStore):
     vendor = "sqlite"
     remote = False  # a failed statement of this process did not commit
     ph = "?"
-    batch_hold = 0.5  # a relay's batch holds the one write lock: every claim waits on it
 
     def _connect(self) -> sqlite3.Connection:
         name = str(self.settings_dict["NAME"])
