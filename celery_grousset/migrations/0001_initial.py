@@ -50,5 +50,6 @@ class Migration(migrations.Migration):
                 'constraints': [models.UniqueConstraint(fields=('fingerprint', 'processor_id'), name='grousset_outcome_key')],
             },
         ),
-        migrations.RunPython(set_fillfactor, migrations.RunPython.noop),
+        migrations.RunPython(set_fillfactor, migrations.RunPython.noop,
+                             hints={"model_name": "outcome"}),
     ]

@@ -42,7 +42,8 @@ class Migration(migrations.Migration):
             name="stale_at",
             field=models.DateTimeField(null=True),
         ),
-        migrations.RunPython(backfill, migrations.RunPython.noop),
+        migrations.RunPython(backfill, migrations.RunPython.noop,
+                             hints={"model_name": "outcome"}),
         migrations.AlterField(
             model_name="outcome",
             name="stale_at",

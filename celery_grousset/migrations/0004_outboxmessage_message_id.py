@@ -39,7 +39,8 @@ class Migration(migrations.Migration):
             name="message_id",
             field=models.UUIDField(null=True, editable=False),
         ),
-        migrations.RunPython(backfill, migrations.RunPython.noop),
+        migrations.RunPython(backfill, migrations.RunPython.noop,
+                             hints={"model_name": "outboxmessage"}),
         migrations.AlterField(
             model_name="outboxmessage",
             name="message_id",

@@ -46,5 +46,6 @@ class Migration(migrations.Migration):
             ),
         ),
         # not atomic: MySQL refuses DDL inside a transaction (it cannot roll DDL back)
-        migrations.RunPython(_alter(_SET), _alter(_DROP), atomic=False),
+        migrations.RunPython(_alter(_SET), _alter(_DROP), atomic=False,
+                             hints={"model_name": "outcome"}),
     ]

@@ -48,7 +48,8 @@ class Migration(migrations.Migration):
         # at once after the column (Django drops the default it adds it with): on MySQL,
         # whose DDL is not transactional, an INSERT between the two fails closed, is retried.
         # Not atomic: MySQL refuses DDL inside a transaction (it cannot roll DDL back)
-        migrations.RunPython(_alter(_SET), _alter(_DROP), atomic=False),
+        migrations.RunPython(_alter(_SET), _alter(_DROP), atomic=False,
+                             hints={"model_name": "outcome"}),
         migrations.AddField(
             model_name="outcome",
             name="first_claimed_at",
