@@ -4,8 +4,9 @@ redeliveries"); fences never go back (docs/guarantee.md, "Fencing tokens": the `
 column is unchanged, only its help text).
 
 Rows written before this migration keep ``first_claimed_at`` NULL (shown as their
-``started_at``) and count their duplicates from now on: nothing is rewritten, so the
-migration's time does not grow with the journal. Adding the columns takes the table's
+``started_at``) and count their duplicates from now on: on PostgreSQL and MySQL/MariaDB
+nothing is rewritten, so the migration's time does not grow with the journal (SQLite
+copies the table: docs/operations.md, "Migrations and locks"). Adding the columns takes the table's
 exclusive lock briefly, but it waits for every open transaction that touched the
 journal, and claims queue behind it (docs/operations.md, "Migrations and locks").
 
