@@ -179,7 +179,7 @@ def journal_messages(alias: str, layout: str) -> list[checks.CheckMessage]:
         found.append(_layout_mismatch(alias, layout))
     if charsets is not None:
         found.append(_utf8mb3(alias, *charsets))
-    if mode != "wal":
+    if mode != "wal" and not conn.is_in_memory_db():  # type: ignore[attr-defined]
         found.append(
             checks.Warning(
                 f"The SQLite journal {alias!r} is in {mode!r} journal mode, not WAL: workers "

@@ -1087,6 +1087,25 @@ def test_sqlite_without_wal_is_W005(tmp_path: Path) -> None:
     assert "celery_grousset.W005" not in clean
 
 
+def test_an_in_memory_sqlite_journal_is_not_W005() -> None:
+    """``manage.py test`` on SQLite (an in-memory test database, which has no file and
+    cannot use WAL) printed W005 on every run, with a hint no one could follow."""
+    from django.core.management import call_command
+
+    # Given an in-memory SQLite journal, as Django's test runner creates one
+    name = f"file:grousset_mem_{uuid.uuid4().hex[:8]}?mode=memory&cache=shared"
+    with (
+        database("memjournal", ENGINE="django.db.backends.sqlite3", NAME=name),
+        override_settings(GROUSSET={"DATABASE": "memjournal"}),
+    ):
+        call_command("migrate", "celery_grousset", database="memjournal", verbosity=0)
+        # When its database checks run
+        found = {m.id for m in checks.run_checks(databases=["memjournal"],
+                                                 tags=[checks.Tags.database])}  # fmt: skip
+    # Then none says it is not in WAL mode
+    assert "celery_grousset.W005" not in found, found
+
+
 def test_a_migrated_sqlite_journal_is_checked_in_the_mode_the_store_leaves_it(
     tmp_path: Path,
 ) -> None:

@@ -331,6 +331,9 @@ def test_a_guarded_call_without_the_fixtures_is_refused_where_its_claims_would_l
         "*test_in_a_testcase_of_some_apps*available_apps*leave out 'celery_grousset'*",
     ):
         result.stdout.fnmatch_lines([line])
+    # And each refusal says so once (it was printed twice: "During handling of the
+    # above exception, another exception occurred")
+    assert "During handling of the above exception" not in result.stdout.str()
 
 
 def _journal_of_its_own(pytester: pytest.Pytester, tmp_path: Path) -> Path:

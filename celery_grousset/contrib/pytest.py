@@ -220,9 +220,12 @@ def _grousset_test_database(request: pytest.FixtureRequest) -> Iterator[None]:
                 raise forbidden(_NO_TEST_DATABASE)
             refuse_leaks(alias, None if here else held.get(alias))
         except DatabaseOperationForbidden as exc:
-            if here:
-                _refuse(request, str(exc).removeprefix("celery-grousset: "))
-            raise
+            if not here:
+                raise
+            why = str(exc).removeprefix("celery-grousset: ")
+        else:
+            return
+        _refuse(request, why)  # (outside the except: the message once, not chained)
 
     saved, guard.test_database_check = guard.test_database_check, check
     try:
