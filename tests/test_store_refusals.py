@@ -266,3 +266,48 @@ def test_a_renewal_waits_for_a_row_lock_at_most_the_store_timeout(alias: str) ->
             assert time.monotonic() - started < 8.0
     finally:
         store.close()
+
+
+def test_a_claim_on_a_shared_cache_sqlite_journal_waits_for_its_write_lock() -> None:
+    """Django's SQLite test database is in memory, its connections sharing one cache:
+    there SQLite answers "database table is locked" at once, without the busy timeout,
+    so a claim made while another connection wrote was refused at once (flaky tests
+    with two threads), and the refusal said it had waited STORE_TIMEOUT."""
+    import sqlite3
+    import threading
+    import time
+
+    from django.core.management import call_command
+
+    name = f"file:grousset_shared_{uuid.uuid4().hex[:8]}?mode=memory&cache=shared"
+    settings = {"ENGINE": "django.db.backends.sqlite3", "NAME": name}
+    with services.extra_database("shared", **settings):
+        call_command("migrate", "celery_grousset", database="shared", verbosity=0)
+        store = store_class(settings["ENGINE"])("shared", connections.settings["shared"], 5.0)
+        writer = sqlite3.connect(name, uri=True, isolation_level=None,
+                                 check_same_thread=False)  # fmt: skip
+        timer = threading.Timer(0.5, lambda: writer.execute("COMMIT"))
+        try:
+            # Given another connection of the process holding the write lock for 0.5 s
+            writer.execute("BEGIN IMMEDIATE")
+            timer.start()
+            started = time.monotonic()
+            # When a claim is made meanwhile / Then it waits for the lock, and is made
+            assert store.claim(claim_request()).owned
+            assert 0.4 < time.monotonic() - started < 4.0
+            # And one that cannot get it in STORE_TIMEOUT says so, truly
+            short = store_class(settings["ENGINE"])("shared", connections.settings["shared"],
+                                                    0.3)  # fmt: skip
+            writer.execute("BEGIN IMMEDIATE")
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable, match=r"stayed locked for 0\.3 s"):
+                short.claim(claim_request())
+            assert time.monotonic() - started >= 0.3
+            writer.execute("COMMIT")
+            short.close()
+        finally:
+            timer.cancel()
+            if timer.is_alive():
+                timer.join(5)
+            store.close()
+            writer.close()

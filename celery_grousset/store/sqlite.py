@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -60,7 +61,18 @@ class SQLiteStore(LockingStore):
         return cur.fetchone(), datetime.now(timezone.utc)
 
     def _begin_write(self, cur: Any) -> None:
-        cur.execute("BEGIN IMMEDIATE")
+        """Take the write lock, waiting up to ``timeout``: the busy timeout does, but not
+        on a database whose connections share a cache (Django's in-memory test database),
+        where SQLite answers "database table is locked" at once: that wait is polled."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                cur.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if "table is locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.005)
 
     def _now(self, cur: Any) -> datetime:
         return datetime.now(timezone.utc)
