@@ -166,6 +166,13 @@ def test_a_transactional_completion_gone_silent_before_its_commit_frees_its_row_
         other.close()
 
 
+def _idle_limit() -> int:
+    """The idle_transaction_timeout of Django's MariaDB session."""
+    with connections["mysql"].cursor() as cur:
+        cur.execute("SELECT @@SESSION.idle_transaction_timeout")
+        return int(cur.fetchone()[0])
+
+
 def test_the_idle_limit_of_a_transactional_completion_is_put_back_after_its_commit() -> None:
     from django.db import transaction
 
@@ -178,21 +185,16 @@ def test_the_idle_limit_of_a_transactional_completion_is_put_back_after_its_comm
     store = store_class(settings["ENGINE"])("mysql", settings, 1.0)
     req = claim_request()
 
-    def idle_limit() -> int:
-        with conn.cursor() as cur:
-            cur.execute("SELECT @@SESSION.idle_transaction_timeout")
-            return int(cur.fetchone()[0])
-
     try:
         store.claim(req)
-        before = idle_limit()
+        before = _idle_limit()
         # When a transactional completion commits
         with transaction.atomic(using="mysql"):
             assert store.finish_in_transaction(req, Completion("completed"))
-            during = idle_limit()
+            during = _idle_limit()
         store.end_transactional()
         # Then its session was bounded for that transaction only
-        assert (before, during, idle_limit()) == (before, 1, before) and before != 1
+        assert (before, during, _idle_limit()) == (before, 1, before) and before != 1
     finally:
         store.close()
 
@@ -214,22 +216,17 @@ def test_two_transactional_completions_before_one_put_back_keep_the_sessions_idl
     store = store_class(settings["ENGINE"])("mysql", settings, 1.0)
     first, second = claim_request(), claim_request()
 
-    def idle_limit() -> int:
-        with conn.cursor() as cur:
-            cur.execute("SELECT @@SESSION.idle_transaction_timeout")
-            return int(cur.fetchone()[0])
-
     try:
         store.claim(first)
         store.claim(second)
-        before = idle_limit()
+        before = _idle_limit()
         # When two transactional completions commit before their put-back
         for req in (first, second):
             with transaction.atomic(using="mysql"):
                 assert store.finish_in_transaction(req, Completion("completed"))
         store.end_transactional()
         # Then the session has its own limit back
-        assert (before, idle_limit()) == (before, before) and before != 1
+        assert (before, _idle_limit()) == (before, before) and before != 1
     finally:
         store.end_transactional()
         store.close()
