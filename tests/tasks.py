@@ -315,3 +315,11 @@ def soft_limited(key: str) -> str:
     """``effect`` with a soft time limit (which a gevent worker says it does not enforce)."""
     record(key)
     return key
+
+
+@shared_task(base=GroussetTask, max_processing_time=60, time_limit=12)
+def hard_limited(key: str) -> str:
+    """``effect`` with a hard time limit (which a gevent worker enforces, on the greenlet:
+    a task killed before its claim is made fails, its message acknowledged)."""
+    record(key)
+    return key

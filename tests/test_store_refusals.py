@@ -308,3 +308,44 @@ def test_a_claim_on_a_shared_cache_sqlite_journal_waits_for_its_write_lock() -> 
                 timer.join(5)
             store.close()
             writer.close()
+
+
+@pytest.mark.parametrize("alias", ["default", "postgresql", "mysql"])
+def test_a_call_waits_its_turn_on_a_shared_store_at_most_the_store_timeout(alias: str) -> None:
+    """The greenlets of a gevent worker share their thread's store, one operation at a
+    time: behind a claim waiting on a locked row, each waited for all those ahead of it
+    (copies of that key took STORE_TIMEOUT each, in turn), past the tasks' hard time
+    limit, which gevent enforces: tasks killed before their claim was sent, their
+    messages acknowledged, their calls lost (a review: 20 of 20). A turn is now waited
+    for at most STORE_TIMEOUT, then refused (the delivery is sent again)."""
+    import threading
+    import time
+
+    services.require_database(alias)
+    settings = connections.settings[alias]
+    store = store_class(settings["ENGINE"])(alias, settings, 0.5)
+    store._lock = threading.RLock()  # (as get_store gives a thread's greenlets)
+    held, done = threading.Event(), threading.Event()
+
+    def ahead() -> None:  # an operation ahead, waiting 3 s (six store timeouts)
+        with store._lock:
+            held.set()
+            done.wait(3.0)
+
+    other = threading.Thread(target=ahead)
+    other.start()
+    try:
+        held.wait(5)
+        started = time.monotonic()
+        # When a claim waits for its turn / Then it is refused after STORE_TIMEOUT
+        with pytest.raises(StoreUnavailable, match=r"stayed busy for 0\.5 s"):
+            store.claim(claim_request())
+        assert 0.45 < time.monotonic() - started < 2.0
+        done.set()
+        other.join(5)
+        # And once the turn is free, the claim is made
+        assert store.claim(claim_request()).owned
+    finally:
+        done.set()
+        other.join(5)
+        store.close()

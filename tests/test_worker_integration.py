@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connections, transaction
 
 from celery_grousset.models import Outcome
 from tests import services
@@ -217,6 +219,56 @@ def test_a_threads_or_gevent_pool_worker_runs_each_call_once(
     assert ("the threads pool enforces no time limit" in log) == (pool == "threads")
     soft = [ln for ln in log.splitlines() if "the gevent pool enforces no soft_time_limit" in ln]
     assert bool(soft) == (pool == "gevent") and all("tests.tasks.soft_limited" in ln for ln in soft)
+
+
+def test_guarded_tasks_behind_a_claim_on_a_locked_row_are_not_lost_on_a_gevent_worker(
+    redis_url: str, queue: str, pg: str
+) -> None:
+    """The greenlets of a gevent worker share their thread's store, one operation at a
+    time: behind copies of a call whose journal row another session held, each taking
+    STORE_TIMEOUT (5 s) in turn, other guarded tasks waited past their hard time limit:
+    gevent killed them before their claim was made, their messages were acknowledged,
+    and the calls never ran (a review: 20 of 20 lost). A turn is waited for at most
+    STORE_TIMEOUT, then the delivery is sent again."""
+    pytest.importorskip("gevent")
+    from tests.tasks import effect, hard_limited
+
+    run = uuid.uuid4().hex[:8]
+    hot, keys = f"hot-{run}", [f"lim-{run}-{i}" for i in range(10)]
+    release, locked = threading.Event(), threading.Event()
+    with workers(queue, 1, database=pg, broker=redis_url, concurrency=20,
+                 extra=["-P", "gevent", "--prefetch-multiplier", "8"]):  # fmt: skip
+        effect.apply_async((hot,), queue=queue).get(timeout=60)
+        row = record_of(pg, effect, (hot,))
+
+        def hold() -> None:  # another session holds the call's journal row for 25 s
+            try:
+                with transaction.atomic(using=pg):
+                    list(Outcome.objects.using(pg).select_for_update().filter(pk=row.pk))
+                    locked.set()
+                    release.wait(25)
+            finally:
+                connections.close_all()
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        try:
+            assert locked.wait(10)
+            # Given 6 copies of the held call, each waiting up to STORE_TIMEOUT in turn
+            copies = [effect.apply_async((hot,), queue=queue) for _ in range(6)]
+            time.sleep(0.5)
+            # When 10 other guarded calls, with a hard time limit of 12 s, come behind
+            limited = [hard_limited.apply_async((k,), queue=queue) for k in keys]
+            values = [r.get(timeout=150, propagate=False) for r in limited]
+        finally:
+            release.set()
+            holder.join(30)
+        for r in copies:
+            r.get(timeout=150)
+    # Then every one of them ran, once: none was killed waiting for its turn
+    assert values == keys, values
+    assert [effects(pg, k) for k in keys] == [1] * 10
+    assert effects(pg, hot) == 1
 
 
 def test_200_duplicates_rabbitmq(pg: str, queue: str) -> None:

@@ -26,6 +26,7 @@ from celery_grousset.store.base import (
     data_error,
 )
 from celery_grousset.store.locking import COLS, TABLE, LockingStore
+from celery_grousset.store.turns import turn
 
 T = TypeVar("T")
 
@@ -159,7 +160,7 @@ class MySQLStore(LockingStore):
         return value.replace(tzinfo=timezone.utc)  # type: ignore[no-any-return]
 
     def _guard(self, fn: Callable[[], T]) -> T:
-        with self._lock:
+        with turn(self):
             return self._guard_alone(fn)
 
     def _guard_alone(self, fn: Callable[[], T]) -> T:

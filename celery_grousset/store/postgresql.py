@@ -31,17 +31,12 @@ from typing import Any, TypeVar
 from celery_grousset.claim import ClaimRequest, Kind
 from celery_grousset.exceptions import StoreUnavailable
 from celery_grousset.store import refusals
-from celery_grousset.store.base import (
-    ClaimResult,
-    Completion,
-    Store,
-    data_error,
-    distinct_keys,
-)
+from celery_grousset.store.base import ClaimResult, Completion, Store, data_error, distinct_keys
 from celery_grousset.store.pgclaim import BATCH_SQL, CLAIM_SQL, GAVE_UP_ERROR, KEY, NOW, PER_ROW
 from celery_grousset.store.pgdriver import POOLER_FIX, driver, sqlstate, statement_timeout_ms
 from celery_grousset.store.pgops import PostgresOperations
 from celery_grousset.store.rows import FINISHABLE, RELEASED
+from celery_grousset.store.turns import turn
 from celery_grousset.store.watchdog import Watchdog
 
 T = TypeVar("T")
@@ -178,7 +173,7 @@ class PostgresStore(PostgresOperations, Store):
             )  # fmt: skip
 
     def _run(self, op: Callable[[Any], T]) -> T:
-        with self._lock:
+        with turn(self):
             return self._run_alone(op)
 
     def _run_alone(self, op: Callable[[Any], T]) -> T:

@@ -25,6 +25,7 @@ from celery_grousset.store.base import (
     data_error,
 )
 from celery_grousset.store.locking import COLS, TABLE, LockingStore
+from celery_grousset.store.turns import turn
 
 T = TypeVar("T")
 
@@ -102,7 +103,7 @@ class SQLiteStore(LockingStore):
         return super()._claim_locked(cur, req)
 
     def _guard(self, fn: Callable[[], T]) -> T:
-        with self._lock:
+        with turn(self):
             return self._guard_alone(fn)
 
     def _guard_alone(self, fn: Callable[[], T]) -> T:
