@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -19,8 +20,10 @@ def wait_until_settled(
 ) -> ClaimResult:
     """``on_in_flight="wait"``: poll with capped backoff until the holder finishes or its
     claim turns stale, then claim again (``decide``), bounded by the holder's ``stale_at``
-    and by ``within`` seconds (a task's time limit would kill it waiting: it defers)."""
+    and by ``within`` seconds (a task's time limit would kill it waiting: it defers). The
+    claim again is a delivery already counted (its first claim was the duplicate)."""
     delay, give_up = 0.005, None if within is None else time.monotonic() + within
+    again = dataclasses.replace(req, bounce=True)  # (counted: a redelivery, not a duplicate)
     while res.kind is Kind.IN_FLIGHT:
         until = time.monotonic() + res.retry_in
         stop = until if give_up is None else min(until, give_up)
@@ -31,7 +34,7 @@ def wait_until_settled(
             delay = min(delay * 2, 0.5)
             if not still_held(store, req, res):
                 break
-        res = decide(req)
+        res = decide(again)
         if give_up is not None and time.monotonic() >= give_up:
             break
     return res

@@ -149,6 +149,43 @@ def test_in_flight_raises_or_waits(alias: str, processor: str) -> None:
     assert (rec.status, rec.takeovers) == ("completed", 1) and rec.fence > held
 
 
+def test_a_caller_that_waits_for_the_holder_is_one_duplicate(alias: str, processor: str) -> None:
+    """A waiting caller's claim after the holder finished was counted as one more
+    duplicate: a row's ``duplicates`` exceeded its other deliveries (a review: 100
+    deliveries of one call, 148 duplicates)."""
+    import threading
+
+    from celery_grousset.claim import ClaimRequest
+    from celery_grousset.fingerprint import fingerprint
+    from celery_grousset.store import Completion, get_store
+
+    fp = fingerprint(PROTECT_NAME, idempotency_key="awaited")
+    store = get_store(alias)
+    holder = ClaimRequest(
+        processor, fp, PROTECT_NAME, "", uuid.uuid4().hex, "w", "", 60.0, 3600.0, 3
+    )
+    assert store.claim(holder).owned
+    got: list[Any] = []
+    # Given a caller waiting for the claim another holds
+    waiter = threading.Thread(target=lambda: got.append(another_caller(lambda: protect(
+        "awaited", lambda: "ran", max_processing_time=60, processor_id=processor,
+        database=alias))))  # fmt: skip
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while Outcome.objects.using(alias).get(processor_id=processor).deliveries < 2:
+        assert time.monotonic() < deadline, "the waiting caller never claimed"
+        time.sleep(0.02)
+    # When the holder completes
+    memo = Completion("completed", b'"held"', "application/json;utf-8")
+    assert store.finish(processor, fp, holder.token, memo)
+    waiter.join(10)
+    # Then the caller gets its memo, and is counted one duplicate (and two deliveries:
+    # its first claim and the one after the wait)
+    assert got == ["held"], got
+    rec = Outcome.objects.using(alias).get(processor_id=processor)
+    assert (rec.deliveries, rec.duplicates) == (3, 1), (rec.deliveries, rec.duplicates)
+
+
 def test_failure_releases_then_reruns(alias: str, processor: str) -> None:
     attempts: list[int] = []
 
