@@ -54,17 +54,25 @@ def _watch(ref: weakref.ref[Watchdog]) -> None:
         armed = dog._armed
         if armed is not None and armed[0] <= time.monotonic() and dog._armed is armed:
             dog._armed = None
-            dog.fired += 1
-            _shut_down(armed[1])
+            dog.fired += _shut_down(armed[1])
         del dog
         sleep(pause)
 
 
-def _shut_down(fd: int) -> None:
-    """Shut the socket down (both ways): a read blocked on it returns at once. The fd is
-    duplicated, so closing our handle leaves the driver's own fd to the driver."""
+def _shut_down(fd: int) -> bool:
+    """Shut the socket down (both ways): a read blocked on it returns at once — unless
+    its answer is there to read (the caller is late to read it, not waiting for it: a
+    greenlet not scheduled, a thread held up): True if cut. The fd is duplicated, so
+    closing our handle leaves the driver's own fd to the driver."""
     with suppress(OSError):
         sock = original("socket", "socket")(fileno=os.dup(fd))
-        with suppress(OSError):
+        try:
+            if original("select", "select")([sock], [], [], 0)[0]:
+                return False
             sock.shutdown(2)  # SHUT_RDWR
-        sock.close()
+            return True
+        except OSError:
+            return False
+        finally:
+            sock.close()
+    return False
