@@ -28,7 +28,7 @@ from celery_grousset import events, memo
 from celery_grousset.claim import ENC_NOT_STORED, ClaimRequest, Status
 from celery_grousset.completion import Unwritten, complete
 from celery_grousset.exceptions import FencedOut, StoreUnavailable, TransactionLost
-from celery_grousset.store import Completion, Store
+from celery_grousset.store import Completion, Store, turns
 
 #: the message header of a requeued delivery that carries its attempt's outcome
 HEADER = "grousset_outcome"
@@ -195,7 +195,8 @@ def settle_lost_claim(store: Store, lost: ClaimRequest) -> None:
     The delivery then claims as usual, at once, instead of waiting until the lost
     claim turns stale."""
     try:
-        released = store.release(lost.processor_id, lost.fingerprint, lost.token)
+        released = turns.claiming(store.release, lost.processor_id, lost.fingerprint,
+                                  lost.token)  # (before the effect: its turn bounded)
     except StoreUnavailable as exc:  # the journal still away: said and counted as a
         events.store_error(lost, "claim", exc)  # claim's, which this delivery's would be
         raise

@@ -42,7 +42,7 @@ from celery_grousset.options import Options
 from celery_grousset.publish_check import effect_in_transaction
 from celery_grousset.quoted import call_secrets, redacted_call, without_values
 from celery_grousset.running import not_running
-from celery_grousset.store import ClaimResult, Store, check_claimable, get_store
+from celery_grousset.store import ClaimResult, Store, check_claimable, get_store, turns
 
 __all__ = [
     "Attempt", "Call", "Caller", "Options", "fail", "fault", "guarded", "run_owned", "worker_id"
@@ -345,7 +345,7 @@ def claim(store: Store, reqs: Sequence[ClaimRequest], *, report: bool = True) ->
     Raises StoreUnavailable, reported always: each failed claim is an attempt of its own."""
     t0 = time.perf_counter()
     try:
-        results = store.claim_all(reqs)
+        results = turns.claiming(store.claim_all, reqs)  # (its turn bounded: gevent)
     except StoreUnavailable as exc:
         for req in reqs:
             events.store_error(req, "claim", exc)

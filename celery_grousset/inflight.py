@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 from celery_grousset.claim import ClaimRequest, Kind
-from celery_grousset.store import ClaimResult, Store
+from celery_grousset.store import ClaimResult, Store, turns
 
 
 def wait_until_settled(
@@ -44,4 +44,5 @@ def still_held(store: Store, req: ClaimRequest, res: ClaimResult) -> bool:
     """The wait's read-only look: the claim ``res`` saw still holds ``req``'s key (in
     flight at the same fence), so claiming again would only be counted and answered
     "in flight" again."""
-    return store.holder(req.processor_id, req.fingerprint) == ("in_flight", res.fence)
+    held = turns.claiming(store.holder, req.processor_id, req.fingerprint)  # (bounded turn)
+    return held == ("in_flight", res.fence)

@@ -32,6 +32,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, transaction
+from django.db import Error as DjangoDbError
 from django.db.models import F
 
 from celery_grousset import events
@@ -261,7 +262,7 @@ class Relay:
                         kwargs={}, sent_at=clock(alias), attempts=F("attempts") + 1,
                         last_error="")  # fmt: skip
                     stats.sent = len(sent)
-        except DatabaseError as exc:
+        except DjangoDbError as exc:  # (an InterfaceError too: not a DatabaseError)
             if sent:  # published, not marked: the next batch publishes them again
                 events.emit(logging.ERROR, "grousset.outbox_unmarked", {"count": len(sent),
                             "database": alias, "error": events.error_text(exc)})  # fmt: skip

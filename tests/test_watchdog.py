@@ -47,6 +47,26 @@ def test_a_call_whose_answer_came_but_was_not_read_yet_is_left_alone() -> None:
         assert peer.recv(4) == b"next" and dog.fired == 0
 
 
+def test_a_late_call_that_found_part_of_its_answer_is_cut_if_the_rest_never_comes() -> None:
+    """A caller late to read (the answer's first part there) was left unwatched: when the
+    rest never came (a half-open connection), its read waited for ever (a review)."""
+    import threading
+
+    # Given a call whose answer's first part is in the socket, unread, past the bound
+    ours, peer = socket.socketpair()
+    dog, got = Watchdog(0.2), []
+    with ours, peer:
+        dog.arm(ours.fileno())
+        peer.sendall(b"first")
+        time.sleep(0.6)
+        # When the caller reads it, then waits for the rest, which never comes
+        reader = threading.Thread(target=lambda: got.extend([ours.recv(5), ours.recv(5)]))
+        reader.start()
+        reader.join(5)
+        # Then the wait is cut
+        assert not reader.is_alive() and got == [b"first", b""] and dog.fired == 1, got
+
+
 def test_a_call_answered_in_time_is_left_alone() -> None:
     # Given calls that get their answer at once
     ours, peer = socket.socketpair()

@@ -248,10 +248,10 @@ class MySQLStore(LockingStore):
         secs = max(1, math.ceil(self.timeout))
         sql = f"SET @grousset_lock_wait = @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = {secs}"  # noqa: E501
         if conn.mysql_is_mariadb:  # a session gone silent before its commit (a partition)
-            if not getattr(conn, "grousset_idle_set", False):  # (the session's own value,
-                sql += ", @grousset_idle = @@SESSION.idle_transaction_timeout"  # not ours)
+            if getattr(conn, "grousset_idle_of", None) is not conn.connection:  # (once)
+                sql += ", @grousset_idle = @@SESSION.idle_transaction_timeout"
             sql += f", SESSION idle_transaction_timeout = {secs}"
-            conn.grousset_idle_set = True  # put back by end_transactional
+            conn.grousset_idle_of = conn.connection  # this session's: end_transactional
         with conn.cursor() as cur:  # the session's values kept in user variables
             cur.execute(sql)  # ends after T, its row lock freed (not at wait_timeout, 8 h)
         try:
@@ -269,8 +269,8 @@ class MySQLStore(LockingStore):
         from django.db import connections
 
         conn: Any = connections[self.alias]
-        if getattr(conn, "grousset_idle_set", False):
-            conn.grousset_idle_set = False
+        session, conn.grousset_idle_of = getattr(conn, "grousset_idle_of", None), None
+        if session is not None and session is conn.connection:  # (not a new session's)
             with contextlib.suppress(Exception), contextlib.closing(conn.connection.cursor()) as c:
                 c.execute("SET SESSION idle_transaction_timeout = @grousset_idle")
 

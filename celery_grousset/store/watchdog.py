@@ -52,27 +52,29 @@ def _watch(ref: weakref.ref[Watchdog]) -> None:
     while (dog := ref()) is not None:
         pause = dog.bound / dog.CHECKS
         armed = dog._armed
-        if armed is not None and armed[0] <= time.monotonic() and dog._armed is armed:
+        if (armed is not None and armed[0] <= time.monotonic() and dog._armed is armed
+                and not _answered(armed[1])):  # (answered: left armed, looked at again)
             dog._armed = None
-            dog.fired += _shut_down(armed[1])
+            dog.fired += 1
+            _shut_down(armed[1])
         del dog
         sleep(pause)
 
 
-def _shut_down(fd: int) -> bool:
-    """Shut the socket down (both ways): a read blocked on it returns at once — unless
-    its answer is there to read (the caller is late to read it, not waiting for it: a
-    greenlet not scheduled, a thread held up): True if cut. The fd is duplicated, so
-    closing our handle leaves the driver's own fd to the driver."""
+def _answered(fd: int) -> bool:
+    """The socket has something to read: its answer came (all of it, or a part: then the
+    call is looked at again, and cut if it waits for the rest), and the caller is late
+    to read it (a greenlet not scheduled, a thread held up), not waiting for it."""
+    with suppress(OSError), original("socket", "socket")(fileno=os.dup(fd)) as sock:
+        return bool(original("select", "select")([sock], [], [], 0)[0])
+    return False
+
+
+def _shut_down(fd: int) -> None:
+    """Shut the socket down (both ways): a read blocked on it returns at once. The fd is
+    duplicated, so closing our handle leaves the driver's own fd to the driver."""
     with suppress(OSError):
         sock = original("socket", "socket")(fileno=os.dup(fd))
-        try:
-            if original("select", "select")([sock], [], [], 0)[0]:
-                return False
+        with suppress(OSError):
             sock.shutdown(2)  # SHUT_RDWR
-            return True
-        except OSError:
-            return False
-        finally:
-            sock.close()
-    return False
+        sock.close()
