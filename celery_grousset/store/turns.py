@@ -10,8 +10,9 @@ acknowledged, and its call was lost. Now a claim (:func:`claiming`: the claim, a
 what comes before it — the settling of a claim whose answer was lost, the looks of a
 caller that waits) that does not get its turn within ``STORE_TIMEOUT`` is refused like
 a journal that does not answer (:class:`StoreUnavailable`: the delivery is sent again
-with backoff; nothing was written, no effect ran). Every other operation — a completion, a release: an effect
-may have run, and its outcome must be written — waits for its turn as long as it takes.
+with backoff; nothing was written, no effect ran). Every other operation — a
+completion, a release: an effect may have run, and its outcome must be written — waits
+for its turn as long as it takes.
 """
 
 from __future__ import annotations
