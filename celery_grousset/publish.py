@@ -310,7 +310,9 @@ def publish_unique(
                         report.results.append(result)
     except Exception as exc:  # what was published stays published: say how much
         exc.grousset_report = report  # type: ignore[attr-defined]
-        exc.add_note(f"publish_unique: {report.published} call(s) were published before "
-                     "this error (their report: exc.grousset_report)")  # fmt: skip
+        note = getattr(exc, "add_note", None)  # (Python 3.11+; 3.10 keeps only the report)
+        if note is not None:
+            note(f"publish_unique: {report.published} call(s) were published before this "
+                 "error (their report: exc.grousset_report)")  # fmt: skip
         raise
     return report

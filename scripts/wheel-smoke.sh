@@ -3,7 +3,8 @@
 # them (twine check --strict), install the wheel with no extras in a fresh virtualenv
 # (Django, Celery and blake3 come as its dependencies) and smoke-test it in a throwaway
 # Django project: `manage.py check`, `manage.py migrate` on SQLite, one guarded call
-# through protect() and one GroussetTask called eagerly (task_always_eager), each twice.
+# through protect() and one GroussetTask called eagerly (task_always_eager), each twice,
+# and publish_unique()'s refusal of a task with no max_processing_time.
 # Everything happens under a temporary directory, removed at the end.
 #
 # usage: scripts/wheel-smoke.sh [--all] [PYTHON...]
@@ -105,6 +106,23 @@ one = charge.delay(7, 1000).get()
 two = charge.delay(7, 1000).get()
 print("GroussetTask (eager):", repr(one), repr(two), "runs:", len(charges))
 assert one == two and one.startswith("charged 1000 for order 7 (fence ") and charges == [7]
+
+# an error inside publish_unique() comes out as itself, on every Python (3.10 has no
+# BaseException.add_note)
+from celery_grousset.exceptions import ConfigurationError
+
+
+@app.task(base=GroussetTask, name="smoke.unbounded")
+def unbounded():
+    pass
+
+
+try:
+    unbounded.publish_unique([((), {})])
+except ConfigurationError as exc:
+    print("publish_unique refused:", type(exc).__name__, "with its report:", exc.grousset_report)
+else:
+    raise AssertionError("publish_unique published a task with no max_processing_time")
 
 rows = sorted(Outcome.objects.values_list("task_name", "status", "deliveries"))
 print("journal:", rows)
