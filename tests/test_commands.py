@@ -136,7 +136,7 @@ def test_purge_deletes_only_expired_rows(store: Store, alias: str, processor: st
     # Then only the two expired terminal rows are gone, and the summary says so
     left = set(rows(alias, processor).values_list("fingerprint", flat=True))
     assert left == {fresh.fingerprint, running.fingerprint}
-    assert out.startswith("purged 2 expired journal entries in ")
+    assert out.startswith(f"purged 2 expired journal entries from {alias!r} in ")
 
 
 def age(alias: str, processor: str, fp: str, by: timedelta) -> None:
@@ -206,7 +206,7 @@ def test_purge_older_than(store: Store, alias: str, processor: str) -> None:
     assert list(rows(alias, processor).values_list("fingerprint", flat=True)) == [
         recently.fingerprint
     ]
-    assert out.startswith("purged 1 expired journal entry in")
+    assert out.startswith(f"purged 1 expired journal entry from {alias!r} in")
     # And a bare number means seconds
     run("grousset_purge", older_than="300", database=alias)
     assert rows(alias, processor).count() == 0
@@ -226,7 +226,58 @@ def test_purge_shows_progress_on_a_tty(store: Store, alias: str, processor: str)
     assert out.getvalue().startswith("purged 3 expired")
 
 
-def test_purge_reports_errors_with_exit_code_1() -> None:
+def test_purge_without_database_purges_every_journal_database(processor: str) -> None:
+    import tests.tasks  # noqa: F401  (registers a task journaled on "mysql")
+    from celery_grousset.store import get_store
+
+    services.require_database("default")
+    services.require_database("mysql")
+    # Given GROUSSET["DATABASE"] on "default", a task routing its journal to "mysql",
+    # and an expired record in each
+    expired = {}
+    for alias in ("default", "mysql"):
+        purge_everything_expired(alias)
+        expired[alias] = completed(get_store(alias), processor)
+        expire(alias, processor, expired[alias].fingerprint, timedelta(hours=1))
+    with override_settings(GROUSSET={"DATABASE": "default"}):
+        # When the command runs without --database (as from cron)
+        dry = run("grousset_purge", dry_run=True)
+        out = run("grousset_purge")
+        stats = run("grousset_stats")
+    # Then the dry run counted, and the purge deleted, the record of each journal database,
+    # each line naming its database (it purged "default" only, and did not say which)
+    assert "would purge 1 expired journal entry from 'default'" in dry
+    assert "would purge 1 expired journal entry from 'mysql'" in dry
+    assert "purged 1 expired journal entry from 'default' in " in out
+    assert "purged 1 expired journal entry from 'mysql' in " in out
+    assert not rows("default", processor).exists() and not rows("mysql", processor).exists()
+    # And grousset_stats, which reads one journal database, names the others
+    assert "other journal databases: 'mysql' (pass --database)" in stats, stats
+
+
+def test_purge_dry_run_on_a_journal_behind_its_migrations_names_migrate(tmp_path: Path) -> None:
+    # Given a journal database migrated only to 0003 (a new SQLite file)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "PYTHONPATH": str(ROOT),
+        "GROUSSET_TEST_SQLITE": str(tmp_path / "behind.sqlite3"),
+    }
+    django = [sys.executable, "-m", "django"]
+    subprocess.run([*django, "migrate", "celery_grousset", "0003", "--database", "default"],
+                   cwd=ROOT, env=env, capture_output=True, timeout=120, check=True)  # fmt: skip
+    # When the dry run checks it (before a deploy)
+    proc = subprocess.run(
+        [*django, "grousset_purge", "--dry-run", "--database", "default"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    # Then it fails as the real run would, and names the fix (it said "would purge 0")
+    assert proc.returncode == 1, proc.stdout
+    assert "would purge" not in proc.stdout
+    assert "0004" in proc.stderr and "migrate celery_grousset" in proc.stderr, proc.stderr
+
+
+def test_purge_reports_a_bad_argument_with_exit_code_2() -> None:
     # Given an unknown database alias / When the command runs as a process
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
@@ -238,8 +289,8 @@ def test_purge_reports_errors_with_exit_code_1() -> None:
         timeout=60,
         check=False,
     )
-    # Then it fails with exit code 1 and says why
-    assert proc.returncode == 1
+    # Then it fails with exit code 2 (a bad argument, as its help says) and says why
+    assert proc.returncode == 2
     assert "unknown database alias 'nope'" in proc.stderr
     # And a bad duration is refused too
     with pytest.raises(CommandError, match="invalid duration"):
@@ -531,6 +582,9 @@ def test_inspect_lists_several_matches(store: Store, alias: str, processor: str)
         run("grousset_inspect", fp, json=True, processor_id=processor + "-b", database=alias)
     )
     assert picked["processor_id"] == processor + "-b"
+    # And a processor id that matches none is named in the refusal (not "no entry matches")
+    with pytest.raises(CommandError, match=rf"in {alias!r} for processor 'nope'"):
+        run("grousset_inspect", fp, processor_id="nope", database=alias)
 
 
 # -- grousset_release ---------------------------------------------------------------------

@@ -603,15 +603,19 @@ def test_an_unexpected_error_pauses_the_relay_and_never_ends_it(
     [("--interval", "-1", r"interval \(--interval\) must be a positive number of seconds"),
      ("--backoff", "0", r"backoff \(--backoff\) must be a positive"),
      ("--backoff", "nan", "got nan"),
-     ("--backoff-max", "1", r"backoff_max \(1 s\) must be at least backoff \(2 s\)")],
+     ("--backoff-max", "1", r"backoff_max \(1 s\) must be at least backoff \(2 s\)"),
+     ("--batch-size", "0", "--batch-size must be a whole number from 1 to 1000000"),
+     ("--batch-size", "1000000000", "--batch-size must be a whole number from 1 to 1000000")],
 )  # fmt: skip
 def test_the_relay_refuses_durations_it_cannot_wait(flag: str, value: str, error: str) -> None:
     """A negative interval polled the database without a pause; a zero backoff made a
-    broker blip dead rows; NaN crashed the relay at its first failed publish."""
+    broker blip dead rows; NaN crashed the relay at its first failed publish. A bad
+    argument exits 2, as argparse's own refusals do (it exited 1, like an outage)."""
     services.require_database("default")
-    with pytest.raises(CommandError, match=error):
+    with pytest.raises(CommandError, match=error) as refused:
         call_command("grousset_relay", "--once", "--app", "tests.celeryapp", flag, value,
                      verbosity=0)  # fmt: skip
+    assert refused.value.returncode == 2
 
 
 def test_relay_retry_delays_are_jittered_within_their_bounds() -> None:

@@ -360,7 +360,8 @@ def test_convert_refuses_a_large_table_and_other_vendors() -> None:
     store = get_store("postgresql")
     for _ in range(2):
         store.claim(req("convert-refusal"))
-    with pytest.raises(CommandError, match=r"run `manage.py grousset_partition prepare` first"):
+    refusal = r"run `manage.py grousset_partition prepare --database postgresql` first"
+    with pytest.raises(CommandError, match=refusal):
         run("grousset_partition", "convert", "--max-rows", "1", database="postgresql")
     assert not pgpartops.is_partitioned("postgresql")  # rolled back, nothing changed
     with pytest.raises(CommandError, match="only PostgreSQL"):

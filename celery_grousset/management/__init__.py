@@ -127,11 +127,13 @@ def as_duration(value: object, *, option: str = "--older-than") -> timedelta | N
     return duration_option(value, option=option)
 
 
-def add_database_argument(parser: CommandParser) -> None:
+def add_database_argument(
+    parser: CommandParser, default: str = 'GROUSSET["DATABASE"]'
+) -> None:
     parser.add_argument(
         "--database",
         default=None,
-        help='Django database alias of the journal (default: GROUSSET["DATABASE"]).',
+        help=f"Django database alias of the journal (default: {default}).",
     )
 
 

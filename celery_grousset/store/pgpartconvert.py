@@ -184,8 +184,9 @@ def convert(
 
 def _copy(alias: str, cur: Any, seconds: int, ahead: int, max_rows: int) -> int:
     rows = rows_within(
-        cur, alias, TABLE, max_rows, "run `manage.py grousset_partition prepare` first "
-        "(online, claims go on), then convert (it copies nothing); or raise --max-rows."
+        cur, alias, TABLE, max_rows, f"run `manage.py grousset_partition prepare --database "
+        f"{alias}` first (online, claims go on), then convert (it copies nothing); or raise "
+        "--max-rows."
     )  # fmt: skip
     indexes = _plain_indexes(cur)
     for sql in generation_functions(seconds):

@@ -152,7 +152,9 @@ class Command(BaseCommand):
             )
             raise CommandError(
                 f"no journal entry matches {clean_and_cut(repr(needle), 200)} in {alias!r}"
-                f"{hint}{other_journals(alias)}"
+                + (f" for processor {clean_and_cut(repr(proc), 100)}"
+                   if (proc := options["processor_id"]) is not None else "")
+                + f"{hint}{other_journals(alias)}"
             )
         now = journal.now(alias)
         asked = journal.deliveries_of(alias, needle)

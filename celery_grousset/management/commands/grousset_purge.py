@@ -11,6 +11,10 @@ It also deletes outbox rows (:mod:`celery_grousset.outbox`) sent longer ago than
 the retention window (``GROUSSET["EXPIRES_AFTER"]``, plus ``--older-than``);
 pending and dead rows are never touched. ``--no-outbox`` / ``--outbox-only``
 choose one of the two.
+
+Without ``--database`` it purges every journal database (``GROUSSET["DATABASE"]`` and
+each guarded task's own ``database``), as the beat task ``purge_expired`` does; a
+database that fails does not stop the others, and the command then exits 1.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from celery_grousset.management import (
     MAX_BATCH_SIZE,
@@ -30,6 +34,7 @@ from celery_grousset.management import (
     database_errors,
     duration_option,
     journal_alias,
+    schema_problem,
 )
 
 
@@ -48,6 +53,20 @@ def _by_generation() -> str:
             "clears, and --batch-size does not apply: docs/scale.md")  # fmt: skip
 
 
+def _aliases(database: str | None) -> list[str]:
+    """``--database``, or every journal database: ``GROUSSET["DATABASE"]`` and each guarded
+    task's own ``database`` (as the beat task ``purge_expired``)."""
+    if database:
+        try:
+            return [journal_alias(database)]
+        except CommandError as exc:  # a bad argument: exit code 2, as the help says
+            raise CommandError(str(exc), returncode=2) from exc
+    from celery_grousset.checks import journal_databases
+
+    main = journal_alias(None)
+    return [main, *(a for a in journal_databases() if a != main)]
+
+
 def _batch_size(value: object) -> int:
     return count_option(value, option="--batch-size")
 
@@ -55,12 +74,13 @@ def _batch_size(value: object) -> int:
 class Command(BaseCommand):
     help = (
         "Delete expired journal entries and abandoned claims in batches (never an "
-        "unexpired entry or a live claim). "
+        "unexpired entry or a live claim), in every journal database (GROUSSET[\"DATABASE\"] "
+        "and each guarded task's own database) or the one --database names. "
         "Exit code 0 on success, 1 on error, 2 on a bad argument."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        add_database_argument(parser)
+        add_database_argument(parser, "every journal database")
         parser.add_argument(
             "--batch-size",
             type=argparse_type(_batch_size),
@@ -93,19 +113,29 @@ class Command(BaseCommand):
         # call_command() keyword arguments bypass argparse: check them here too.
         options["batch_size"] = _batch_size(options["batch_size"])
         options["older_than"] = _older_than(options["older_than"])
-        if not options.get("outbox_only"):
-            self._purge_journal(**options)
-        if not options.get("no_outbox"):
-            self._purge_outbox(**options)
+        failed: list[str] = []
+        for alias in _aliases(options["database"]):
+            try:  # a database that fails does not stop the others (as the beat task)
+                if not options.get("outbox_only"):
+                    self._purge_journal(alias, **options)
+                if not options.get("no_outbox"):
+                    self._purge_outbox(alias, **options)
+            except CommandError as exc:
+                failed.append(str(exc))
+        if len(failed) == 1:
+            raise CommandError(failed[0])
+        if failed:
+            raise CommandError("; ".join(failed))
 
-    def _purge_journal(self, **options: Any) -> None:
+    def _purge_journal(self, alias: str, **options: Any) -> None:
         from celery_grousset import journal
 
-        alias = journal_alias(options["database"])
         batch_size = int(options["batch_size"])
         verbosity = int(options["verbosity"])
         t0 = time.monotonic()
         with database_errors(alias, "purge failed"):
+            if problem := schema_problem(alias):  # (the dry run too: it counts nothing)
+                raise CommandError(f"purge failed on {alias!r}: {problem}")
             now = journal.now(alias)
             older_than = options["older_than"]
             before = now - older_than if older_than else now
@@ -130,10 +160,11 @@ class Command(BaseCommand):
             self.stderr.write("\n", ending="")
         if verbosity:
             self.stdout.write(
-                f"purged {_entries(count)} in {time.monotonic() - t0:.2f} s{whole}"
+                f"purged {_entries(count)} from {alias!r} in {time.monotonic() - t0:.2f} s"
+                f"{whole}"
             )
 
-    def _purge_outbox(self, **options: Any) -> None:
+    def _purge_outbox(self, alias: str, **options: Any) -> None:
         """Sent outbox rows whose ``sent_at`` is older than the retention window
         (``EXPIRES_AFTER``, plus ``--older-than``); pending and dead rows stay."""
         from datetime import timedelta
@@ -141,7 +172,6 @@ class Command(BaseCommand):
         from celery_grousset import journal, outbox_purge
         from celery_grousset.conf import grousset_settings, seconds
 
-        alias = journal_alias(options["database"])
         verbosity = int(options["verbosity"])
         shown = verbosity > 1 or options.get("outbox_only")
         retention = seconds(grousset_settings.EXPIRES_AFTER, name="EXPIRES_AFTER") or 0.0
@@ -151,13 +181,13 @@ class Command(BaseCommand):
             if options["dry_run"]:
                 count = outbox_purge.sent_before_count(using=alias, before=cutoff)
                 if verbosity and (count or shown):
-                    self.stdout.write(f"would purge {_messages(count)} (dry run)")
+                    self.stdout.write(f"would purge {_messages(count)} from {alias!r} (dry run)")
                 return
             count = outbox_purge.purge_sent(
                 using=alias, before=cutoff, batch_size=int(options["batch_size"])
             )
         if verbosity and (count or shown):
-            self.stdout.write(f"purged {_messages(count)}")
+            self.stdout.write(f"purged {_messages(count)} from {alias!r}")
 
     def _progress_bar(self, total: int) -> Any:
         """A ``\\r`` progress line on stderr (TTY only)."""

@@ -17,6 +17,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from celery_grousset import outbox
 from celery_grousset.management import (
     add_database_argument,
+    count_option,
     database_errors,
     journal_alias,
     schema_problem,
@@ -96,17 +97,18 @@ class Command(BaseCommand):
         app = celery_app(options["app"])
         import_tasks(app)
         try:
+            batch_size = count_option(options["batch_size"], option="--batch-size")
             relay = outbox.Relay(
                 app,
                 using=alias,
-                batch_size=int(options["batch_size"]),
+                batch_size=batch_size,
                 max_attempts=int(options["max_attempts"]),
                 backoff=float(options["backoff"]),
                 backoff_max=float(options["backoff_max"]),
                 interval=float(options["interval"]),
             )
-        except ValueError as exc:
-            raise CommandError(str(exc)) from exc
+        except (ValueError, CommandError) as exc:  # a bad argument: exit code 2
+            raise CommandError(str(exc), returncode=2) from exc
         stop = threading.Event()
         if not options["once"]:
             for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,18 +1,14 @@
 """``manage.py grousset_stats``: what the journal holds, in numbers.
 
-Entries by status and by task (top 20), deliveries, the duplicates among them (other
-deliveries answered from the journal) and the redeliveries (the same delivery again,
-in-flight requeues, re-claims: ``deliveries - entries - duplicates``), takeovers, stale
-claims (in flight past their own ``stale_at``, i.e. older than their task's
-``max_processing_time``; or, with ``--stale-after``, in flight for longer than that) and
-the entries ``grousset_purge`` would delete. By default only the entries started in the
-last 24 hours (``--since``, on the ``started_at`` index) are counted, in one statement,
-and the expired entries up to 10,000; on PostgreSQL and MariaDB the window is narrowed
-(to the last hour, then 10 minutes) when its statement needs more than ``STATS_BUDGET``
-seconds (or the planner expects more than ``STATS_ROWS`` entries in it), and expired
-entries are left uncounted when their count needs more; the output says so. The stale
-claims of the whole journal are listed too (within ``STALE_BUDGET``). An explicit
-``--since`` is counted whatever it takes; ``--all`` counts every entry. Only check E012 runs.
+Entries by status and by task (top 20), deliveries split into duplicates and redeliveries
+(``deliveries - entries - duplicates``), takeovers, stale claims (past their own
+``stale_at``, or in flight longer than ``--stale-after``) and what ``grousset_purge``
+would delete. By default the entries started in the last 24 hours (``--since``, on the
+``started_at`` index), in one statement, and the expired entries up to 10,000; on
+PostgreSQL and MariaDB the window narrows (the last hour, then 10 minutes) past
+``STATS_BUDGET`` seconds or ``STATS_ROWS`` planned entries, and the output says so. The
+stale claims of the whole journal are listed too (within ``STALE_BUDGET``). An explicit
+``--since`` is counted whatever it takes; ``--all`` counts every entry. Only E012 runs.
 """
 
 from __future__ import annotations
@@ -33,6 +29,7 @@ from celery_grousset.management import (
     duration_option,
     human_seconds,
     journal_alias,
+    other_journals,
     printable,
     refuse_naive_clock,
 )
@@ -343,7 +340,10 @@ class Command(BaseCommand):
         if options["json"]:
             self.stdout.write(json.dumps(data, indent=2))
             return
-        self.stdout.write(printable(self.render(data)))  # (task names are the journal's text)
+        text = self.render(data)
+        if others := other_journals(alias):  # their stale claims are not in these figures
+            text += f"\n  only this journal database{others}"
+        self.stdout.write(printable(text))  # (task names are the journal's text)
 
     @staticmethod
     def render(data: dict[str, Any]) -> str:
