@@ -28,8 +28,10 @@ def check_fingerprint_key(app_configs: Any = None, **kwargs: Any) -> list[checks
         "it as an idempotency key) can confirm a guess of a low-entropy argument (a PIN, "
         "a card number) by hashing it.",
         hint="Set GROUSSET['FINGERPRINT_KEY'] to a secret of 32 bytes or more (from the "
-        "environment, kept like SECRET_KEY) before the first deploy, or with a full stop: "
-        "a call fingerprinted under another key is another call, and runs again. Silence "
-        "celery_grousset.W023 if no guarded task takes such an argument.",
+        "environment, kept like SECRET_KEY) before the first deploy, or later with a full "
+        "stop: a call fingerprinted under another key is another call, so a duplicate of a "
+        "call made before the change runs again (for EXPIRES_AFTER; not in the deploy of "
+        "an upgrade, whose queued messages would). Silence celery_grousset.W023 if no "
+        "guarded task takes such an argument.",
         id="celery_grousset.W023",
     )]  # fmt: skip

@@ -384,7 +384,7 @@ class GroussetTask(GroussetTaskMixin, _Task):
             return super().apply_async_on_commit(args, kwargs, **options)
 
 
-GroussetDjangoTask = GroussetTask  #: the same class (GroussetTask is a DjangoTask now)
+GroussetDjangoTask = GroussetTask  #: the same class (a DjangoTask on Celery 5.4 and later)
 
 
 def reset_resolved_options() -> None:
