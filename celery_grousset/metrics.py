@@ -374,14 +374,14 @@ class WorkerMetrics:
         """Serve the aggregated metrics (``tasks``: :meth:`Recorder.zero`); ``in_process``:
         this process records too (its pool runs tasks in it, or ``WORKER_CLAIM``)."""
         pc = client()
-        from prometheus_client import multiprocess
+        from celery_grousset import metrics_fold
 
         recorder = enable(gauges=False)
         recorder.zero(tasks)
         if not in_process:  # (its zeros written, the children count)
             disable()
         registry = pc.CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, path=self.path)  # type: ignore[no-untyped-call]
+        metrics_fold.collector(registry, str(self.path))  # (dead children's files folded)
         register_gauges(registry)
         served = pc.start_http_server(self.port, addr=self.addr, registry=registry)
         self._server = served[0] if isinstance(served, tuple) else None

@@ -283,6 +283,52 @@ def test_worker_serves_metrics_of_its_children(batch: bool) -> None:
         assert value is not None and value >= 0, gauge
 
 
+@pytest.mark.slow
+def test_a_worker_replacing_its_children_folds_their_counts_into_one_file() -> None:
+    import glob
+    import re
+
+    services.require_database("postgresql")
+    broker = services.require_redis()
+    queue, port = f"q-{uuid.uuid4().hex[:10]}", free_port()
+    task, calls = "tests.flagtasks.probe", 12
+    # Given a prefork worker with metrics whose children each run one task, then are
+    # replaced (--max-tasks-per-child 1)
+    with flag_worker(
+        queue,
+        database="postgresql",
+        broker=broker,
+        concurrency=2,
+        extra=["--grousset-metrics-port", str(port), "--grousset-metrics-addr", "127.0.0.1",
+               "--grousset-max-processing-time", "30", "--max-tasks-per-child", "1"],
+    ) as worker:
+        # When 12 distinct calls run (12 children, each leaving its counts behind)
+        for i in range(calls):
+            send(task, queue, f"fold-{uuid.uuid4().hex[:8]}-{i}").get(timeout=60)  # type: ignore[attr-defined]
+        found = re.search(r"multiprocess dir (\S+)\)", worker.text())
+        assert found, worker.text()
+
+        def files(kind: str) -> list[str]:
+            return glob.glob(os.path.join(found.group(1), f"{kind}_*.db"))
+
+        deadline = time.monotonic() + 20
+        while True:  # a child just replaced is reaped, then folded at the next scrape
+            samples = scrape(port)
+            if len(files("counter")) <= 4 or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        kept = {kind: files(kind) for kind in ("counter", "histogram")}
+    # Then every call is counted once (the dead children's counts kept, none twice)
+    assert sample(samples, "grousset_claims_total", task=task, outcome="new") == calls
+    count = sample(samples, "grousset_store_seconds_count", operation="claim")
+    assert count == calls, count
+    # And the files are those of the live processes and one folded file per kind, not
+    # one per child that ever lived (each scrape read them all: 0.1 ms each, for ever)
+    for kind, names in kept.items():
+        assert len(names) <= 4, (kind, names)
+        assert any(n.endswith(f"{kind}_folded.db") for n in names), (kind, names)
+
+
 def test_a_worker_whose_metrics_port_is_taken_names_the_port_and_the_fix() -> None:
     from tests.test_worker_flags import start_flag_worker
 
