@@ -350,16 +350,14 @@ class WorkerMetrics:
         self._server: Any = None
 
     def prepare(self) -> None:
-        """In the worker parent, before the pool forks: the multiprocess directory
-        (unless ``PROMETHEUS_MULTIPROC_DIR`` is already set) and the child hooks."""
+        """In the worker parent, before the pool forks: the counters' directory, hooks."""
         from celery import signals
 
         path = os.environ.get(MULTIPROC_ENV)
         if not path:
             path = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-")  # (swept_dirs)
             os.environ[MULTIPROC_ENV] = path
-            owner = os.getpid()
-            atexit.register(_remove_dir, path, owner)
+            atexit.register(_remove_dir, path, os.getpid())
         os.makedirs(path, exist_ok=True)
         self.path = path
         client()  # set after the directory: values created from now on are per process
@@ -371,8 +369,7 @@ class WorkerMetrics:
         )
 
     def start(self, *, in_process: bool, tasks: Sequence[str] = ()) -> None:
-        """Serve the aggregated metrics (``tasks``: :meth:`Recorder.zero`); ``in_process``:
-        this process records too (its pool runs tasks in it, or ``WORKER_CLAIM``)."""
+        """Serve (``tasks``: zeros); ``in_process``: counts too (solo/threads, WORKER_CLAIM)."""
         pc = client()
         from celery_grousset import metrics_fold
 
@@ -385,6 +382,8 @@ class WorkerMetrics:
         register_gauges(registry)
         served = pc.start_http_server(self.port, addr=self.addr, registry=registry)
         self._server = served[0] if isinstance(served, tuple) else None
+        if self._server is not None:  # a pool child forked from now on does not hold the port
+            os.register_at_fork(after_in_child=self._server.socket.close)
         logger.info("celery-grousset metrics on http://%s:%d/metrics (multiprocess dir %s)",
                     self.addr, self.port, self.path)  # fmt: skip
 

@@ -318,6 +318,9 @@ def test_a_worker_replacing_its_children_folds_their_counts_into_one_file() -> N
                 break
             time.sleep(0.3)
         kept = {kind: files(kind) for kind in ("counter", "histogram")}
+        children = worker.children()
+        listening = _listening_socket(port)
+        held = {pid: _holds(pid, listening) for pid in children}
     # Then every call is counted once (the dead children's counts kept, none twice)
     assert sample(samples, "grousset_claims_total", task=task, outcome="new") == calls
     count = sample(samples, "grousset_store_seconds_count", operation="claim")
@@ -327,6 +330,24 @@ def test_a_worker_replacing_its_children_folds_their_counts_into_one_file() -> N
     for kind, names in kept.items():
         assert len(names) <= 4, (kind, names)
         assert any(n.endswith(f"{kind}_folded.db") for n in names), (kind, names)
+    # And no pool child holds the metrics port (a child left behind by a parent killed
+    # with -9 kept it, and the restarted worker could not start on it)
+    assert children and held == dict.fromkeys(children, False), held
+
+
+def _listening_socket(port: int) -> str:
+    """The inode of the socket listening on ``port`` (/proc/net/tcp), as fds name it."""
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            if fields[1].endswith(f":{port:04X}") and fields[3] == "0A":  # LISTEN
+                return f"socket:[{fields[9]}]"
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+def _holds(pid: int, socket_name: str) -> bool:
+    fds = Path(f"/proc/{pid}/fd")
+    return any(os.readlink(fd) == socket_name for fd in fds.iterdir())
 
 
 def test_a_worker_whose_metrics_port_is_taken_names_the_port_and_the_fix() -> None:
