@@ -10,9 +10,11 @@ scrape the worker's parent adds the values of each dead process's files into
 so the totals stay what they were and the files stay as many as the live processes
 (docs/operations.md, "Metrics").
 
-A file is renamed out of the collector's sight before it is read, so a process that
-reuses the dead one's pid starts a file of its own; the directories of several workers
-sharing one (``PROMETHEUS_MULTIPROC_DIR``) fold under a file lock, never twice.
+A scrape folds and reads under one lock (a file lock: scrapes at once, of one worker or
+of workers sharing a ``PROMETHEUS_MULTIPROC_DIR``, never see a file half folded), and
+serves no counter below what it served before (the folded sum adds the same values in
+another order: a float ``_sum`` could come out one rounding step lower, which Prometheus
+would read as a reset).
 """
 
 from __future__ import annotations
@@ -50,13 +52,13 @@ def dead_files(path: str, kind: str, alive: Callable[[int], bool] = _alive) -> l
 
 
 def fold_dead(path: str, alive: Callable[[int], bool] = _alive) -> int:
-    """Fold the files of the dead processes of ``path`` into its folded files; how many."""
+    """Fold the files of the dead processes of ``path`` into its folded files; how many.
+    (The caller holds :func:`locked`.)"""
     folded = 0
-    with _locked(path):
-        for kind in KINDS:
-            dead = dead_files(path, kind, alive)
-            if dead:
-                folded += _fold(os.path.join(path, f"{kind}_{FOLDED}.db"), dead)
+    for kind in KINDS:
+        dead = dead_files(path, kind, alive)
+        if dead:
+            folded += _fold(os.path.join(path, f"{kind}_{FOLDED}.db"), dead)
     return folded
 
 
@@ -65,14 +67,13 @@ def _fold(target: str, dead: list[str]) -> int:
 
     into = MmapedDict(target)  # type: ignore[no-untyped-call]
     try:
-        totals = {key: value for key, value in _values(target)}
+        totals = dict(_values(target))
         for name in dead:
-            hidden = f"{name}.folding"  # (not *.db: the collector no longer reads it)
-            os.rename(name, hidden)
-            for key, value in _values(hidden):
+            values = list(_values(name))  # (read whole first: a bad file stays as it is)
+            os.unlink(name)
+            for key, value in values:
                 totals[key] = totals.get(key, 0.0) + value
                 _write(into, key, totals[key])
-            os.unlink(hidden)
     finally:
         into.close()  # type: ignore[no-untyped-call]
     return len(dead)
@@ -93,7 +94,7 @@ def _write(into: Any, key: str, value: float) -> None:
 
 
 @contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
+def locked(path: str) -> Iterator[None]:
     with open(os.path.join(path, ".fold.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -109,15 +110,30 @@ def collector(registry: Any, path: str) -> Any:
 
     from prometheus_client import multiprocess
 
+    served: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+
     class FoldingCollector(multiprocess.MultiProcessCollector):
         def collect(self) -> Any:
-            try:
-                fold_dead(path)
-            except Exception as exc:  # never fail a scrape for it
-                logging.getLogger("celery_grousset").warning(
-                    "celery-grousset metrics: could not fold the counts of dead processes "
-                    "in %s: %s: %s", path, type(exc).__name__, exc
-                )
-            return super().collect()  # type: ignore[no-untyped-call]
+            with locked(path):
+                try:
+                    fold_dead(path)
+                except Exception as exc:  # never fail a scrape for it
+                    logging.getLogger("celery_grousset").warning(
+                        "celery-grousset metrics: could not fold the counts of dead "
+                        "processes in %s: %s: %s", path, type(exc).__name__, exc
+                    )
+                families = list(super().collect())  # type: ignore[no-untyped-call]
+            return [_never_lower(f, served) for f in families]
 
     return FoldingCollector(registry, path=path)  # type: ignore[no-untyped-call]
+
+
+def _never_lower(family: Any, served: dict[Any, float]) -> Any:
+    """``family`` with no counter or histogram sample below what was served before."""
+    if family.type not in ("counter", "histogram"):
+        return family
+    for i, sample in enumerate(family.samples):
+        key = (sample.name, tuple(sorted(sample.labels.items())))
+        value = served[key] = max(sample.value, served.get(key, sample.value))
+        family.samples[i] = sample._replace(value=value)
+    return family

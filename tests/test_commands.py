@@ -255,6 +255,29 @@ def test_purge_without_database_purges_every_journal_database(processor: str) ->
     assert "other journal databases: 'mysql' (pass --database)" in stats, stats
 
 
+def test_purge_of_every_journal_names_a_tasks_database_missing_from_databases(
+    processor: str, temp_task: Any
+) -> None:
+    from celery_grousset.store import get_store
+
+    services.require_database("default")
+    # Given an expired record on "default", and a guarded task whose journal database is
+    # not in DATABASES (what check E003 reports; call_command skips the checks)
+    purge_everything_expired("default")
+    record = completed(get_store("default"), processor)
+    expire("default", processor, record.fingerprint, timedelta(hours=1))
+    def ghost_task() -> None:
+        pass
+
+    temp_task(ghost_task, max_processing_time=30, database="ghost")
+    # When the command purges every journal database
+    with override_settings(GROUSSET={"DATABASE": "default"}), \
+            pytest.raises(CommandError, match="unknown database alias 'ghost'"):
+        run("grousset_purge")
+    # Then it purged "default" and named the missing one (it stopped on a traceback)
+    assert not rows("default", processor).exists()
+
+
 def test_purge_dry_run_on_a_journal_behind_its_migrations_names_migrate(tmp_path: Path) -> None:
     # Given a journal database migrated only to 0003 (a new SQLite file)
     env = {

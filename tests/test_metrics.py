@@ -3,6 +3,7 @@ worker serving its children's counts (multiprocess mode)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -333,6 +334,85 @@ def test_a_worker_replacing_its_children_folds_their_counts_into_one_file() -> N
     # And no pool child holds the metrics port (a child left behind by a parent killed
     # with -9 kept it, and the restarted worker could not start on it)
     assert children and held == dict.fromkeys(children, False), held
+
+
+def test_scrapes_at_once_never_fail_nor_go_down_while_dead_processes_are_folded(
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    from prometheus_client import CollectorRegistry
+
+    from celery_grousset import metrics_fold
+
+    # Given the files a process leaves when it counts one call and one latency, then exits
+    seed = tmp_path / "seed"
+    seed.mkdir()
+    script = ("from prometheus_client import Counter, Histogram\n"
+              "Counter('t_calls', 'calls').inc()\n"
+              "Histogram('t_seconds', 'seconds').observe(0.1)\n")  # fmt: skip
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60,
+                   env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(seed)})  # fmt: skip
+    made = {kind: next(seed.glob(f"{kind}_*.db")) for kind in ("counter", "histogram")}
+    served = tmp_path / "served"
+    served.mkdir()
+    registry = CollectorRegistry()
+    metrics_fold.collector(registry, str(served))
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    errors: list[BaseException] = []
+    seen: list[list[tuple[float, float]]] = [[], []]
+    done = threading.Event()
+
+    def read() -> tuple[float, float]:
+        values = {s.name: s.value for f in registry.collect() for s in f.samples}
+        return values.get("t_calls_total", 0.0), values.get("t_seconds_sum", 0.0)
+
+    def scrape(into: list[tuple[float, float]]) -> None:
+        while not done.is_set():
+            try:
+                into.append(read())
+            except BaseException as exc:  # (what a scrape would answer)
+                errors.append(exc)
+
+    threads = [threading.Thread(target=scrape, args=(into,)) for into in seen]
+    for t in threads:
+        t.start()
+    # When 30 batches of 40 dead processes' files land while two scrapes run at once
+    calls = 0
+    try:
+        for batch in range(30):
+            for i in range(40):
+                pid = pid_max + 1 + batch * 40 + i  # (above pid_max: never alive)
+                for kind, src in made.items():
+                    part = served / f"{kind}_{pid}.part"
+                    shutil.copy(src, part)
+                    os.rename(part, served / f"{kind}_{pid}.db")  # (whole, at once)
+                calls += 1
+            time.sleep(0.01)
+    finally:
+        done.set()
+        for t in threads:
+            t.join(30)
+    # Then no scrape failed (a file folded away under a scrape that listed it), none saw a
+    # counter go down (counted twice, then once; or a float sum added in another order),
+    # and every call is counted once, from the folded files alone
+    assert not errors, errors[:3]
+    for values in seen:
+        assert values and all(a <= b for a, b in itertools.pairwise(values))
+    assert read() == (calls, pytest.approx(0.1 * calls))
+    assert sorted(p.name for p in served.glob("*.db")) == [
+        "counter_folded.db", "histogram_folded.db"]
+    # And when the files add up to one rounding step less (the same values added in
+    # another order), the scrape still serves what it served before: never a "reset"
+    from prometheus_client.mmap_dict import MmapedDict
+
+    folded = MmapedDict(str(served / "counter_folded.db"))
+    try:
+        (key, value, *_), = MmapedDict.read_all_values_from_file(str(served / "counter_folded.db"))
+        folded.write_value(key, value - value * 2**-52, 0.0)
+    finally:
+        folded.close()
+    assert read()[0] == calls
 
 
 def _listening_socket(port: int) -> str:

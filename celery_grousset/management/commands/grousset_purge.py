@@ -116,6 +116,7 @@ class Command(BaseCommand):
         failed: list[str] = []
         for alias in _aliases(options["database"]):
             try:  # a database that fails does not stop the others (as the beat task)
+                journal_alias(alias)  # (a task's own database missing from DATABASES)
                 if not options.get("outbox_only"):
                     self._purge_journal(alias, **options)
                 if not options.get("no_outbox"):
