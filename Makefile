@@ -68,9 +68,9 @@ lint: venv ## ruff + mypy (strict, django plugin)
 # pytest processes share it, one test file per process at a time, each on databases of its
 # own (tests/settings.py). The few tests marked `serial` change a whole server (stop
 # PostgreSQL, a global MariaDB setting) or time pages tightly, and run after, alone.
-TEST_PROCS ?= 2
+TEST_PROCS ?= 3
 
-test: lint $(BENCH_STAMP) ## lint, then the whole pytest suite (PYTEST_ARGS='-q', TEST_PROCS=2)
+test: lint $(BENCH_STAMP) ## lint, then the whole pytest suite (PYTEST_ARGS='-q', TEST_PROCS=3)
 	$(BIN)/pytest -n $(TEST_PROCS) --dist loadfile -m "not serial" $(PYTEST_ARGS)
 	$(BIN)/pytest -m serial $(PYTEST_ARGS)
 

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery.exceptions import Ignore, Reject
@@ -209,6 +210,17 @@ def sample(
     return samples.get((name, frozenset(labels.items())))
 
 
+def metrics_worker(queue: str, port: int, broker: str, *extra: str) -> Any:
+    """A prefork worker (2 children) on PostgreSQL serving its metrics on ``port`` (with a
+    default max_processing_time for the flag app's task without one: without it the
+    worker does not start)."""
+    return flag_worker(
+        queue, database="postgresql", broker=broker, concurrency=2,
+        extra=["--grousset-metrics-port", str(port), "--grousset-metrics-addr", "127.0.0.1",
+               "--grousset-max-processing-time", "30", *extra],
+    )  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("batch", [False, True], ids=["in-children", "worker-claim"])
 def test_worker_serves_metrics_of_its_children(batch: bool) -> None:
@@ -220,17 +232,9 @@ def test_worker_serves_metrics_of_its_children(batch: bool) -> None:
     queue, port = f"q-{uuid.uuid4().hex[:10]}", free_port()
     key, task = f"metrics-{uuid.uuid4().hex[:8]}", "tests.flagtasks.probe"
     failing = "tests.flagtasks.refused"
-    # Given a prefork worker (2 children) started with --grousset-metrics-port (and a
-    # default max_processing_time for the flag app's task without one: without it the
-    # worker does not start); with --grousset-batch the claims are made in the parent
-    with flag_worker(
-        queue,
-        database="postgresql",
-        broker=broker,
-        concurrency=2,
-        extra=["--grousset-metrics-port", str(port), "--grousset-metrics-addr", "127.0.0.1",
-               "--grousset-max-processing-time", "30", *(["--grousset-batch"] if batch else [])],
-    ) as worker:
+    # Given a prefork worker (2 children) started with --grousset-metrics-port; with
+    # --grousset-batch the claims are made in the parent
+    with metrics_worker(queue, port, broker, *(["--grousset-batch"] if batch else [])) as worker:
         # When one call is delivered 5 times (the first completes before the others), and
         # a call whose failure is memoized 3 times (its duplicates take the per-task path
         # with --grousset-batch: the child claims again, and only the child counts it)
@@ -295,14 +299,7 @@ def test_a_worker_replacing_its_children_folds_their_counts_into_one_file() -> N
     task, calls = "tests.flagtasks.probe", 12
     # Given a prefork worker with metrics whose children each run one task, then are
     # replaced (--max-tasks-per-child 1)
-    with flag_worker(
-        queue,
-        database="postgresql",
-        broker=broker,
-        concurrency=2,
-        extra=["--grousset-metrics-port", str(port), "--grousset-metrics-addr", "127.0.0.1",
-               "--grousset-max-processing-time", "30", "--max-tasks-per-child", "1"],
-    ) as worker:
+    with metrics_worker(queue, port, broker, "--max-tasks-per-child", "1") as worker:
         # When 12 distinct calls run (12 children, each leaving its counts behind)
         for i in range(calls):
             send(task, queue, f"fold-{uuid.uuid4().hex[:8]}-{i}").get(timeout=60)  # type: ignore[attr-defined]
