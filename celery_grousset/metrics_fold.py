@@ -22,9 +22,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import glob
+import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
+
+logger = logging.getLogger("celery_grousset")
 
 #: the kinds whose values add up across processes (gauges are served by the parent)
 KINDS = ("counter", "histogram")
@@ -41,22 +44,22 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def dead_files(path: str, kind: str, alive: Callable[[int], bool] = _alive) -> list[str]:
+def dead_files(path: str, kind: str) -> list[str]:
     """The ``<kind>_<pid>.db`` files of ``path`` whose process is gone."""
     found = []
     for name in glob.glob(os.path.join(path, f"{kind}_*.db")):
         pid = os.path.basename(name)[len(kind) + 1 : -3]
-        if pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
             found.append(name)
     return found
 
 
-def fold_dead(path: str, alive: Callable[[int], bool] = _alive) -> int:
+def fold_dead(path: str) -> int:
     """Fold the files of the dead processes of ``path`` into its folded files; how many.
     (The caller holds :func:`locked`.)"""
     folded = 0
     for kind in KINDS:
-        dead = dead_files(path, kind, alive)
+        dead = dead_files(path, kind)
         if dead:
             folded += _fold(os.path.join(path, f"{kind}_{FOLDED}.db"), dead)
     return folded
@@ -106,8 +109,6 @@ def locked(path: str) -> Iterator[None]:
 def collector(registry: Any, path: str) -> Any:
     """prometheus-client's multiprocess collector of ``path``, folding first on each scrape
     (a fold that fails is logged, and the scrape reads the files as they are)."""
-    import logging
-
     from prometheus_client import multiprocess
 
     served: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
@@ -118,7 +119,7 @@ def collector(registry: Any, path: str) -> Any:
                 try:
                     fold_dead(path)
                 except Exception as exc:  # never fail a scrape for it
-                    logging.getLogger("celery_grousset").warning(
+                    logger.warning(
                         "celery-grousset metrics: could not fold the counts of dead "
                         "processes in %s: %s: %s", path, type(exc).__name__, exc
                     )

@@ -123,8 +123,6 @@ class Command(BaseCommand):
                     self._purge_outbox(alias, **options)
             except CommandError as exc:
                 failed.append(str(exc))
-        if len(failed) == 1:
-            raise CommandError(failed[0])
         if failed:
             raise CommandError("; ".join(failed))
 
